@@ -1,0 +1,30 @@
+# leaklab: `make test` and `make audit` install into .venv first when needed.
+PYTHON ?= python3.11
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+export MPLCONFIGDIR ?= $(CURDIR)/.cache/mpl
+export XDG_CACHE_HOME ?= $(CURDIR)/.cache/xdg
+export TORCH_HOME ?= $(CURDIR)/.cache/torch
+
+.PHONY: install test audit bench clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e '.[test]'
+	touch $(STAMP)
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -n 2 tests
+
+audit: $(STAMP)
+	$(BIN)/leaklab audit
+
+bench: $(STAMP)
+	$(BIN)/python benchmarks/run.py --out benchmarks/results
+
+clean:
+	rm -rf $(VENV) .cache .pytest_cache runs

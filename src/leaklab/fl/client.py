@@ -1,0 +1,82 @@
+"""Client updates for image classification: FedSGD (one gradient) and FedAvg (several local steps).
+
+The loss is the mean cross-entropy over the batch, as in seed 001 section 3: the client computes
+``grad_theta l(h_theta(x), y)`` (FedSGD) or runs ``local_steps`` SGD steps and sends the weight delta
+(FedAvg, McMahan et al. 2017).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from leaklab.errors import LeaklabError
+from leaklab.threat import ClientUpdate, UpdateMetadata
+
+
+def _check_batch(model: nn.Module, images: torch.Tensor, labels: torch.Tensor) -> None:
+    if images.ndim != 4 or labels.ndim != 1 or len(images) != len(labels):
+        raise LeaklabError("a client batch is images (N, C, H, W) with N labels")
+    if not 1 <= len(images) <= 256:
+        raise LeaklabError(f"batch size {len(images)} is outside the supported 1..256")
+
+
+def fedsgd_update(model: nn.Module, images: torch.Tensor, labels: torch.Tensor) -> ClientUpdate:
+    """The gradient of the mean cross-entropy of ``model`` on the batch, per parameter (train mode).
+
+    BatchNorm running statistics of ``model`` are left untouched.
+    """
+    _check_batch(model, images, labels)
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    model.train()
+    params = [p for p in model.parameters() if p.requires_grad]
+    loss = F.cross_entropy(model(images), labels)
+    grads = torch.autograd.grad(loss, params)
+    model.load_state_dict(state)
+    names = [n for n, p in model.named_parameters() if p.requires_grad]
+    return ClientUpdate(metadata=UpdateMetadata(kind="fedsgd", batch_size=len(images)),
+                        tensors={n: g.detach().clone() for n, g in zip(names, grads)})
+
+
+def fedavg_update(model: nn.Module, images: torch.Tensor, labels: torch.Tensor, local_lr: float,
+                  local_steps: int, local_batch_size: int | None = None) -> ClientUpdate:
+    """``local_steps`` SGD steps over the batch in order (mini-batches of ``local_batch_size``,
+    cycling), sent as the weight delta. ``model`` itself is not modified."""
+    _check_batch(model, images, labels)
+    meta = UpdateMetadata(kind="fedavg", batch_size=len(images), local_steps=local_steps,
+                          local_lr=local_lr, local_batch_size=local_batch_size)
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    model.train()
+    b = meta.minibatch_size
+    with torch.enable_grad():
+        for step in range(local_steps):
+            idx = torch.arange(step * b, step * b + b) % len(images)
+            params = [p for p in model.parameters() if p.requires_grad]
+            loss = F.cross_entropy(model(images[idx]), labels[idx])
+            grads = torch.autograd.grad(loss, params)
+            with torch.no_grad():
+                for p, g in zip(params, grads):
+                    p -= local_lr * g
+    delta = {n: (p.detach() - before[n]).clone() for n, p in model.named_parameters()
+             if p.requires_grad}
+    model.load_state_dict(state)
+    return ClientUpdate(metadata=meta, tensors=delta)
+
+
+def train_steps(model: nn.Module, images: torch.Tensor, labels: torch.Tensor, steps: int,
+                lr: float = 0.01, batch_size: int = 32, seed: int = 0) -> nn.Module:
+    """Ordinary training of ``model`` in place (SGD with momentum 0.9) for ``steps`` mini-batches
+    drawn from ``images``; used to attack a network "at train step N" (seed 001 Table 2)."""
+    if steps <= 0:
+        return model
+    g = torch.Generator().manual_seed(seed)
+    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
+    model.train()
+    for _ in range(steps):
+        idx = torch.randint(0, len(images), (min(batch_size, len(images)),), generator=g)
+        opt.zero_grad()
+        F.cross_entropy(model(images[idx]), labels[idx]).backward()
+        opt.step()
+    return model

@@ -1,0 +1,32 @@
+"""Metrics on vectors: boxes, scalar predictions, gradients."""
+
+from __future__ import annotations
+
+import torch
+
+
+def box_iou(pred: torch.Tensor, truth: torch.Tensor) -> torch.Tensor:
+    """Intersection over union of axis-aligned boxes ``(x1, y1, x2, y2)``, row by row, shape (N,).
+
+    Coordinates may be in any common frame (seed 000 uses [-1, 1]); a degenerate union gives 0.
+    """
+    pred, truth = pred.double().reshape(-1, 4), truth.double().reshape(-1, 4)
+    lo = torch.maximum(pred[:, :2], truth[:, :2])
+    hi = torch.minimum(pred[:, 2:], truth[:, 2:])
+    inter = (hi - lo).clamp_min(0).prod(1)
+    area = lambda b: (b[:, 2:] - b[:, :2]).clamp_min(0).prod(1)  # noqa: E731
+    union = area(pred) + area(truth) - inter
+    return torch.where(union > 0, inter / union.clamp_min(1e-300), torch.zeros_like(union))
+
+
+def percent_error(pred: torch.Tensor, truth: torch.Tensor) -> torch.Tensor:
+    """``100 * |pred - truth| / |truth|`` element-wise (infinite where truth is 0 and pred is not)."""
+    pred, truth = pred.double(), truth.double()
+    return 100 * (pred - truth).abs() / truth.abs()
+
+
+def cosine_similarity(a: list[torch.Tensor] | torch.Tensor, b: list[torch.Tensor] | torch.Tensor) -> float:
+    """Cosine similarity of two vectors, or of two lists of tensors seen as one vector each."""
+    flat = lambda t: torch.cat([x.reshape(-1) for x in t]) if isinstance(t, (list, tuple)) else t.reshape(-1)  # noqa: E731
+    va, vb = flat(a).double(), flat(b).double()
+    return float((va @ vb) / (va.norm() * vb.norm()).clamp_min(1e-300))

@@ -1,0 +1,153 @@
+"""The threat model as a data contract (ARCHITECTURE.md, "one idea holds it together").
+
+* :class:`ServerView` is everything an honest-but-curious server holds at a round: the model (its
+  architecture, parameters and buffers), the declared metadata of the update and what the
+  :class:`Capabilities` of the attacker grant (labels, batch size, the defense in use).
+* :class:`ClientUpdate` is what a client sends: per-parameter gradients (FedSGD) or a weight delta
+  with its local learning rate, steps and batch size (FedAvg).
+
+An attack is a function of ``(ServerView, ClientUpdate, config)`` only; ground truth never enters it.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+from typing import Literal
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+from torch import nn
+
+from leaklab.errors import LeaklabError
+from leaklab.models import ModelSpec, build_model
+
+
+class Capabilities(BaseModel):
+    """What the attacker is granted beyond the model and the update."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    knows_labels: bool = False
+    knows_batch_size: bool = True
+    knows_defense: bool = True
+
+
+class UpdateMetadata(BaseModel):
+    """What the client declares with its update (the server needs it to apply the update)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    kind: Literal["fedsgd", "fedavg"] = "fedsgd"
+    batch_size: int = Field(default=1, ge=1, le=4096)
+    local_steps: int = Field(default=1, ge=1)
+    local_lr: float = Field(default=0.1, gt=0)
+    local_batch_size: int | None = Field(default=None, ge=1)
+    loss: Literal["cross_entropy"] = "cross_entropy"
+    train_mode: bool = True
+
+    @model_validator(mode="after")
+    def _fedavg_batches(self) -> "UpdateMetadata":
+        if self.kind == "fedavg" and self.local_batch_size is not None and \
+                self.local_batch_size > self.batch_size:
+            raise ValueError("local_batch_size cannot exceed batch_size")
+        return self
+
+    @property
+    def minibatch_size(self) -> int:
+        """Images per local step (FedAvg); the whole batch for FedSGD."""
+        return self.local_batch_size or self.batch_size
+
+
+@dataclass
+class ClientUpdate:
+    """A client's message: ``tensors`` maps parameter names to gradients (FedSGD) or to the weight
+    delta ``theta_after - theta_before`` (FedAvg)."""
+
+    metadata: UpdateMetadata
+    tensors: dict[str, torch.Tensor]
+    defense: str | None = None  # the defense chain the client applied, as a spec string
+
+    def validate_against(self, model: nn.Module) -> None:
+        """Raise :class:`LeaklabError` unless every trainable parameter has a finite tensor of its shape."""
+        expected = {n: p.shape for n, p in model.named_parameters() if p.requires_grad}
+        missing = sorted(set(expected) - set(self.tensors))
+        extra = sorted(set(self.tensors) - set(expected))
+        if missing or extra:
+            raise LeaklabError(
+                f"update does not match the model: missing {missing[:3]}, unexpected {extra[:3]}; "
+                "capture the update with the same --model")
+        for name, shape in expected.items():
+            t = self.tensors[name]
+            if tuple(t.shape) != tuple(shape):
+                raise LeaklabError(f"update tensor {name!r} has shape {tuple(t.shape)}, the model "
+                                   f"expects {tuple(shape)}; capture it with the same model")
+            if not torch.isfinite(t).all():
+                raise LeaklabError(f"update tensor {name!r} contains NaN or Inf values; "
+                                   "the update is corrupt or the client diverged")
+
+    def ordered(self, model: nn.Module) -> list[torch.Tensor]:
+        """The update's tensors in the order of ``model.named_parameters()``."""
+        return [self.tensors[n] for n, p in model.named_parameters() if p.requires_grad]
+
+    def with_tensors(self, tensors: dict[str, torch.Tensor], defense: str | None) -> "ClientUpdate":
+        return replace(self, tensors=tensors, defense=defense)
+
+
+@dataclass
+class ServerView:
+    """What the server holds at the round the update belongs to."""
+
+    spec: ModelSpec
+    model: nn.Module
+    metadata: UpdateMetadata
+    capabilities: Capabilities = field(default_factory=Capabilities)
+    defense: str | None = None  # known to the attacker only with capabilities.knows_defense
+    labels: torch.Tensor | None = None  # given only with capabilities.knows_labels
+
+    def require(self, what: str, reason: str) -> None:
+        """Refuse with a clear message when a capability the attack needs is not granted."""
+        if not getattr(self.capabilities, what):
+            raise LeaklabError(f"this attack needs the capability {what!r} ({reason}); "
+                               "grant it in the view or choose another attack")
+
+    @property
+    def batch_size(self) -> int:
+        self.require("knows_batch_size", "it reconstructs one image per batch slot")
+        return self.metadata.batch_size
+
+    @property
+    def image_shape(self) -> tuple[int, int, int]:
+        return (self.spec.in_channels, self.spec.image_size, self.spec.image_size)
+
+    def known_defense(self) -> str | None:
+        self.require("knows_defense", "the Bayes objective is the defense's likelihood")
+        return self.defense
+
+
+def make_view(spec: ModelSpec, state: dict[str, torch.Tensor], metadata: UpdateMetadata,
+              capabilities: Capabilities | None = None, defense: str | None = None,
+              labels: torch.Tensor | None = None) -> ServerView:
+    """Rebuild the model of ``spec`` and load ``state`` (parameters and buffers) into it, strictly."""
+    model = build_model(spec)
+    own = model.state_dict()
+    problems = [k for k in own if k not in state or tuple(state[k].shape) != tuple(own[k].shape)]
+    problems += [k for k in state if k not in own]
+    if problems:
+        raise LeaklabError(f"model file does not fit a {spec.name} model (first mismatch: "
+                           f"{problems[0]!r}); re-capture with the same --model")
+    for k, v in state.items():
+        if v.is_floating_point() and not torch.isfinite(v).all():
+            raise LeaklabError(f"model tensor {k!r} contains NaN or Inf values")
+    model.load_state_dict({k: v.to(own[k].dtype) for k, v in state.items()})
+    capabilities = capabilities or Capabilities()
+    if labels is not None and (labels.ndim != 1 or len(labels) != metadata.batch_size or
+                               labels.min() < 0 or labels.max() >= spec.num_classes):
+        raise LeaklabError("labels must be a 1-d tensor of class indices, one per image")
+    return ServerView(spec=spec, model=model, metadata=metadata, capabilities=capabilities,
+                      defense=defense if capabilities.knows_defense else None,
+                      labels=labels if capabilities.knows_labels else None)
+
+
+def parameter_count(model: nn.Module) -> int:
+    return sum(math.prod(p.shape) for p in model.parameters() if p.requires_grad)
