@@ -1,0 +1,91 @@
+"""Gradient inversion as one call: ``invert(view, updates, config)`` (seed 001, Algorithm 1).
+
+The attack reads only the server's view and the client updates. Labels come from the view when the
+capability ``knows_labels`` grants them, otherwise from the last layer's update (iDLG for one image,
+the sign method for batches). Several updates of the same round are reconstructed together, each
+with ``config.restarts`` random starts; the start with the lowest final loss is kept.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from leaklab.attacks.inversion.config import InversionConfig
+from leaklab.attacks.inversion.labels import recover_labels
+from leaklab.attacks.inversion.objectives import Objective
+from leaklab.attacks.inversion.optimize import InversionLoop, Progress
+from leaklab.attacks.inversion.simulate import UpdateSimulator
+from leaklab.defenses import parse_defense
+from leaklab.device import default_device
+from leaklab.errors import LeaklabError
+from leaklab.threat import ClientUpdate, ServerView
+
+MAX_BATCH = 256
+
+
+@dataclass
+class Reconstruction:
+    """What an attack recovered for one client update."""
+
+    images: torch.Tensor  # (B, C, H, W), pixels clipped to [0, 1]
+    labels: torch.Tensor  # (B,)
+    loss: float
+    iterations: int
+    evaluations: int
+    seconds: float
+    history: list[tuple[int, float]] = field(default_factory=list)
+
+
+def _labels_for(view: ServerView, update: ClientUpdate, batch_size: int) -> torch.Tensor:
+    if view.labels is not None:
+        return view.labels.clone()
+    return recover_labels(view.model, update, batch_size)
+
+
+def invert(view: ServerView, updates: ClientUpdate | list[ClientUpdate], config: InversionConfig,
+           progress: Progress | None = None, device: torch.device | None = None) -> list[Reconstruction]:
+    """Reconstruct the private batch behind each update (all from the same round and model)."""
+    updates = [updates] if isinstance(updates, ClientUpdate) else list(updates)
+    if not updates:
+        raise LeaklabError("no update to attack")
+    meta = updates[0].metadata
+    for u in updates:
+        u.validate_against(view.model)
+        if u.metadata != meta:
+            raise LeaklabError("updates attacked together must share their metadata (kind, batch size, steps)")
+    batch = view.batch_size
+    if batch != meta.batch_size:
+        raise LeaklabError(f"the view declares batch size {batch}, the update {meta.batch_size}")
+    if not 1 <= batch <= MAX_BATCH:
+        raise LeaklabError(f"batch size {batch} is outside what this attack handles (1..{MAX_BATCH})")
+    if view.labels is not None and len(updates) > 1:
+        raise LeaklabError("known labels belong to one update; attack updates with known labels one at a time")
+    defense = parse_defense(view.known_defense() if config.objective == "bayes" else None)
+    device = device or default_device()
+    model = view.model.to(device)
+
+    restarts = config.restarts
+    labels = torch.stack([_labels_for(view, u, batch) for u in updates])
+    observed = [torch.stack([t for t in ts for _ in range(restarts)]).to(device)
+                for ts in zip(*(u.ordered(model) for u in updates))]
+    instance_labels = labels.repeat_interleave(restarts, 0)
+    c, s = view.spec.in_channels, view.spec.image_size
+    mean = torch.tensor(view.spec.mean).view(1, 1, c, 1, 1)
+    std = torch.tensor(view.spec.std).view(1, 1, c, 1, 1)
+
+    simulator = UpdateSimulator(model, meta, precision=config.precision)
+    objective = Objective(config.objective, observed, defense, config.layer_weighting)
+    loop = InversionLoop(config, simulator, objective, instance_labels, (batch, c, s, s), mean, std, device)
+    result = loop.run(progress)
+
+    out = []
+    for i in range(len(updates)):
+        losses = result.losses[i * restarts:(i + 1) * restarts]
+        best = i * restarts + int(torch.argmin(torch.nan_to_num(losses, nan=float("inf"))))
+        out.append(Reconstruction(images=result.images[best].clamp(0, 1), labels=labels[i].cpu(),
+                                  loss=float(result.losses[best]), iterations=result.iterations,
+                                  evaluations=result.evaluations, seconds=result.seconds,
+                                  history=result.history))
+    return out
