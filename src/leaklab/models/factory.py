@@ -9,9 +9,9 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from torch import nn
 
 from leaklab.errors import LeaklabError
-from leaklab.models.vision import MLP, ConvNet, LeNetDLG, ResNet18
+from leaklab.models.vision import CNN, MLP, ConvNet, LeNetDLG, ResNet18
 
-MODEL_NAMES = ("lenet", "convnet", "resnet18", "mlp")
+MODEL_NAMES = ("lenet", "convnet", "resnet18", "mlp", "cnn")
 
 
 class ModelSpec(BaseModel):
@@ -19,7 +19,7 @@ class ModelSpec(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    name: Literal["lenet", "convnet", "resnet18", "mlp"]
+    name: Literal["lenet", "convnet", "resnet18", "mlp", "cnn"]
     num_classes: int = Field(gt=1)
     in_channels: int = Field(gt=0)
     image_size: int = Field(ge=8, le=512)
@@ -52,4 +52,6 @@ def build_model(spec: ModelSpec, seed: int | None = None) -> nn.Module:
         return ResNet18(**common, width=spec.width or 64)
     if spec.name == "mlp":
         return MLP(**common, width=spec.width or 500)
+    if spec.name == "cnn":
+        return CNN(**common, width=spec.width or 32)
     raise LeaklabError(f"unknown model {spec.name!r}; choose one of {', '.join(MODEL_NAMES)}")

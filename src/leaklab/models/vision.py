@@ -132,3 +132,32 @@ class MLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.fc(self.body(self.normalize(x)))
+
+
+class CNN(nn.Module):
+    """The small ReLU CNN of seed 001's Table 2 (the ``cnn`` network of the authors' code):
+    3x3 conv (``width``) + ReLU + 2x2 average pool, 3x3 conv (``2 * width``) + ReLU + 2x2 average
+    pool, a hidden linear layer of 100 ReLU units and a linear classifier. ``width`` 32 is the
+    published network; weights are LeCun-normal (variance 1 / fan-in) and biases zero, as the
+    defaults of the Flax layers it was written with."""
+
+    def __init__(self, num_classes: int, in_channels: int, image_size: int,
+                 mean: Sequence[float], std: Sequence[float], width: int = 32, hidden: int = 100):
+        super().__init__()
+        self.normalize = Normalize(mean, std)
+        self.features = nn.Sequential(
+            nn.Conv2d(in_channels, width, 3, padding=1), nn.ReLU(), nn.AvgPool2d(2),
+            nn.Conv2d(width, 2 * width, 3, padding=1), nn.ReLU(), nn.AvgPool2d(2),
+            nn.Flatten(),
+        )
+        side = image_size // 2 // 2
+        self.classifier = nn.Sequential(nn.Linear(2 * width * side * side, hidden), nn.ReLU(),
+                                        nn.Linear(hidden, num_classes))
+        for module in self.modules():
+            if isinstance(module, (nn.Conv2d, nn.Linear)):
+                fan_in = module.weight[0].numel()
+                nn.init.normal_(module.weight, 0.0, fan_in ** -0.5)
+                nn.init.zeros_(module.bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.classifier(self.features(self.normalize(x)))
