@@ -105,7 +105,7 @@ def _resize_all(images: np.ndarray, size: int) -> np.ndarray:
 @lru_cache(maxsize=8)
 def _stats(dataset: str, size: int) -> tuple[tuple[float, ...], tuple[float, ...]]:
     if dataset == "photos":
-        pool = _photo_crops(np.arange(500), size)[0]
+        pool = _photo_crops(np.arange(200), size)[0]
     else:
         pool = _pool(dataset)[0]
     mean = pool.mean(axis=(0, 2, 3))

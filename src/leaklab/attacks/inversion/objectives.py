@@ -55,14 +55,22 @@ class Objective:
                                              for w, o in zip(self.weights, observed)))
 
     def __call__(self, simulated: list[torch.Tensor]) -> torch.Tensor:
-        obs, w = self.observed, self.weights
+        """Losses of simulated updates of shape (k*R, *shape): k points per instance, instance-minor."""
+        r = self.observed[0].shape[0]
+        k = simulated[0].shape[0] // r
+        sim = [g.view(k, r, *g.shape[1:]) for g in simulated]
+        obs = [o.unsqueeze(0) for o in self.observed]
+        w = self.weights
+        total = lambda t: t.flatten(2).sum(2)  # noqa: E731  (k, R)
         if self.name == "l2" or (self.name == "bayes" and not self.defense.steps):
-            return sum(wi * ((g - o) ** 2).flatten(1).sum(1) for wi, g, o in zip(w, simulated, obs))
-        if self.name == "l1":
-            return sum(wi * (g - o).abs().flatten(1).sum(1) for wi, g, o in zip(w, simulated, obs))
-        if self.name == "cosine":
-            dot = sum(wi * (g * o).flatten(1).sum(1) for wi, g, o in zip(w, simulated, obs))
-            norm = torch.sqrt(sum(wi * (g * g).flatten(1).sum(1) for wi, g in zip(w, simulated)))
-            return 1 - dot / (norm * self._observed_norm + 1e-12)
-        return torch.stack([-self.defense.log_prob([o[r] for o in obs], [g[r] for g in simulated])
-                            for r in range(len(simulated[0]))])
+            out = sum(wi * total((g - o) ** 2) for wi, g, o in zip(w, sim, obs))
+        elif self.name == "l1":
+            out = sum(wi * total((g - o).abs()) for wi, g, o in zip(w, sim, obs))
+        elif self.name == "cosine":
+            dot = sum(wi * total(g * o) for wi, g, o in zip(w, sim, obs))
+            norm = torch.sqrt(sum(wi * total(g * g) for wi, g in zip(w, sim)))
+            out = 1 - dot / (norm * self._observed_norm + 1e-12)
+        else:
+            out = torch.stack([torch.stack([-self.defense.log_prob([o[0, j] for o in obs], [g[i, j] for g in sim])
+                                            for j in range(r)]) for i in range(k)])
+        return out.reshape(-1)

@@ -146,6 +146,7 @@ class InversionLoop:
                 points = _ball_points(x, cfg.mc_samples, cfg.mc_radius, g)
                 value = self.loss(points).sum()
                 grad = torch.autograd.grad(value, x)[0]
+                value = value.detach()
                 x.grad = grad.sign() if cfg.signed_gradients else grad
                 optimiser.step()
                 scheduler.step()

@@ -1,0 +1,51 @@
+import math
+
+import torch
+
+from leaklab.metrics import (box_iou, constant_baseline, cosine_similarity, match_order,
+                             percent_error, psnr, rgb_to_y, ssim)
+
+
+def test_psnr_of_known_error():
+    truth = torch.zeros(1, 1, 8, 8)
+    recon = torch.full_like(truth, 0.1)
+    assert math.isclose(float(psnr(recon, truth)), 20.0, rel_tol=1e-6)
+
+
+def test_psnr_clips_reconstruction_to_unit_range():
+    truth = torch.ones(1, 3, 8, 8)
+    assert float(psnr(truth + 5, truth)) > 200
+
+
+def test_y_channel_of_white_and_black():
+    y = rgb_to_y(torch.stack([torch.ones(3, 2, 2), torch.zeros(3, 2, 2)]))
+    assert torch.allclose(y[0], torch.full((1, 2, 2), 235 / 255), atol=1e-6)
+    assert torch.allclose(y[1], torch.full((1, 2, 2), 16 / 255), atol=1e-6)
+
+
+def test_ssim_is_one_for_identical_and_lower_for_noisy():
+    g = torch.Generator().manual_seed(0)
+    truth = torch.rand(2, 3, 32, 32, generator=g)
+    assert torch.allclose(ssim(truth, truth), torch.ones(2, dtype=torch.float64))
+    noisy = truth + 0.2 * torch.randn(truth.shape, generator=g)
+    assert (ssim(noisy, truth) < 0.9).all()
+
+
+def test_constant_baseline_is_per_channel_mean():
+    truth = torch.rand(1, 3, 8, 8)
+    base = constant_baseline(truth)
+    assert torch.allclose(base[0, :, 0, 0], truth[0].mean(dim=(1, 2)))
+
+
+def test_match_order_inverts_a_permutation():
+    truth = torch.rand(4, 1, 8, 8)
+    perm = torch.tensor([2, 0, 3, 1])
+    recon = truth[perm]
+    order = match_order(recon, truth)
+    assert torch.equal(recon[order], truth)
+
+
+def test_box_iou_and_percent_error_and_cosine():
+    assert math.isclose(float(box_iou(torch.tensor([0, 0, 2, 2.]), torch.tensor([1, 1, 3, 3.]))[0]), 1 / 7)
+    assert float(percent_error(torch.tensor(1.01), torch.tensor(1.0))) - 1.0 < 1e-9
+    assert math.isclose(cosine_similarity([torch.ones(3)], [torch.ones(3)]), 1.0)

@@ -1,0 +1,59 @@
+import pytest
+import torch
+
+from leaklab.errors import LeaklabError
+from leaklab.fl import fedavg_update, fedsgd_update
+from leaklab.models import ModelSpec, build_model
+from leaklab.threat import Capabilities, make_view
+
+SPEC = ModelSpec(name="convnet", num_classes=10, in_channels=3, image_size=16, width=4,
+                 mean=(0.5,) * 3, std=(0.25,) * 3)
+
+
+def test_fedsgd_update_is_the_gradient_and_leaves_bn_stats_alone():
+    model = build_model(SPEC, seed=0)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    x, y = torch.rand(2, 3, 16, 16), torch.tensor([1, 2])
+    upd = fedsgd_update(model, x, y)
+    upd.validate_against(model)
+    assert upd.metadata.batch_size == 2
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    loss = torch.nn.functional.cross_entropy(model(x), y)
+    assert torch.allclose(torch.autograd.grad(loss, model.fc.weight)[0], upd.tensors["fc.weight"])
+
+
+def test_fedavg_one_step_is_minus_lr_times_gradient():
+    model = build_model(SPEC, seed=0)
+    x, y = torch.rand(2, 3, 16, 16), torch.tensor([1, 2])
+    g = fedsgd_update(model, x, y)
+    d = fedavg_update(model, x, y, local_lr=0.5, local_steps=1)
+    assert torch.allclose(d.tensors["fc.weight"], -0.5 * g.tensors["fc.weight"], atol=1e-6)
+
+
+def test_validation_names_the_problem():
+    model = build_model(SPEC, seed=0)
+    upd = fedsgd_update(model, torch.rand(1, 3, 16, 16), torch.tensor([0]))
+    upd.tensors["fc.weight"] = torch.zeros(3, 3)
+    with pytest.raises(LeaklabError, match="fc.weight.*shape"):
+        upd.validate_against(model)
+    upd.tensors["fc.weight"] = torch.full(tuple(model.fc.weight.shape), float("nan"))
+    with pytest.raises(LeaklabError, match="NaN or Inf"):
+        upd.validate_against(model)
+
+
+def test_view_rejects_a_model_state_of_another_architecture():
+    other = build_model(SPEC.model_copy(update={"width": 8}), seed=0)
+    upd = fedsgd_update(other, torch.rand(1, 3, 16, 16), torch.tensor([0]))
+    with pytest.raises(LeaklabError, match="does not fit"):
+        make_view(SPEC, other.state_dict(), upd.metadata)
+
+
+def test_capabilities_gate_what_the_attack_may_read():
+    model = build_model(SPEC, seed=0)
+    upd = fedsgd_update(model, torch.rand(1, 3, 16, 16), torch.tensor([3]))
+    view = make_view(SPEC, model.state_dict(), upd.metadata,
+                     Capabilities(knows_defense=False, knows_labels=False), defense="gaussian:0.1",
+                     labels=torch.tensor([3]))
+    assert view.labels is None and view.defense is None
+    with pytest.raises(LeaklabError, match="knows_defense"):
+        view.known_defense()
