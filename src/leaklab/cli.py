@@ -1,0 +1,369 @@
+"""The ``leaklab`` command line (typer). It only parses options and calls ``leaklab.experiments``.
+
+Every command turns a user mistake (:class:`~leaklab.errors.LeaklabError`, or an option value that
+the pydantic configs reject) into one line ``error: ...`` on stderr and exit code 2; output folders
+are written atomically, so nothing is left half-written in ``--out``. Long work shows a rich
+progress bar on stderr when it is a terminal.
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Annotated, Any, Optional
+
+import typer
+from pydantic import ValidationError
+
+from leaklab.data import DATASET_NAMES
+from leaklab.errors import LeaklabError
+from leaklab.models import MODEL_NAMES
+
+app = typer.Typer(name="leaklab", no_args_is_help=True, add_completion=False,
+                  pretty_exceptions_show_locals=False,
+                  help="A laboratory for privacy leakage in federated learning: capture client updates, "
+                       "attack them, and report how much they leak.")
+attack_app = typer.Typer(no_args_is_help=True, help="Attack captured client updates.")
+reproduce_app = typer.Typer(no_args_is_help=True, help="Reproduce published tables.")
+app.add_typer(attack_app, name="attack")
+app.add_typer(reproduce_app, name="reproduce")
+
+CAPTURE = "Capture (client side)"
+ATTACK = "Attack"
+
+
+# --------------------------------------------------------------------------------------------
+# errors and progress
+
+
+_OPTION_NAMES = {"priors": "--prior/--tv"}
+
+
+def _option_name(loc: tuple) -> str:
+    field = str(loc[0]) if loc else "value"
+    return _OPTION_NAMES.get(field, "--" + field.replace("_", "-"))
+
+
+def _validation_line(error: ValidationError) -> str:
+    first = error.errors()[0]
+    msg = str(first.get("msg", "invalid value")).replace("\n", " ")
+    msg = msg.removeprefix("Value error, ")
+    got = first.get("input")
+    shown = f" (got {got!r})" if got is not None and not isinstance(got, (dict, list)) else ""
+    return f"invalid {_option_name(first.get('loc', ()))}{shown}: {msg}"
+
+
+def _fail(message: str) -> None:
+    line = " ".join(str(message).split())
+    typer.echo(f"error: {line}", err=True)
+    raise typer.Exit(2)
+
+
+def _guard(fn: Callable) -> Callable:
+    """Run a command; user mistakes become one ``error:`` line and exit code 2."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except LeaklabError as e:
+            _fail(str(e))
+        except ValidationError as e:
+            _fail(_validation_line(e))
+        except KeyboardInterrupt:
+            typer.echo("error: interrupted; nothing was written to --out", err=True)
+            raise typer.Exit(130) from None
+
+    return wrapper
+
+
+@contextmanager
+def _progress() -> Iterator[Callable[..., None]]:
+    """A callback ``progress(task, completed, total)`` drawing rich bars on an interactive stderr."""
+    from rich.console import Console
+    from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
+                               TimeRemainingColumn)
+
+    console = Console(stderr=True)
+    if not console.is_terminal:
+        yield lambda *args, **kwargs: None
+        return
+    bars = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                    TimeElapsedColumn(), TimeRemainingColumn(), console=console, transient=False)
+    task: list[Any] = []
+
+    def update(*args: Any, **kwargs: Any) -> None:
+        # progress(description, completed, total): one bar whose description follows the work
+        words = [a for a in args if isinstance(a, str)]
+        numbers = [a for a in args if isinstance(a, (int, float)) and not isinstance(a, bool)]
+        name = kwargs.get("task") or (words[0] if words else "working")
+        completed = kwargs.get("completed", numbers[0] if numbers else None)
+        total = kwargs.get("total", numbers[1] if len(numbers) > 1 else None)
+        if not task:
+            task.append(bars.add_task(name, total=total))
+        bars.update(task[0], description=name, completed=completed, total=total)
+
+    with bars:
+        yield update
+
+
+def _echo_summary(out: Path, results: dict) -> None:
+    s = results.get("summary", {})
+    parts = []
+    if s.get("psnr_mean") is not None:
+        parts.append(f"PSNR {s['psnr_mean']:.2f} dB (constant-image baseline {s['psnr_baseline_mean']:.2f} dB)")
+        parts.append(f"SSIM {s['ssim_mean']:.3f}")
+    if s.get("label_accuracy") is not None:
+        parts.append(f"labels {100 * s['label_accuracy']:.0f}%")
+    parts.append(f"{s.get('images', '?')} image(s), {s.get('seconds', 0):.1f} s")
+    typer.echo(f"wrote {out}: " + ", ".join(parts))
+
+
+# --------------------------------------------------------------------------------------------
+# options shared by capture and the one-shot attack
+
+ModelOpt = Annotated[Optional[str], typer.Option("--model", help=" | ".join(MODEL_NAMES) + " (default convnet)",
+                                                 rich_help_panel=CAPTURE)]
+DataOpt = Annotated[Optional[str], typer.Option("--data", help=" | ".join(DATASET_NAMES) + " (default photos)",
+                                                rich_help_panel=CAPTURE)]
+BatchOpt = Annotated[Optional[int], typer.Option("--batch-size", help="images per update (default 1)",
+                                                 rich_help_panel=CAPTURE)]
+NumOpt = Annotated[Optional[int], typer.Option("--num-images",
+                                               help="private images in all (a multiple of --batch-size) "
+                                                    "(default 1)", rich_help_panel=CAPTURE)]
+ImageSeedOpt = Annotated[Optional[int], typer.Option("--image-seed", help="which images (default 0)",
+                                                     rich_help_panel=CAPTURE)]
+SizeOpt = Annotated[Optional[int], typer.Option("--image-size", help="pixels per side (default 32)",
+                                                rich_help_panel=CAPTURE)]
+WidthOpt = Annotated[Optional[int], typer.Option("--width", help="model width (convnet 64, resnet18 64, "
+                                                 "mlp 500 by default)", rich_help_panel=CAPTURE)]
+DefenseOpt = Annotated[Optional[str], typer.Option("--defense",
+                                                   help="defense chain, e.g. prune:0.5,gaussian:0.1 "
+                                                        "(gaussian:σ laplace:b prune:p topk:p clip:c) "
+                                                        "(default none)", rich_help_panel=CAPTURE)]
+TrainOpt = Annotated[Optional[int], typer.Option("--train-steps", help="SGD steps on other images before "
+                                                 "the round (default 0)", rich_help_panel=CAPTURE)]
+KnowsLabelsOpt = Annotated[Optional[bool], typer.Option("--knows-labels/--no-knows-labels",
+                                                        help="grant the server the labels "
+                                                             "(default no)", rich_help_panel=CAPTURE)]
+UpdateOpt = Annotated[Optional[str], typer.Option("--update", help="fedsgd | fedavg (default fedsgd)",
+                                                  rich_help_panel=CAPTURE)]
+LocalStepsOpt = Annotated[Optional[int], typer.Option("--local-steps", help="FedAvg local steps "
+                                                      "(default 1)", rich_help_panel=CAPTURE)]
+LocalLrOpt = Annotated[Optional[float], typer.Option("--local-lr", help="FedAvg local learning rate "
+                                                     "(default 0.1)", rich_help_panel=CAPTURE)]
+
+
+def _capture_config(seed: int | None, **fields: Any):
+    from leaklab.experiments.capture import CaptureConfig
+
+    given = {k: v for k, v in fields.items() if v is not None}
+    if seed is not None:
+        given["seed"] = seed
+    return CaptureConfig(**given)
+
+
+# --------------------------------------------------------------------------------------------
+# commands
+
+
+@app.command()
+@_guard
+def capture(
+    out: Annotated[Path, typer.Option("--out", help="case folder to write")],
+    model: ModelOpt = None, data: DataOpt = None, batch_size: BatchOpt = None, num_images: NumOpt = None,
+    image_seed: ImageSeedOpt = None, image_size: SizeOpt = None, width: WidthOpt = None,
+    defense: DefenseOpt = None,
+    seed: Annotated[Optional[int], typer.Option("--seed", help="model initialisation and defense noise "
+                                                "(default 0)")] = None,
+    train_steps: TrainOpt = None, knows_labels: KnowsLabelsOpt = None, update: UpdateOpt = None,
+    local_steps: LocalStepsOpt = None, local_lr: LocalLrOpt = None,
+) -> None:
+    """Capture what the server sees of a client round (view, model, updates) and the client's truth."""
+    from leaklab.experiments import capture as capture_mod
+
+    config = _capture_config(seed, model=model, data=data, batch_size=batch_size, num_images=num_images,
+                             image_seed=image_seed, image_size=image_size, width=width, defense=defense,
+                             train_steps=train_steps, knows_labels=knows_labels, update=update,
+                             local_steps=local_steps, local_lr=local_lr)
+    result = capture_mod.run(config, out)
+    typer.echo(f"wrote {out}: {len(result.updates)} update(s) of {config.batch_size} image(s), "
+               f"model {result.spec.name}, defense {result.defense or 'none'}")
+
+
+@attack_app.command("inversion")
+@_guard
+def attack_inversion(
+    out: Annotated[Path, typer.Option("--out", help="results folder to write")],
+    case: Annotated[Optional[Path], typer.Option("--case", help="case folder from `leaklab capture`; "
+                                                 "without it, the capture options make one in OUT/case")] = None,
+    objective: Annotated[Optional[str], typer.Option("--objective", help="l2 | l1 | cosine | bayes",
+                                                     rich_help_panel=ATTACK)] = None,
+    optimizer: Annotated[Optional[str], typer.Option("--optimizer", help="adam | lbfgs",
+                                                     rich_help_panel=ATTACK)] = None,
+    iterations: Annotated[Optional[int], typer.Option("--iterations", rich_help_panel=ATTACK)] = None,
+    lr: Annotated[Optional[float], typer.Option("--lr", help="step size (lbfgs default 1)",
+                                                rich_help_panel=ATTACK)] = None,
+    schedule: Annotated[Optional[str], typer.Option("--schedule", help="cosine | exp | step | constant",
+                                                    rich_help_panel=ATTACK)] = None,
+    tv: Annotated[Optional[float], typer.Option("--tv", help="total-variation prior weight (0: off)",
+                                                rich_help_panel=ATTACK)] = None,
+    prior: Annotated[Optional[list[str]], typer.Option("--prior", help="NAME=WEIGHT, repeatable "
+                                                       "(tv, range, l2)", rich_help_panel=ATTACK)] = None,
+    restarts: Annotated[Optional[int], typer.Option("--restarts", rich_help_panel=ATTACK)] = None,
+    precision: Annotated[Optional[str], typer.Option("--precision", help="fp32 | bf16",
+                                                     rich_help_panel=ATTACK)] = None,
+    init: Annotated[Optional[str], typer.Option("--init", help="gaussian | uniform | mean",
+                                                rich_help_panel=ATTACK)] = None,
+    mc_samples: Annotated[Optional[int], typer.Option("--mc-samples", help="k of Algorithm 1 (bayes)",
+                                                      rich_help_panel=ATTACK)] = None,
+    mc_radius: Annotated[Optional[float], typer.Option("--mc-radius", help="delta of Algorithm 1",
+                                                       rich_help_panel=ATTACK)] = None,
+    config_file: Annotated[Optional[Path], typer.Option("--config", help="YAML/JSON file of "
+                                                        "InversionConfig fields; options override it",
+                                                        rich_help_panel=ATTACK)] = None,
+    seed: Annotated[Optional[int], typer.Option("--seed", help="attack seed (and, one-shot, the capture "
+                                                "seed) (default 0)")] = None,
+    model: ModelOpt = None, data: DataOpt = None, batch_size: BatchOpt = None, num_images: NumOpt = None,
+    image_seed: ImageSeedOpt = None, image_size: SizeOpt = None, width: WidthOpt = None,
+    defense: DefenseOpt = None, train_steps: TrainOpt = None, knows_labels: KnowsLabelsOpt = None,
+    update: UpdateOpt = None, local_steps: LocalStepsOpt = None, local_lr: LocalLrOpt = None,
+) -> None:
+    """Gradient inversion (DLG, Inverting Gradients, Bayes) of every update of a case."""
+    from leaklab.experiments import image_attack
+    from leaklab.io import read_config
+
+    capture_fields = dict(model=model, data=data, batch_size=batch_size, num_images=num_images,
+                          image_seed=image_seed, image_size=image_size, width=width, defense=defense,
+                          train_steps=train_steps, knows_labels=knows_labels, update=update,
+                          local_steps=local_steps, local_lr=local_lr)
+    base = read_config(config_file) if config_file else None
+    config = image_attack.inversion_config(
+        base, objective=objective, optimizer=optimizer, iterations=iterations, lr=lr, schedule=schedule,
+        priors=image_attack.parse_priors(prior, tv), restarts=restarts, precision=precision, init=init,
+        mc_samples=mc_samples, mc_radius=mc_radius, seed=seed)
+    _attack(out, case, "inversion", config, seed, capture_fields)
+
+
+@attack_app.command("analytic")
+@_guard
+def attack_analytic(
+    out: Annotated[Path, typer.Option("--out", help="results folder to write")],
+    case: Annotated[Optional[Path], typer.Option("--case", help="case folder from `leaklab capture`; "
+                                                 "without it, the capture options make one in OUT/case")] = None,
+    seed: Annotated[Optional[int], typer.Option("--seed", help="one-shot capture seed (default 0)")] = None,
+    model: ModelOpt = None, data: DataOpt = None, batch_size: BatchOpt = None, num_images: NumOpt = None,
+    image_seed: ImageSeedOpt = None, image_size: SizeOpt = None, width: WidthOpt = None,
+    defense: DefenseOpt = None, train_steps: TrainOpt = None, knows_labels: KnowsLabelsOpt = None,
+    update: UpdateOpt = None, local_steps: LocalStepsOpt = None, local_lr: LocalLrOpt = None,
+) -> None:
+    """Exact recovery of the input of a first fully connected layer (MLP, one image per update)."""
+    capture_fields = dict(model=model, data=data, batch_size=batch_size, num_images=num_images,
+                          image_seed=image_seed, image_size=image_size, width=width, defense=defense,
+                          train_steps=train_steps, knows_labels=knows_labels, update=update,
+                          local_steps=local_steps, local_lr=local_lr)
+    _attack(out, case, "analytic", None, seed, capture_fields)
+
+
+def _attack(out: Path, case: Path | None, method: str, config, seed: int | None,
+            capture_fields: dict[str, Any]) -> None:
+    from leaklab.experiments import image_attack
+
+    given = sorted("--" + k.replace("_", "-") for k, v in capture_fields.items() if v is not None)
+    with _progress() as progress:
+        if case is not None:
+            if given:
+                raise LeaklabError(f"--case reads a captured case; capture options ({', '.join(given)}) "
+                                   "belong to the one-shot form without --case")
+            results = image_attack.run(case, out, method, config, progress=progress)
+        else:
+            if not given:
+                raise LeaklabError("give --case CASE, or capture options (--model, --data, ...) to "
+                                   "capture and attack in one go")
+            capture_config = _capture_config(seed, **capture_fields)
+            results = image_attack.run_oneshot(capture_config, out, method, config, progress=progress)
+    _echo_summary(out, results)
+
+
+def _split(values: list[str] | None, sep: str = ",") -> list[str] | None:
+    if not values:
+        return None
+    return [part.strip() for v in values for part in v.split(sep) if part.strip()]
+
+
+@reproduce_app.command("bayes-table2")
+@_guard
+def reproduce_bayes_table2(
+    quick: Annotated[bool, typer.Option("--quick", help="a small, fast version (tests)")] = False,
+    datasets: Annotated[Optional[list[str]], typer.Option("--datasets", help="repeatable or "
+                                                          "comma-separated, e.g. digits,photos")] = None,
+    defenses: Annotated[Optional[list[str]], typer.Option("--defenses", help="repeatable; one defense "
+                                                          "chain each, chains separated by ';'")] = None,
+    steps: Annotated[Optional[list[str]], typer.Option("--steps", help="train steps, e.g. 0,500")] = None,
+    images: Annotated[Optional[int], typer.Option("--images", help="images per setting")] = None,
+    seed: Annotated[int, typer.Option("--seed")] = 0,
+    out: Annotated[Optional[Path], typer.Option("--out", help="(default runs/<id>-bayes-table2)")] = None,
+) -> None:
+    """Seed 001 Table 2: Bayes-optimal adversary vs L2/L1/cosine under noise and pruning defenses."""
+    try:
+        from leaklab.experiments import bayes_table2
+    except ModuleNotFoundError as e:
+        if e.name in ("leaklab.experiments.bayes_table2",):
+            raise LeaklabError("the bayes-table2 experiment (leaklab.experiments.bayes_table2) is not "
+                               "part of this installation yet") from None
+        raise
+    from leaklab.io import new_run_dir
+
+    try:
+        step_values = [int(s) for s in _split(steps) or []] or None
+    except ValueError:
+        raise LeaklabError("--steps takes integers, e.g. --steps 0,500") from None
+    out = out or new_run_dir("bayes-table2")
+    # Not atomic on purpose: the experiment writes each finished cell at once and a rerun resumes;
+    # it validates its options before it creates anything.
+    with _progress() as progress:
+        result = bayes_table2.run(out, quick=quick, datasets=_split(datasets),
+                                  defenses=_split(defenses, ";"), steps=step_values, images=images,
+                                  seed=seed, progress=progress)
+    table = result.get("table") if isinstance(result, dict) else None
+    typer.echo(f"wrote {out / 'results.json'}")
+    if table:
+        for dataset, by_defense in table.items():
+            for defense_name, by_step in by_defense.items():
+                for step, by_attack in by_step.items():
+                    cells = ", ".join(f"{a} {v:.2f}" if isinstance(v, (int, float)) else f"{a} {v}"
+                                      for a, v in by_attack.items())
+                    typer.echo(f"  {dataset:8s} {defense_name:26s} step {step}: {cells}")
+
+
+@app.command()
+@_guard
+def audit(
+    out: Annotated[Optional[Path], typer.Option("--out", help="(default runs/<id>-audit)")] = None,
+    quick: Annotated[bool, typer.Option("--quick", help="a seconds-long version (tests)")] = False,
+    seed: Annotated[int, typer.Option("--seed")] = 0,
+) -> None:
+    """The default leakage audit: real photos and faces attacked with and without defenses, as an
+    HTML report (runs/<id>/report.html) and results.json."""
+    from leaklab.experiments import image_audit
+    from leaklab.io import new_run_dir
+
+    out = out or new_run_dir("audit")
+    with _progress() as progress:
+        results = image_audit.run(out, quick=quick, seed=seed, progress=progress)
+    typer.echo(f"wrote {out / 'report.html'}")
+    for row in results.get("settings", []):
+        s = row["summary"]
+        typer.echo(f"  {row['scenario']:28s} {row['defense']:26s} PSNR {s['psnr_mean']:6.2f} dB "
+                   f"(baseline {s['psnr_baseline_mean']:5.2f}), SSIM {s['ssim_mean']:.3f}")
+
+
+def main() -> None:  # pragma: no cover - console entry for `python -m leaklab.cli`
+    app()
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

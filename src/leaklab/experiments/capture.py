@@ -1,0 +1,144 @@
+"""Capture what an honest-but-curious server sees of a client's round, and the client's truth.
+
+``capture(CaptureConfig(...))`` builds the model (initialised by ``seed``, optionally trained for
+``train_steps`` on other images of the same dataset), loads the client's private images, computes one
+update per group of ``batch_size`` images (FedSGD gradient, or FedAvg weight delta), and applies the
+defense chain with a ``torch.Generator`` seeded by ``seed``. :func:`run` writes the result as a case
+folder (``leaklab capture``); the format is in docs/formats.md.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from leaklab.data import DATASET_NAMES, load_images
+from leaklab.defenses import parse_defense
+from leaklab.errors import LeaklabError
+from leaklab.fl import fedavg_update, fedsgd_update, train_steps
+from leaklab.io import atomic_dir, write_case
+from leaklab.models import MODEL_NAMES, ModelSpec, build_model
+from leaklab.threat import Capabilities, ClientUpdate, UpdateMetadata
+
+# Sizes of the finite image pools (leaklab.data): the training images of ``train_steps`` are drawn
+# from what the client's images leave.
+_POOL_SIZES = {"faces": 200, "digits": 1797, "mnist": 5000}
+_TRAIN_POOL = 256
+
+
+class CaptureConfig(BaseModel):
+    """One client round: model, private data, update kind, defense, and what the server is granted."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: str = "convnet"
+    data: str = "photos"
+    batch_size: int = Field(default=1, ge=1, le=256)
+    num_images: int = Field(default=1, ge=1, le=4096)
+    image_seed: int = 0
+    image_offset: int = Field(default=0, ge=0, description="skip the first images of the seed's order")
+    image_size: int = Field(default=32, ge=8, le=256)
+    width: int | None = Field(default=None, ge=1, le=1024)
+    defense: str = "none"
+    seed: int = 0
+    train_steps: int = Field(default=0, ge=0, le=100_000)
+    knows_labels: bool = False
+    update: Literal["fedsgd", "fedavg"] = "fedsgd"
+    local_steps: int = Field(default=1, ge=1, le=1000)
+    local_lr: float = Field(default=0.1, gt=0)
+
+    @field_validator("model")
+    @classmethod
+    def _known_model(cls, value: str) -> str:
+        if value not in MODEL_NAMES:
+            raise ValueError(f"unknown model {value!r}; choose one of {', '.join(MODEL_NAMES)}")
+        return value
+
+    @field_validator("data")
+    @classmethod
+    def _known_data(cls, value: str) -> str:
+        if value not in DATASET_NAMES:
+            raise ValueError(f"unknown dataset {value!r}; choose one of {', '.join(DATASET_NAMES)}")
+        return value
+
+
+@dataclass
+class Capture:
+    """The captured round: the server's side (spec, state, metadata, capabilities, defense, updates)
+    and the client's truth (images, labels; ``labels[i]`` belongs to ``updates[i]``)."""
+
+    config: CaptureConfig
+    spec: ModelSpec
+    state: dict[str, torch.Tensor]
+    metadata: UpdateMetadata
+    capabilities: Capabilities
+    defense: str | None
+    updates: list[ClientUpdate]
+    labels: list[torch.Tensor]
+    images: torch.Tensor  # (num_images, C, S, S) in [0, 1]
+    truth_labels: torch.Tensor  # (num_images,)
+
+    @property
+    def provenance(self) -> dict:
+        return {"capture": self.config.model_dump(mode="json"), "dataset": self.config.data}
+
+
+def capture(config: CaptureConfig) -> Capture:
+    """Compute the (defended) client updates of ``config``; same config, same tensors."""
+    if config.num_images % config.batch_size:
+        raise LeaklabError(f"--num-images {config.num_images} is not a multiple of --batch-size "
+                           f"{config.batch_size}; each update covers one batch")
+    chain = parse_defense(config.defense)
+    if config.update == "fedsgd" and config.local_steps != 1:
+        raise LeaklabError("--local-steps applies to FedAvg updates; add --update fedavg")
+    batch = load_images(config.data, config.num_images, config.image_size, seed=config.image_seed,
+                        offset=config.image_offset)
+    spec = ModelSpec(name=config.model, num_classes=batch.num_classes,
+                     in_channels=batch.images.shape[1], image_size=config.image_size,
+                     width=config.width, mean=batch.mean, std=batch.std)
+    model = build_model(spec, seed=config.seed)
+    if config.train_steps:
+        used = config.image_offset + config.num_images
+        available = _POOL_SIZES.get(config.data, 10**9) - used
+        if available < 1:
+            raise LeaklabError(f"{config.data} has no images left to train on beside the client's "
+                               f"{used}; lower --num-images or use --train-steps 0")
+        pool = load_images(config.data, min(_TRAIN_POOL, available), config.image_size,
+                           seed=config.image_seed, offset=used)
+        train_steps(model, pool.images, pool.labels, config.train_steps, seed=config.seed)
+    model.eval()
+
+    generator = torch.Generator().manual_seed(config.seed)
+    b = config.batch_size
+    updates, labels = [], []
+    for start in range(0, config.num_images, b):
+        x, y = batch.images[start:start + b], batch.labels[start:start + b]
+        if config.update == "fedsgd":
+            clean = fedsgd_update(model, x, y)
+        else:
+            clean = fedavg_update(model, x, y, local_lr=config.local_lr, local_steps=config.local_steps)
+        updates.append(chain.apply(clean, generator))
+        labels.append(y.clone())
+    state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    return Capture(config=config, spec=spec, state=state, metadata=updates[0].metadata,
+                   capabilities=Capabilities(knows_labels=config.knows_labels), defense=chain.spec,
+                   updates=updates, labels=labels, images=batch.images, truth_labels=batch.labels)
+
+
+def write(result: Capture, folder: Path) -> None:
+    """Write ``result`` as a case folder (not atomically: see :func:`run`)."""
+    write_case(folder, result.spec, result.state, result.metadata, result.capabilities,
+               result.defense, result.updates, result.labels, result.images, result.truth_labels,
+               provenance=result.provenance)
+
+
+def run(config: CaptureConfig, out: Path) -> Capture:
+    """``leaklab capture``: capture and write the case folder ``out`` atomically."""
+    with atomic_dir(out) as tmp:
+        result = capture(config)
+        write(result, tmp)
+    return result

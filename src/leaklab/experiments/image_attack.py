@@ -1,0 +1,283 @@
+"""Attack a captured case and evaluate the reconstructions against the client's truth.
+
+``run(case_dir, out, method, config)`` (``leaklab attack inversion|analytic --case``) reads only the
+server's files of the case (:func:`leaklab.io.load_case`), attacks every update, and only then reads
+``truth.safetensors`` (when present) to score the reconstructions. ``run_oneshot`` captures into
+``out/case`` first. Both write ``out/results.json``, ``out/reconstructions.png`` (originals above
+reconstructions when the truth exists) and ``out/reconstructions.safetensors``, atomically.
+
+Scoring (see :mod:`leaklab.metrics`): per image PSNR and SSIM against the truth, and the PSNR of the
+no-information baseline (a constant image at the true image's per-channel mean). A batch
+reconstruction has no order: images are matched to the truth by :func:`~leaklab.metrics.match_order`
+and labels are compared as multisets.
+"""
+
+from __future__ import annotations
+
+import platform
+import time
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+
+import leaklab
+from leaklab.attacks.inversion import InversionConfig, Reconstruction, invert, recover_input, recover_labels
+from leaklab.device import default_device, describe
+from leaklab.errors import LeaklabError
+from leaklab.experiments import capture as capture_mod
+from leaklab.io import (RECONSTRUCTIONS_FILE, RESULTS_FILE, Case, atomic_dir, load_case, load_truth,
+                        save_tensors, write_json)
+from leaklab.metrics import constant_baseline, match_order, psnr, ssim
+
+Method = Literal["inversion", "analytic"]
+ProgressFn = Callable[[str, int, int], None]
+
+PNG_FILE = "reconstructions.png"
+CASE_SUBDIR = "case"
+TOGETHER = 16  # updates optimised together (batched) by one inversion call
+
+# DLG's settings for L-BFGS (Zhu et al. 2019): step size 1 and no image prior, unless given.
+_LBFGS_DEFAULTS = {"lr": 1.0, "priors": {}}
+
+
+def inversion_config(base: dict[str, Any] | None = None, **fields: Any) -> InversionConfig:
+    """An :class:`InversionConfig` from ``base`` (e.g. a YAML file) overridden by ``fields``
+    (``None`` means "not given").
+
+    With ``optimizer="lbfgs"`` the learning rate defaults to 1 and the priors to none (DLG), unless
+    they are given.
+    """
+    given = {**(base or {}), **{k: v for k, v in fields.items() if v is not None}}
+    if given.get("optimizer") == "lbfgs":
+        given = {**_LBFGS_DEFAULTS, **given}
+    return InversionConfig(**given)
+
+
+def parse_priors(items: list[str] | None, tv: float | None = None) -> dict[str, float] | None:
+    """``["tv=0.2", "l2=0.01"]`` (and ``tv``) as a prior-weight mapping; None when nothing is given."""
+    if not items and tv is None:
+        return None
+    priors: dict[str, float] = {}
+    for item in items or []:
+        for part in item.split(","):
+            name, sep, value = part.strip().partition("=")
+            try:
+                if not sep:
+                    raise ValueError
+                priors[name.strip()] = float(value)
+            except ValueError:
+                raise LeaklabError(f"--prior {part.strip()!r} must look like NAME=WEIGHT, e.g. tv=0.2") from None
+    if tv is not None:
+        priors["tv"] = tv
+    return priors
+
+
+def versions() -> dict[str, str]:
+    return {"leaklab": leaklab.__version__, "torch": torch.__version__,
+            "python": platform.python_version()}
+
+
+# --------------------------------------------------------------------------------------------
+# attacking
+
+
+def attack(case: Case, method: Method, config: InversionConfig | None = None,
+           progress: ProgressFn | None = None, device: torch.device | None = None,
+           together: int = TOGETHER) -> list[Reconstruction]:
+    """One reconstruction per update of ``case``, in order. Sees only the server's view."""
+    if method == "analytic":
+        return _analytic(case, progress)
+    if method != "inversion":
+        raise LeaklabError(f"unknown attack {method!r}; choose inversion or analytic")
+    config = config or InversionConfig()
+    device = device or default_device()
+    n = len(case.updates)
+    # L-BFGS takes one joint line search for all instances: attack one update at a time with it.
+    alone = config.optimizer == "lbfgs" or any(y is not None for y in case.labels)
+    step = 1 if alone else max(1, together)
+    chunks = [list(range(s, min(n, s + step))) for s in range(0, n, step)]
+    total = config.iterations * len(chunks)
+    out: list[Reconstruction] = []
+    for k, idx in enumerate(chunks):
+        cfg = config.model_copy(update={"seed": config.seed + k})
+
+        def report(it: int, _loss: float, k: int = k) -> None:
+            if progress:
+                progress("inversion", k * config.iterations + it, total)
+
+        out += invert(case.view_for(idx[0]), [case.updates[i] for i in idx], cfg, progress=report,
+                      device=device)
+        if progress:
+            progress("inversion", (k + 1) * config.iterations, total)
+    return out
+
+
+def _analytic(case: Case, progress: ProgressFn | None) -> list[Reconstruction]:
+    out = []
+    for i, update in enumerate(case.updates):
+        start = time.perf_counter()
+        view = case.view_for(i)
+        image = recover_input(view, update)
+        labels = view.labels if view.labels is not None else \
+            recover_labels(view.model, update, update.metadata.batch_size)
+        out.append(Reconstruction(images=image.clamp(0, 1), labels=labels.cpu(), loss=0.0,
+                                  iterations=0, evaluations=1, seconds=time.perf_counter() - start))
+        if progress:
+            progress("analytic", i + 1, len(case.updates))
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# scoring
+
+
+def _label_hits(recovered: list[int], true: list[int]) -> list[bool]:
+    """Per true label: whether the recovered multiset still holds it (a batch has no order)."""
+    pool = Counter(recovered)
+    hits = []
+    for y in true:
+        hits.append(pool[y] > 0)
+        if pool[y] > 0:
+            pool[y] -= 1
+    return hits
+
+
+def _mean(values: list[float | None]) -> float | None:
+    vals = [v for v in values if v is not None]
+    return sum(vals) / len(vals) if vals else None
+
+
+def evaluate(case: Case, recons: list[Reconstruction],
+             truth: tuple[torch.Tensor, torch.Tensor, dict] | None,
+             ) -> tuple[dict[str, Any], list[dict[str, Any]], torch.Tensor, torch.Tensor]:
+    """Summary, per-image samples, and the reconstructed images and labels in the truth's order."""
+    b = case.view.metadata.batch_size
+    samples, images, labels = [], [], []
+    for u, rec in enumerate(recons):
+        rec_images, rec_labels = rec.images.detach().float().cpu(), rec.labels.cpu().long()
+        if truth is None:
+            for j in range(len(rec_images)):
+                samples.append({"index": u * b + j, "update": u, "label": int(rec_labels[j])})
+            images.append(rec_images)
+            labels.append(rec_labels)
+            continue
+        t_images, t_labels = truth[0][u * b:(u + 1) * b], truth[1][u * b:(u + 1) * b]
+        perm = match_order(rec_images, t_images)
+        matched = rec_images[perm]
+        p, s = psnr(matched, t_images), ssim(matched, t_images)
+        p_y = psnr(matched, t_images, channel="y")
+        base = constant_baseline(t_images)
+        p_base, s_base = psnr(base, t_images), ssim(base, t_images)
+        if b == 1:
+            hits = [int(rec_labels[0]) == int(t_labels[0])]
+        else:
+            hits = _label_hits(rec_labels.tolist(), t_labels.tolist())
+        for j in range(b):
+            samples.append({"index": u * b + j, "update": u, "psnr": float(p[j]), "psnr_y": float(p_y[j]),
+                            "ssim": float(s[j]), "psnr_baseline": float(p_base[j]),
+                            "ssim_baseline": float(s_base[j]), "label": int(rec_labels[perm[j]]),
+                            "label_true": int(t_labels[j]), "label_correct": bool(hits[j])})
+        images.append(matched)
+        labels.append(rec_labels[perm])
+    seconds = sum(r.seconds for r in _unique_runs(recons))
+    summary: dict[str, Any] = {
+        "images": len(samples), "updates": len(recons), "batch_size": b,
+        "psnr_mean": _mean([s.get("psnr") for s in samples]),
+        "psnr_y_mean": _mean([s.get("psnr_y") for s in samples]),
+        "ssim_mean": _mean([s.get("ssim") for s in samples]),
+        "psnr_baseline_mean": _mean([s.get("psnr_baseline") for s in samples]),
+        "ssim_baseline_mean": _mean([s.get("ssim_baseline") for s in samples]),
+        "label_accuracy": _mean([float(s["label_correct"]) for s in samples if "label_correct" in s]),
+        "seconds": seconds,
+        "iterations": max((r.iterations for r in recons), default=0),
+        "truth": truth is not None,
+    }
+    return summary, samples, torch.cat(images), torch.cat(labels)
+
+
+def _unique_runs(recons: list[Reconstruction]) -> list[Reconstruction]:
+    """Updates attacked together share one optimisation: count its time once."""
+    seen, out = set(), []
+    for r in recons:
+        key = (id(r.history), r.seconds) if r.history else (id(r), r.seconds)
+        if key not in seen:
+            seen.add(key)
+            out.append(r)
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# files
+
+
+def _attack_and_write(case: Case, case_ref: str, out: Path, method: Method,
+                      config: InversionConfig | None, progress: ProgressFn | None,
+                      capture_config: dict | None = None) -> dict[str, Any]:
+    device = default_device() if method == "inversion" else torch.device("cpu")
+    start = time.perf_counter()
+    recons = attack(case, method, config, progress=progress, device=device)
+    wall = time.perf_counter() - start
+    truth = load_truth(case.folder, case)  # read only after the attack
+    summary, samples, images, labels = evaluate(case, recons, truth)
+    summary["wall_seconds"] = wall
+    provenance = truth[2] if truth is not None else {}
+    view = case.view
+    results = {
+        "format": "leaklab.results", "format_version": 1,
+        "attack": method,
+        "case": case_ref,
+        "summary": summary,
+        "samples": samples,
+        "config": {
+            "attack": method,
+            "inversion": config.model_dump(mode="json") if method == "inversion" and config else None,
+            "capture": capture_config or provenance.get("capture"),
+        },
+        "view": {"model": view.spec.model_dump(mode="json"),
+                 "metadata": view.metadata.model_dump(mode="json"),
+                 "capabilities": view.capabilities.model_dump(mode="json"),
+                 "defense": view.defense, "updates": len(case.updates)},
+        "versions": versions(),
+        "device": describe(device),
+    }
+    save_tensors(out / RECONSTRUCTIONS_FILE, {"images": images, "labels": labels},
+                 {"format": "leaklab.reconstructions"})
+    from leaklab.report.plots import image_grid
+
+    if truth is not None:
+        captions = [None, [f"{s['psnr']:.1f} dB" for s in samples]]
+        rows = [("original", truth[0]), ("reconstruction", images)]
+    else:
+        captions, rows = None, [("reconstruction", images)]
+    title = f"{method}" + (f" ({config.objective}, {config.optimizer})" if method == "inversion" and config
+                           else "") + f" on {view.spec.name}, defense {view.defense or 'none'}"
+    image_grid(rows, out / PNG_FILE, captions=captions, title=title)
+    write_json(out / RESULTS_FILE, results)
+    return results
+
+
+def run(case_dir: Path, out: Path, method: Method = "inversion", config: InversionConfig | None = None,
+        progress: ProgressFn | None = None) -> dict[str, Any]:
+    """``leaklab attack METHOD --case CASE --out OUT``: the results dict, also written to ``out``."""
+    case = load_case(case_dir)
+    if method == "inversion" and config is None:
+        config = InversionConfig()
+    with atomic_dir(out) as tmp:
+        return _attack_and_write(case, str(Path(case_dir)), tmp, method, config, progress)
+
+
+def run_oneshot(capture_config: capture_mod.CaptureConfig, out: Path, method: Method = "inversion",
+                config: InversionConfig | None = None,
+                progress: ProgressFn | None = None) -> dict[str, Any]:
+    """Capture into ``out/case``, then attack it as :func:`run` does; one atomic output folder."""
+    if method == "inversion" and config is None:
+        config = InversionConfig()
+    with atomic_dir(out) as tmp:
+        result = capture_mod.capture(capture_config)
+        capture_mod.write(result, tmp / CASE_SUBDIR)
+        case = load_case(tmp / CASE_SUBDIR)
+        return _attack_and_write(case, str(Path(out) / CASE_SUBDIR), tmp, method, config, progress,
+                                 capture_config=capture_config.model_dump(mode="json"))

@@ -1,0 +1,473 @@
+"""Files a user can exchange: tensors in safetensors, metadata and results in JSON (docs/formats.md).
+
+Three rules hold for everything in this module:
+
+* **Never unpickle.** Tensors are read with safetensors only, metadata with :func:`json.loads`.
+* **Validate at the boundary.** A missing, truncated or corrupt file, a JSON syntax error, a tensor
+  that does not fit the model or holds NaN/Inf raises :class:`~leaklab.errors.LeaklabError` with one
+  line naming the file and the fix.
+* **Nothing half written.** :func:`atomic_dir` builds an output folder under a temporary name beside
+  its destination and renames it into place only when everything succeeded.
+
+A *case* folder (written by ``leaklab capture``) holds what the server sees, ``view.json``,
+``model.safetensors``, ``update.safetensors``, ``update.json``, and, apart from it, the client's truth
+``truth.safetensors``. :func:`load_case` reads only the server's files; :func:`load_truth` reads the
+truth, for evaluation only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import math
+import os
+import re
+import shutil
+import struct
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from pydantic import ValidationError
+from safetensors import SafetensorError
+from safetensors.torch import load as _st_load
+from safetensors.torch import save as _st_save
+
+from leaklab.errors import LeaklabError
+from leaklab.models import ModelSpec
+from leaklab.threat import Capabilities, ClientUpdate, ServerView, UpdateMetadata, make_view
+
+FORMAT_VERSION = 1
+
+VIEW_FILE = "view.json"
+MODEL_FILE = "model.safetensors"
+UPDATE_FILE = "update.safetensors"
+UPDATE_JSON = "update.json"
+TRUTH_FILE = "truth.safetensors"
+RESULTS_FILE = "results.json"
+RECONSTRUCTIONS_FILE = "reconstructions.safetensors"
+
+# Files whose presence marks a folder as leaklab output, which a new run may replace.
+_OUTPUT_MARKERS = (VIEW_FILE, RESULTS_FILE)
+
+
+# --------------------------------------------------------------------------------------------
+# errors
+
+
+def validation_message(error: ValidationError, what: str) -> str:
+    """One line for a pydantic error: ``what: field: problem (got value)``, first problem only."""
+    first = error.errors()[0]
+    loc = ".".join(str(p) for p in first.get("loc", ())) or "value"
+    got = first.get("input")
+    shown = f" (got {got!r})" if got is not None and not isinstance(got, (dict, list)) else ""
+    more = f"; and {error.error_count() - 1} more problem(s)" if error.error_count() > 1 else ""
+    msg = first.get("msg", "invalid").replace("\n", " ")
+    return f"{what}: {loc}: {msg}{shown}{more}"
+
+
+# --------------------------------------------------------------------------------------------
+# JSON
+
+
+def _clean(value: Any) -> Any:
+    """JSON-safe copy: tensors and numpy scalars to Python numbers, non-finite floats to None."""
+    if isinstance(value, dict):
+        return {str(k): _clean(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_clean(v) for v in value]
+    if isinstance(value, torch.Tensor):
+        return _clean(value.tolist())
+    if isinstance(value, Path):
+        return str(value)
+    if hasattr(value, "item") and callable(value.item) and not isinstance(value, (str, bytes)):
+        try:
+            value = value.item()
+        except (TypeError, ValueError):
+            pass
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+def dumps_json(data: Any) -> str:
+    return json.dumps(_clean(data), indent=2, allow_nan=False) + "\n"
+
+
+def write_json(path: Path, data: Any) -> None:
+    """Write ``data`` as indented JSON (NaN/Inf become null); the file appears complete or not at all."""
+    write_bytes(Path(path), dumps_json(data).encode())
+
+
+def read_json(path: Path, what: str | None = None) -> Any:
+    """Parse a JSON file; a missing file or a syntax error is a :class:`LeaklabError`."""
+    path = Path(path)
+    what = what or path.name
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise LeaklabError(f"{what} file {path} is missing; {_missing_hint(path)}") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise LeaklabError(f"{what} file {path} cannot be read ({_first_line(e)})") from None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise LeaklabError(f"{what} file {path} is not valid JSON (line {e.lineno}, column {e.colno}: "
+                           f"{e.msg}); re-create it") from None
+
+
+def _first_line(e: BaseException) -> str:
+    return (str(e).strip().splitlines() or [type(e).__name__])[0]
+
+
+def _missing_hint(path: Path) -> str:
+    if path.name in (VIEW_FILE, MODEL_FILE, UPDATE_FILE, UPDATE_JSON):
+        return "point --case at a folder written by `leaklab capture`"
+    return "check the path"
+
+
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+_UMASK = _umask()
+
+
+def write_bytes(path: Path, data: bytes) -> None:
+    """Write to a temporary file beside ``path`` and rename it into place."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp creates 0600; give the usual permissions
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+# --------------------------------------------------------------------------------------------
+# safetensors
+
+
+def sha256_file(path: Path) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def save_tensors(path: Path, tensors: dict[str, torch.Tensor],
+                 metadata: dict[str, str] | None = None) -> str:
+    """Save ``tensors`` (contiguous CPU copies) to a safetensors file; returns its SHA-256."""
+    plain = {k: v.detach().to("cpu").contiguous().clone() for k, v in tensors.items()}
+    data = _st_save(plain, metadata={k: str(v) for k, v in (metadata or {}).items()} or None)
+    write_bytes(Path(path), data)
+    return hashlib.sha256(data).hexdigest()
+
+
+def _header_metadata(data: bytes) -> dict[str, str]:
+    (n,) = struct.unpack("<Q", data[:8])
+    header = json.loads(data[8:8 + n])
+    return dict(header.get("__metadata__") or {})
+
+
+def load_tensors(path: Path, what: str, sha256: str | None = None,
+                 ) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """Read a safetensors file (tensors and its string metadata) without unpickling anything.
+
+    ``sha256``, when given, must match the file's digest: a flipped byte anywhere is detected.
+    """
+    path = Path(path)
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise LeaklabError(f"{what} file {path} is missing; {_missing_hint(path)}") from None
+    except OSError as e:
+        raise LeaklabError(f"{what} file {path} cannot be read ({_first_line(e)})") from None
+    fix = "re-capture it (or copy it again)"
+    try:
+        tensors = _st_load(data)
+        metadata = _header_metadata(data)
+    except (SafetensorError, ValueError, struct.error, UnicodeDecodeError, RuntimeError) as e:
+        raise LeaklabError(f"{what} file {path} is truncated or corrupt ({_first_line(e)}); "
+                           f"{fix}") from None
+    if sha256 is not None and hashlib.sha256(data).hexdigest() != sha256:
+        raise LeaklabError(f"{what} file {path} is truncated or corrupt (its SHA-256 differs from "
+                           f"the one recorded beside it); {fix}")
+    return tensors, metadata
+
+
+# --------------------------------------------------------------------------------------------
+# output folders
+
+
+def _replaceable(out: Path) -> bool:
+    if not out.exists():
+        return True
+    if not out.is_dir():
+        return False
+    entries = [p for p in out.iterdir()]
+    return not entries or any((out / m).exists() for m in _OUTPUT_MARKERS)
+
+
+def check_out(out: Path) -> Path:
+    """Refuse an ``--out`` that exists and is not an earlier leaklab output (never clobber user files)."""
+    out = Path(out)
+    if not _replaceable(out):
+        kind = "a file" if out.is_file() else "a folder that leaklab did not write"
+        raise LeaklabError(f"--out {out} is {kind}; choose a new folder (leaklab replaces only its own "
+                           "earlier output)")
+    return out
+
+
+@contextlib.contextmanager
+def atomic_dir(out: Path) -> Iterator[Path]:
+    """Yield a fresh temporary folder inside ``out``'s parent; on success it becomes ``out``.
+
+    On any error (or Ctrl-C) the temporary folder is removed and ``out`` is left as it was. An
+    existing ``out`` is replaced only when it is empty or holds earlier leaklab output.
+    """
+    out = check_out(Path(out)).absolute()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".partial", dir=out.parent))
+    os.chmod(tmp, 0o777 & ~_UMASK)
+    try:
+        yield tmp
+        check_out(out)
+        if out.exists():
+            trash = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".old", dir=out.parent))
+            os.replace(out, trash / "old")
+            os.replace(tmp, out)
+            shutil.rmtree(trash, ignore_errors=True)
+        else:
+            os.replace(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def new_run_dir(kind: str, root: Path = Path("runs")) -> Path:
+    """``runs/<YYYYmmdd-HHMMSS>-<kind>`` (a suffix keeps it unique); the folder is not created."""
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    safe = re.sub(r"[^A-Za-z0-9_.-]+", "-", kind).strip("-") or "run"
+    path = Path(root) / f"{stamp}-{safe}"
+    n = 2
+    while path.exists():
+        path = Path(root) / f"{stamp}-{safe}-{n}"
+        n += 1
+    return path
+
+
+# --------------------------------------------------------------------------------------------
+# case folders
+
+
+@dataclass
+class Case:
+    """What the server holds for one capture: the view and the client updates (in capture order)."""
+
+    view: ServerView
+    updates: list[ClientUpdate]
+    labels: list[torch.Tensor | None]  # per update: labels the view grants (knows_labels), else None
+    folder: Path
+
+    def view_for(self, index: int) -> ServerView:
+        """The view of update ``index`` (carrying that update's labels when the view grants them)."""
+        from dataclasses import replace
+
+        return replace(self.view, labels=self.labels[index])
+
+
+def write_case(folder: Path, spec: ModelSpec, state: dict[str, torch.Tensor],
+               metadata: UpdateMetadata, capabilities: Capabilities, defense: str | None,
+               updates: Sequence[ClientUpdate], labels: Sequence[torch.Tensor],
+               truth_images: torch.Tensor | None = None, truth_labels: torch.Tensor | None = None,
+               provenance: dict[str, Any] | None = None) -> None:
+    """Write a case folder (see docs/formats.md). ``labels`` are the true labels of each update; they
+    are written into ``update.json`` only when ``capabilities.knows_labels``."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    model_sha = save_tensors(folder / MODEL_FILE, state, {"format": "leaklab.model"})
+    tensors: dict[str, torch.Tensor] = {}
+    entries = []
+    for i, (u, y) in enumerate(zip(updates, labels, strict=True)):
+        if u.metadata != metadata:
+            raise LeaklabError("every update of a case must carry the case's metadata")
+        prefix = f"u{i}/"
+        tensors.update({prefix + n: t for n, t in u.tensors.items()})
+        entries.append({"prefix": prefix,
+                        "labels": [int(v) for v in y] if capabilities.knows_labels else None})
+    update_sha = save_tensors(folder / UPDATE_FILE, tensors, {"format": "leaklab.update"})
+    write_json(folder / UPDATE_JSON, {
+        "format": "leaklab.update", "format_version": FORMAT_VERSION,
+        "metadata": metadata.model_dump(mode="json"), "defense": defense,
+        "tensor_file": UPDATE_FILE, "sha256": update_sha, "count": len(entries),
+        "updates": entries,
+    })
+    write_json(folder / VIEW_FILE, {
+        "format": "leaklab.view", "format_version": FORMAT_VERSION,
+        "model": spec.model_dump(mode="json"), "model_file": MODEL_FILE, "model_sha256": model_sha,
+        "metadata": metadata.model_dump(mode="json"),
+        "capabilities": capabilities.model_dump(mode="json"),
+        "defense": defense if capabilities.knows_defense else None,
+    })
+    if truth_images is not None:
+        save_tensors(folder / TRUTH_FILE,
+                     {"images": truth_images.float(), "labels": truth_labels.long()},
+                     {"format": "leaklab.truth",
+                      "provenance": json.dumps(_clean(provenance or {}))})
+
+
+def _check_format(data: Any, path: Path, kind: str) -> dict:
+    if not isinstance(data, dict):
+        raise LeaklabError(f"{path} is not a leaklab {kind} file (expected a JSON object)")
+    fmt, version = data.get("format"), data.get("format_version")
+    if fmt != f"leaklab.{kind}":
+        raise LeaklabError(f"{path} is not a leaklab {kind} file (format {fmt!r}, expected "
+                           f"'leaklab.{kind}')")
+    if not isinstance(version, int) or version > FORMAT_VERSION:
+        raise LeaklabError(f"{path} has format version {version!r}; this leaklab reads versions up to "
+                           f"{FORMAT_VERSION}: upgrade leaklab")
+    return data
+
+
+def _parse(model_cls, value: Any, what: str):
+    try:
+        return model_cls.model_validate(value)
+    except ValidationError as e:
+        raise LeaklabError(validation_message(e, what)) from None
+
+
+def load_case(folder: Path) -> Case:
+    """Read and validate the server's files of a case folder (never the truth)."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise LeaklabError(f"case folder {folder} does not exist; write one with `leaklab capture`")
+    view_path = folder / VIEW_FILE
+    view_json = _check_format(read_json(view_path, "view"), view_path, "view")
+    spec = _parse(ModelSpec, view_json.get("model"), f"{view_path}: model")
+    metadata = _parse(UpdateMetadata, view_json.get("metadata"), f"{view_path}: metadata")
+    capabilities = _parse(Capabilities, view_json.get("capabilities", {}), f"{view_path}: capabilities")
+    defense = view_json.get("defense")
+    if defense is not None and not isinstance(defense, str):
+        raise LeaklabError(f"{view_path}: defense must be a string such as 'prune:0.5,gaussian:0.1'")
+    if defense is not None:
+        from leaklab.defenses import parse_defense
+
+        defense = parse_defense(defense).spec  # validates the names
+
+    state, _ = load_tensors(folder / str(view_json.get("model_file") or MODEL_FILE), "model",
+                            view_json.get("model_sha256"))
+    view = make_view(spec, state, metadata, capabilities, defense)
+
+    upd_path = folder / UPDATE_JSON
+    upd_json = _check_format(read_json(upd_path, "update metadata"), upd_path, "update")
+    upd_meta = _parse(UpdateMetadata, upd_json.get("metadata"), f"{upd_path}: metadata")
+    if upd_meta != metadata:
+        raise LeaklabError(f"{upd_path} declares metadata that differs from {view_path}; "
+                           "re-capture the case")
+    entries = upd_json.get("updates")
+    if not isinstance(entries, list) or not entries:
+        raise LeaklabError(f"{upd_path}: 'updates' must be a non-empty list of {{prefix, labels}}")
+    tensor_file = folder / str(upd_json.get("tensor_file") or UPDATE_FILE)
+    tensors, _ = load_tensors(tensor_file, "update", upd_json.get("sha256"))
+
+    updates, labels, used = [], [], set()
+    for i, entry in enumerate(entries):
+        if not isinstance(entry, dict) or not isinstance(entry.get("prefix"), str):
+            raise LeaklabError(f"{upd_path}: updates[{i}] needs a string 'prefix'")
+        prefix = entry["prefix"]
+        own = {k[len(prefix):]: v for k, v in tensors.items() if k.startswith(prefix)}
+        used.update(prefix + k for k in own)
+        if not own:
+            raise LeaklabError(f"{tensor_file} has no tensors named {prefix}*; the update file does not "
+                               f"belong to {upd_path}")
+        for name, t in own.items():
+            if not t.is_floating_point():
+                raise LeaklabError(f"update tensor {prefix}{name} has dtype {t.dtype}; updates are "
+                                   "floating-point tensors")
+        update = ClientUpdate(metadata=upd_meta, tensors={k: v.float() for k, v in own.items()},
+                              defense=upd_json.get("defense"))
+        try:
+            update.validate_against(view.model)
+        except LeaklabError as e:
+            raise LeaklabError(f"{tensor_file} ({prefix}): {e}") from None
+        updates.append(update)
+        y = entry.get("labels")
+        if y is not None and capabilities.knows_labels:
+            if not isinstance(y, list) or len(y) != metadata.batch_size or \
+                    not all(isinstance(v, int) and 0 <= v < spec.num_classes for v in y):
+                raise LeaklabError(f"{upd_path}: updates[{i}].labels must be {metadata.batch_size} class "
+                                   f"indices in 0..{spec.num_classes - 1}")
+            labels.append(torch.tensor(y, dtype=torch.long))
+        else:
+            if capabilities.knows_labels:
+                raise LeaklabError(f"{upd_path}: the view grants knows_labels but updates[{i}] has no "
+                                   "labels")
+            labels.append(None)
+    unused = sorted(set(tensors) - used)
+    if unused:
+        raise LeaklabError(f"{tensor_file} holds tensors no update claims (first: {unused[0]!r}); "
+                           "re-capture the case")
+    return Case(view=view, updates=updates, labels=labels, folder=folder)
+
+
+def load_truth(folder: Path, case: Case | None = None,
+               ) -> tuple[torch.Tensor, torch.Tensor, dict[str, Any]] | None:
+    """The client's truth of a case (images, labels, provenance), or None when the file is absent.
+
+    With ``case``, the truth is checked against it: one image per batch slot of every update.
+    """
+    path = Path(folder) / TRUTH_FILE
+    if not path.exists():
+        return None
+    tensors, meta = load_tensors(path, "truth")
+    images, labels = tensors.get("images"), tensors.get("labels")
+    if images is None or labels is None:
+        raise LeaklabError(f"truth file {path} needs tensors 'images' and 'labels'")
+    try:
+        provenance = json.loads(meta.get("provenance", "{}"))
+    except json.JSONDecodeError:
+        provenance = {}
+    if case is not None:
+        spec = case.view.spec
+        n = len(case.updates) * case.view.metadata.batch_size
+        expected = (n, spec.in_channels, spec.image_size, spec.image_size)
+        if tuple(images.shape) != expected or tuple(labels.shape) != (n,):
+            raise LeaklabError(f"truth file {path} holds images {tuple(images.shape)} and labels "
+                               f"{tuple(labels.shape)}; the case needs {expected} and ({n},)")
+    if not torch.isfinite(images).all():
+        raise LeaklabError(f"truth file {path} contains NaN or Inf pixels")
+    return images.float(), labels.long(), provenance
+
+
+def read_config(path: Path) -> dict[str, Any]:
+    """A configuration mapping from a YAML (``.yaml``/``.yml``, safe loader) or JSON file."""
+    path = Path(path)
+    if path.suffix.lower() in (".yaml", ".yml"):
+        import yaml
+
+        try:
+            text = path.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            raise LeaklabError(f"config file {path} is missing; check the path") from None
+        except (OSError, UnicodeDecodeError) as e:
+            raise LeaklabError(f"config file {path} cannot be read ({_first_line(e)})") from None
+        try:
+            data = yaml.safe_load(text)
+        except yaml.YAMLError as e:
+            raise LeaklabError(f"config file {path} is not valid YAML ({_first_line(e)})") from None
+    else:
+        data = read_json(path, "config")
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise LeaklabError(f"config file {path} must hold a mapping of option names to values")
+    return data

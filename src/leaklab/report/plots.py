@@ -1,0 +1,121 @@
+"""Figures for results and reports (matplotlib, Agg backend: no display needed).
+
+* :func:`image_grid`: rows of images (e.g. originals above reconstructions), wrapped into blocks of
+  ``max_cols`` columns, with an optional caption under each image;
+* :func:`bar_plot`: grouped bars, e.g. mean PSNR per defense with the constant-image baseline.
+
+Both return PNG bytes and, with ``path``, also write the file (atomically).
+"""
+
+from __future__ import annotations
+
+import io as _io
+import math
+from collections.abc import Sequence
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import torch  # noqa: E402
+
+from leaklab.io import write_bytes  # noqa: E402
+
+
+def _to_png(fig) -> bytes:
+    buf = _io.BytesIO()
+    fig.savefig(buf, format="png", dpi=fig.dpi, bbox_inches="tight")
+    plt.close(fig)
+    return buf.getvalue()
+
+
+def _show(ax, image: torch.Tensor) -> None:
+    img = image.detach().float().cpu().clamp(0, 1)
+    if img.shape[0] == 1:
+        ax.imshow(img[0].numpy(), cmap="gray", vmin=0, vmax=1, interpolation="nearest")
+    else:
+        ax.imshow(img[:3].permute(1, 2, 0).numpy(), interpolation="nearest")
+    ax.set_xticks([])
+    ax.set_yticks([])
+    for spine in ax.spines.values():
+        spine.set_visible(False)
+
+
+def image_grid(rows: Sequence[tuple[str, torch.Tensor]], path: Path | None = None,
+               captions: Sequence[Sequence[str] | None] | None = None, max_cols: int = 8,
+               title: str | None = None, cell: float = 1.3) -> bytes:
+    """A grid with one row per ``(name, images)`` entry (images (N, C, H, W) in [0, 1], same N in
+    every row); more than ``max_cols`` images wrap into further blocks of rows."""
+    if not rows:
+        raise ValueError("image_grid needs at least one row")
+    n = len(rows[0][1])
+    if any(len(images) != n for _, images in rows):
+        raise ValueError("every row of an image grid needs the same number of images")
+    cols = max(1, min(max_cols, n))
+    blocks = max(1, math.ceil(n / cols))
+    total_rows = blocks * len(rows)
+    has_captions = captions is not None and any(c for c in captions)
+    height = cell * (1.18 if has_captions else 1.0)
+    fig, axes = plt.subplots(total_rows, cols, squeeze=False,
+                             figsize=(cell * cols + 1.1, height * total_rows + (0.4 if title else 0)),
+                             dpi=100)
+    for b in range(blocks):
+        for r, (name, images) in enumerate(rows):
+            row = b * len(rows) + r
+            for c in range(cols):
+                ax = axes[row][c]
+                i = b * cols + c
+                if i >= n:
+                    ax.axis("off")
+                    continue
+                _show(ax, images[i])
+                if c == 0:
+                    ax.set_ylabel(name, fontsize=8)
+                caption = captions[r][i] if captions is not None and captions[r] else None
+                if caption:
+                    ax.set_xlabel(caption, fontsize=7)
+    if title:
+        fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    data = _to_png(fig)
+    if path is not None:
+        write_bytes(Path(path), data)
+    return data
+
+
+def bar_plot(groups: Sequence[str], series: dict[str, Sequence[float | None]],
+             path: Path | None = None, ylabel: str = "PSNR (dB)", title: str | None = None,
+             baselines: dict[str, float | None] | None = None) -> bytes:
+    """Grouped bars: one group per entry of ``groups``, one bar per series (None leaves a gap).
+
+    ``baselines`` maps a series name to a reference value, drawn as a dashed line in its colour.
+    """
+    k = max(1, len(series))
+    width = 0.8 / k
+    fig, ax = plt.subplots(figsize=(max(4.0, 1.4 * len(groups) * max(1, k / 2) + 1.5), 3.2), dpi=100)
+    for j, (name, values) in enumerate(series.items()):
+        xs = [g + (j - (k - 1) / 2) * width for g in range(len(groups))]
+        heights = [float("nan") if v is None else float(v) for v in values]
+        bars = ax.bar(xs, [0 if math.isnan(h) else h for h in heights], width, label=name)
+        ref = (baselines or {}).get(name)
+        if ref is not None:
+            ax.axhline(float(ref), color=bars.patches[0].get_facecolor() if bars.patches else None,
+                       linestyle="--", linewidth=1.2, label=f"{name}: baseline")
+        for bar, h in zip(bars, heights):
+            if not math.isnan(h):
+                ax.annotate(f"{h:.1f}", (bar.get_x() + bar.get_width() / 2, h), ha="center",
+                            va="bottom", fontsize=7)
+    ax.set_xticks(range(len(groups)))
+    ax.set_xticklabels(groups, fontsize=8)
+    ax.set_ylabel(ylabel)
+    if title:
+        ax.set_title(title, fontsize=10)
+    if len(series) > 1 or baselines:
+        ax.legend(fontsize=7, loc="best")
+    ax.spines[["top", "right"]].set_visible(False)
+    fig.tight_layout()
+    data = _to_png(fig)
+    if path is not None:
+        write_bytes(Path(path), data)
+    return data

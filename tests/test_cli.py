@@ -1,0 +1,281 @@
+"""The `leaklab` command line: capture -> attack round trips, determinism, and bad input (one line,
+exit code 2, nothing left in --out)."""
+
+from __future__ import annotations
+
+import json
+import sys
+import types
+from pathlib import Path
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from leaklab.cli import app
+from leaklab.io import UPDATE_FILE, UPDATE_JSON, load_tensors, save_tensors
+
+torch.set_num_threads(1)
+runner = CliRunner()
+
+TINY = ["--model", "lenet", "--data", "photos", "--image-size", "16", "--num-images", "1"]
+FAST = ["--objective", "l2", "--optimizer", "adam", "--iterations", "3"]
+
+
+def invoke(*args: str):
+    return runner.invoke(app, [str(a) for a in args], catch_exceptions=False)
+
+
+def assert_user_error(result, out: Path, *words: str) -> str:
+    """Exit code 2, one line `error: ...` on stderr naming the problem, no output folder or leftovers."""
+    assert result.exit_code == 2, (result.exit_code, result.output)
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("error: ")
+    for word in words:
+        assert word in lines[0], lines[0]
+    assert "Traceback" not in result.output
+    assert not out.exists()
+    assert not [p for p in out.parent.iterdir() if p.name.startswith(f".{out.name}.")]
+    return lines[0]
+
+
+@pytest.fixture(scope="module")
+def case(tmp_path_factory) -> Path:
+    folder = tmp_path_factory.mktemp("cases") / "case"
+    result = invoke("capture", *TINY, "--defense", "prune:0.5,gaussian:0.1", "--seed", "3",
+                    "--out", folder)
+    assert result.exit_code == 0, result.output
+    return folder
+
+
+def _copy_case(case: Path, tmp_path: Path) -> Path:
+    import shutil
+
+    dest = tmp_path / "case"
+    shutil.copytree(case, dest)
+    return dest
+
+
+def _rewrite_update(folder: Path, change) -> None:
+    tensors, _ = load_tensors(folder / UPDATE_FILE, "update")
+    change(tensors)
+    meta = json.loads((folder / UPDATE_JSON).read_text())
+    meta["sha256"] = save_tensors(folder / UPDATE_FILE, tensors)
+    (folder / UPDATE_JSON).write_text(json.dumps(meta))
+
+
+# ---------------------------------------------------------------------------- round trips
+
+def test_capture_then_attack_round_trip(case, tmp_path):
+    view = json.loads((case / "view.json").read_text())
+    assert view["model"]["name"] == "lenet" and view["defense"] == "prune:0.5,gaussian:0.1"
+    out = tmp_path / "attack"
+    result = invoke("attack", "inversion", "--case", case, *FAST, "--out", out)
+    assert result.exit_code == 0, result.output
+    assert "PSNR" in result.stdout
+    assert sorted(p.name for p in out.iterdir()) == ["reconstructions.png", "reconstructions.safetensors",
+                                                     "results.json"]
+    res = json.loads((out / "results.json").read_text())
+    for key in ("psnr_mean", "ssim_mean", "psnr_baseline_mean", "label_accuracy", "seconds", "iterations"):
+        assert key in res["summary"]
+    assert res["summary"]["iterations"] == 3
+    sample = res["samples"][0]
+    for key in ("psnr", "ssim", "label_correct", "psnr_baseline"):
+        assert key in sample
+    assert res["config"]["inversion"]["objective"] == "l2"
+    assert res["config"]["capture"]["defense"] == "prune:0.5,gaussian:0.1"
+    assert set(res["versions"]) >= {"leaklab", "torch", "python"} and res["device"]
+    assert (out / "reconstructions.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_attack_without_truth_reports_no_scores(case, tmp_path):
+    folder = _copy_case(case, tmp_path)
+    (folder / "truth.safetensors").unlink()
+    out = tmp_path / "attack"
+    result = invoke("attack", "inversion", "--case", folder, *FAST, "--out", out)
+    assert result.exit_code == 0, result.output
+    res = json.loads((out / "results.json").read_text())
+    assert res["summary"]["psnr_mean"] is None and res["summary"]["truth"] is False
+    assert "label" in res["samples"][0] and "psnr" not in res["samples"][0]
+
+
+def test_one_shot_and_same_seed_same_numbers(tmp_path):
+    args = ["attack", "inversion", "--model", "lenet", "--data", "faces", "--image-size", "16",
+            "--num-images", "2", "--batch-size", "2", "--defense", "gaussian:0.01", "--seed", "5",
+            "--objective", "cosine", "--iterations", "3"]
+    a, b = tmp_path / "a", tmp_path / "b"
+    assert invoke(*args, "--out", a).exit_code == 0
+    assert invoke(*args, "--out", b).exit_code == 0
+    assert (a / "case" / "view.json").exists() and (a / "case" / "truth.safetensors").exists()
+    ra, rb = (json.loads((d / "results.json").read_text()) for d in (a, b))
+    assert ra["samples"] == rb["samples"]
+    assert ra["summary"]["psnr_mean"] == rb["summary"]["psnr_mean"]
+    ta, _ = load_tensors(a / "case" / UPDATE_FILE, "update")
+    tb, _ = load_tensors(b / "case" / UPDATE_FILE, "update")
+    assert all(torch.equal(ta[k], tb[k]) for k in ta)
+    assert ra["config"]["capture"]["seed"] == 5 and ra["config"]["inversion"]["seed"] == 5
+
+
+def test_analytic_recovers_mlp_input_exactly(tmp_path):
+    out = tmp_path / "analytic"
+    result = invoke("attack", "analytic", "--model", "mlp", "--data", "digits", "--image-size", "8",
+                    "--num-images", "2", "--width", "32", "--out", out)
+    assert result.exit_code == 0, result.output
+    res = json.loads((out / "results.json").read_text())
+    assert res["summary"]["psnr_mean"] > 100
+    assert res["summary"]["label_accuracy"] == 1.0
+
+
+def test_knows_labels_flag(tmp_path):
+    out = tmp_path / "case"
+    assert invoke("capture", *TINY, "--knows-labels", "--out", out).exit_code == 0
+    meta = json.loads((out / "update.json").read_text())
+    assert meta["updates"][0]["labels"] is not None
+
+
+def test_yaml_config_file_with_override(case, tmp_path):
+    cfg = tmp_path / "attack.yaml"
+    cfg.write_text("objective: l1\noptimizer: adam\niterations: 5\nlr: 0.05\n")
+    out = tmp_path / "attack"
+    assert invoke("attack", "inversion", "--case", case, "--config", cfg, "--iterations", "2",
+                  "--out", out).exit_code == 0
+    inv = json.loads((out / "results.json").read_text())["config"]["inversion"]
+    assert (inv["objective"], inv["iterations"], inv["lr"]) == ("l1", 2, 0.05)
+
+
+# ---------------------------------------------------------------------------- bad input
+
+def test_truncated_update_file(case, tmp_path):
+    folder = _copy_case(case, tmp_path)
+    path = folder / UPDATE_FILE
+    path.write_bytes(path.read_bytes()[:1000])
+    out = tmp_path / "out"
+    result = invoke("attack", "inversion", "--case", folder, *FAST, "--out", out)
+    assert_user_error(result, out, "update file", "truncated or corrupt")
+
+
+def test_corrupt_update_file(case, tmp_path):
+    folder = _copy_case(case, tmp_path)
+    path = folder / UPDATE_FILE
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2:len(data) // 2 + 64] = bytes(64)  # zeroed block in the tensor data
+    path.write_bytes(bytes(data))
+    out = tmp_path / "out"
+    result = invoke("attack", "inversion", "--case", folder, *FAST, "--out", out)
+    assert_user_error(result, out, "truncated or corrupt")
+
+
+def test_update_shapes_that_do_not_match_the_model(case, tmp_path):
+    folder = _copy_case(case, tmp_path)
+
+    def change(t):
+        t["u0/fc.weight"] = torch.zeros(10, 7)
+    _rewrite_update(folder, change)
+    out = tmp_path / "out"
+    result = invoke("attack", "inversion", "--case", folder, *FAST, "--out", out)
+    assert_user_error(result, out, "fc.weight", "shape")
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf")])
+def test_nan_or_inf_gradients(case, tmp_path, value):
+    folder = _copy_case(case, tmp_path)
+
+    def change(t):
+        t["u0/fc.bias"][1] = value
+    _rewrite_update(folder, change)
+    out = tmp_path / "out"
+    result = invoke("attack", "analytic", "--case", folder, "--out", out)
+    assert_user_error(result, out, "NaN or Inf")
+
+
+def test_unknown_defense_name(tmp_path):
+    out = tmp_path / "case"
+    result = invoke("capture", *TINY, "--defense", "prune:0.5,blur:3", "--out", out)
+    assert_user_error(result, out, "unknown defense 'blur'")
+    out2 = tmp_path / "oneshot"
+    result = invoke("attack", "inversion", *TINY, "--defense", "gausian:0.1", *FAST, "--out", out2)
+    assert_user_error(result, out2, "gausian")
+
+
+def test_unknown_objective_name(case, tmp_path):
+    out = tmp_path / "out"
+    result = invoke("attack", "inversion", "--case", case, "--objective", "l3", "--out", out)
+    assert_user_error(result, out, "--objective", "l3")
+
+
+def test_unknown_model_and_dataset(tmp_path):
+    out = tmp_path / "case"
+    assert_user_error(invoke("capture", "--model", "vgg", "--out", out), out, "--model")
+    assert_user_error(invoke("capture", "--model", "lenet", "--data", "cifar", "--out", out), out, "--data")
+
+
+def test_batch_size_the_attack_cannot_handle(tmp_path):
+    out = tmp_path / "out"
+    result = invoke("attack", "analytic", "--model", "mlp", "--data", "digits", "--image-size", "8",
+                    "--width", "16", "--batch-size", "2", "--num-images", "2", "--out", out)
+    assert_user_error(result, out, "batch size 2")
+
+
+def test_num_images_not_a_multiple_of_batch_size(tmp_path):
+    out = tmp_path / "case"
+    result = invoke("capture", *TINY[:-2], "--num-images", "3", "--batch-size", "2", "--out", out)
+    assert_user_error(result, out, "multiple")
+
+
+def test_missing_case_and_mixed_forms(case, tmp_path):
+    out = tmp_path / "out"
+    assert_user_error(invoke("attack", "inversion", "--case", tmp_path / "nope", "--out", out), out,
+                      "does not exist")
+    assert_user_error(invoke("attack", "inversion", "--case", case, "--model", "lenet", "--out", out),
+                      out, "--model")
+    assert_user_error(invoke("attack", "inversion", "--out", out), out, "--case")
+
+
+def test_out_that_is_not_leaklab_output_is_kept(case, tmp_path):
+    out = tmp_path / "mine"
+    out.mkdir()
+    (out / "notes.txt").write_text("keep me")
+    result = invoke("attack", "inversion", "--case", case, *FAST, "--out", out)
+    assert result.exit_code == 2 and "choose a new folder" in result.stderr
+    assert (out / "notes.txt").read_text() == "keep me"
+
+
+# ---------------------------------------------------------------------------- reproduce wiring
+
+def test_reproduce_bayes_table2_when_missing(monkeypatch, tmp_path):
+    import leaklab.experiments as experiments
+
+    monkeypatch.setitem(sys.modules, "leaklab.experiments.bayes_table2", None)
+    monkeypatch.delattr(experiments, "bayes_table2", raising=False)
+    out = tmp_path / "out"
+    result = invoke("reproduce", "bayes-table2", "--quick", "--out", out)
+    assert_user_error(result, out, "bayes_table2")
+
+
+def test_reproduce_bayes_table2_is_wired(monkeypatch, tmp_path):
+    import leaklab.experiments as experiments
+
+    calls = {}
+
+    def run(out, quick=False, datasets=None, defenses=None, steps=None, images=None, seed=0, progress=None):
+        calls.update(out=out, quick=quick, datasets=datasets, defenses=defenses, steps=steps, images=images)
+        table = {"digits": {"prune:0.5,gaussian:0.1": {"0": {"bayes": 20.0, "l2": 15.0}}}}
+        Path(out).mkdir(parents=True, exist_ok=True)
+        (Path(out) / "results.json").write_text(json.dumps({"table": table}))
+        return {"table": table}
+
+    fake = types.ModuleType("leaklab.experiments.bayes_table2")
+    fake.run = run
+    monkeypatch.setitem(sys.modules, "leaklab.experiments.bayes_table2", fake)
+    monkeypatch.setattr(experiments, "bayes_table2", fake, raising=False)
+    out = tmp_path / "table"
+    result = invoke("reproduce", "bayes-table2", "--quick", "--datasets", "digits,photos",
+                    "--defenses", "prune:0.5,gaussian:0.1", "--defenses", "laplace:0.1",
+                    "--steps", "0,500", "--images", "2", "--out", out)
+    assert result.exit_code == 0, result.output
+    assert calls["quick"] is True and calls["datasets"] == ["digits", "photos"]
+    assert calls["defenses"] == ["prune:0.5,gaussian:0.1", "laplace:0.1"]
+    assert calls["steps"] == [0, 500] and calls["images"] == 2
+    assert json.loads((out / "results.json").read_text())["table"]["digits"]
+    assert "bayes 20.00" in result.stdout

@@ -1,0 +1,218 @@
+"""leaklab.io: safetensors/JSON files, validation at load, atomic output folders, case folders."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from leaklab.errors import LeaklabError
+from leaklab.experiments.capture import CaptureConfig, capture, write
+from leaklab.io import (UPDATE_FILE, UPDATE_JSON, VIEW_FILE, atomic_dir, load_case, load_tensors,
+                        load_truth, new_run_dir, read_config, read_json, save_tensors, sha256_file,
+                        write_json)
+
+torch.set_num_threads(1)
+
+
+@pytest.fixture(scope="module")
+def tiny_capture():
+    return capture(CaptureConfig(model="lenet", data="photos", num_images=2, image_size=16,
+                                 defense="gaussian:0.01", seed=1))
+
+
+@pytest.fixture()
+def case_dir(tmp_path, tiny_capture) -> Path:
+    folder = tmp_path / "case"
+    write(tiny_capture, folder)
+    return folder
+
+
+def _rewrite_update(folder: Path, change) -> None:
+    """Apply ``change`` to the update tensors and keep update.json's checksum consistent, so that
+    only the problem under test is present."""
+    tensors, _ = load_tensors(folder / UPDATE_FILE, "update")
+    change(tensors)
+    sha = save_tensors(folder / UPDATE_FILE, tensors)
+    meta = json.loads((folder / UPDATE_JSON).read_text())
+    meta["sha256"] = sha
+    (folder / UPDATE_JSON).write_text(json.dumps(meta))
+
+
+# ---------------------------------------------------------------------------- tensors and JSON
+
+def test_tensors_round_trip(tmp_path):
+    t = {"a": torch.randn(3, 4), "b": torch.arange(5)}
+    sha = save_tensors(tmp_path / "x.safetensors", t, {"note": "hi"})
+    back, meta = load_tensors(tmp_path / "x.safetensors", "test", sha)
+    assert torch.equal(back["a"], t["a"]) and torch.equal(back["b"], t["b"])
+    assert meta["note"] == "hi"
+    assert sha == sha256_file(tmp_path / "x.safetensors")
+
+
+def test_truncated_and_garbage_tensor_files(tmp_path):
+    path = tmp_path / "x.safetensors"
+    save_tensors(path, {"a": torch.randn(100)})
+    path.write_bytes(path.read_bytes()[:-17])
+    with pytest.raises(LeaklabError, match="truncated or corrupt"):
+        load_tensors(path, "update")
+    path.write_bytes(b"\x00garbage" * 5)
+    with pytest.raises(LeaklabError, match="truncated or corrupt"):
+        load_tensors(path, "update")
+    path.write_bytes(b"")
+    with pytest.raises(LeaklabError, match="truncated or corrupt"):
+        load_tensors(path, "update")
+    with pytest.raises(LeaklabError, match="missing"):
+        load_tensors(tmp_path / "nope.safetensors", "update")
+
+
+def test_checksum_detects_a_flipped_byte(tmp_path):
+    path = tmp_path / "x.safetensors"
+    sha = save_tensors(path, {"a": torch.zeros(64)})
+    data = bytearray(path.read_bytes())
+    data[-3] ^= 0xFF
+    path.write_bytes(bytes(data))
+    load_tensors(path, "update")  # still a well-formed file ...
+    with pytest.raises(LeaklabError, match="truncated or corrupt"):
+        load_tensors(path, "update", sha)  # ... but not the one recorded
+
+
+def test_json_round_trip_and_errors(tmp_path):
+    write_json(tmp_path / "r.json", {"x": float("nan"), "t": torch.tensor([1.5]), "p": Path("a")})
+    assert read_json(tmp_path / "r.json") == {"x": None, "t": [1.5], "p": "a"}
+    (tmp_path / "bad.json").write_text("{not json")
+    with pytest.raises(LeaklabError, match="not valid JSON"):
+        read_json(tmp_path / "bad.json")
+    with pytest.raises(LeaklabError, match="missing"):
+        read_json(tmp_path / "none.json")
+
+
+def test_read_config_yaml(tmp_path):
+    (tmp_path / "c.yaml").write_text("objective: l1\niterations: 3\n")
+    assert read_config(tmp_path / "c.yaml") == {"objective": "l1", "iterations": 3}
+    (tmp_path / "d.yaml").write_text("- a\n- b\n")
+    with pytest.raises(LeaklabError, match="mapping"):
+        read_config(tmp_path / "d.yaml")
+
+
+# ---------------------------------------------------------------------------- atomic folders
+
+def test_atomic_dir_leaves_nothing_on_error(tmp_path):
+    out = tmp_path / "out"
+    with pytest.raises(RuntimeError):
+        with atomic_dir(out) as tmp:
+            (tmp / "results.json").write_text("{}")
+            raise RuntimeError("boom")
+    assert not out.exists()
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_atomic_dir_replaces_only_leaklab_output(tmp_path):
+    out = tmp_path / "out"
+    with atomic_dir(out) as tmp:
+        (tmp / "results.json").write_text("{}")
+    assert (out / "results.json").exists()
+    with atomic_dir(out) as tmp:  # earlier leaklab output: replaced
+        (tmp / "results.json").write_text('{"second": 1}')
+    assert json.loads((out / "results.json").read_text()) == {"second": 1}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "thesis.tex").write_text("precious")
+    with pytest.raises(LeaklabError, match="choose a new folder"):
+        with atomic_dir(mine):
+            pass
+    assert (mine / "thesis.tex").read_text() == "precious"
+
+
+def test_new_run_dir_is_unique(tmp_path):
+    a = new_run_dir("audit", tmp_path)
+    a.mkdir()
+    assert new_run_dir("audit", tmp_path) != a
+
+
+# ---------------------------------------------------------------------------- case folders
+
+def test_case_round_trip(case_dir, tiny_capture):
+    names = sorted(p.name for p in case_dir.iterdir())
+    assert names == ["model.safetensors", "truth.safetensors", "update.json", "update.safetensors",
+                     "view.json"]
+    case = load_case(case_dir)
+    assert len(case.updates) == 2
+    assert case.view.spec == tiny_capture.spec
+    assert case.view.defense == "gaussian:0.01"
+    for got, sent in zip(case.updates, tiny_capture.updates):
+        assert got.tensors.keys() == sent.tensors.keys()
+        assert all(torch.equal(got.tensors[k], sent.tensors[k]) for k in got.tensors)
+    assert case.labels == [None, None]  # labels are not granted by default
+    images, labels, provenance = load_truth(case_dir, case)
+    assert torch.equal(images, tiny_capture.images) and torch.equal(labels, tiny_capture.truth_labels)
+    assert provenance["capture"]["model"] == "lenet"
+    view = json.loads((case_dir / VIEW_FILE).read_text())
+    assert "truth" not in json.dumps(view)
+
+
+def test_known_labels_are_part_of_the_view(tmp_path):
+    cap = capture(CaptureConfig(model="lenet", data="faces", num_images=2, batch_size=2, image_size=16,
+                                knows_labels=True))
+    write(cap, tmp_path / "c")
+    case = load_case(tmp_path / "c")
+    assert torch.equal(case.labels[0], cap.labels[0])
+    assert torch.equal(case.view_for(0).labels, cap.labels[0])
+
+
+def test_missing_truth_is_none(case_dir):
+    (case_dir / "truth.safetensors").unlink()
+    assert load_truth(case_dir) is None
+
+
+def test_shape_mismatch_is_refused(case_dir):
+    def change(t):
+        t["u0/fc.weight"] = torch.zeros(3, 3)
+    _rewrite_update(case_dir, change)
+    with pytest.raises(LeaklabError, match="shape"):
+        load_case(case_dir)
+
+
+def test_nan_and_inf_are_refused(case_dir):
+    def change(t):
+        t["u1/fc.bias"][0] = float("nan")
+    _rewrite_update(case_dir, change)
+    with pytest.raises(LeaklabError, match="NaN or Inf"):
+        load_case(case_dir)
+
+
+def test_missing_and_unexpected_tensors_are_refused(case_dir):
+    def change(t):
+        del t["u0/fc.bias"]
+    _rewrite_update(case_dir, change)
+    with pytest.raises(LeaklabError, match="missing"):
+        load_case(case_dir)
+
+
+def test_truncated_update_file_is_refused(case_dir):
+    path = case_dir / UPDATE_FILE
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+    with pytest.raises(LeaklabError, match="truncated or corrupt"):
+        load_case(case_dir)
+
+
+def test_bad_view_json_is_refused(case_dir):
+    (case_dir / VIEW_FILE).write_text("{")
+    with pytest.raises(LeaklabError, match="not valid JSON"):
+        load_case(case_dir)
+    (case_dir / VIEW_FILE).write_text(json.dumps({"format": "leaklab.view", "format_version": 1,
+                                                   "model": {"name": "vgg"}}))
+    with pytest.raises(LeaklabError, match="model"):
+        load_case(case_dir)
+
+
+def test_not_a_case_folder(tmp_path):
+    with pytest.raises(LeaklabError, match="does not exist"):
+        load_case(tmp_path / "nothing")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(LeaklabError, match="missing"):
+        load_case(tmp_path / "empty")

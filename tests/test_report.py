@@ -1,0 +1,74 @@
+"""leaklab.report (figures, HTML) and the quick image audit behind `make audit`."""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+
+import torch
+from typer.testing import CliRunner
+
+from leaklab.cli import app
+from leaklab.report.html import Figure, Section, Table, render_report
+from leaklab.report.plots import bar_plot, image_grid
+
+torch.set_num_threads(1)
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+def test_image_grid_rgb_grey_and_wrapping(tmp_path):
+    rgb = torch.rand(3, 3, 8, 8)
+    data = image_grid([("original", rgb), ("reconstruction", rgb.flip(0))], tmp_path / "g.png",
+                      captions=[None, ["1.0 dB", "2.0 dB", "3.0 dB"]], title="t")
+    assert data.startswith(PNG) and (tmp_path / "g.png").read_bytes() == data
+    grey = torch.rand(11, 1, 8, 8)
+    assert image_grid([("faces", grey)], max_cols=4).startswith(PNG)
+
+
+def test_image_grid_rejects_ragged_rows():
+    try:
+        image_grid([("a", torch.rand(2, 1, 4, 4)), ("b", torch.rand(3, 1, 4, 4))])
+    except ValueError as e:
+        assert "same number" in str(e)
+    else:
+        raise AssertionError("ragged rows accepted")
+
+
+def test_bar_plot_with_baselines_and_gaps():
+    data = bar_plot(["none", "gaussian:0.1"], {"photos": [20.0, None], "faces": [30.0, 12.0]},
+                    baselines={"photos": 15.0, "faces": 11.0}, title="PSNR")
+    assert data.startswith(PNG)
+
+
+def test_render_report_embeds_figures_and_escapes(tmp_path):
+    png = bar_plot(["a"], {"s": [1.0]})
+    html = render_report(tmp_path / "r.html", "Audit <1>", summary=[("seconds", 1.23456), ("ok", True)],
+                         figures=[Figure("bars", png)],
+                         sections=[Section("S & T", "text <b>", [Figure("grid", png, "cap")],
+                                           [Table(["name", "psnr"], [["x<y", 12.345], ["z", None]])])])
+    assert (tmp_path / "r.html").read_text() == html
+    assert "Audit &lt;1&gt;" in html and "S &amp; T" in html and "x&lt;y" in html
+    assert "12.35" in html and "1.23" in html and "yes" in html
+    uris = re.findall(r'src="data:image/png;base64,([^"]+)"', html)
+    assert len(uris) == 2 and base64.b64decode(uris[0]).startswith(PNG)
+
+
+def test_quick_audit_writes_report_and_results(tmp_path):
+    out = tmp_path / "audit"
+    result = CliRunner().invoke(app, ["audit", "--quick", "--out", str(out)], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    html = (out / "report.html").read_text()
+    assert html.count("data:image/png;base64,") >= 3  # bar plot + one grid per scenario
+    assert "baseline PSNR (dB)" in html and "gaussian:0.01" in html
+    res = json.loads((out / "results.json").read_text())
+    assert res["format"] == "leaklab.audit" and res["quick"] is True
+    defenses = {s["defense"] for s in res["settings"]}
+    assert defenses == {"none", "gaussian:0.01", "prune:0.5,gaussian:0.01"}
+    assert {s["dataset"] for s in res["settings"]} == {"photos", "faces"}
+    for setting in res["settings"]:
+        assert setting["summary"]["psnr_mean"] is not None
+        assert setting["summary"]["psnr_baseline_mean"] is not None
+        assert (out / setting["case"] / "view.json").exists()
+    for name in ("photos.png", "faces.png", "psnr_per_defense.png"):
+        assert (out / "figures" / name).read_bytes().startswith(PNG)
