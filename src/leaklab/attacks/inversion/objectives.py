@@ -37,6 +37,37 @@ def layer_weights(count: int, weighting: str) -> list[float]:
     raise LeaklabError(f"unknown layer weighting {weighting!r}; choose one of {', '.join(LAYER_WEIGHTINGS)}")
 
 
+class _DotAndSquare(torch.autograd.Function):
+    """``(<g, o>, <g, g>)`` per row of ``g`` (k, R, P) against ``o`` (R, P), summed as ``sum`` does
+    (BLAS dot products are faster but lose four digits on long rows); one fused backward pass
+    ``o * d_dot + 2 g * d_square`` instead of autograd's five."""
+
+    @staticmethod
+    def forward(ctx, g, o):
+        ctx.save_for_backward(g, o)
+        return (g * o).sum(-1), (g * g).sum(-1)
+
+    @staticmethod
+    def backward(ctx, d_dot, d_square):
+        g, o = ctx.saved_tensors
+        return torch.addcmul(o * d_dot.unsqueeze(-1), g, 2 * d_square.unsqueeze(-1)), None
+
+
+class _SquaredDistance(torch.autograd.Function):
+    """``||g - o||^2`` per row of ``g`` (k, R, P) against ``o`` (R, P); backward ``2 (g - o) d``."""
+
+    @staticmethod
+    def forward(ctx, g, o):
+        diff = g - o
+        ctx.save_for_backward(diff)
+        return (diff * diff).sum(-1)
+
+    @staticmethod
+    def backward(ctx, d_out):
+        (diff,) = ctx.saved_tensors
+        return diff * (2 * d_out.unsqueeze(-1)), None
+
+
 class Objective:
     """A data term comparing simulated updates with the observed one, one value per instance."""
 
@@ -63,12 +94,14 @@ class Objective:
         w = self.weights
         total = lambda t: t.flatten(2).sum(2)  # noqa: E731  (k, R)
         if self.name == "l2" or (self.name == "bayes" and not self.defense.steps):
-            out = sum(wi * total((g - o) ** 2) for wi, g, o in zip(w, sim, obs))
+            out = sum(wi * _SquaredDistance.apply(g.flatten(2), o.flatten(1))
+                      for wi, g, o in zip(w, sim, self.observed))
         elif self.name == "l1":
             out = sum(wi * total((g - o).abs()) for wi, g, o in zip(w, sim, obs))
         elif self.name == "cosine":
-            dot = sum(wi * total(g * o) for wi, g, o in zip(w, sim, obs))
-            norm = torch.sqrt(sum(wi * total(g * g) for wi, g in zip(w, sim)))
+            parts = [_DotAndSquare.apply(g.flatten(2), o.flatten(1)) for g, o in zip(sim, self.observed)]
+            dot = sum(wi * d for wi, (d, _) in zip(w, parts))
+            norm = torch.sqrt(sum(wi * sq for wi, (_, sq) in zip(w, parts)))
             out = 1 - dot / (norm * self._observed_norm + 1e-12)
         else:
             out = torch.stack([torch.stack([-self.defense.log_prob([o[0, j] for o in obs], [g[i, j] for g in sim])
