@@ -62,11 +62,21 @@ def _fail(message: str) -> None:
     raise typer.Exit(2)
 
 
+def _exit_on_sigterm() -> None:
+    """Turn SIGTERM into SystemExit so that partial output folders are removed on the way out."""
+    import signal
+    import threading
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+
+
 def _guard(fn: Callable) -> Callable:
     """Run a command; user mistakes become one ``error:`` line and exit code 2."""
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
+        _exit_on_sigterm()
         try:
             return fn(*args, **kwargs)
         except LeaklabError as e:
