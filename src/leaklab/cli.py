@@ -349,6 +349,32 @@ def reproduce_bayes_table2(
                     typer.echo(f"  {dataset:8s} {defense_name:26s} step {step}: {cells}")
 
 
+@reproduce_app.command("inversion-checks")
+@_guard
+def reproduce_inversion_checks(
+    checks: Annotated[Optional[list[str]], typer.Option("--checks", help="dlg, idlg, analytic, ig "
+                                                        "(repeatable or comma-separated; default all)")] = None,
+    images: Annotated[Optional[int], typer.Option("--images", help="images per check")] = None,
+    quick: Annotated[bool, typer.Option("--quick", help="a small, fast version (tests)")] = False,
+    out: Annotated[Optional[Path], typer.Option("--out", help="(default runs/<id>-inversion-checks)")] = None,
+) -> None:
+    """The engine's reference checks: DLG, iDLG labels, analytic MLP recovery, Inverting Gradients."""
+    from leaklab.experiments import inversion_checks
+    from leaklab.io import new_run_dir
+
+    names = _split(checks)
+    unknown = sorted(set(names or []) - set(inversion_checks.CHECKS))
+    if unknown:
+        raise LeaklabError(f"unknown check {unknown[0]!r}; choose from {', '.join(inversion_checks.CHECKS)}")
+    out = out or new_run_dir("inversion-checks")
+    with _progress() as progress:
+        result = inversion_checks.run(out, quick=quick, checks=names, images=images, progress=progress)
+    typer.echo(f"wrote {out / 'results.json'}")
+    for name, check in result["checks"].items():
+        figures = {k: v for k, v in check.items() if k in ("psnr_mean", "psnr_min", "psnr_baseline_mean", "accuracy")}
+        typer.echo(f"  {name:9s} " + ", ".join(f"{k} {v:.4g}" for k, v in figures.items()))
+
+
 @app.command()
 @_guard
 def audit(

@@ -29,6 +29,7 @@ from leaklab.metrics import constant_baseline, psnr
 from leaklab.models import ModelSpec, build_model
 from leaklab.threat import make_view
 
+CHECKS = ("dlg", "idlg", "analytic", "ig")
 TARGETS = {"dlg_psnr_min": 30.0, "idlg_accuracy": 1.0, "analytic_psnr_min": 100.0, "ig_psnr_mean": 18.0}
 
 DLG_CONFIG = InversionConfig(objective="l2", optimizer="lbfgs", iterations=300, lr=1.0, priors={},
@@ -97,7 +98,7 @@ def check_ig(images: int, config: InversionConfig = IG_CONFIG) -> dict:
 def run(out: Path, quick: bool = False, checks: list[str] | None = None, images: int | None = None,
         progress: Progress | None = None) -> dict:
     """Run the checks (all by default), write ``out/results.json`` and return it."""
-    checks = checks or ["dlg", "idlg", "analytic", "ig"]
+    checks = checks or list(CHECKS)
     n = images or (1 if quick else 5)
     dlg_cfg = DLG_CONFIG.model_copy(update={"iterations": 20}) if quick else DLG_CONFIG
     ig_cfg = IG_CONFIG.model_copy(update={"iterations": 20}) if quick else IG_CONFIG

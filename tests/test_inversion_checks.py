@@ -1,0 +1,22 @@
+import json
+
+from typer.testing import CliRunner
+
+from leaklab.cli import app
+
+
+def test_inversion_checks_quick_writes_results(tmp_path):
+    out = tmp_path / "checks"
+    result = CliRunner().invoke(app, ["reproduce", "inversion-checks", "--quick", "--checks",
+                                      "idlg,analytic", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    data = json.loads((out / "results.json").read_text())
+    assert data["checks"]["idlg"]["accuracy"] == 1.0
+    assert data["checks"]["analytic"]["psnr_min"] > 100
+
+
+def test_unknown_check_is_one_line_exit_2(tmp_path):
+    result = CliRunner().invoke(app, ["reproduce", "inversion-checks", "--checks", "foo",
+                                      "--out", str(tmp_path / "x")])
+    assert result.exit_code == 2
+    assert not (tmp_path / "x").exists()
