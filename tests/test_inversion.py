@@ -125,3 +125,18 @@ def test_fedavg_updates_are_inverted_by_unrolling_local_steps():
     rec = invert(view, upd, cfg)[0]
     assert sorted(rec.labels.tolist()) == sorted(batch.labels.tolist())
     assert rec.history[-1][1] < 0.01 * rec.history[0][1]
+
+
+@pytest.mark.parametrize("train_mode", [True, False])
+def test_simulator_replays_the_update_exactly_at_the_truth(train_mode):
+    from leaklab.attacks.inversion.simulate import UpdateSimulator
+
+    batch = load_images("photos", 2, image_size=16, seed=4)
+    spec = ModelSpec(name="convnet", num_classes=10, in_channels=3, image_size=16, width=4,
+                     mean=batch.mean, std=batch.std)
+    net = build_model(spec, seed=4)
+    upd = fedsgd_update(net, batch.images, batch.labels, train_mode=train_mode)
+    assert upd.metadata.train_mode is train_mode
+    replay = UpdateSimulator(net, upd.metadata)(batch.images[None], batch.labels[None])
+    for mine, theirs in zip(replay, upd.ordered(net)):
+        assert torch.allclose(mine[0], theirs, atol=1e-6)

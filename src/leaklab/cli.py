@@ -163,6 +163,9 @@ UpdateOpt = Annotated[Optional[str], typer.Option("--update", help="fedsgd | fed
                                                   rich_help_panel=CAPTURE)]
 LocalStepsOpt = Annotated[Optional[int], typer.Option("--local-steps", help="FedAvg local steps "
                                                       "(default 1)", rich_help_panel=CAPTURE)]
+BnStatsOpt = Annotated[Optional[str], typer.Option("--bn-stats", help="batch | running: BatchNorm "
+                                                  "statistics on the client (default batch)",
+                                                  rich_help_panel=CAPTURE)]
 LocalLrOpt = Annotated[Optional[float], typer.Option("--local-lr", help="FedAvg local learning rate "
                                                      "(default 0.1)", rich_help_panel=CAPTURE)]
 
@@ -190,7 +193,7 @@ def capture(
     seed: Annotated[Optional[int], typer.Option("--seed", help="model initialisation and defense noise "
                                                 "(default 0)")] = None,
     train_steps: TrainOpt = None, knows_labels: KnowsLabelsOpt = None, update: UpdateOpt = None,
-    local_steps: LocalStepsOpt = None, local_lr: LocalLrOpt = None,
+    local_steps: LocalStepsOpt = None, local_lr: LocalLrOpt = None, bn_stats: BnStatsOpt = None,
 ) -> None:
     """Capture what the server sees of a client round (view, model, updates) and the client's truth."""
     from leaklab.experiments import capture as capture_mod
@@ -198,7 +201,7 @@ def capture(
     config = _capture_config(seed, model=model, data=data, batch_size=batch_size, num_images=num_images,
                              image_seed=image_seed, image_size=image_size, width=width, defense=defense,
                              train_steps=train_steps, knows_labels=knows_labels, update=update,
-                             local_steps=local_steps, local_lr=local_lr)
+                             local_steps=local_steps, local_lr=local_lr, bn_stats=bn_stats)
     result = capture_mod.run(config, out)
     typer.echo(f"wrote {out}: {len(result.updates)} update(s) of {config.batch_size} image(s), "
                f"model {result.spec.name}, defense {result.defense or 'none'}")
@@ -241,6 +244,7 @@ def attack_inversion(
     image_seed: ImageSeedOpt = None, image_size: SizeOpt = None, width: WidthOpt = None,
     defense: DefenseOpt = None, train_steps: TrainOpt = None, knows_labels: KnowsLabelsOpt = None,
     update: UpdateOpt = None, local_steps: LocalStepsOpt = None, local_lr: LocalLrOpt = None,
+    bn_stats: BnStatsOpt = None,
 ) -> None:
     """Gradient inversion (DLG, Inverting Gradients, Bayes) of every update of a case."""
     from leaklab.experiments import image_attack
@@ -249,7 +253,7 @@ def attack_inversion(
     capture_fields = dict(model=model, data=data, batch_size=batch_size, num_images=num_images,
                           image_seed=image_seed, image_size=image_size, width=width, defense=defense,
                           train_steps=train_steps, knows_labels=knows_labels, update=update,
-                          local_steps=local_steps, local_lr=local_lr)
+                          local_steps=local_steps, local_lr=local_lr, bn_stats=bn_stats)
     base = read_config(config_file) if config_file else None
     config = image_attack.inversion_config(
         base, objective=objective, optimizer=optimizer, iterations=iterations, lr=lr, schedule=schedule,
@@ -269,12 +273,13 @@ def attack_analytic(
     image_seed: ImageSeedOpt = None, image_size: SizeOpt = None, width: WidthOpt = None,
     defense: DefenseOpt = None, train_steps: TrainOpt = None, knows_labels: KnowsLabelsOpt = None,
     update: UpdateOpt = None, local_steps: LocalStepsOpt = None, local_lr: LocalLrOpt = None,
+    bn_stats: BnStatsOpt = None,
 ) -> None:
     """Exact recovery of the input of a first fully connected layer (MLP, one image per update)."""
     capture_fields = dict(model=model, data=data, batch_size=batch_size, num_images=num_images,
                           image_seed=image_seed, image_size=image_size, width=width, defense=defense,
                           train_steps=train_steps, knows_labels=knows_labels, update=update,
-                          local_steps=local_steps, local_lr=local_lr)
+                          local_steps=local_steps, local_lr=local_lr, bn_stats=bn_stats)
     _attack(out, case, "analytic", None, seed, capture_fields)
 
 

@@ -50,6 +50,9 @@ class CaptureConfig(BaseModel):
     update: Literal["fedsgd", "fedavg"] = "fedsgd"
     local_steps: int = Field(default=1, ge=1, le=1000)
     local_lr: float = Field(default=0.1, gt=0)
+    bn_stats: Literal["batch", "running"] = Field(
+        default="batch", description="BatchNorm statistics on the client: the batch's (training mode) or "
+                                     "the running ones sent by the server (breaching's public-buffer default)")
 
     @field_validator("model")
     @classmethod
@@ -118,9 +121,10 @@ def capture(config: CaptureConfig) -> Capture:
     for start in range(0, config.num_images, b):
         x, y = batch.images[start:start + b], batch.labels[start:start + b]
         if config.update == "fedsgd":
-            clean = fedsgd_update(model, x, y)
+            clean = fedsgd_update(model, x, y, train_mode=config.bn_stats == "batch")
         else:
-            clean = fedavg_update(model, x, y, local_lr=config.local_lr, local_steps=config.local_steps)
+            clean = fedavg_update(model, x, y, local_lr=config.local_lr, local_steps=config.local_steps,
+                                  train_mode=config.bn_stats == "batch")
         updates.append(chain.apply(clean, generator))
         labels.append(y.clone())
     state = {k: v.detach().clone() for k, v in model.state_dict().items()}

@@ -40,12 +40,12 @@ IG_CONFIG = InversionConfig(objective="cosine", optimizer="adam", iterations=200
 Progress = Callable[[str, int, int], None]
 
 
-def _case(model: str, image_seed: int, width: int | None = None):
+def _case(model: str, image_seed: int, width: int | None = None, train_mode: bool = True):
     batch = load_images("photos", 1, image_size=32, seed=image_seed)
     spec = ModelSpec(name=model, num_classes=batch.num_classes, in_channels=3, image_size=32,
                      width=width, mean=batch.mean, std=batch.std)
     net = build_model(spec, seed=image_seed)
-    update = fedsgd_update(net, batch.images, batch.labels)
+    update = fedsgd_update(net, batch.images, batch.labels, train_mode=train_mode)
     return make_view(spec, net.state_dict(), update.metadata), update, batch
 
 

@@ -22,33 +22,38 @@ def _check_batch(model: nn.Module, images: torch.Tensor, labels: torch.Tensor) -
         raise LeaklabError(f"batch size {len(images)} is outside the supported 1..256")
 
 
-def fedsgd_update(model: nn.Module, images: torch.Tensor, labels: torch.Tensor) -> ClientUpdate:
-    """The gradient of the mean cross-entropy of ``model`` on the batch, per parameter (train mode).
+def fedsgd_update(model: nn.Module, images: torch.Tensor, labels: torch.Tensor,
+                  train_mode: bool = True) -> ClientUpdate:
+    """The gradient of the mean cross-entropy of ``model`` on the batch, per parameter.
 
-    BatchNorm running statistics of ``model`` are left untouched.
+    ``train_mode=True``: BatchNorm normalises with the batch's statistics (the client trains).
+    ``train_mode=False``: BatchNorm uses the running statistics the server sent with the model (breaching's
+    default when the server provides public buffers). Either way the model's buffers are left untouched.
     """
     _check_batch(model, images, labels)
     state = {k: v.clone() for k, v in model.state_dict().items()}
-    model.train()
+    model.train(train_mode)
     params = [p for p in model.parameters() if p.requires_grad]
     loss = F.cross_entropy(model(images), labels)
     grads = torch.autograd.grad(loss, params)
     model.load_state_dict(state)
     names = [n for n, p in model.named_parameters() if p.requires_grad]
-    return ClientUpdate(metadata=UpdateMetadata(kind="fedsgd", batch_size=len(images)),
+    return ClientUpdate(metadata=UpdateMetadata(kind="fedsgd", batch_size=len(images), train_mode=train_mode),
                         tensors={n: g.detach().clone() for n, g in zip(names, grads)})
 
 
 def fedavg_update(model: nn.Module, images: torch.Tensor, labels: torch.Tensor, local_lr: float,
-                  local_steps: int, local_batch_size: int | None = None) -> ClientUpdate:
+                  local_steps: int, local_batch_size: int | None = None,
+                  train_mode: bool = True) -> ClientUpdate:
     """``local_steps`` SGD steps over the batch in order (mini-batches of ``local_batch_size``,
-    cycling), sent as the weight delta. ``model`` itself is not modified."""
+    cycling), sent as the weight delta. ``model`` itself is not modified; ``train_mode`` as in
+    :func:`fedsgd_update`."""
     _check_batch(model, images, labels)
     meta = UpdateMetadata(kind="fedavg", batch_size=len(images), local_steps=local_steps,
-                          local_lr=local_lr, local_batch_size=local_batch_size)
+                          local_lr=local_lr, local_batch_size=local_batch_size, train_mode=train_mode)
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
     state = {k: v.clone() for k, v in model.state_dict().items()}
-    model.train()
+    model.train(train_mode)
     b = meta.minibatch_size
     with torch.enable_grad():
         for step in range(local_steps):
