@@ -525,7 +525,7 @@ def run(out: Path, quick: bool = False, datasets: list[str] | None = None,
                 advantage.setdefault(ds, {}).setdefault(d, {})[str(st)] = {
                     "db": round(row["bayes"] - row[rival], 3), "best_other": rival,
                     "paired_se_db": None if se is None else round(se, 3),
-                    "bayes_wins_images": sum(x > 0 for x in diff), "images": len(diff)}
+                    "bayes_wins_images": sum(x > 0.01 for x in diff), "images": len(diff)}
     paper_advantage = {}
     for ds in datasets:
         for d in defense_keys:
@@ -583,7 +583,7 @@ def render_markdown(result: dict) -> str:
                     cells.append(ours + (f" ({ref:.2f})" if ref is not None else ""))
             lines.append(f"| {ds} | {d} | " + " | ".join(cells) + " |")
     lines.append("")
-    lines.append("| dataset | defense | step | Bayes - best other (ours) | paired SE | images Bayes wins | "
+    lines.append("| dataset | defense | step | Bayes - best other (ours) | paired SE | images Bayes wins (> 0.01 dB) | "
                  "best other | paper |")
     lines.append("|---|---|---|---|---|---|---|---|")
     for ds, by_def in result["bayes_advantage"].items():
