@@ -16,7 +16,7 @@ from leaklab.attacks.inversion.config import InversionConfig
 from leaklab.attacks.inversion.labels import recover_labels
 from leaklab.attacks.inversion.objectives import Objective
 from leaklab.attacks.inversion.optimize import InversionLoop, Progress
-from leaklab.attacks.inversion.simulate import UpdateSimulator
+from leaklab.attacks.inversion.simulate import make_simulator
 from leaklab.defenses import parse_defense
 from leaklab.device import default_device
 from leaklab.errors import LeaklabError
@@ -75,7 +75,7 @@ def invert(view: ServerView, updates: ClientUpdate | list[ClientUpdate], config:
     mean = torch.tensor(view.spec.mean).view(1, 1, c, 1, 1)
     std = torch.tensor(view.spec.std).view(1, 1, c, 1, 1)
 
-    simulator = UpdateSimulator(model, meta, precision=config.precision)
+    simulator = make_simulator(model, meta, precision=config.precision)
     objective = Objective(config.objective, observed, defense, config.layer_weighting)
     loop = InversionLoop(config, simulator, objective, instance_labels, (batch, c, s, s), mean, std, device)
     result = loop.run(progress)

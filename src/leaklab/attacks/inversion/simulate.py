@@ -10,6 +10,11 @@ for every parameter, the stacked per-instance update of shape (R, *param.shape),
   2020, section 5), differentiable through every step.
 
 BatchNorm layers compute batch statistics (train mode) and never touch the running statistics.
+
+:func:`make_simulator` is the one place that chooses how: the instance-batched
+:class:`~leaklab.attacks.inversion.grouped.GroupedSimulator` (one pass for all instances, fast
+double backward) for FedSGD on the models it supports, else :class:`UpdateSimulator`, which loops
+over instances with stock autograd and handles everything (FedAvg unrolling, any module).
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call, replace_all_batch_norm_modules_
 
+from leaklab.attacks.inversion.grouped import GroupedSimulator, supports
 from leaklab.threat import UpdateMetadata
 
 
@@ -89,3 +95,13 @@ class UpdateSimulator:
         """Stacked per-instance updates for ``images`` (R, B, C, H, W) and ``labels`` (R, B)."""
         per_instance = [self.instance(x, y) for x, y in zip(images, labels)]
         return [torch.stack(parts) for parts in zip(*per_instance)]
+
+
+def make_simulator(model: nn.Module, metadata: UpdateMetadata,
+                   precision: str = "fp32") -> GroupedSimulator | UpdateSimulator:
+    """The simulator an attack should use: grouped when it supports ``model`` and ``metadata``
+    (FedSGD on LeNet, ConvNet, ResNet-18, MLP), else the per-instance loop. Both return the same
+    updates (to float rounding); take the attack's gradient with ``torch.autograd.grad(loss, x)``."""
+    if supports(model, metadata):
+        return GroupedSimulator(model, metadata, precision)
+    return UpdateSimulator(model, metadata, precision)
