@@ -1,0 +1,185 @@
+"""Speed benchmarks of leaklab; each writes one JSON file to ``--out`` (see benchmarks/README.md).
+
+    .venv/bin/python benchmarks/run.py --out benchmarks/results            # what `make bench` runs
+    .venv/bin/python benchmarks/run.py --out /tmp/bench --quick            # seconds-long smoke run
+
+``inversion_speed``: Inverting Gradients (cosine + TV, Adam) on ConvNet width 64, batch 1, 32x32
+photo crops, untrained network, BatchNorm on the client's running statistics -- the ``ig`` case of
+``leaklab.experiments.inversion_checks`` (issue 2's acceptance) -- measured through the public
+``invert`` call:
+
+* ``single``: iterations per second of one attack, per precision (fp32, bf16 autocast-equivalent);
+  ``single_loop_simulator`` is the same attack with the per-instance loop simulator (stock
+  autograd) for reference;
+* ``batched``: ``instances`` independent attacks (one image and update each) optimised together in
+  one ``invert`` call versus the same attacks run one after another; instance-iterations per second
+  of both and their ratio.
+
+Rates use the optimisation loop's own clock (``Reconstruction.seconds``: after set-up and the prior
+calibration), after a short warm-up run that pays oneDNN's one-time kernel creation. No speed is
+asserted anywhere: the numbers depend on the machine and on what else runs on it, so the file
+records the thread count and the load average before and after.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from unittest import mock
+
+import torch
+
+from leaklab.attacks.inversion import InversionConfig, invert
+from leaklab.attacks.inversion import attack as attack_module
+from leaklab.attacks.inversion.simulate import UpdateSimulator, make_simulator
+from leaklab.data import load_images
+from leaklab.device import default_device, describe
+from leaklab.experiments.inversion_checks import IG_CONFIG
+from leaklab.fl import fedsgd_update
+from leaklab.models import ModelSpec, build_model
+from leaklab.threat import make_view
+
+TARGETS = {"single_iterations_per_second": 9.2, "batched_speedup": 3.0}
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def _load() -> list[float] | None:
+    try:
+        return [round(v, 2) for v in os.getloadavg()]
+    except OSError:
+        return None
+
+
+def _write(path: Path, data: dict) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data, indent=2) + "\n")
+    tmp.replace(path)
+
+
+def _case(instances: int, width: int, image_size: int, seed: int = 0):
+    """The IG acceptance case: ``instances`` photo crops, one batch-1 update each, one model."""
+    batch = load_images("photos", instances, image_size=image_size, seed=seed)
+    spec = ModelSpec(name="convnet", num_classes=batch.num_classes, in_channels=3,
+                     image_size=image_size, width=width, mean=batch.mean, std=batch.std)
+    net = build_model(spec, seed=seed)
+    updates = [fedsgd_update(net, batch.images[i:i + 1], batch.labels[i:i + 1], train_mode=False)
+               for i in range(instances)]
+    return make_view(spec, net.state_dict(), updates[0].metadata), updates
+
+
+def _loop_simulator(model, metadata, precision="fp32"):
+    return UpdateSimulator(model, metadata, precision)
+
+
+def _rate(view, updates, config: InversionConfig, device) -> tuple[float, float]:
+    """(instance-iterations per second, loop seconds) of one ``invert`` call on ``updates``."""
+    recs = invert(view, updates, config, device=device)
+    seconds = recs[0].seconds
+    return len(updates) * config.iterations / seconds, seconds
+
+
+def inversion_speed(out: Path, quick: bool, precisions: list[str], iterations: int,
+                    batched_iterations: int, instances: int, log) -> dict:
+    width = 16 if quick else 64
+    image_size = 32
+    device = default_device()
+    view, updates = _case(instances, width, image_size)
+    base = IG_CONFIG.model_copy(update={"seed": 0})
+    result: dict = {
+        "benchmark": "inversion_speed",
+        "timestamp": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "quick": quick,
+        "device": describe(device),
+        "cpu": _cpu_model(),
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+        "load_average_before": _load(),
+        "case": {"attack": "inverting gradients", "model": "convnet", "width": width,
+                 "image_size": image_size, "batch_size": 1, "data": "photos", "bn_stats": "running",
+                 "objective": base.objective, "priors": base.priors, "optimizer": base.optimizer,
+                 "lr": base.lr, "schedule": base.schedule, "iterations": iterations,
+                 "instances": instances, "batched_iterations": batched_iterations},
+        "simulator": type(make_simulator(view.model, updates[0].metadata)).__name__,
+        "targets": TARGETS,
+        "single": {}, "single_loop_simulator": {}, "batched": {},
+    }
+    for precision in precisions:
+        cfg = base.model_copy(update={"precision": precision})
+        invert(view, updates[0], cfg.model_copy(update={"iterations": 2}), device=device)  # warm-up
+        rate, seconds = _rate(view, [updates[0]], cfg.model_copy(update={"iterations": iterations}), device)
+        result["single"][precision] = {"iterations_per_second": rate, "seconds": seconds,
+                                       "iterations": iterations}
+        log(f"single {precision}: {rate:.2f} it/s")
+
+        ref_iterations = max(2, iterations // 3)
+        with mock.patch.object(attack_module, "make_simulator", _loop_simulator):
+            invert(view, updates[0], cfg.model_copy(update={"iterations": 2}), device=device)
+            rate, seconds = _rate(view, [updates[0]], cfg.model_copy(update={"iterations": ref_iterations}), device)
+        result["single_loop_simulator"][precision] = {"iterations_per_second": rate, "seconds": seconds,
+                                                      "iterations": ref_iterations}
+        log(f"single {precision}, loop simulator: {rate:.2f} it/s")
+
+        bcfg = cfg.model_copy(update={"iterations": batched_iterations})
+        invert(view, updates, bcfg.model_copy(update={"iterations": 2}), device=device)  # warm-up
+        together, together_s = _rate(view, updates, bcfg, device)
+        apart_s = sum(_rate(view, [u], bcfg, device)[1] for u in updates)
+        apart = instances * batched_iterations / apart_s
+        result["batched"][precision] = {
+            "instances": instances, "iterations": batched_iterations,
+            "batched_instance_iterations_per_second": together, "batched_seconds": together_s,
+            "sequential_instance_iterations_per_second": apart, "sequential_seconds": apart_s,
+            "speedup": together / apart}
+        log(f"batched {precision}: {together:.2f} vs one after another {apart:.2f} "
+            f"instance-it/s ({together / apart:.2f}x)")
+        _write(out / "inversion_speed.json", {**result, "load_average_after": _load()})
+    result["load_average_after"] = _load()
+    _write(out / "inversion_speed.json", result)
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
+    parser.add_argument("--quick", action="store_true", help="seconds-long smoke run (small network)")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    parser.add_argument("--precisions", default="fp32,bf16")
+    parser.add_argument("--iterations", type=int, default=None, help="single-attack iterations")
+    parser.add_argument("--batched-iterations", type=int, default=None)
+    parser.add_argument("--instances", type=int, default=None)
+    args = parser.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    precisions = [p for p in args.precisions.split(",") if p]
+    bad = [p for p in precisions if p not in ("fp32", "bf16")]
+    if bad:
+        print(f"unknown precision {bad[0]!r}; choose from fp32, bf16", file=sys.stderr)
+        return 2
+    args.out.mkdir(parents=True, exist_ok=True)
+
+    def log(message: str) -> None:
+        print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
+
+    inversion_speed(args.out, args.quick, precisions,
+                    iterations=args.iterations or (3 if args.quick else 60),
+                    batched_iterations=args.batched_iterations or (2 if args.quick else 15),
+                    instances=args.instances or (3 if args.quick else 16), log=log)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

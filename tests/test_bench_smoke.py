@@ -1,0 +1,44 @@
+"""`benchmarks/run.py --quick` runs and writes its JSON (keys only: no speed is asserted)."""
+
+import importlib.util
+import json
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _bench():
+    spec = importlib.util.spec_from_file_location("leaklab_bench_run", ROOT / "benchmarks" / "run.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_quick_benchmark_writes_its_json(tmp_path):
+    threads = torch.get_num_threads()
+    try:
+        code = _bench().main(["--out", str(tmp_path), "--quick", "--threads", "1",
+                              "--iterations", "2", "--instances", "2"])
+    finally:
+        torch.set_num_threads(threads)
+    assert code == 0
+    data = json.loads((tmp_path / "inversion_speed.json").read_text())
+    for key in ("benchmark", "timestamp", "device", "torch", "threads", "case", "simulator", "targets",
+                "single", "single_loop_simulator", "batched", "load_average_before", "load_average_after"):
+        assert key in data
+    assert data["threads"] == 1 and data["quick"] is True
+    for precision in ("fp32", "bf16"):
+        assert data["single"][precision]["iterations_per_second"] > 0
+        assert data["single_loop_simulator"][precision]["iterations_per_second"] > 0
+        batched = data["batched"][precision]
+        for key in ("instances", "batched_instance_iterations_per_second",
+                    "sequential_instance_iterations_per_second", "speedup"):
+            assert key in batched
+    assert not list(tmp_path.glob("*.tmp"))
+
+
+def test_unknown_precision_is_refused(tmp_path, capsys):
+    assert _bench().main(["--out", str(tmp_path), "--quick", "--precisions", "fp16"]) == 2
+    assert "unknown precision" in capsys.readouterr().err
