@@ -3,7 +3,8 @@
 import pytest
 import torch
 
-from leaklab.attacks.inversion.grouped import GroupedSimulator, _BatchNormBackward, supports
+from leaklab.attacks.inversion.grouped import (GroupedSimulator, _BatchNormBackward,
+                                               _FrozenBatchNormBackward, supports)
 from leaklab.attacks.inversion.simulate import UpdateSimulator, make_simulator
 from leaklab.models import ModelSpec, build_model
 from leaklab.threat import UpdateMetadata
@@ -15,7 +16,13 @@ MODELS = [("convnet", 8, 16), ("lenet", None, 16), ("mlp", 32, 16), ("resnet18",
 def _model(name, width, size):
     spec = ModelSpec(name=name, num_classes=5, in_channels=3, image_size=size, width=width,
                      mean=(0.5, 0.4, 0.3), std=(0.2, 0.25, 0.3))
-    return build_model(spec, seed=1)
+    model = build_model(spec, seed=1)
+    g = torch.Generator().manual_seed(2)
+    for m in model.modules():  # running statistics as after training (used in eval mode)
+        if isinstance(m, torch.nn.BatchNorm2d):
+            m.running_mean.copy_(0.3 * torch.randn(m.running_mean.shape, generator=g))
+            m.running_var.copy_(0.5 + torch.rand(m.running_var.shape, generator=g))
+    return model
 
 
 def _close(a: list[torch.Tensor], b: list[torch.Tensor], tol: float) -> None:
@@ -98,6 +105,35 @@ def test_batch_norm_double_backward_is_exact_in_float64():
         for a, b in zip(g_ours, g_ref):
             if b is None:
                 assert a is None or float(a.abs().max()) == 0
+            else:
+                assert torch.allclose(a, b, atol=1e-12)
+
+
+def test_eval_batch_norm_double_backward_is_exact_in_float64():
+    torch.manual_seed(0)
+    x = torch.randn(2, 3, 4, 5, dtype=torch.float64, requires_grad=True)
+    gy = torch.randn(2, 3, 4, 5, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(3, dtype=torch.float64)
+    mean, var, eps = torch.randn(3, dtype=torch.float64), torch.rand(3, dtype=torch.float64) + 0.5, 1e-5
+
+    def reference(gy, x):
+        r = (var + eps).rsqrt().view(1, -1, 1, 1)
+        xh = (x - mean.view(1, -1, 1, 1)) * r
+        return gy * w.view(1, -1, 1, 1) * r, (gy * xh).sum((0, 2, 3)), gy.sum((0, 2, 3))
+
+    ours = _FrozenBatchNormBackward.apply(gy, x, w, mean, var, eps)
+    ref = reference(gy, x)
+    ups = (torch.randn_like(x), torch.randn(3, dtype=torch.float64), torch.randn(3, dtype=torch.float64))
+    for a, b in zip(ours, ref):
+        assert torch.allclose(a, b, atol=1e-12)
+    for used in [(1, 1, 1), (1, 0, 0), (0, 1, 0), (0, 0, 1)]:
+        def loss(outs):
+            return sum(u * (o * c).sum() for u, o, c in zip(used, outs, ups))
+        g_ours = torch.autograd.grad(loss(ours), (gy, x), retain_graph=True, allow_unused=True)
+        g_ref = torch.autograd.grad(loss(ref), (gy, x), retain_graph=True, allow_unused=True)
+        for a, b in zip(g_ours, g_ref):
+            if b is None or a is None:
+                assert (a is None or float(a.abs().max()) == 0) and (b is None or float(b.abs().max()) == 0)
             else:
                 assert torch.allclose(a, b, atol=1e-12)
 

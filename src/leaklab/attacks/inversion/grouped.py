@@ -197,6 +197,58 @@ class _BatchNormBackward(torch.autograd.Function):
         return d_gy.to(gy.dtype), d_x.to(x.dtype), None, None, None, None
 
 
+class _FrozenBatchNorm(torch.autograd.Function):
+    """Eval-mode batch norm (fixed running statistics, a per-channel affine map); stock kernels,
+    with :class:`_FrozenBatchNormBackward` for the differentiable backward."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, running_mean, running_var, eps, state):
+        ctx.save_for_backward(x, weight, running_mean, running_var)
+        ctx.conf = (eps, state)
+        return torch.ops.aten.native_batch_norm(x, weight, bias, running_mean, running_var, False, 0.0, eps)[0]
+
+    @staticmethod
+    def backward(ctx, gy):
+        x, weight, running_mean, running_var = ctx.saved_tensors
+        eps, state = ctx.conf
+        if torch.is_grad_enabled():
+            gx, gw, gb = _FrozenBatchNormBackward.apply(gy, x, weight.detach(), running_mean, running_var, eps)
+        else:
+            mask = [ctx.needs_input_grad[0], state.param_grads, state.param_grads]
+            gx, gw, gb = torch.ops.aten.native_batch_norm_backward(
+                gy, x, weight.detach(), running_mean, running_var, None, None, False, eps, mask)
+        if not state.param_grads:
+            gw = gb = None
+        return gx, gw, gb, None, None, None, None
+
+
+class _FrozenBatchNormBackward(torch.autograd.Function):
+    """``(gy, x) -> (gx, gw, gb)`` of eval-mode batch norm; with ``r = 1/sqrt(var + eps)``,
+    ``xh = (x - mean) r``: ``d gy = w r A + xh a + b``, ``d x = gy r a``."""
+
+    @staticmethod
+    def forward(ctx, gy, x, weight, running_mean, running_var, eps):
+        ctx.save_for_backward(gy, x, weight, running_mean, running_var)
+        ctx.eps = eps
+        return torch.ops.aten.native_batch_norm_backward(
+            gy, x, weight, running_mean, running_var, None, None, False, eps, [True, True, True])
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, ggx, ggw, ggb):
+        gy, x, weight, mean, var = ctx.saved_tensors
+        dtype = var.dtype
+        r = torch.rsqrt(var + ctx.eps)
+        alpha = ggw * r if ggw is not None else torch.zeros_like(r)
+        beta = ggb if ggb is not None else torch.zeros_like(r)
+        d_gy = torch.addcmul(_per_channel(beta - mean * alpha), x.to(dtype), _per_channel(alpha))
+        if ggx is not None:
+            d_gy.addcmul_(ggx.to(dtype), _per_channel(weight.to(dtype) * r))
+        d_x = gy.to(dtype) * _per_channel(alpha) if ggw is not None else None
+        return (d_gy.to(gy.dtype), d_x.to(x.dtype) if d_x is not None else None,
+                None, None, None, None)
+
+
 class _Float32(torch.autograd.Function):
     """``t`` as a contiguous float32 tensor; the gradient goes back in ``t``'s dtype *and layout*
     (a channels-last weight gradient stays channels-last, so the convolutions that consume it in
@@ -272,6 +324,9 @@ class _GroupedBatchNorm2d(_GroupedLayer):
             return _BatchNorm.apply(x, weight, bias, self.eps, self.state)
         if self.batch_stats:
             return F.batch_norm(x, None, None, weight, bias, True, 0.0, self.eps)
+        if self.affine:
+            return _FrozenBatchNorm.apply(x, weight, bias, self.running_mean.repeat(r),
+                                          self.running_var.repeat(r), self.eps, self.state)
         return F.batch_norm(x, self.running_mean.repeat(r), self.running_var.repeat(r), weight, bias,
                             False, 0.0, self.eps)
 
