@@ -250,14 +250,14 @@ class _FrozenBatchNormBackward(torch.autograd.Function):
 
 
 class _Float32(torch.autograd.Function):
-    """``t`` as a contiguous float32 tensor; the gradient goes back in ``t``'s dtype *and layout*
-    (a channels-last weight gradient stays channels-last, so the convolutions that consume it in
-    the double backward need not convert it)."""
+    """``t`` in float32, in ``t``'s memory layout (the objectives reduce over any layout); the
+    gradient goes back in ``t``'s dtype and layout, so a channels-last weight gradient stays
+    channels-last for the convolutions that consume it in the double backward."""
 
     @staticmethod
     def forward(ctx, t):
         ctx.meta = (t.shape, t.stride(), t.dtype)
-        return t.to(torch.float32, memory_format=torch.contiguous_format)
+        return t.to(torch.float32)
 
     @staticmethod
     def backward(ctx, grad):
@@ -377,7 +377,7 @@ class GroupedSimulator:
     Same interface as :class:`~leaklab.attacks.inversion.simulate.UpdateSimulator`: called with
     candidate images (R, B, C, H, W) and labels (R, B), it returns for every trainable parameter the
     stacked per-instance gradient (R, *shape), float32, in parameter order; ``names`` lists them.
-    In bfloat16 the activations and convolution weights are channels-last (oneDNN's fast layout for
+    Convolution weight updates may be channels-last strided (use ``reshape``, not ``view``). In bfloat16 the activations and convolution weights are channels-last (oneDNN's fast layout for
     AMX; for float32 it does not pay).
     """
 
@@ -432,4 +432,4 @@ class GroupedSimulator:
             grads = torch.autograd.grad(loss, [tensors[n] for n in self.names], create_graph=True)
         finally:
             state.tensors, state.param_grads = {}, False
-        return [g if g.dtype == torch.float32 and g.is_contiguous() else _Float32.apply(g) for g in grads]
+        return [g if g.dtype == torch.float32 else _Float32.apply(g) for g in grads]

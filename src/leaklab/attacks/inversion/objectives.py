@@ -37,35 +37,57 @@ def layer_weights(count: int, weighting: str) -> list[float]:
     raise LeaklabError(f"unknown layer weighting {weighting!r}; choose one of {', '.join(LAYER_WEIGHTINGS)}")
 
 
+def _dense(shape: torch.Size, stride: tuple[int, ...]) -> bool:
+    """Whether ``stride`` lays ``shape`` out densely without overlap (a permuted contiguous layout)."""
+    expected = 1
+    for size, step in sorted((p for p in zip(shape, stride) if p[0] != 1), key=lambda p: p[1]):
+        if step != expected:
+            return False
+        expected *= size
+    return True
+
+
+def _instance_dims(g: torch.Tensor) -> tuple[int, ...]:
+    return tuple(range(2, g.ndim))
+
+
+def _per_instance(v: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+    return v.view(*v.shape, *[1] * (g.ndim - 2))
+
+
 class _DotAndSquare(torch.autograd.Function):
-    """``(<g, o>, <g, g>)`` per row of ``g`` (k, R, P) against ``o`` (R, P), summed as ``sum`` does
-    (BLAS dot products are faster but lose four digits on long rows); one fused backward pass
-    ``o * d_dot + 2 g * d_square`` instead of autograd's five."""
+    """``(<g, o>, <g, g>)`` per instance of ``g`` (k, R, *shape) against ``o`` (R, *shape), summed as
+    ``sum`` does (BLAS dot products are faster but lose four digits on long rows); one fused
+    backward ``2 g d_square + o d_dot`` instead of autograd's five passes, written in ``g``'s memory
+    layout (a channels-last update gets a channels-last gradient: no transposing copies)."""
 
     @staticmethod
     def forward(ctx, g, o):
         ctx.save_for_backward(g, o)
-        return (g * o).sum(-1), (g * g).sum(-1)
+        dims = _instance_dims(g)
+        return (g * o).sum(dims), (g * g).sum(dims)
 
     @staticmethod
     def backward(ctx, d_dot, d_square):
         g, o = ctx.saved_tensors
-        return torch.addcmul(o * d_dot.unsqueeze(-1), g, 2 * d_square.unsqueeze(-1)), None
+        grad = g * _per_instance(2 * d_square, g)
+        return grad.addcmul_(o, _per_instance(d_dot, g)), None
 
 
 class _SquaredDistance(torch.autograd.Function):
-    """``||g - o||^2`` per row of ``g`` (k, R, P) against ``o`` (R, P); backward ``2 (g - o) d``."""
+    """``||g - o||^2`` per instance of ``g`` (k, R, *shape) against ``o`` (R, *shape); backward
+    ``2 (g - o) d``."""
 
     @staticmethod
     def forward(ctx, g, o):
         diff = g - o
         ctx.save_for_backward(diff)
-        return (diff * diff).sum(-1)
+        return (diff * diff).sum(_instance_dims(g))
 
     @staticmethod
     def backward(ctx, d_out):
         (diff,) = ctx.saved_tensors
-        return diff * (2 * d_out.unsqueeze(-1)), None
+        return diff * _per_instance(2 * d_out, diff), None
 
 
 class Objective:
@@ -84,6 +106,20 @@ class Objective:
         self.weights = layer_weights(len(observed), "none" if name == "bayes" else weighting)
         self._observed_norm = torch.sqrt(sum(w * (o * o).flatten(1).sum(1)
                                              for w, o in zip(self.weights, observed)))
+        self._relaid: dict[int, torch.Tensor] = {}
+
+    def _observed_like(self, i: int, g: torch.Tensor) -> torch.Tensor:
+        """Observed tensor ``i`` in the memory layout of the simulated ``g`` (k, R, *shape), copied
+        once: element-wise products of operands with different layouts are slower."""
+        o = self.observed[i]
+        layout = g.stride()[1:]
+        if o.stride() == layout or not _dense(o.shape, layout):
+            return o
+        cached = self._relaid.get(i)
+        if cached is None or cached.stride() != layout:
+            cached = torch.empty_strided(o.shape, layout, dtype=o.dtype, device=o.device).copy_(o)
+            self._relaid[i] = cached
+        return cached
 
     def __call__(self, simulated: list[torch.Tensor]) -> torch.Tensor:
         """Losses of simulated updates of shape (k*R, *shape): k points per instance, instance-minor."""
@@ -94,12 +130,11 @@ class Objective:
         w = self.weights
         total = lambda t: t.flatten(2).sum(2)  # noqa: E731  (k, R)
         if self.name == "l2" or (self.name == "bayes" and not self.defense.steps):
-            out = sum(wi * _SquaredDistance.apply(g.flatten(2), o.flatten(1))
-                      for wi, g, o in zip(w, sim, self.observed))
+            out = sum(wi * _SquaredDistance.apply(g, self._observed_like(i, g)) for i, (wi, g) in enumerate(zip(w, sim)))
         elif self.name == "l1":
             out = sum(wi * total((g - o).abs()) for wi, g, o in zip(w, sim, obs))
         elif self.name == "cosine":
-            parts = [_DotAndSquare.apply(g.flatten(2), o.flatten(1)) for g, o in zip(sim, self.observed)]
+            parts = [_DotAndSquare.apply(g, self._observed_like(i, g)) for i, g in enumerate(sim)]
             dot = sum(wi * d for wi, (d, _) in zip(w, parts))
             norm = torch.sqrt(sum(wi * sq for wi, (_, sq) in zip(w, parts)))
             out = 1 - dot / (norm * self._observed_norm + 1e-12)
