@@ -1,0 +1,240 @@
+"""Empirical lower bounds on epsilon: does a mechanism deliver the epsilon it claims?
+
+Run the mechanism ``runs`` times on each of two neighbouring inputs D and D', map every output to
+a scalar score, and distinguish D from D' by a threshold on the score. For an (epsilon, delta)-DP
+mechanism every test has FPR + e^eps FNR >= 1 - delta and FNR + e^eps FPR >= 1 - delta
+(Kairouz, Oh & Viswanath 2015), so
+
+    eps >= ln((1 - delta - FNR) / FPR)   and   eps >= ln((1 - delta - FPR) / FNR).
+
+The procedure (as in Jagielski, Ullman & Oprea 2020; Nasr et al. 2021): the first half of the runs
+picks the threshold, its direction and which of the two inequalities to use (a scan over the score
+quantiles); the second, untouched half evaluates that one test, with one-sided Clopper-Pearson
+upper bounds on FPR and FNR, each at level 1 - (1 - confidence)/2, so that the reported bound
+holds with probability at least ``confidence``. A valid mechanism can then exceed its claim only
+with probability below 1 - confidence.
+
+``AuditCase`` builders for the mechanisms of :mod:`leaklab.privacy.mechanisms` use the exact
+log-likelihood ratio of the two output distributions as the score where it is known (the most
+powerful test by Neyman-Pearson) and the output itself for additive noise. ``broken=True`` halves
+the noise scale (twice the concentration for Dirichlet) while keeping the claim: the audit must
+catch it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from scipy import stats
+
+from leaklab.errors import LeaklabError
+from leaklab.privacy import mechanisms as mech
+
+__all__ = ["AuditCase", "AuditResult", "clopper_pearson", "epsilon_lower_bound", "audit", "audit_case",
+           "MECHANISMS"]
+
+MECHANISMS = ("laplace", "gaussian", "exponential", "randomized-response", "dirichlet")
+
+
+def clopper_pearson(successes: Any, trials: int, level: float) -> tuple[np.ndarray, np.ndarray]:
+    """One-sided Clopper-Pearson bounds (lower, upper), each holding with probability >= level."""
+    x = np.asarray(successes, dtype=float)
+    a = 1 - level
+    lower = np.where(x > 0, stats.beta.ppf(a, np.maximum(x, 1e-300), trials - x + 1), 0.0)
+    upper = np.where(x < trials, stats.beta.ppf(1 - a, x + 1, np.maximum(trials - x, 1e-300)), 1.0)
+    return lower, upper
+
+
+@dataclass
+class AuditCase:
+    """Two neighbouring inputs of a mechanism, as samplers of scores, and the claim to check."""
+
+    name: str
+    claimed_epsilon: float
+    claimed_delta: float
+    sample_scores: Callable[[int, np.random.Generator], tuple[np.ndarray, np.ndarray]]
+    details: dict
+
+
+@dataclass
+class AuditResult:
+    mechanism: str
+    claimed_epsilon: float
+    claimed_delta: float
+    epsilon_lower_bound: float
+    confidence: float
+    runs: int
+    fpr_upper: float
+    fnr_upper: float
+    threshold: float
+    details: dict
+
+    def to_dict(self) -> dict:
+        return {"mechanism": self.mechanism, "claimed_epsilon": self.claimed_epsilon,
+                "claimed_delta": self.claimed_delta, "epsilon_lower_bound": self.epsilon_lower_bound,
+                "confidence": self.confidence, "runs": self.runs, "fpr_upper": self.fpr_upper,
+                "fnr_upper": self.fnr_upper, "threshold": self.threshold,
+                "violated": self.epsilon_lower_bound > self.claimed_epsilon, **self.details}
+
+
+def _bounds(flag_a: np.ndarray, flag_b: np.ndarray, n_a: int, n_b: int, delta: float,
+            level: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """For tests flagging 'D-prime': FP = flags on D's runs, FN = misses on D'-runs.
+    Returns (eps bound form 1, eps bound form 2, (fpr_u, fnr_u) stacked)."""
+    _, fpr_u = clopper_pearson(flag_a, n_a, level)
+    _, fnr_u = clopper_pearson(n_b - flag_b, n_b, level)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        e1 = np.log(np.maximum(1 - delta - fnr_u, 0) / fpr_u)
+        e2 = np.log(np.maximum(1 - delta - fpr_u, 0) / fnr_u)
+    e1 = np.where(np.isfinite(e1), e1, -np.inf)
+    e2 = np.where(np.isfinite(e2), e2, -np.inf)
+    return e1, e2, np.stack([fpr_u, fnr_u])
+
+
+def _counts(sorted_scores: np.ndarray, thresholds: np.ndarray, direction: int) -> np.ndarray:
+    """How many scores are flagged by 'score >= t' (direction +1) or 'score <= t' (-1)."""
+    if direction > 0:
+        return sorted_scores.size - np.searchsorted(sorted_scores, thresholds, side="left")
+    return np.searchsorted(sorted_scores, thresholds, side="right")
+
+
+def epsilon_lower_bound(scores_a: np.ndarray, scores_b: np.ndarray, delta: float = 0.0,
+                        confidence: float = 0.95, max_thresholds: int = 2000) -> dict:
+    """The lower bound on epsilon from scores of runs on D (``scores_a``) and D' (``scores_b``).
+
+    The first half of each picks the test, the second half evaluates it (module docstring)."""
+    a = np.asarray(scores_a, dtype=float).ravel()
+    b = np.asarray(scores_b, dtype=float).ravel()
+    if a.size < 4 or b.size < 4:
+        raise LeaklabError("the audit needs at least 4 runs on each input")
+    level = 1 - (1 - confidence) / 2
+    ha, hb = a.size // 2, b.size // 2
+    sel_a, ev_a = np.sort(a[:ha]), np.sort(a[ha:])
+    sel_b, ev_b = np.sort(b[:hb]), np.sort(b[hb:])
+    pooled = np.concatenate([sel_a, sel_b])
+    candidates = np.unique(pooled)
+    if candidates.size > max_thresholds:
+        candidates = np.unique(np.quantile(pooled, np.linspace(0, 1, max_thresholds)))
+    best = (-np.inf, 0.0, 1, 0)
+    for direction in (1, -1):
+        e1, e2, _ = _bounds(_counts(sel_a, candidates, direction), _counts(sel_b, candidates, direction),
+                            sel_a.size, sel_b.size, delta, level)
+        for form, e in ((1, e1), (2, e2)):
+            i = int(np.argmax(e))
+            if e[i] > best[0]:
+                best = (float(e[i]), float(candidates[i]), direction, form)
+    _, threshold, direction, form = best
+    t = np.array([threshold])
+    e1, e2, rates = _bounds(_counts(ev_a, t, direction), _counts(ev_b, t, direction), ev_a.size, ev_b.size,
+                            delta, level)
+    eps = float((e1 if form == 1 else e2)[0])
+    return {"epsilon_lower_bound": max(eps, 0.0), "fpr_upper": float(rates[0, 0]),
+            "fnr_upper": float(rates[1, 0]), "threshold": threshold, "direction": direction, "form": form}
+
+
+def audit(case: AuditCase, runs: int = 100_000, seed: int = 0, confidence: float = 0.95) -> AuditResult:
+    """Audit one case: ``runs`` runs on each input."""
+    if runs < 4:
+        raise LeaklabError(f"--runs must be at least 4 (got {runs})")
+    if not 0 < confidence < 1:
+        raise LeaklabError(f"confidence must lie in (0, 1) (got {confidence})")
+    rng = np.random.default_rng(seed)
+    scores_a, scores_b = case.sample_scores(runs, rng)
+    found = epsilon_lower_bound(scores_a, scores_b, case.claimed_delta, confidence)
+    return AuditResult(mechanism=case.name, claimed_epsilon=case.claimed_epsilon,
+                       claimed_delta=case.claimed_delta, epsilon_lower_bound=found["epsilon_lower_bound"],
+                       confidence=confidence, runs=runs, fpr_upper=found["fpr_upper"],
+                       fnr_upper=found["fnr_upper"], threshold=found["threshold"], details=case.details)
+
+
+# --------------------------------------------------------------------------------------------
+# cases for the mechanisms
+
+
+def _laplace(epsilon: float, broken: bool, **_: Any) -> AuditCase:
+    m = mech.LaplaceMechanism(epsilon, sensitivity=1.0, scale_factor=0.5 if broken else 1.0)
+    return AuditCase("laplace", m.epsilon, 0.0,
+                     lambda n, rng: (m.sample(0.0, rng, n), m.sample(1.0, rng, n)),
+                     {"inputs": [0.0, 1.0], "noise_scale": m.scale})
+
+
+def _gaussian(epsilon: float, broken: bool, delta: float | None = None, **_: Any) -> AuditCase:
+    m = mech.GaussianMechanism(epsilon, 1e-5 if delta is None else delta, scale_factor=0.5 if broken else 1.0)
+    return AuditCase("gaussian", m.epsilon, m.delta,
+                     lambda n, rng: (m.sample(0.0, rng, n), m.sample(1.0, rng, n)),
+                     {"inputs": [0.0, 1.0], "sigma": m.sigma, "calibration": m.calibration})
+
+
+def _exponential(epsilon: float, broken: bool, candidates: int = 10, **_: Any) -> AuditCase:
+    # u and u' differ by the sensitivity on every candidate: +1 on candidate 0, -1 elsewhere
+    m = mech.ExponentialMechanism(epsilon, 1.0, scale_factor=0.5 if broken else 1.0)
+    u = np.zeros(candidates)
+    u2 = -np.ones(candidates)
+    u2[0] = 1.0
+    llr = m.log_probabilities(u) - m.log_probabilities(u2)
+    return AuditCase("exponential", m.epsilon, 0.0,
+                     lambda n, rng: (llr[m.sample(u, rng, n)], llr[m.sample(u2, rng, n)]),
+                     {"candidates": candidates, "score": "log-likelihood ratio"})
+
+
+def _randomized_response(epsilon: float, broken: bool, k: int = 4, **_: Any) -> AuditCase:
+    m = mech.RandomizedResponse(epsilon, k)
+    real = mech.RandomizedResponse(2 * epsilon, k) if broken else m
+    return AuditCase("randomized-response", m.epsilon, 0.0,
+                     lambda n, rng: ((real.sample(np.int64(0), rng, n) == 0).astype(float),
+                                     (real.sample(np.int64(1), rng, n) == 0).astype(float)),
+                     {"k": k, "inputs": [0, 1], "broken_epsilon": 2 * epsilon if broken else None})
+
+
+def _dirichlet(epsilon: float | None, broken: bool, delta: float | None = None, k: float = 6.7,
+               eta: float = 0.15, eta_bar: float = 0.15, b: float = 0.1, w: int = 3, **_: Any) -> AuditCase:
+    if epsilon is not None:
+        raise LeaklabError("the Dirichlet mechanism's epsilon follows from --k, --eta, --eta-bar, --b, --w and "
+                           "--delta; leave out --epsilon")
+    m = mech.DirichletMechanism(k, eta, eta_bar, b, w, 0.05 if delta is None else delta,
+                                scale_factor=0.5 if broken else 1.0)
+    if w * eta + b / 2 > 1 - eta_bar + 1e-12:
+        raise LeaklabError("no b-adjacent pair fits this Dirichlet domain (|W| eta + b/2 > 1 - eta_bar)")
+    # the worst case of Theorem 1.6's Gamma part: p_i = eta + b/2 vs q_i = eta on a W-coordinate
+    p = np.full(w + 1, eta)
+    p[0] += b / 2
+    p[-1] = 1 - p[:-1].sum()
+    q = p.copy()
+    q[0], q[1] = p[1], p[0]
+    kk = m.concentration
+    dalpha = kk * (p - q)
+
+    def sample(n: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+        xa, xb = m.sample(p, rng, n), m.sample(q, rng, n)
+        # log pdf(x | p) - log pdf(x | q) = sum (alpha_p - alpha_q) log x + const (const cancels)
+        return np.log(xa) @ dalpha, np.log(xb) @ dalpha
+
+    return AuditCase("dirichlet", m.epsilon, m.delta, sample,
+                     {"k": k, "eta": eta, "eta_bar": eta_bar, "b": b, "w": w, "gamma": m.gamma,
+                      "inputs": [p.tolist(), q.tolist()], "score": "log-likelihood ratio"})
+
+
+_BUILDERS = {"laplace": _laplace, "gaussian": _gaussian, "exponential": _exponential,
+             "randomized-response": _randomized_response, "dirichlet": _dirichlet}
+
+
+def audit_case(mechanism: str, epsilon: float | None = None, *, broken: bool = False, **options: Any) -> AuditCase:
+    """The audit case of a named mechanism (``MECHANISMS``) at a claimed epsilon; ``broken`` halves
+    its noise. Options: ``delta`` (gaussian 1e-5, dirichlet 0.05), ``k``/``eta``/``eta_bar``/``b``/
+    ``w`` (dirichlet), ``candidates`` (exponential), ``k`` (randomized response categories)."""
+    name = mechanism.lower().replace("_", "-")
+    if name == "rr":
+        name = "randomized-response"
+    if name not in _BUILDERS:
+        raise LeaklabError(f"unknown mechanism {mechanism!r}; choose from {', '.join(MECHANISMS)}")
+    if name != "dirichlet":
+        if epsilon is None:
+            raise LeaklabError(f"give --epsilon for the {name} mechanism")
+        if not (epsilon > 0 and math.isfinite(epsilon)):
+            raise LeaklabError(f"--epsilon must be a positive number (got {epsilon})")
+    options = {k: v for k, v in options.items() if v is not None}
+    return _BUILDERS[name](epsilon, broken, **options)
