@@ -299,7 +299,7 @@ def dirichlet_prob_omega1(alpha_w: Any, alpha_rest: float, gamma: float, nodes: 
     m = a.size
     tails = np.concatenate([np.cumsum(a[::-1])[::-1][1:], [0.0]]) + alpha_rest  # A_j = sum_{l>j} a_l + rest
     if nodes is None:  # about 1e-5 absolute error for |W| = 3 (checked against 548 nodes)
-        nodes = {1: 1, 2: 2000, 3: 96}.get(m, max(12, int(round(1e5 ** (1 / (m - 1))))))
+        nodes = {1: 1, 2: 128, 3: 96}.get(m, max(8, int(round(2e4 ** (1 / (m - 1))))))
     s = np.ones(1)  # remaining mass, one entry per quadrature path
     weight = np.ones(1)
     t, wq = _gauss_legendre(nodes)
