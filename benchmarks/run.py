@@ -129,7 +129,8 @@ def inversion_speed(out: Path, quick: bool, precisions: list[str], iterations: i
         ref_iterations = max(2, iterations // 3)
         with mock.patch.object(attack_module, "make_simulator", _loop_simulator):
             invert(view, updates[0], cfg.model_copy(update={"iterations": 2}), device=device)
-            rate, seconds = _rate(view, [updates[0]], cfg.model_copy(update={"iterations": ref_iterations}), device)
+            rate, seconds = _rate(view, [updates[0]], cfg.model_copy(update={"iterations": ref_iterations}),
+                                  device)
         result["single_loop_simulator"][precision] = {"iterations_per_second": rate, "seconds": seconds,
                                                       "iterations": ref_iterations}
         log(f"single {precision}, loop simulator: {rate:.2f} it/s")

@@ -205,14 +205,16 @@ class _FrozenBatchNorm(torch.autograd.Function):
     def forward(ctx, x, weight, bias, running_mean, running_var, eps, state):
         ctx.save_for_backward(x, weight, running_mean, running_var)
         ctx.conf = (eps, state)
-        return torch.ops.aten.native_batch_norm(x, weight, bias, running_mean, running_var, False, 0.0, eps)[0]
+        return torch.ops.aten.native_batch_norm(x, weight, bias, running_mean, running_var,
+                                                False, 0.0, eps)[0]
 
     @staticmethod
     def backward(ctx, gy):
         x, weight, running_mean, running_var = ctx.saved_tensors
         eps, state = ctx.conf
         if torch.is_grad_enabled():
-            gx, gw, gb = _FrozenBatchNormBackward.apply(gy, x, weight.detach(), running_mean, running_var, eps)
+            gx, gw, gb = _FrozenBatchNormBackward.apply(gy, x, weight.detach(), running_mean,
+                                                        running_var, eps)
         else:
             mask = [ctx.needs_input_grad[0], state.param_grads, state.param_grads]
             gx, gw, gb = torch.ops.aten.native_batch_norm_backward(
@@ -377,8 +379,9 @@ class GroupedSimulator:
     Same interface as :class:`~leaklab.attacks.inversion.simulate.UpdateSimulator`: called with
     candidate images (R, B, C, H, W) and labels (R, B), it returns for every trainable parameter the
     stacked per-instance gradient (R, *shape), float32, in parameter order; ``names`` lists them.
-    Convolution weight updates may be channels-last strided (use ``reshape``, not ``view``). In bfloat16 the activations and convolution weights are channels-last (oneDNN's fast layout for
-    AMX; for float32 it does not pay).
+    In bfloat16 the activations and convolution weights are channels-last (oneDNN's fast layout for
+    AMX; for float32 it does not pay), and so are the convolution weight updates returned: use
+    ``reshape``, not ``view``, on them.
     """
 
     def __init__(self, model: nn.Module, metadata: UpdateMetadata, precision: str = "fp32"):
@@ -408,7 +411,8 @@ class GroupedSimulator:
                 p = p.to(device, dtype)
                 if self.channels_last and p.ndim == 4:
                     # (R, cout, cin, k, k) whose (R*cout, cin, k, k) view is channels-last
-                    t = p.permute(0, 2, 3, 1).unsqueeze(0).repeat(instances, 1, 1, 1, 1).permute(0, 1, 4, 2, 3)
+                    t = p.permute(0, 2, 3, 1).unsqueeze(0).repeat(instances, 1, 1, 1, 1)
+                    t = t.permute(0, 1, 4, 2, 3)
                 else:
                     t = p.unsqueeze(0).repeat(instances, *[1] * p.ndim)
                 tensors[n] = t.requires_grad_() if n in self.names else t

@@ -130,7 +130,8 @@ class Objective:
         w = self.weights
         total = lambda t: t.flatten(2).sum(2)  # noqa: E731  (k, R)
         if self.name == "l2" or (self.name == "bayes" and not self.defense.steps):
-            out = sum(wi * _SquaredDistance.apply(g, self._observed_like(i, g)) for i, (wi, g) in enumerate(zip(w, sim)))
+            out = sum(wi * _SquaredDistance.apply(g, self._observed_like(i, g))
+                      for i, (wi, g) in enumerate(zip(w, sim)))
         elif self.name == "l1":
             out = sum(wi * total((g - o).abs()) for wi, g, o in zip(w, sim, obs))
         elif self.name == "cosine":
