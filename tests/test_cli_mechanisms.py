@@ -1,0 +1,78 @@
+"""`leaklab mechanisms`: the Dirichlet epsilon and the audit, text and --json, and user errors
+(one `error:` line, exit code 2)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from leaklab.cli import app
+
+runner = CliRunner()
+
+
+def invoke(*args: str):
+    return runner.invoke(app, [str(a) for a in args], catch_exceptions=False)
+
+
+def assert_error(result, *words: str) -> None:
+    assert result.exit_code == 2, (result.exit_code, result.output)
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+    for word in words:
+        assert word in lines[0]
+    assert "Traceback" not in result.output
+
+
+def test_epsilon_dirichlet_json_and_text():
+    args = ["mechanisms", "epsilon", "dirichlet", "--eta", "0.15", "--eta-bar", "0.15", "--k", "6.7",
+            "--b", "0.1", "--w", "3", "--delta", "0.05"]
+    result = invoke(*args, "--json")
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert data["epsilon"] == pytest.approx(2.516, abs=0.02)
+    assert data["epsilon_approx"] > data["epsilon"] and 0 < data["gamma"] < 1 / 3
+    text = invoke(*args)
+    assert text.exit_code == 0 and "epsilon 2.51" in text.stdout
+
+
+def test_audit_laplace_json():
+    result = invoke("mechanisms", "audit", "--mechanism", "laplace", "--epsilon", "1", "--runs", "100000",
+                    "--seed", "0", "--json")
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert data["claimed_epsilon"] == 1.0
+    assert 0.6 <= data["epsilon_lower_bound"] <= 1.0
+    assert data["confidence"] == 0.95 and data["violated"] is False
+
+
+def test_audit_broken_text_says_violated():
+    result = invoke("mechanisms", "audit", "--mechanism", "randomized-response", "--epsilon", "1",
+                    "--runs", "20000", "--broken")
+    assert result.exit_code == 0, result.output
+    assert "VIOLATED" in result.stdout and "claimed epsilon 1" in result.stdout
+
+
+def test_audit_dirichlet_json():
+    result = invoke("mechanisms", "audit", "--mechanism", "dirichlet", "--k", "5.1", "--eta", "0.2",
+                    "--eta-bar", "0.2", "--runs", "20000", "--json")
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert data["claimed_epsilon"] == pytest.approx(1.693, abs=0.02)
+    assert data["epsilon_lower_bound"] <= data["claimed_epsilon"]
+
+
+@pytest.mark.parametrize("args,words", [
+    (["audit", "--mechanism", "snapping", "--epsilon", "1"], ["unknown mechanism"]),
+    (["audit", "--mechanism", "laplace"], ["--epsilon"]),
+    (["audit", "--mechanism", "laplace", "--epsilon", "-1"], ["--epsilon"]),
+    (["audit", "--mechanism", "laplace", "--epsilon", "1", "--eta", "0.1"], ["--eta", "dirichlet"]),
+    (["audit", "--mechanism", "dirichlet", "--epsilon", "1"], ["leave out --epsilon"]),
+    (["epsilon", "dirichlet", "--eta", "0.4", "--eta-bar", "0.3", "--k", "6"], ["domain"]),
+    (["epsilon", "dirichlet", "--eta", "0.15", "--eta-bar", "0.15", "--k", "6.7", "--delta", "1.5"], ["delta"]),
+    (["epsilon", "dirichlet", "--eta", "0.15", "--eta-bar", "0.15", "--k", "3"], ["k * min"]),
+])
+def test_user_errors(args, words):
+    assert_error(invoke("mechanisms", *args), *words)
