@@ -171,6 +171,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"unknown precision {bad[0]!r}; choose from fp32, bf16", file=sys.stderr)
         return 2
     args.out.mkdir(parents=True, exist_ok=True)
+    load, cores = _load(), os.cpu_count() or 1
+    if load and torch.get_num_threads() > 1 and load[0] + torch.get_num_threads() > cores + 0.5:
+        print(f"warning: load average {load[0]} on {cores} cores: with {torch.get_num_threads()} torch "
+              "threads the attack may run tens of times slower (OpenMP threads wait for each other); "
+              "consider --threads 1 or an idle machine", file=sys.stderr)
 
     def log(message: str) -> None:
         print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
