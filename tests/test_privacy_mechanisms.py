@@ -167,6 +167,7 @@ def test_discrete_mechanisms_release_integers_or_the_grid():
     lap = M.DiscreteLaplaceMechanism(1.0, sensitivity=1)
     out = lap.sample(np.array([3, 5]), random.Random(0))
     assert out.dtype == np.int64 and out.shape == (2,)
+    assert lap.sample(3, random.Random(0)).shape == ()
     grid = M.DiscreteLaplaceMechanism(1.0, sensitivity=0.5, granularity=0.25)
     vals = grid.sample(np.array([0.3, 1.0]), random.Random(1), 5)
     assert vals.shape == (5, 2) and np.allclose(np.mod(vals, 0.25), 0)

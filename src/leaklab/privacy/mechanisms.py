@@ -407,7 +407,8 @@ class DirichletMechanism:
 
     @property
     def concentration(self) -> float:
-        """k actually used for sampling (k / scale_factor^2 would be a 'broken' variant)."""
+        """The concentration used for sampling: k / scale_factor. A ``scale_factor`` < 1 (the audit's
+        'broken' variant, less noise) samples with a larger concentration than the claim assumes."""
         return self.k / self.scale_factor
 
     def sample(self, value: Any, rng: np.random.Generator, size: int | None = None) -> np.ndarray:
@@ -498,12 +499,13 @@ def _quantize(value: Any, granularity: Fraction | None) -> np.ndarray:
     if granularity is None:
         if not np.issubdtype(v.dtype, np.integer) and not np.all(np.mod(v, 1) == 0):
             raise LeaklabError("discrete noise takes integer values; give a granularity to round to")
-        return v.astype(object).astype(int) if v.ndim == 0 else np.vectorize(int, otypes=[object])(v)
+        return np.vectorize(int, otypes=[object])(v)
     g = float(granularity)
     return np.vectorize(lambda x: int(round(float(x) / g)), otypes=[object])(v)
 
 
-def _unquantize(n: np.ndarray, granularity: Fraction | None) -> np.ndarray:
+def _unquantize(n: Any, granularity: Fraction | None) -> np.ndarray:
+    n = np.asarray(n, dtype=object)
     if granularity is None:
         return n.astype(np.int64)
     return np.vectorize(lambda x: float(Fraction(x) * granularity), otypes=[float])(n)
