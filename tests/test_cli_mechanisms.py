@@ -76,3 +76,14 @@ def test_audit_dirichlet_json():
 ])
 def test_user_errors(args, words):
     assert_error(invoke("mechanisms", *args), *words)
+
+
+def test_audit_scan_test_option():
+    result = invoke("mechanisms", "audit", "--mechanism", "gaussian", "--epsilon", "1", "--delta", "1e-5",
+                    "--runs", "20000", "--test", "scan", "--json")
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert data["test"] == "scan" and data["claimed_delta"] == 1e-5
+    assert data["epsilon_lower_bound"] <= 1.0
+    assert_error(invoke("mechanisms", "audit", "--mechanism", "gaussian", "--epsilon", "1", "--test", "x"),
+                 "unknown test")

@@ -67,3 +67,12 @@ def test_bad_requests():
         audit_case("dirichlet", 1.0)
     with pytest.raises(LeaklabError, match="runs"):
         audit(audit_case("laplace", 1.0), runs=2)
+
+
+@pytest.mark.parametrize("mechanism", ADDITIVE)
+def test_scan_test_with_bonferroni_also_holds_and_catches(mechanism):
+    fine = audit(audit_case(mechanism, 1.0), runs=RUNS, seed=4, test="scan")
+    assert 0 <= fine.epsilon_lower_bound <= 1.0 and fine.details["test"] == "scan"
+    assert audit(audit_case(mechanism, 1.0, broken=True), runs=RUNS, seed=4, test="scan").epsilon_lower_bound > 1.0
+    with pytest.raises(LeaklabError, match="unknown test"):
+        audit(audit_case(mechanism, 1.0), runs=100, test="best")

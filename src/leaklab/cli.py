@@ -457,6 +457,8 @@ def mechanisms_audit(
     runs: Annotated[int, typer.Option("--runs", help="runs on each of the two inputs")] = 100_000,
     seed: Annotated[int, typer.Option("--seed")] = 0,
     confidence: Annotated[float, typer.Option("--confidence", help="of the lower bound")] = 0.95,
+    test: Annotated[str, typer.Option("--test", help="split: threshold chosen on half the runs; scan: "
+                                      "all thresholds, Bonferroni-corrected")] = "split",
     broken: Annotated[bool, typer.Option("--broken", help="halve the noise scale, keep the claim "
                                          "(the audit should catch it)")] = False,
     k: Annotated[Optional[float], typer.Option("--k", help="dirichlet concentration (6.7) or "
@@ -482,7 +484,7 @@ def mechanisms_audit(
     if k is not None:
         extra["k"] = int(k) if name == "randomized-response" else k
     result = audit(audit_case(name, epsilon, broken=broken, delta=delta, **extra), runs=runs, seed=seed,
-                   confidence=confidence)
+                   confidence=confidence, test=test)
     payload = result.to_dict()
     payload["broken"] = broken
     if as_json:

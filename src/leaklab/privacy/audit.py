@@ -102,15 +102,43 @@ def _counts(sorted_scores: np.ndarray, thresholds: np.ndarray, direction: int) -
     return np.searchsorted(sorted_scores, thresholds, side="right")
 
 
+def _scan(a: np.ndarray, b: np.ndarray, delta: float, confidence: float, max_thresholds: int) -> dict:
+    """All runs, every threshold: Bonferroni over the 2 x 2 x T Clopper-Pearson bounds."""
+    a, b = np.sort(a), np.sort(b)
+    pooled = np.concatenate([a, b])
+    candidates = np.unique(pooled)
+    if candidates.size > max_thresholds:
+        candidates = np.unique(np.quantile(pooled, np.linspace(0, 1, max_thresholds)))
+    level = 1 - (1 - confidence) / (4 * candidates.size)
+    best = {"epsilon_lower_bound": 0.0, "fpr_upper": 1.0, "fnr_upper": 1.0, "threshold": float(candidates[0]),
+            "direction": 1, "form": 1}
+    for direction in (1, -1):
+        e1, e2, rates = _bounds(_counts(a, candidates, direction), _counts(b, candidates, direction),
+                                a.size, b.size, delta, level)
+        for form, e in ((1, e1), (2, e2)):
+            i = int(np.argmax(e))
+            if e[i] > best["epsilon_lower_bound"]:
+                best = {"epsilon_lower_bound": float(e[i]), "fpr_upper": float(rates[0, i]),
+                        "fnr_upper": float(rates[1, i]), "threshold": float(candidates[i]),
+                        "direction": direction, "form": form}
+    return best
+
+
 def epsilon_lower_bound(scores_a: np.ndarray, scores_b: np.ndarray, delta: float = 0.0,
-                        confidence: float = 0.95, max_thresholds: int = 2000) -> dict:
+                        confidence: float = 0.95, max_thresholds: int = 2000, test: str = "split") -> dict:
     """The lower bound on epsilon from scores of runs on D (``scores_a``) and D' (``scores_b``).
 
-    The first half of each picks the test, the second half evaluates it (module docstring)."""
+    ``test="split"`` (default): the first half of each picks the test, the second half evaluates it
+    (module docstring). ``test="scan"``: every threshold on all runs, the Clopper-Pearson levels
+    corrected (Bonferroni) for the number of thresholds tried (at most 200 quantiles)."""
     a = np.asarray(scores_a, dtype=float).ravel()
     b = np.asarray(scores_b, dtype=float).ravel()
     if a.size < 4 or b.size < 4:
         raise LeaklabError("the audit needs at least 4 runs on each input")
+    if test == "scan":
+        return _scan(a, b, delta, confidence, min(max_thresholds, 200))
+    if test != "split":
+        raise LeaklabError(f"unknown test {test!r}; choose split or scan")
     level = 1 - (1 - confidence) / 2
     ha, hb = a.size // 2, b.size // 2
     sel_a, ev_a = np.sort(a[:ha]), np.sort(a[ha:])
@@ -136,19 +164,21 @@ def epsilon_lower_bound(scores_a: np.ndarray, scores_b: np.ndarray, delta: float
             "fnr_upper": float(rates[1, 0]), "threshold": threshold, "direction": direction, "form": form}
 
 
-def audit(case: AuditCase, runs: int = 100_000, seed: int = 0, confidence: float = 0.95) -> AuditResult:
-    """Audit one case: ``runs`` runs on each input."""
+def audit(case: AuditCase, runs: int = 100_000, seed: int = 0, confidence: float = 0.95,
+          test: str = "split") -> AuditResult:
+    """Audit one case: ``runs`` runs on each input; ``test``: split or scan (epsilon_lower_bound)."""
     if runs < 4:
         raise LeaklabError(f"--runs must be at least 4 (got {runs})")
     if not 0 < confidence < 1:
         raise LeaklabError(f"confidence must lie in (0, 1) (got {confidence})")
     rng = np.random.default_rng(seed)
     scores_a, scores_b = case.sample_scores(runs, rng)
-    found = epsilon_lower_bound(scores_a, scores_b, case.claimed_delta, confidence)
+    found = epsilon_lower_bound(scores_a, scores_b, case.claimed_delta, confidence, test=test)
     return AuditResult(mechanism=case.name, claimed_epsilon=case.claimed_epsilon,
                        claimed_delta=case.claimed_delta, epsilon_lower_bound=found["epsilon_lower_bound"],
                        confidence=confidence, runs=runs, fpr_upper=found["fpr_upper"],
-                       fnr_upper=found["fnr_upper"], threshold=found["threshold"], details=case.details)
+                       fnr_upper=found["fnr_upper"], threshold=found["threshold"],
+                       details={**case.details, "test": test})
 
 
 # --------------------------------------------------------------------------------------------
