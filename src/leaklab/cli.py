@@ -26,6 +26,17 @@ app = typer.Typer(name="leaklab", no_args_is_help=True, add_completion=False,
                   pretty_exceptions_show_locals=False,
                   help="A laboratory for privacy leakage in federated learning: capture client updates, "
                        "attack them, and report how much they leak.")
+
+
+@app.callback()
+def _main(threads: Annotated[Optional[int], typer.Option(
+        "--threads", min=1, help="torch threads for this run (default: LEAKLAB_THREADS or 1)")] = None) -> None:
+    """A laboratory for privacy leakage in federated learning."""
+    from leaklab.device import configure_threads
+
+    configure_threads(threads)
+
+
 attack_app = typer.Typer(no_args_is_help=True, help="Attack captured client updates.")
 reproduce_app = typer.Typer(no_args_is_help=True, help="Reproduce published tables.")
 app.add_typer(attack_app, name="attack")
