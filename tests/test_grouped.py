@@ -147,3 +147,9 @@ def test_make_simulator_chooses_grouped_for_fedsgd_only():
     other = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(3 * 16 * 16, 5))
     assert not supports(other)
     assert isinstance(make_simulator(other, UpdateMetadata(batch_size=1)), UpdateSimulator)
+
+
+def test_allocator_tuning_is_idempotent():
+    from leaklab.attacks.inversion.grouped import tune_cpu_allocator
+    first = tune_cpu_allocator()
+    assert isinstance(first, bool) and tune_cpu_allocator() == first

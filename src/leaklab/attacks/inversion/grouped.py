@@ -30,6 +30,9 @@ produced only while the update itself is computed.
 ``precision="bf16"`` runs convolutions and linear layers in bfloat16 (parameters cast once, not at
 every call), batch-norm statistics in float32; updates are returned in float32.
 
+On the CPU the first call raises glibc's mmap/trim thresholds (:func:`tune_cpu_allocator`, once per
+process): without it, replaying many instances at once spends a fifth of its time in page faults.
+
 Only models built from these layers are supported (:func:`supports`); FedAvg updates (unrolled local
 steps) and other models use the loop simulator (:func:`~leaklab.attacks.inversion.simulate.make_simulator`
 chooses).
@@ -38,6 +41,9 @@ chooses).
 from __future__ import annotations
 
 import copy
+import ctypes
+import os
+import sys
 
 import torch
 import torch.nn.functional as F
@@ -73,6 +79,34 @@ def supports(model: nn.Module, metadata: UpdateMetadata | None = None) -> bool:
     if type(model) not in SUPPORTED_MODELS:
         return False
     return all(_layer_supported(m) for m in model.modules())
+
+
+_ALLOCATOR = {"tuned": None}
+
+
+def tune_cpu_allocator() -> bool:
+    """Keep large CPU tensors on glibc's heap instead of fresh ``mmap`` pages (once per process).
+
+    Replaying R instances at once allocates and frees hundreds of megabytes per step; by default
+    glibc maps each large block anew and unmaps it on free, so every step pays millions of page
+    faults (measured: 4.8 million and a fifth of the time for R=16 on ConvNet-64). Raising the mmap
+    and trim thresholds keeps that memory in the heap for reuse. Linux/glibc only; left alone when
+    the user set ``MALLOC_*`` variables. Returns whether the thresholds are in effect.
+    """
+    if _ALLOCATOR["tuned"] is not None:
+        return _ALLOCATOR["tuned"]
+    _ALLOCATOR["tuned"] = False
+    if not sys.platform.startswith("linux") or any(k.startswith("MALLOC_") for k in os.environ):
+        return False
+    try:
+        mallopt = ctypes.CDLL("libc.so.6").mallopt
+    except (OSError, AttributeError):
+        return False
+    m_trim_threshold, m_top_pad, m_mmap_threshold = -1, -2, -3
+    ok = all(mallopt(option, value) == 1 for option, value in
+             ((m_mmap_threshold, 1 << 30), (m_trim_threshold, 1 << 30), (m_top_pad, 64 << 20)))
+    _ALLOCATOR["tuned"] = ok
+    return ok
 
 
 class _State:
@@ -405,6 +439,8 @@ class GroupedSimulator:
         per-instance updates."""
         key = (instances, device)
         if key not in self._leaves:
+            if device.type == "cpu":
+                tune_cpu_allocator()
             tensors = {}
             for n, p in self.params.items():
                 dtype = self._state.dtype if n in self._compute else torch.float32
