@@ -172,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     args.out.mkdir(parents=True, exist_ok=True)
     load, cores = _load(), os.cpu_count() or 1
-    if load and torch.get_num_threads() > 1 and load[0] + torch.get_num_threads() > cores + 0.5:
+    if load and torch.get_num_threads() > 1 and load[0] >= 0.75 * cores:
         print(f"warning: load average {load[0]} on {cores} cores: with {torch.get_num_threads()} torch "
               "threads the attack may run tens of times slower (OpenMP threads wait for each other); "
               "consider --threads 1 or an idle machine", file=sys.stderr)
