@@ -153,3 +153,14 @@ def test_allocator_tuning_is_idempotent():
     from leaklab.attacks.inversion.grouped import tune_cpu_allocator
     first = tune_cpu_allocator()
     assert isinstance(first, bool) and tune_cpu_allocator() == first
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_image_gradient_comes_back_contiguous(precision):
+    """Channels-last inside, standard layout outside: L-BFGS views the gradient flat."""
+    model = _model("convnet", 4, 16)
+    sim = GroupedSimulator(model, UpdateMetadata(batch_size=1), precision)
+    images = torch.rand(1, 1, 3, 16, 16, requires_grad=True)
+    updates = sim(images, torch.zeros(1, 1, dtype=torch.long))
+    grad = torch.autograd.grad(sum((u * u).sum() for u in updates), images)[0]
+    assert grad.is_contiguous()
