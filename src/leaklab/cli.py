@@ -181,6 +181,15 @@ LocalLrOpt = Annotated[Optional[float], typer.Option("--local-lr", help="FedAvg 
                                                      "(default 0.1)", rich_help_panel=CAPTURE)]
 
 
+_CAPTURE_FIELDS = ("model", "data", "batch_size", "num_images", "image_seed", "image_size", "width",
+                   "defense", "train_steps", "knows_labels", "update", "local_steps", "local_lr", "bn_stats")
+
+
+def _capture_fields(options: dict[str, Any]) -> dict[str, Any]:
+    """The capture options among a command's parameters (the one-shot attack forms)."""
+    return {name: options[name] for name in _CAPTURE_FIELDS}
+
+
 def _capture_config(seed: int | None, **fields: Any):
     from leaklab.experiments.capture import CaptureConfig
 
@@ -261,10 +270,7 @@ def attack_inversion(
     from leaklab.experiments import image_attack
     from leaklab.io import read_config
 
-    capture_fields = dict(model=model, data=data, batch_size=batch_size, num_images=num_images,
-                          image_seed=image_seed, image_size=image_size, width=width, defense=defense,
-                          train_steps=train_steps, knows_labels=knows_labels, update=update,
-                          local_steps=local_steps, local_lr=local_lr, bn_stats=bn_stats)
+    capture_fields = _capture_fields(locals())
     base = read_config(config_file) if config_file else None
     config = image_attack.inversion_config(
         base, objective=objective, optimizer=optimizer, iterations=iterations, lr=lr, schedule=schedule,
@@ -287,10 +293,7 @@ def attack_analytic(
     bn_stats: BnStatsOpt = None,
 ) -> None:
     """Exact recovery of the input of a first fully connected layer (MLP, one image per update)."""
-    capture_fields = dict(model=model, data=data, batch_size=batch_size, num_images=num_images,
-                          image_seed=image_seed, image_size=image_size, width=width, defense=defense,
-                          train_steps=train_steps, knows_labels=knows_labels, update=update,
-                          local_steps=local_steps, local_lr=local_lr, bn_stats=bn_stats)
+    capture_fields = _capture_fields(locals())
     _attack(out, case, "analytic", None, seed, capture_fields)
 
 
