@@ -43,7 +43,8 @@ class UpdateMetadata(BaseModel):
     local_steps: int = Field(default=1, ge=1)
     local_lr: float = Field(default=0.1, gt=0)
     local_batch_size: int | None = Field(default=None, ge=1)
-    loss: Literal["cross_entropy"] = "cross_entropy"
+    loss: Literal["cross_entropy", "dqn_mse", "reinforce"] = "cross_entropy"
+    entropy_weight: float = Field(default=0.0, ge=0)  # alpha of the REINFORCE loss (seed 000 eq. 4)
     train_mode: bool = True
 
     @model_validator(mode="after")

@@ -1,0 +1,111 @@
+"""The multimodal active-perception network of seed 000 ("Your Room is not Private", section III).
+
+"The images are first processed by convolution layers F_conv, while the coordinate vector is
+processed by linear layers. Their features are concatenated and processed by linear layers." The
+network predicts one value per discrete movement action: Q-values for DQN, logits of the policy for
+REINFORCE.
+
+Inputs (the contract every RL module of leaklab shares):
+
+* ``images``: ``[B, C, 150, 150]`` floats in [0, 1]; setting S1 stacks RGB and depth (C = 4, channels
+  R, G, B, depth), setting S2 has depth only (C = 1). Depth is the distance divided by the
+  environment's maximum range (see :mod:`leaklab.rl.envs.active_perception`).
+* ``box``: ``[B, 4]`` the target's bounding box ``(x1, y1, x2, y2)`` in [-1, 1] image coordinates.
+
+Module names are part of the contract (attacks address layers by them): ``conv`` (the image
+branch, ending in ``Flatten``), ``box`` (the coordinate branch; ``box.0`` is the Linear layer whose
+input is the box) and ``head`` (the fused linear layers; ``head.0`` takes ``cat(conv, box)`` and the
+last module is the output Linear with bias).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field
+from torch import nn
+
+SETTING_CHANNELS = {"S1": 4, "S2": 1}
+ARCH_NAMES = ("small", "deep")
+
+
+class PerceptionSpec(BaseModel):
+    """Architecture of a perception network; enough for a server to rebuild it exactly."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    setting: Literal["S1", "S2"] = "S2"
+    arch: Literal["small", "deep"] = "small"
+    num_actions: int = Field(default=7, gt=1)
+    image_size: int = Field(default=150, ge=32, le=512)
+    box_dim: int = Field(default=4, gt=0)
+
+    @property
+    def in_channels(self) -> int:
+        return SETTING_CHANNELS[self.setting]
+
+
+def _conv_small(c: int) -> nn.Sequential:
+    # three convolutions (8/4, 4/2, 3/1) as in the DQN family: 150 -> 36 -> 17 -> 15
+    return nn.Sequential(
+        nn.Conv2d(c, 16, 8, stride=4), nn.ReLU(),
+        nn.Conv2d(16, 32, 4, stride=2), nn.ReLU(),
+        nn.Conv2d(32, 32, 3, stride=1), nn.ReLU(),
+        nn.Flatten(),
+    )
+
+
+def _conv_deep(c: int) -> nn.Sequential:
+    # five 3x3/5x5 convolutions with max-pooling: 150 -> 75 -> 37 -> 18 -> 9
+    return nn.Sequential(
+        nn.Conv2d(c, 32, 5, padding=2), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(32, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(32, 64, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(64, 64, 3, padding=1), nn.ReLU(),
+        nn.Conv2d(64, 64, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Flatten(),
+    )
+
+
+class PerceptionNet(nn.Module):
+    """Conv branch for the images, linear branch for the box, fused linear head to the actions."""
+
+    def __init__(self, spec: PerceptionSpec):
+        super().__init__()
+        self.spec = spec
+        c = spec.in_channels
+        if spec.arch == "small":
+            self.conv = _conv_small(c)
+            self.box = nn.Sequential(nn.Linear(spec.box_dim, 32), nn.ReLU())
+            box_features = 32
+        else:
+            self.conv = _conv_deep(c)
+            self.box = nn.Sequential(nn.Linear(spec.box_dim, 64), nn.ReLU(),
+                                     nn.Linear(64, 64), nn.ReLU())
+            box_features = 64
+        with torch.no_grad():
+            conv_features = self.conv(torch.zeros(1, c, spec.image_size, spec.image_size)).shape[1]
+        self.conv_features = conv_features
+        self.head = nn.Sequential(nn.Linear(conv_features + box_features, 256), nn.ReLU(),
+                                  nn.Linear(256, spec.num_actions))
+
+    def forward(self, images: torch.Tensor, box: torch.Tensor) -> torch.Tensor:
+        return self.head(torch.cat([self.conv(images), self.box(box)], dim=1))
+
+
+def build_perception_net(spec: PerceptionSpec, seed: int | None = None) -> PerceptionNet:
+    """Instantiate the network of ``spec`` (PyTorch's default initialisation; ``seed`` fixes it)."""
+    if seed is not None:
+        torch.manual_seed(seed)
+    return PerceptionNet(spec)
+
+
+def stack_images(rgb: torch.Tensor | None, depth: torch.Tensor, setting: str) -> torch.Tensor:
+    """The network's ``images`` input from an observation's ``rgb`` ``[..., 3, H, W]`` and ``depth``
+    ``[..., 1, H, W]`` (S1: RGB then depth; S2: depth only)."""
+    if setting == "S2":
+        return depth
+    if rgb is None:
+        raise ValueError("setting S1 needs the RGB image")
+    return torch.cat([rgb, depth], dim=-3)

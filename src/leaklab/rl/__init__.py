@@ -1,0 +1,1 @@
+"""Reinforcement learning: environments, agents and the losses whose gradients clients share."""
