@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from torch import nn
 
 from leaklab.errors import LeaklabError
-from leaklab.models import ModelSpec, build_model
+from leaklab.models import ModelSpec, PerceptionSpec, build_model, build_perception_net
 
 
 class Capabilities(BaseModel):
@@ -99,7 +99,7 @@ class ClientUpdate:
 class ServerView:
     """What the server holds at the round the update belongs to."""
 
-    spec: ModelSpec
+    spec: ModelSpec | PerceptionSpec
     model: nn.Module
     metadata: UpdateMetadata
     capabilities: Capabilities = field(default_factory=Capabilities)
@@ -126,23 +126,25 @@ class ServerView:
         return self.defense
 
 
-def make_view(spec: ModelSpec, state: dict[str, torch.Tensor], metadata: UpdateMetadata,
+def make_view(spec: ModelSpec | PerceptionSpec, state: dict[str, torch.Tensor], metadata: UpdateMetadata,
               capabilities: Capabilities | None = None, defense: str | None = None,
               labels: torch.Tensor | None = None) -> ServerView:
-    """Rebuild the model of ``spec`` and load ``state`` (parameters and buffers) into it, strictly."""
-    model = build_model(spec)
+    """Rebuild the model of ``spec`` (an image classifier or a perception network) and load
+    ``state`` (parameters and buffers) into it, strictly."""
+    model = build_perception_net(spec) if isinstance(spec, PerceptionSpec) else build_model(spec)
     own = model.state_dict()
     problems = [k for k in own if k not in state or tuple(state[k].shape) != tuple(own[k].shape)]
     problems += [k for k in state if k not in own]
     if problems:
-        raise LeaklabError(f"model file does not fit a {spec.name} model (first mismatch: "
+        name = getattr(spec, "name", None) or f"perception-{spec.arch}"
+        raise LeaklabError(f"model file does not fit a {name} model (first mismatch: "
                            f"{problems[0]!r}); re-capture with the same --model")
     for k, v in state.items():
         if v.is_floating_point() and not torch.isfinite(v).all():
             raise LeaklabError(f"model tensor {k!r} contains NaN or Inf values")
     model.load_state_dict({k: v.to(own[k].dtype) for k, v in state.items()})
     capabilities = capabilities or Capabilities()
-    if labels is not None and (labels.ndim != 1 or len(labels) != metadata.batch_size or
+    if labels is not None and (isinstance(spec, PerceptionSpec) or labels.ndim != 1 or len(labels) != metadata.batch_size or
                                labels.min() < 0 or labels.max() >= spec.num_classes):
         raise LeaklabError("labels must be a 1-d tensor of class indices, one per image")
     return ServerView(spec=spec, model=model, metadata=metadata, capabilities=capabilities,
