@@ -13,7 +13,10 @@ photo crops, untrained network, BatchNorm on the client's running statistics -- 
   autograd) for reference;
 * ``batched``: ``instances`` independent attacks (one image and update each) optimised together in
   one ``invert`` call versus the same attacks run one after another; instance-iterations per second
-  of both and their ratio.
+  of both and their ratio;
+* ``ceiling``: the floating-point work of one iteration (counted by ``torch.utils.flop_counter``)
+  and this machine's measured peak rate (a large matrix product) per precision, hence the share of
+  the peak a single attack already uses and the largest speed-up any batching could give.
 
 Rates use the optimisation loop's own clock (``Reconstruction.seconds``: after set-up and the prior
 calibration), after a short warm-up run that pays oneDNN's one-time kernel creation. No speed is
@@ -34,6 +37,7 @@ from pathlib import Path
 from unittest import mock
 
 import torch
+from torch.utils.flop_counter import FlopCounterMode
 
 from leaklab.attacks.inversion import InversionConfig, invert
 from leaklab.attacks.inversion import attack as attack_module
@@ -93,6 +97,31 @@ def _rate(view, updates, config: InversionConfig, device) -> tuple[float, float]
     return len(updates) * config.iterations / seconds, seconds
 
 
+def _flops_per_iteration(view, update, config: InversionConfig, device) -> float:
+    """Floating-point operations of one optimisation iteration (set-up excluded by differencing)."""
+    counts = []
+    for iterations in (2, 4):
+        counter = FlopCounterMode(display=False)
+        with counter:
+            invert(view, update, config.model_copy(update={"iterations": iterations}), device=device)
+        counts.append(counter.get_total_flops())
+    return (counts[1] - counts[0]) / 2
+
+
+def _peak_flops(dtype: torch.dtype, size: int, device) -> float:
+    """Measured floating-point operations per second of a ``size``-square matrix product."""
+    a = torch.randn(size, size, dtype=dtype, device=device)
+    b = torch.randn(size, size, dtype=dtype, device=device)
+    for _ in range(3):
+        a @ b
+    repeats, start = 10, time.perf_counter()
+    for _ in range(repeats):
+        a @ b
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    return 2 * size ** 3 * repeats / (time.perf_counter() - start)
+
+
 def inversion_speed(out: Path, quick: bool, precisions: list[str], iterations: int,
                     batched_iterations: int, instances: int, log) -> dict:
     width = 16 if quick else 64
@@ -116,7 +145,7 @@ def inversion_speed(out: Path, quick: bool, precisions: list[str], iterations: i
                  "instances": instances, "batched_iterations": batched_iterations},
         "simulator": type(make_simulator(view.model, updates[0].metadata)).__name__,
         "targets": TARGETS,
-        "single": {}, "single_loop_simulator": {}, "batched": {},
+        "single": {}, "single_loop_simulator": {}, "batched": {}, "ceiling": {},
     }
     for precision in precisions:
         cfg = base.model_copy(update={"precision": precision})
@@ -125,6 +154,17 @@ def inversion_speed(out: Path, quick: bool, precisions: list[str], iterations: i
         result["single"][precision] = {"iterations_per_second": rate, "seconds": seconds,
                                        "iterations": iterations}
         log(f"single {precision}: {rate:.2f} it/s")
+
+        flops = _flops_per_iteration(view, updates[0], cfg, device)
+        peak = _peak_flops(torch.float32 if precision == "fp32" else torch.bfloat16,
+                           512 if quick else 2048, device)
+        result["ceiling"][precision] = {
+            "gflop_per_iteration": flops / 1e9, "peak_gflops": peak / 1e9,
+            "single_gflops": rate * flops / 1e9, "single_share_of_peak": rate * flops / peak,
+            "max_batched_speedup": peak / (rate * flops)}
+        log(f"ceiling {precision}: {flops / 1e9:.1f} GFLOP/iteration; single attack at "
+            f"{rate * flops / peak:.0%} of the {peak / 1e9:.0f} GFLOP/s peak: batching can give at most "
+            f"{peak / (rate * flops):.2f}x")
 
         ref_iterations = max(2, iterations // 3)
         with mock.patch.object(attack_module, "make_simulator", _loop_simulator):

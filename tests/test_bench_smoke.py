@@ -36,6 +36,9 @@ def test_quick_benchmark_writes_its_json(tmp_path):
         for key in ("instances", "batched_instance_iterations_per_second",
                     "sequential_instance_iterations_per_second", "speedup"):
             assert key in batched
+        ceiling = data["ceiling"][precision]
+        assert ceiling["gflop_per_iteration"] > 0 and ceiling["peak_gflops"] > 0
+        assert abs(ceiling["max_batched_speedup"] * ceiling["single_share_of_peak"] - 1) < 1e-9
     assert not list(tmp_path.glob("*.tmp"))
 
 
