@@ -1,0 +1,51 @@
+"""Agent checkpoints: the network's tensors in safetensors with its :class:`PerceptionSpec` as JSON in
+the file's header (never pickle). Loading validates the spec and every tensor against the network the
+spec rebuilds (seed 000 section III networks)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from pydantic import ValidationError
+
+from leaklab.errors import LeaklabError
+from leaklab.io import load_tensors, save_tensors, validation_message
+from leaklab.models import PerceptionNet, PerceptionSpec, build_perception_net
+
+AGENT_FORMAT = "leaklab.agent"
+
+
+def save_agent(path: Path, spec: PerceptionSpec, net: PerceptionNet, algorithm: str = "") -> str:
+    """Write ``net`` (of ``spec``) to ``path``; returns the file's SHA-256."""
+    state = {k: v.detach() for k, v in net.state_dict().items()}
+    return save_tensors(Path(path), state, {"format": AGENT_FORMAT, "spec": spec.model_dump_json(),
+                                            "algorithm": algorithm})
+
+
+def load_agent(path: Path) -> tuple[PerceptionSpec, PerceptionNet]:
+    """Rebuild the network saved by :func:`save_agent`; a file of another kind, a bad spec or a tensor
+    that does not fit is a :class:`LeaklabError`."""
+    state, meta = load_tensors(Path(path), "agent")
+    if meta.get("format") != AGENT_FORMAT:
+        raise LeaklabError(f"{path} is not a leaklab agent checkpoint (format {meta.get('format')!r}); "
+                           "save one with save_agent or `leaklab train`")
+    try:
+        spec = PerceptionSpec.model_validate(json.loads(meta.get("spec", "")))
+    except json.JSONDecodeError:
+        raise LeaklabError(f"{path}: the agent's spec is not valid JSON; save the agent again") from None
+    except ValidationError as e:
+        raise LeaklabError(validation_message(e, f"{path}: spec")) from None
+    net = build_perception_net(spec)
+    own = net.state_dict()
+    mismatch = [k for k in own if k not in state or tuple(state[k].shape) != tuple(own[k].shape)]
+    mismatch += [k for k in state if k not in own]
+    if mismatch:
+        raise LeaklabError(f"{path}: tensor {mismatch[0]!r} does not fit a perception-{spec.arch} "
+                           f"network of setting {spec.setting}; the file is damaged, save it again")
+    bad = [k for k, v in state.items() if not torch.isfinite(v).all()]
+    if bad:
+        raise LeaklabError(f"{path}: tensor {bad[0]!r} holds NaN or Inf values; the agent diverged")
+    net.load_state_dict({k: v.to(own[k].dtype) for k, v in state.items()})
+    return spec, net

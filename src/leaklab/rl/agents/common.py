@@ -1,0 +1,146 @@
+"""What DQN and REINFORCE share: the configuration core, the rooms, observations as tensors, the
+training history and progress reporting (seed 000 section III, "Active Perception Task").
+
+A training run visits several room layouts: every episode draws its layout and its reset seed from
+the run's ``numpy`` Generator, so the same seed gives the same episodes, actions and weights.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from leaklab.errors import LeaklabError
+from leaklab.models import PerceptionSpec, stack_images
+
+# progress(done_steps, total_steps, stats) after every episode; stats has "episode", "return", "layout"
+ProgressFn = Callable[[int, int, dict[str, Any]], None]
+
+
+def layout_names() -> tuple[str, ...]:
+    from leaklab.rl.envs import LAYOUTS
+
+    return tuple(LAYOUTS)
+
+
+def check_layouts(layouts: tuple[str, ...] | None) -> tuple[str, ...]:
+    """``layouts`` or every layout of the environment; an unknown name is a :class:`LeaklabError`."""
+    known = layout_names()
+    if layouts is None:
+        return known
+    if not layouts:
+        raise LeaklabError("layouts is empty; name at least one room layout or leave it unset for all")
+    unknown = [name for name in layouts if name not in known]
+    if unknown:
+        raise LeaklabError(f"unknown room layout {unknown[0]!r}; choose from {', '.join(known)}")
+    return tuple(layouts)
+
+
+class AgentConfig(BaseModel):
+    """Settings every agent shares: network, rooms, budget of environment steps, optimiser, seed."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    spec: PerceptionSpec = PerceptionSpec()
+    layouts: tuple[str, ...] | None = Field(default=None, description="room layouts; None: all of them")
+    steps: int = Field(default=2000, ge=1, le=10_000_000, description="environment steps to train for")
+    max_episode_steps: int = Field(default=50, ge=1, le=10_000)
+    lr: float = Field(default=1e-4, gt=0)
+    gamma: float = Field(default=0.99, ge=0, le=1)
+    seed: int = 0
+
+    @field_validator("layouts")
+    @classmethod
+    def _nonempty(cls, value: tuple[str, ...] | None) -> tuple[str, ...] | None:
+        if value is not None and not value:
+            raise ValueError("name at least one room layout, or leave layouts unset for all")
+        return value
+
+
+class Rooms:
+    """One environment per layout, created on first use and kept for the run."""
+
+    def __init__(self, layouts: tuple[str, ...], image_size: int, max_steps: int):
+        self.layouts = check_layouts(layouts)
+        self.image_size, self.max_steps = image_size, max_steps
+        self._envs: dict[str, Any] = {}
+
+    def env(self, layout: str):
+        if layout not in self._envs:
+            from leaklab.rl.envs import ActivePerceptionEnv
+
+            self._envs[layout] = ActivePerceptionEnv(layout=layout, image_size=self.image_size,
+                                                     max_steps=self.max_steps)
+        return self._envs[layout]
+
+    def draw(self, rng: np.random.Generator) -> tuple[str, int]:
+        """A layout and a reset seed for the next episode."""
+        return self.layouts[int(rng.integers(len(self.layouts)))], int(rng.integers(2**31 - 1))
+
+    def close(self) -> None:
+        for env in self._envs.values():
+            if hasattr(env, "close"):
+                env.close()
+        self._envs.clear()
+
+
+def observation_tensors(obs: dict[str, np.ndarray], setting: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """The network's ``images`` ``[C, S, S]`` and ``box`` ``[4]`` of one observation."""
+    rgb = torch.as_tensor(np.asarray(obs["rgb"], dtype=np.float32))
+    depth = torch.as_tensor(np.asarray(obs["depth"], dtype=np.float32))
+    box = torch.as_tensor(np.asarray(obs["box"], dtype=np.float32))
+    return stack_images(rgb, depth, setting), box
+
+
+@dataclass
+class TrainHistory:
+    """Per-episode returns (undiscounted sums of rewards), lengths and layouts; per-update losses."""
+
+    returns: list[float] = field(default_factory=list)
+    lengths: list[int] = field(default_factory=list)
+    layouts: list[str] = field(default_factory=list)
+    losses: list[float] = field(default_factory=list)
+    env_steps: int = 0
+    updates: int = 0
+    seconds: float = 0.0
+
+    def end_episode(self, ret: float, length: int, layout: str) -> None:
+        self.returns.append(float(ret))
+        self.lengths.append(int(length))
+        self.layouts.append(layout)
+
+    def summary(self, window: int = 5) -> dict[str, float | int]:
+        """Mean return of the first and the last ``window`` episodes, and the speed of the run."""
+        n = min(window, len(self.returns))
+        secs = max(self.seconds, 1e-9)
+        return {"episodes": len(self.returns), "env_steps": self.env_steps, "updates": self.updates,
+                "first_return": float(np.mean(self.returns[:n])) if n else float("nan"),
+                "last_return": float(np.mean(self.returns[-n:])) if n else float("nan"),
+                "env_steps_per_s": self.env_steps / secs, "updates_per_s": self.updates / secs}
+
+
+@contextlib.contextmanager
+def reporter(progress: bool | ProgressFn | None, total: int, label: str) -> Iterator[ProgressFn]:
+    """A progress function: ``progress`` itself, a rich progress bar (``True``) or nothing."""
+    if progress is None or progress is False:
+        yield lambda done, total_, stats: None
+        return
+    if callable(progress):
+        yield progress
+        return
+    from rich.progress import Progress
+
+    with Progress(transient=True) as bar:
+        task = bar.add_task(label, total=total)
+
+        def update(done: int, total_: int, stats: dict[str, Any]) -> None:
+            bar.update(task, completed=done,
+                       description=f"{label} ep {stats['episode']} return {stats['return']:.2f}")
+
+        yield update
