@@ -32,7 +32,8 @@ from leaklab.errors import LeaklabError
 from leaklab.io import (FORMAT_VERSION, MODEL_FILE, TRUTH_FILE, UPDATE_FILE, UPDATE_JSON, VIEW_FILE,
                         load_tensors, read_json, save_tensors, validation_message, write_json)
 from leaklab.models import PerceptionNet, PerceptionSpec, build_perception_net
-from leaklab.rl.agents import DQNConfig, ReinforceConfig, epsilon_greedy, td_targets, train_dqn, train_reinforce
+from leaklab.rl.agents import (DQNConfig, ReinforceConfig, epsilon_greedy, td_targets, train_dqn,
+                               train_reinforce)
 from leaklab.rl.agents.common import Rooms, check_layouts, observation_tensors
 from leaklab.rl.agents.reinforce import discounted_returns
 from leaklab.rl.losses import dqn_loss, reinforce_loss

@@ -1,0 +1,112 @@
+"""Federated capture of private room transitions as client updates and room case folders (seed 000)."""
+
+import json
+
+import pytest
+import torch
+
+from leaklab.errors import LeaklabError
+from leaklab.io import atomic_dir, read_json, write_json
+from leaklab.models import PerceptionSpec, build_perception_net
+from leaklab.rl.capture import (collect_transitions, dqn_client_update, load_room_case, load_room_truth,
+                                partly_trained_net, reinforce_client_update, target_copy, write_room_case)
+from leaklab.rl.envs import LAYOUTS
+
+ROOMS = tuple(LAYOUTS)[:3]
+
+
+def test_transitions_spread_over_rooms_and_time():
+    spec = PerceptionSpec(setting="S1", image_size=64)
+    trs = collect_transitions(ROOMS, 6, spec, seed=4, warmup_steps=5, max_episode_steps=20)
+    assert [t.layout for t in trs] == list(ROOMS) * 2
+    assert all(5 <= t.step < 20 for t in trs) and len({t.step for t in trs}) > 2
+    for t in trs:
+        assert t.rgb.shape == (3, 64, 64) and t.depth.shape == (1, 64, 64) and t.box.shape == (4,)
+        assert t.rgb.dtype == torch.float32 and 0 <= t.rgb.min() and t.rgb.max() <= 1
+        assert -1 <= t.box.min() and t.box.max() <= 1 and 0 <= t.reward <= 1 and 0 <= t.action < 7
+        assert t.ret >= t.reward
+    again = collect_transitions(ROOMS, 6, spec, seed=4, warmup_steps=5, max_episode_steps=20)
+    assert all(torch.equal(a.rgb, b.rgb) and a.action == b.action for a, b in zip(trs, again))
+    # with a network as policy (greedy), the actions are its argmax
+    net = build_perception_net(spec, seed=0)
+    greedy = collect_transitions(ROOMS[:1], 2, spec, seed=4, policy=net, epsilon=0.0, max_episode_steps=10)
+    for t in greedy:
+        assert t.action == int(net(torch.cat([t.rgb, t.depth])[None], t.box[None]).argmax())
+    with pytest.raises(LeaklabError, match="warmup_steps"):
+        collect_transitions(ROOMS, 1, spec, warmup_steps=50)
+    with pytest.raises(LeaklabError, match="unknown room layout"):
+        collect_transitions(("attic",), 1, spec)
+
+
+def _same(a: dict, b: dict) -> bool:
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) and a[k].dtype == b[k].dtype for k in a)
+
+
+@pytest.mark.parametrize("setting,algorithm,batch", [("S1", "dqn", 1), ("S2", "dqn", 2),
+                                                      ("S1", "reinforce", 2), ("S2", "reinforce", 1)])
+def test_room_case_round_trip(tmp_path, setting, algorithm, batch):
+    spec = PerceptionSpec(setting=setting, image_size=64)
+    net = build_perception_net(spec, seed=1)
+    trs = collect_transitions(ROOMS, batch, spec, seed=2, warmup_steps=2, max_episode_steps=12)
+    if algorithm == "dqn":
+        update, truth = dqn_client_update(net, target_copy(net), trs, gamma=0.99)
+        assert update.metadata.loss == "dqn_mse"
+        assert set(truth) >= {"q_pred", "q_target", "reward", "action"}
+    else:
+        update, truth = reinforce_client_update(net, trs, entropy_weight=0.05)
+        assert update.metadata.loss == "reinforce" and update.metadata.entropy_weight == 0.05
+        torch.testing.assert_close(truth["reward"], torch.tensor([t.ret for t in trs]))
+    assert update.metadata.batch_size == batch and ("rgb" in truth) == (setting == "S1")
+    state = net.state_dict()
+    with atomic_dir(tmp_path / "case") as tmp:
+        write_room_case(tmp, spec, state, update, truth, provenance={"layouts": [t.layout for t in trs]})
+    case = load_room_case(tmp_path / "case")
+    assert case.view.spec == spec and case.view.metadata == update.metadata
+    assert _same(case.update.tensors, update.tensors) and _same(case.view.model.state_dict(), state)
+    case.update.validate_against(case.view.model)
+    loaded, provenance = load_room_truth(tmp_path / "case", case)
+    assert _same(loaded, truth) and provenance == {"layouts": [t.layout for t in trs]}
+    assert "truth" not in json.dumps(read_json(tmp_path / "case" / "view.json"))
+
+
+def test_room_case_refuses_bad_input(tmp_path):
+    spec = PerceptionSpec(setting="S2", image_size=64)
+    net = build_perception_net(spec, seed=0)
+    trs = collect_transitions(ROOMS[:1], 1, spec, seed=0, max_episode_steps=8)
+    update, truth = dqn_client_update(net, target_copy(net), trs)
+    with pytest.raises(LeaklabError, match="missing tensors"):
+        write_room_case(tmp_path / "a", spec, net.state_dict(), update, {k: v for k, v in truth.items()
+                                                                           if k != "q_target"})
+    with pytest.raises(LeaklabError, match="shape"):
+        write_room_case(tmp_path / "a", spec, net.state_dict(), update, {**truth, "box": torch.zeros(2, 4)})
+    other = PerceptionSpec(setting="S1", image_size=64)
+    with pytest.raises(LeaklabError, match="does not fit"):
+        write_room_case(tmp_path / "a", other, net.state_dict(), update, truth)
+    write_room_case(tmp_path / "ok", spec, net.state_dict(), update, truth)
+    view = read_json(tmp_path / "ok" / "view.json")
+    write_json(tmp_path / "ok" / "view.json", {**view, "model_type": None})
+    with pytest.raises(LeaklabError, match="image-classification case"):
+        load_room_case(tmp_path / "ok")
+    write_json(tmp_path / "ok" / "view.json", {**view, "model": {**view["model"], "setting": "S3"}})
+    with pytest.raises(LeaklabError, match="setting"):
+        load_room_case(tmp_path / "ok")
+    write_json(tmp_path / "ok" / "view.json", view)
+    data = bytearray((tmp_path / "ok" / "update.safetensors").read_bytes())
+    data[-3] ^= 0xFF
+    (tmp_path / "ok" / "update.safetensors").write_bytes(bytes(data))
+    with pytest.raises(LeaklabError, match="corrupt"):
+        load_room_case(tmp_path / "ok")
+    with pytest.raises(LeaklabError, match="1..256"):
+        dqn_client_update(net, net, [])
+
+
+def test_initialised_and_partly_trained_networks():
+    spec = PerceptionSpec(setting="S2", image_size=64)
+    init = partly_trained_net("dqn", spec, 0, seed=3)
+    assert all(torch.equal(a, b) for a, b in zip(init.state_dict().values(),
+                                                 build_perception_net(spec, seed=3).state_dict().values()))
+    trained = partly_trained_net("reinforce", spec, 20, layouts=ROOMS[:1], seed=3)
+    assert any(not torch.equal(a, b) for a, b in zip(init.state_dict().values(),
+                                                     trained.state_dict().values()))
+    with pytest.raises(LeaklabError, match="unknown algorithm"):
+        partly_trained_net("ppo", spec, 5)
