@@ -1,0 +1,78 @@
+"""leaklab.privacy.accounting against dp-accounting, and the shape of epsilon(sigma)."""
+
+from __future__ import annotations
+
+import dp_accounting as dpa
+import pytest
+from dp_accounting import pld, rdp
+
+from leaklab.errors import LeaklabError
+from leaklab.privacy import accounting as acc
+from leaklab.privacy.mechanisms import GaussianMechanism, LaplaceMechanism, analytic_gaussian_sigma
+
+Q, SIGMA, STEPS, DELTA = 0.01, 1.1, 1000, 1e-5
+
+
+def _reference(accountant) -> float:
+    """dp-accounting itself, on the DP-SGD event built here (not by leaklab)."""
+    accountant.compose(dpa.SelfComposedDpEvent(dpa.PoissonSampledDpEvent(Q, dpa.GaussianDpEvent(SIGMA)), STEPS))
+    return accountant.get_epsilon(DELTA)
+
+
+def test_dpsgd_epsilon_matches_dp_accounting_to_one_percent():
+    ref_pld, ref_rdp = _reference(pld.PLDAccountant()), _reference(rdp.RdpAccountant())
+    assert ref_pld == pytest.approx(1.515, abs=0.01)  # the acceptance setting of issue 3
+    assert acc.dpsgd_epsilon(Q, SIGMA, STEPS, DELTA) == pytest.approx(ref_pld, rel=0.01)  # default: opacus PRV
+    assert acc.dpsgd_epsilon(Q, SIGMA, STEPS, DELTA, "pld") == pytest.approx(ref_pld, rel=1e-6)
+    assert acc.dpsgd_epsilon(Q, SIGMA, STEPS, DELTA, "rdp") == pytest.approx(ref_rdp, rel=0.01)  # opacus RDP
+
+
+def test_accountants_agree_loosely_and_rdp_is_an_upper_bound():
+    eps = {name: acc.dpsgd_epsilon(0.05, 1.0, 100, DELTA, name) for name in acc.ACCOUNTANTS}
+    assert eps["prv"] == pytest.approx(eps["pld"], rel=0.03)
+    assert eps["pld"] <= eps["rdp"] <= 1.25 * eps["pld"]
+
+
+@pytest.mark.parametrize("accountant", ["rdp", "pld"])
+def test_epsilon_decreases_with_sigma_and_grows_with_steps(accountant):
+    by_sigma = [acc.dpsgd_epsilon(0.05, s, 50, DELTA, accountant) for s in (0.7, 1.0, 2.0, 4.0)]
+    assert all(a > b for a, b in zip(by_sigma, by_sigma[1:]))
+    assert acc.dpsgd_epsilon(0.05, 1.0, 100, DELTA, accountant) > acc.dpsgd_epsilon(0.05, 1.0, 50, DELTA, accountant)
+
+
+def test_sigma_for_a_target_epsilon_inverts_epsilon():
+    sigma = acc.dpsgd_sigma(0.05, 50, 2.0, DELTA, "rdp")
+    assert acc.dpsgd_epsilon(0.05, sigma, 50, DELTA, "rdp") <= 2.0
+    assert acc.dpsgd_epsilon(0.05, sigma * 0.995, 50, DELTA, "rdp") > 2.0
+
+
+def test_single_gaussian_release_is_the_analytic_gaussian():
+    # q = 1, one step: the Gaussian mechanism, whose exact calibration is Balle & Wang's
+    assert acc.dpsgd_sigma(1.0, 1, 3.0, DELTA, "pld") == pytest.approx(analytic_gaussian_sigma(3.0, DELTA), rel=2e-3)
+
+
+def test_ledger_composes_mechanisms():
+    # pure epsilon-DP Laplace uses add up exactly under composition (PLD is tight on them)
+    ledger = acc.Ledger().spend(LaplaceMechanism(1.0)).spend(LaplaceMechanism(0.5, sensitivity=2.0))
+    assert ledger.epsilon(DELTA, "pld") == pytest.approx(1.5, abs=0.01)
+    one = acc.compose([acc.gaussian(GaussianMechanism(1.0, DELTA).sigma)], DELTA)
+    assert one == pytest.approx(1.0, abs=0.01)
+    four = acc.Ledger().spend(GaussianMechanism(1.0, DELTA), count=4)
+    assert 1.0 < four.epsilon(DELTA) < 4.0  # tighter than the sum of the epsilons
+    assert acc.compose([], DELTA) == 0.0
+
+
+@pytest.mark.parametrize("call,word", [
+    (lambda: acc.dpsgd_epsilon(0.0, 1.0, 10, DELTA), "q"),
+    (lambda: acc.dpsgd_epsilon(1.5, 1.0, 10, DELTA), "q"),
+    (lambda: acc.dpsgd_epsilon(0.1, 0.0, 10, DELTA), "sigma"),
+    (lambda: acc.dpsgd_epsilon(0.1, 1.0, 0, DELTA), "steps"),
+    (lambda: acc.dpsgd_epsilon(0.1, 1.0, 10, 1.0), "delta"),
+    (lambda: acc.dpsgd_epsilon(0.1, 1.0, 10, DELTA, "gdp"), "accountant"),
+    (lambda: acc.compose([acc.gaussian(1.0)], DELTA, "prv"), "accountant"),
+    (lambda: acc.dpsgd_sigma(0.1, 10, -1.0, DELTA), "epsilon"),
+    (lambda: acc.Ledger().spend(object()), "Laplace"),
+])
+def test_user_errors(call, word):
+    with pytest.raises(LeaklabError, match=word):
+        call()
