@@ -87,3 +87,31 @@ def test_audit_scan_test_option():
     assert data["epsilon_lower_bound"] <= 1.0
     assert_error(invoke("mechanisms", "audit", "--mechanism", "gaussian", "--epsilon", "1", "--test", "x"),
                  "unknown test")
+
+
+ACCOUNT = ["mechanisms", "account", "dpsgd", "--q", "0.01", "--sigma", "1.1", "--steps", "1000", "--delta", "1e-5"]
+
+
+def test_account_dpsgd_json_and_text():
+    result = invoke(*ACCOUNT, "--accountant", "pld", "--json")
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert data["epsilon"] == pytest.approx(1.515, abs=0.015)
+    inputs = (data["accountant"], data["q"], data["sigma"], data["steps"], data["delta"])
+    assert inputs == ("pld", 0.01, 1.1, 1000, 1e-5)
+    text = invoke(*ACCOUNT, "--accountant", "rdp")
+    assert text.exit_code == 0 and "epsilon 1.71" in text.stdout and "rdp" in text.stdout
+
+
+@pytest.mark.parametrize("option,value,word", [
+    ("--q", "0", "q"), ("--q", "1.5", "q"), ("--sigma", "0", "sigma"), ("--sigma", "-1", "sigma"),
+    ("--steps", "0", "steps"), ("--delta", "1", "delta"), ("--delta", "0", "delta"),
+    ("--accountant", "gdp", "accountant"),
+])
+def test_account_dpsgd_user_errors(option, value, word):
+    args = list(ACCOUNT)
+    if option in args:
+        args[args.index(option) + 1] = value
+    else:
+        args += [option, value]
+    assert_error(invoke(*args), word)

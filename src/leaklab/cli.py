@@ -422,8 +422,11 @@ def audit(
 mechanisms_app = typer.Typer(no_args_is_help=True, help="Differential-privacy mechanisms: their epsilon, "
                                                         "and an empirical audit of it.")
 mechanisms_epsilon_app = typer.Typer(no_args_is_help=True, help="The (epsilon, delta) a mechanism claims.")
+mechanisms_account_app = typer.Typer(no_args_is_help=True, help="Privacy accounting of repeated mechanism "
+                                                                "uses (opacus, dp-accounting).")
 app.add_typer(mechanisms_app, name="mechanisms")
 mechanisms_app.add_typer(mechanisms_epsilon_app, name="epsilon")
+mechanisms_app.add_typer(mechanisms_account_app, name="account")
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="one JSON object on stdout (for scripts)")]
 
@@ -457,6 +460,29 @@ def mechanisms_epsilon_dirichlet(
         return
     typer.echo(f"Dirichlet mechanism k={k:g}, eta={eta:g}, eta_bar={eta_bar:g}, b={b:g}, |W|={w}: "
                f"epsilon {m.epsilon:.4f} at delta {delta:g} (gamma {m.gamma:.5g}; Lemma 1.7 bound {approx:.4f})")
+
+
+@mechanisms_account_app.command("dpsgd")
+@_guard
+def mechanisms_account_dpsgd(
+    q: Annotated[float, typer.Option("--q", help="sampling rate (expected batch size / dataset size), in (0, 1]")],
+    sigma: Annotated[float, typer.Option("--sigma", help="noise multiplier: noise std / clipping norm")],
+    steps: Annotated[int, typer.Option("--steps", help="DP-SGD steps")],
+    delta: Annotated[float, typer.Option("--delta", help="target delta, in (0, 1)")] = 1e-5,
+    accountant: Annotated[str, typer.Option("--accountant", help="rdp | prv (opacus) | pld (dp-accounting)")] = "prv",
+    as_json: JsonOpt = False,
+) -> None:
+    """Epsilon spent by DP-SGD (Poisson-subsampled Gaussian mechanism, composed over the steps)."""
+    from leaklab.privacy.accounting import dpsgd_epsilon
+
+    epsilon = dpsgd_epsilon(q, sigma, steps, delta, accountant)
+    payload = {"mechanism": "dpsgd", "q": q, "sigma": sigma, "steps": steps, "delta": delta,
+               "accountant": accountant.lower(), "epsilon": epsilon}
+    if as_json:
+        _echo_json(payload)
+        return
+    typer.echo(f"DP-SGD q={q:g}, sigma={sigma:g}, {steps} steps: epsilon {epsilon:.4f} at delta {delta:g} "
+               f"({accountant.lower()} accountant)")
 
 
 @mechanisms_app.command("audit")
