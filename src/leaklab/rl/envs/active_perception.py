@@ -36,6 +36,7 @@ The paper's AI2-THOR rooms are replaced by the ViZDoom rooms of :mod:`.layouts`.
 
 import functools
 import math
+import tempfile
 from pathlib import Path
 
 import gymnasium as gym
@@ -63,14 +64,17 @@ THING_CLEARANCE = 40.0
 STEP_HEIGHT = 24.0
 WARMUP_TICS = 8  # the engine ignores turning during the first 7 tics of a map
 
+# the engine writes its settings file on close; keep it out of the working directory
+_ENGINE_CONFIG = Path(tempfile.gettempdir()) / "leaklab-vizdoom.ini"
 _RESOLUTIONS = {120: "RES_160X120", 150: "RES_200X150", 192: "RES_256X192", 240: "RES_320X240",
                 300: "RES_400X300", 384: "RES_512X384", 480: "RES_640X480"}
 _SOLID_CATEGORIES = {"Decoration", "Vegetation", "LightSource", "Hazard"}
-# walk forward, walk backward, strafe left, strafe right, turn (degrees, positive = right)
+# walk forward, walk backward, strafe left, strafe right, turn (degrees per tic, positive = right)
 _BUTTONS = [vzd.Button.MOVE_FORWARD, vzd.Button.MOVE_BACKWARD, vzd.Button.MOVE_LEFT,
             vzd.Button.MOVE_RIGHT, vzd.Button.TURN_LEFT_RIGHT_DELTA]
 _ACTION_INPUTS = ([1, 0, 0, 0, 0], [0, 1, 0, 0, 0], [0, 0, 1, 0, 0], [0, 0, 0, 1, 0],
-                  [0, 0, 0, 0, -TURN_DEGREES], [0, 0, 0, 0, TURN_DEGREES], [0, 0, 0, 0, 0])
+                  [0, 0, 0, 0, -TURN_DEGREES / TICS_PER_STEP], [0, 0, 0, 0, TURN_DEGREES / TICS_PER_STEP],
+                  [0, 0, 0, 0, 0])
 _NO_INPUT = [0, 0, 0, 0, 0]
 _BRIGHTNESS = ((np.arange(256) / 255.0) ** (1.0 / BRIGHTNESS_GAMMA)).astype(np.float32)
 
@@ -78,6 +82,7 @@ _BRIGHTNESS = ((np.arange(256) / 255.0) ** (1.0 / BRIGHTNESS_GAMMA)).astype(np.f
 def _new_game(layout: Layout, render_height: int, map_info: bool = False) -> vzd.DoomGame:
     """A headless game of the layout's map; ``map_info`` adds the objects and sectors lists."""
     game = vzd.DoomGame()
+    game.set_doom_config_path(str(_ENGINE_CONFIG))
     game.set_doom_game_path(str(Path(vzd.__file__).parent / layout.wad))
     game.set_doom_map(layout.map)
     game.set_screen_resolution(getattr(vzd.ScreenResolution, _RESOLUTIONS[render_height]))
