@@ -7,8 +7,8 @@ from pydantic import ValidationError
 
 from leaklab.errors import LeaklabError
 from leaklab.models import PerceptionSpec, build_perception_net
-from leaklab.rl.agents import (DQNConfig, ReinforceConfig, ReplayBuffer, discounted_returns, load_agent,
-                               save_agent, td_targets, train_dqn, train_reinforce)
+from leaklab.rl.agents import (DQNConfig, ReinforceConfig, ReplayBuffer, discounted_returns, evaluate,
+                               load_agent, save_agent, td_targets, train_dqn, train_reinforce)
 from leaklab.rl.capture import collect_transitions, dqn_client_update, reinforce_client_update, target_copy
 from leaklab.rl.envs import LAYOUTS
 from leaklab.rl.losses import dqn_loss
@@ -131,6 +131,9 @@ def test_reinforce_run_is_deterministic_and_moves_the_policy():
     assert _same_state(net, again) and history.returns == history2.returns
     assert history.updates == 2 and history.lengths == [30, 30] and calls == [30, 60]
     assert not _same_state(net, build_perception_net(SPEC, seed=5))
+    scores = evaluate(net, ROOMS, episodes=2, seed=1, max_episode_steps=10)
+    assert len(scores) == 2 and scores == evaluate(again, ROOMS, episodes=2, seed=1, max_episode_steps=10)
+    assert all(0 <= s <= 10 for s in scores)
 
 
 def test_agent_checkpoint_round_trip(tmp_path):

@@ -24,7 +24,7 @@ def test_transitions_spread_over_rooms_and_time():
         assert t.rgb.shape == (3, 64, 64) and t.depth.shape == (1, 64, 64) and t.box.shape == (4,)
         assert t.rgb.dtype == torch.float32 and 0 <= t.rgb.min() and t.rgb.max() <= 1
         assert -1 <= t.box.min() and t.box.max() <= 1 and 0 <= t.reward <= 1 and 0 <= t.action < 7
-        assert t.ret >= t.reward
+        assert t.ret >= t.reward - 1e-6  # R_t = r_t + γ R_{t+1}, rewards >= 0 (float32)
     again = collect_transitions(ROOMS, 6, spec, seed=4, warmup_steps=5, max_episode_steps=20)
     assert all(torch.equal(a.rgb, b.rgb) and a.action == b.action for a, b in zip(trs, again))
     # with a network as policy (greedy), the actions are its argmax
@@ -110,3 +110,24 @@ def test_initialised_and_partly_trained_networks():
                                                      trained.state_dict().values()))
     with pytest.raises(LeaklabError, match="unknown algorithm"):
         partly_trained_net("ppo", spec, 5)
+
+
+def test_capture_rooms_writes_one_case_per_update(tmp_path):
+    from leaklab.rl.capture import RoomCaptureConfig, capture_rooms
+
+    config = RoomCaptureConfig(algorithm="reinforce", spec=PerceptionSpec(setting="S2", image_size=64),
+                               layouts=ROOMS[:2], samples=2, batch_size=2, max_episode_steps=10,
+                               entropy_weight=0.1, seed=6)
+    folders = capture_rooms(config, tmp_path / "cap")
+    assert [f.name for f in folders] == ["0000", "0001"]
+    for folder in folders:
+        case = load_room_case(folder)
+        truth, provenance = load_room_truth(folder, case)
+        assert case.view.metadata.batch_size == 2 and case.view.metadata.entropy_weight == 0.1
+        assert provenance["layouts"] == list(ROOMS[:2]) and truth["probs"].shape == (2, 7)
+    again = capture_rooms(config, tmp_path / "cap")  # an earlier capture is replaced
+    assert _same(load_room_case(again[1]).update.tensors, load_room_case(folders[1]).update.tensors)
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("x")
+    with pytest.raises(LeaklabError, match="not a room capture"):
+        capture_rooms(config, tmp_path / "mine")

@@ -9,39 +9,40 @@ network", section V); batch 2 is the other size its rule-based action recovery c
   spread over the rooms and over the time steps of the episodes.
 * :func:`dqn_client_update` / :func:`reinforce_client_update` compute the shared gradient and the
   client's truth (state, action, supervision signal) that an attack should recover.
-* :func:`write_room_case` / :func:`load_room_case` / :func:`load_room_truth` store a round in the
-  case-folder format of :mod:`leaklab.io` (``view.json`` with ``"model_type": "perception"``,
-  ``model.safetensors``, ``update.safetensors``, ``update.json``, and the truth apart in
-  ``truth.safetensors``).
+* :func:`capture_rooms` does all of it for a :class:`RoomCaptureConfig`: one case folder per update.
+* :func:`write_room_case` / :func:`load_room_case` / :func:`load_room_truth` (from
+  :mod:`leaklab.rl.cases`) store a round in the case-folder format of :mod:`leaklab.io`.
 """
 
 from __future__ import annotations
 
 import copy
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 import numpy as np
 import torch
-from pydantic import ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
 from leaklab.errors import LeaklabError
-from leaklab.io import (FORMAT_VERSION, MODEL_FILE, TRUTH_FILE, UPDATE_FILE, UPDATE_JSON, VIEW_FILE,
-                        load_tensors, read_json, save_tensors, validation_message, write_json)
+from leaklab.io import atomic_dir, write_json
 from leaklab.models import PerceptionNet, PerceptionSpec, build_perception_net
 from leaklab.rl.agents import (DQNConfig, ReinforceConfig, epsilon_greedy, td_targets, train_dqn,
                                train_reinforce)
 from leaklab.rl.agents.common import Rooms, check_layouts, observation_tensors
 from leaklab.rl.agents.reinforce import discounted_returns
+from leaklab.rl.cases import RoomCase, load_room_case, load_room_truth, write_room_case
 from leaklab.rl.losses import dqn_loss, reinforce_loss
-from leaklab.threat import Capabilities, ClientUpdate, ServerView, UpdateMetadata, make_view
+from leaklab.threat import ClientUpdate, UpdateMetadata
 
-MODEL_TYPE = "perception"
-TRUTH_FORMAT = "leaklab.room_truth"
 MAX_BATCH = 256
+CAPTURE_JSON = "capture.json"
+
+__all__ = ["RoomCaptureConfig", "RoomCase", "Transition", "capture_rooms", "collect_transitions",
+           "dqn_client_update", "load_room_case", "load_room_truth", "partly_trained_net",
+           "reinforce_client_update", "target_copy", "write_room_case"]
 
 
 @dataclass(frozen=True)
@@ -220,143 +221,57 @@ def target_copy(net: PerceptionNet) -> PerceptionNet:
     return copy.deepcopy(net).requires_grad_(False)
 
 
-# --------------------------------------------------------------------------------------------
-# room case folders
+
+class RoomCaptureConfig(BaseModel):
+    """A capture of ``samples`` client updates of ``batch_size`` private transitions each (seed 000
+    section V: single-sample gradients of an initialised network, ``train_steps=0``)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    algorithm: Literal["dqn", "reinforce"] = "dqn"
+    spec: PerceptionSpec = PerceptionSpec(setting="S1")
+    layouts: tuple[str, ...] | None = Field(default=None, description="room layouts; None: all of them")
+    samples: int = Field(default=4, ge=1, le=10_000, description="client updates, one case folder each")
+    batch_size: int = Field(default=1, ge=1, le=MAX_BATCH)
+    train_steps: int = Field(default=0, ge=0, description="0: initialised network; else partly trained")
+    policy: Literal["random", "agent"] = Field(default="random", description="who acts in the private "
+                                                                           "episodes (agent: ε-greedy)")
+    epsilon: float = Field(default=0.1, ge=0, le=1)
+    warmup_steps: int = Field(default=0, ge=0)
+    max_episode_steps: int = Field(default=50, ge=1)
+    gamma: float = Field(default=0.99, ge=0, le=1)
+    entropy_weight: float = Field(default=0.01, ge=0, description="α of eq. 4 (REINFORCE)")
+    seed: int = 0
 
 
-@dataclass
-class RoomCase:
-    """What the server holds of one captured round: the view (perception network) and the update."""
-
-    view: ServerView
-    update: ClientUpdate
-    folder: Path
-
-
-def truth_shapes(spec: PerceptionSpec, metadata: UpdateMetadata) -> dict[str, tuple[int, ...]]:
-    """The tensors (and their shapes) of the truth of an update with ``metadata``."""
-    b, s = metadata.batch_size, spec.image_size
-    shapes = {"images": (b, spec.in_channels, s, s), "depth": (b, 1, s, s), "box": (b, spec.box_dim),
-              "action": (b,), "reward": (b,)}
-    if spec.setting == "S1":
-        shapes["rgb"] = (b, 3, s, s)
-    if metadata.loss == "dqn_mse":
-        shapes.update(q_pred=(b,), q_target=(b,))
-    elif metadata.loss == "reinforce":
-        shapes["probs"] = (b, spec.num_actions)
-    return shapes
-
-
-def check_room_truth(truth: dict[str, torch.Tensor], spec: PerceptionSpec, metadata: UpdateMetadata,
-                     where: str = "truth") -> None:
-    """Raise :class:`LeaklabError` unless ``truth`` has exactly the tensors of :func:`truth_shapes`,
-    finite, with integer actions of the network's range."""
-    shapes = truth_shapes(spec, metadata)
-    missing, extra = sorted(set(shapes) - set(truth)), sorted(set(truth) - set(shapes))
-    if missing or extra:
-        raise LeaklabError(f"{where}: missing tensors {missing}, unexpected {extra}; capture the truth "
-                           f"with the update's loss {metadata.loss!r}")
-    for name, shape in shapes.items():
-        t = truth[name]
-        if tuple(t.shape) != shape:
-            raise LeaklabError(f"{where}: tensor {name!r} has shape {tuple(t.shape)}, the case needs {shape}")
-        if t.is_floating_point() and not torch.isfinite(t).all():
-            raise LeaklabError(f"{where}: tensor {name!r} holds NaN or Inf values")
-    action = truth["action"]
-    if action.is_floating_point() or action.min() < 0 or action.max() >= spec.num_actions:
-        raise LeaklabError(f"{where}: actions must be integers in 0..{spec.num_actions - 1}")
-
-
-def write_room_case(folder: Path, spec: PerceptionSpec, state: dict[str, torch.Tensor],
-                    update: ClientUpdate, truth: dict[str, torch.Tensor],
-                    provenance: dict[str, Any] | None = None) -> None:
-    """Write one captured round as a case folder (not atomically: wrap it in
-    :func:`leaklab.io.atomic_dir`). The update and the truth are validated against the network that
-    ``spec`` and ``state`` rebuild before anything is written."""
-    if update.metadata.loss not in ("dqn_mse", "reinforce"):
-        raise LeaklabError(f"a room case holds a dqn_mse or reinforce update, not {update.metadata.loss!r}")
-    update.validate_against(make_view(spec, state, update.metadata).model)
-    check_room_truth(truth, spec, update.metadata)
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    meta = update.metadata.model_dump(mode="json")
-    model_sha = save_tensors(folder / MODEL_FILE, state, {"format": "leaklab.model"})
-    update_sha = save_tensors(folder / UPDATE_FILE, {f"u0/{n}": t for n, t in update.tensors.items()},
-                              {"format": "leaklab.update"})
-    write_json(folder / UPDATE_JSON, {
-        "format": "leaklab.update", "format_version": FORMAT_VERSION, "metadata": meta,
-        "defense": update.defense, "tensor_file": UPDATE_FILE, "sha256": update_sha, "count": 1,
-        "updates": [{"prefix": "u0/", "labels": None}]})
-    write_json(folder / VIEW_FILE, {
-        "format": "leaklab.view", "format_version": FORMAT_VERSION, "model_type": MODEL_TYPE,
-        "model": spec.model_dump(mode="json"), "model_file": MODEL_FILE, "model_sha256": model_sha,
-        "metadata": meta, "capabilities": Capabilities().model_dump(mode="json"),
-        "defense": update.defense})
-    save_tensors(folder / TRUTH_FILE, truth,
-                 {"format": TRUTH_FORMAT, "provenance": json.dumps(provenance or {})})
-
-
-def _json_file(path: Path, kind: str) -> dict:
-    data = read_json(path, kind)
-    if not isinstance(data, dict) or data.get("format") != f"leaklab.{kind}":
-        raise LeaklabError(f"{path} is not a leaklab {kind} file; point at a folder written by "
-                           "write_room_case")
-    version = data.get("format_version")
-    if not isinstance(version, int) or version > FORMAT_VERSION:
-        raise LeaklabError(f"{path} has format version {version!r}; this leaklab reads versions up to "
-                           f"{FORMAT_VERSION}: upgrade leaklab")
-    return data
-
-
-def _parse(model_cls, value: Any, what: str):
-    try:
-        return model_cls.model_validate(value)
-    except ValidationError as e:
-        raise LeaklabError(validation_message(e, what)) from None
-
-
-def load_room_case(folder: Path) -> RoomCase:
-    """Read and validate the server's files of a room case (never the truth)."""
-    folder = Path(folder)
-    if not folder.is_dir():
-        raise LeaklabError(f"room case folder {folder} does not exist; write one with write_room_case")
-    view_path, upd_path = folder / VIEW_FILE, folder / UPDATE_JSON
-    view_json = _json_file(view_path, "view")
-    if view_json.get("model_type") != MODEL_TYPE:
-        raise LeaklabError(f"{view_path} is an image-classification case, not a room case; read it with "
-                           "leaklab.io.load_case")
-    spec = _parse(PerceptionSpec, view_json.get("model"), f"{view_path}: model")
-    metadata = _parse(UpdateMetadata, view_json.get("metadata"), f"{view_path}: metadata")
-    capabilities = _parse(Capabilities, view_json.get("capabilities", {}), f"{view_path}: capabilities")
-    state, _ = load_tensors(folder / MODEL_FILE, "model", view_json.get("model_sha256"))
-    view = make_view(spec, state, metadata, capabilities, view_json.get("defense"))
-    upd_json = _json_file(upd_path, "update")
-    if _parse(UpdateMetadata, upd_json.get("metadata"), f"{upd_path}: metadata") != metadata:
-        raise LeaklabError(f"{upd_path} declares metadata that differs from {view_path}; re-capture the case")
-    tensors, _ = load_tensors(folder / UPDATE_FILE, "update", upd_json.get("sha256"))
-    if upd_json.get("count") != 1 or any(not k.startswith("u0/") for k in tensors):
-        raise LeaklabError(f"{upd_path}: a room case holds exactly one update (prefix u0/); re-capture it")
-    update = ClientUpdate(metadata=metadata, tensors={k[3:]: v for k, v in tensors.items()},
-                          defense=upd_json.get("defense"))
-    try:
-        update.validate_against(view.model)
-    except LeaklabError as e:
-        raise LeaklabError(f"{folder / UPDATE_FILE}: {e}") from None
-    return RoomCase(view=view, update=update, folder=folder)
-
-
-def load_room_truth(folder: Path, case: RoomCase | None = None,
-                    ) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-    """The client's truth of a room case and its provenance (evaluation only). With ``case`` the
-    tensors are checked against the case's network and update."""
-    path = Path(folder) / TRUTH_FILE
-    tensors, meta = load_tensors(path, "truth")
-    if meta.get("format") != TRUTH_FORMAT:
-        raise LeaklabError(f"{path} is not the truth of a room case (format {meta.get('format')!r})")
-    if case is not None:
-        check_room_truth(tensors, case.view.spec, case.view.metadata, where=str(path))
-    try:
-        provenance = json.loads(meta.get("provenance", "{}"))
-    except json.JSONDecodeError:
-        raise LeaklabError(f"{path}: provenance is not valid JSON; re-capture the case") from None
-    return tensors, provenance
+def capture_rooms(config: RoomCaptureConfig, out: Path) -> list[Path]:
+    """Write one room case per update under ``out`` (``out/0000``, ``out/0001``, ...; each folder
+    atomically) and ``out/capture.json`` with the config; returns the case folders. The network is
+    :func:`partly_trained_net` of ``config.seed``; the target network of DQN is its copy."""
+    out = Path(out)
+    if out.exists() and (not out.is_dir() or (any(out.iterdir()) and not (out / CAPTURE_JSON).exists())):
+        raise LeaklabError(f"--out {out} exists and is not a room capture; choose a new folder")
+    spec = config.spec
+    net = partly_trained_net(config.algorithm, spec, config.train_steps, config.layouts, config.seed)
+    transitions = collect_transitions(config.layouts, config.samples * config.batch_size, spec,
+                                      seed=config.seed, policy=net if config.policy == "agent" else None,
+                                      epsilon=config.epsilon, warmup_steps=config.warmup_steps,
+                                      gamma=config.gamma, max_episode_steps=config.max_episode_steps)
+    state = {k: v.detach().clone() for k, v in net.state_dict().items()}
+    target = target_copy(net)
+    folders = []
+    for i in range(config.samples):
+        batch = transitions[i * config.batch_size:(i + 1) * config.batch_size]
+        if config.algorithm == "dqn":
+            update, truth = dqn_client_update(net, target, batch, config.gamma)
+        else:
+            update, truth = reinforce_client_update(net, batch, entropy_weight=config.entropy_weight)
+        provenance = {"capture": config.model_dump(mode="json"), "index": i,
+                      "layouts": [t.layout for t in batch], "steps": [t.step for t in batch]}
+        with atomic_dir(out / f"{i:04d}") as tmp:
+            write_room_case(tmp, spec, state, update, truth, provenance)
+        folders.append(out / f"{i:04d}")
+    write_json(out / CAPTURE_JSON, {"format": "leaklab.room_capture",
+                                    "config": config.model_dump(mode="json"),
+                                    "cases": [f.name for f in folders]})
+    return folders

@@ -17,7 +17,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from leaklab.errors import LeaklabError
-from leaklab.models import PerceptionSpec, stack_images
+from leaklab.models import PerceptionNet, PerceptionSpec, stack_images
 
 # progress(done_steps, total_steps, stats) after every episode; stats has "episode", "return", "layout"
 ProgressFn = Callable[[int, int, dict[str, Any]], None]
@@ -61,6 +61,14 @@ class AgentConfig(BaseModel):
         if value is not None and not value:
             raise ValueError("name at least one room layout, or leave layouts unset for all")
         return value
+
+
+def check_net(net: PerceptionNet, spec: PerceptionSpec) -> PerceptionNet:
+    """``net`` when it was built for ``spec``; else a :class:`LeaklabError`."""
+    if net.spec != spec:
+        raise LeaklabError(f"the network was built for {net.spec!r}, the config names {spec!r}; "
+                           "pass the network's spec in the config")
+    return net
 
 
 class Rooms:

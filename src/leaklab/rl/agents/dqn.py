@@ -18,7 +18,7 @@ from pydantic import Field, model_validator
 
 from leaklab.models import PerceptionNet, build_perception_net
 from leaklab.rl.agents.common import (AgentConfig, ProgressFn, Rooms, TrainHistory, check_layouts,
-                                      observation_tensors, reporter)
+                                      check_net, observation_tensors, reporter)
 from leaklab.rl.agents.replay import ReplayBuffer
 from leaklab.rl.losses import dqn_loss
 
@@ -75,7 +75,7 @@ def train_dqn(config: DQNConfig, progress: bool | ProgressFn | None = None,
     torch.manual_seed(config.seed)
     rng = np.random.default_rng(config.seed)
     spec = config.spec
-    net = net if net is not None else build_perception_net(spec, seed=config.seed)
+    net = check_net(net, spec) if net is not None else build_perception_net(spec, seed=config.seed)
     target = copy.deepcopy(net).requires_grad_(False)
     optimizer = torch.optim.Adam(net.parameters(), lr=config.lr)
     buffer = ReplayBuffer(config.buffer_size, (spec.in_channels, spec.image_size, spec.image_size),

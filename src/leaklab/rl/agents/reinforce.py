@@ -17,7 +17,7 @@ from pydantic import Field
 
 from leaklab.models import PerceptionNet, build_perception_net
 from leaklab.rl.agents.common import (AgentConfig, ProgressFn, Rooms, TrainHistory, check_layouts,
-                                      observation_tensors, reporter)
+                                      check_net, observation_tensors, reporter)
 from leaklab.rl.losses import reinforce_loss
 
 
@@ -57,7 +57,7 @@ def train_reinforce(config: ReinforceConfig, progress: bool | ProgressFn | None 
     rng = np.random.default_rng(config.seed)
     generator = torch.Generator().manual_seed(config.seed)
     spec = config.spec
-    net = net if net is not None else build_perception_net(spec, seed=config.seed)
+    net = check_net(net, spec) if net is not None else build_perception_net(spec, seed=config.seed)
     optimizer = torch.optim.Adam(net.parameters(), lr=config.lr)
     rooms = Rooms(check_layouts(config.layouts), spec.image_size, config.max_episode_steps)
     history = TrainHistory()

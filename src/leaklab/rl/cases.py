@@ -1,0 +1,168 @@
+"""Room case folders: one captured round of the active-perception task as the server sees it, and,
+apart from it, the client's truth (seed 000 sections III, V).
+
+The format is the case-folder format of :mod:`leaklab.io` (docs/formats.md) with one update:
+``view.json`` (``"model_type": "perception"``, the :class:`PerceptionSpec` as ``model``, the update
+metadata, capabilities, defense), ``model.safetensors``, ``update.safetensors`` (tensors ``u0/<param>``),
+``update.json`` and ``truth.safetensors``, whose tensors are listed by :func:`truth_shapes`: the state
+(``images``, ``rgb`` in S1, ``depth``, ``box``), ``action``, ``reward`` (DQN: the step's reward;
+REINFORCE: the return ``R`` that weights ``log π(a|s)``) and ``q_pred``/``q_target`` (DQN) or
+``probs`` (REINFORCE).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from pydantic import ValidationError
+
+from leaklab.errors import LeaklabError
+from leaklab.io import (FORMAT_VERSION, MODEL_FILE, TRUTH_FILE, UPDATE_FILE, UPDATE_JSON, VIEW_FILE,
+                        load_tensors, read_json, save_tensors, validation_message, write_json)
+from leaklab.models import PerceptionSpec
+from leaklab.threat import Capabilities, ClientUpdate, ServerView, UpdateMetadata, make_view
+
+MODEL_TYPE = "perception"
+TRUTH_FORMAT = "leaklab.room_truth"
+
+
+@dataclass
+class RoomCase:
+    """What the server holds of one captured round: the view (perception network) and the update."""
+
+    view: ServerView
+    update: ClientUpdate
+    folder: Path
+
+
+def truth_shapes(spec: PerceptionSpec, metadata: UpdateMetadata) -> dict[str, tuple[int, ...]]:
+    """The tensors (and their shapes) of the truth of an update with ``metadata``."""
+    b, s = metadata.batch_size, spec.image_size
+    shapes = {"images": (b, spec.in_channels, s, s), "depth": (b, 1, s, s), "box": (b, spec.box_dim),
+              "action": (b,), "reward": (b,)}
+    if spec.setting == "S1":
+        shapes["rgb"] = (b, 3, s, s)
+    if metadata.loss == "dqn_mse":
+        shapes.update(q_pred=(b,), q_target=(b,))
+    elif metadata.loss == "reinforce":
+        shapes["probs"] = (b, spec.num_actions)
+    return shapes
+
+
+def check_room_truth(truth: dict[str, torch.Tensor], spec: PerceptionSpec, metadata: UpdateMetadata,
+                     where: str = "truth") -> None:
+    """Raise :class:`LeaklabError` unless ``truth`` has exactly the tensors of :func:`truth_shapes`,
+    finite, with integer actions of the network's range."""
+    shapes = truth_shapes(spec, metadata)
+    missing, extra = sorted(set(shapes) - set(truth)), sorted(set(truth) - set(shapes))
+    if missing or extra:
+        raise LeaklabError(f"{where}: missing tensors {missing}, unexpected {extra}; capture the truth "
+                           f"with the update's loss {metadata.loss!r}")
+    for name, shape in shapes.items():
+        t = truth[name]
+        if tuple(t.shape) != shape:
+            raise LeaklabError(f"{where}: tensor {name!r} has shape {tuple(t.shape)}, the case needs {shape}")
+        if t.is_floating_point() and not torch.isfinite(t).all():
+            raise LeaklabError(f"{where}: tensor {name!r} holds NaN or Inf values")
+    action = truth["action"]
+    if action.is_floating_point() or action.min() < 0 or action.max() >= spec.num_actions:
+        raise LeaklabError(f"{where}: actions must be integers in 0..{spec.num_actions - 1}")
+
+
+def write_room_case(folder: Path, spec: PerceptionSpec, state: dict[str, torch.Tensor],
+                    update: ClientUpdate, truth: dict[str, torch.Tensor],
+                    provenance: dict[str, Any] | None = None) -> None:
+    """Write one captured round as a case folder (not atomically: wrap it in
+    :func:`leaklab.io.atomic_dir`). The update and the truth are validated against the network that
+    ``spec`` and ``state`` rebuild before anything is written."""
+    if update.metadata.loss not in ("dqn_mse", "reinforce"):
+        raise LeaklabError(f"a room case holds a dqn_mse or reinforce update, not {update.metadata.loss!r}")
+    update.validate_against(make_view(spec, state, update.metadata).model)
+    check_room_truth(truth, spec, update.metadata)
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    meta = update.metadata.model_dump(mode="json")
+    model_sha = save_tensors(folder / MODEL_FILE, state, {"format": "leaklab.model"})
+    update_sha = save_tensors(folder / UPDATE_FILE, {f"u0/{n}": t for n, t in update.tensors.items()},
+                              {"format": "leaklab.update"})
+    write_json(folder / UPDATE_JSON, {
+        "format": "leaklab.update", "format_version": FORMAT_VERSION, "metadata": meta,
+        "defense": update.defense, "tensor_file": UPDATE_FILE, "sha256": update_sha, "count": 1,
+        "updates": [{"prefix": "u0/", "labels": None}]})
+    write_json(folder / VIEW_FILE, {
+        "format": "leaklab.view", "format_version": FORMAT_VERSION, "model_type": MODEL_TYPE,
+        "model": spec.model_dump(mode="json"), "model_file": MODEL_FILE, "model_sha256": model_sha,
+        "metadata": meta, "capabilities": Capabilities().model_dump(mode="json"),
+        "defense": update.defense})
+    save_tensors(folder / TRUTH_FILE, truth,
+                 {"format": TRUTH_FORMAT, "provenance": json.dumps(provenance or {})})
+
+
+def _json_file(path: Path, kind: str) -> dict:
+    data = read_json(path, kind)
+    if not isinstance(data, dict) or data.get("format") != f"leaklab.{kind}":
+        raise LeaklabError(f"{path} is not a leaklab {kind} file; point at a folder written by "
+                           "write_room_case")
+    version = data.get("format_version")
+    if not isinstance(version, int) or version > FORMAT_VERSION:
+        raise LeaklabError(f"{path} has format version {version!r}; this leaklab reads versions up to "
+                           f"{FORMAT_VERSION}: upgrade leaklab")
+    return data
+
+
+def _parse(model_cls, value: Any, what: str):
+    try:
+        return model_cls.model_validate(value)
+    except ValidationError as e:
+        raise LeaklabError(validation_message(e, what)) from None
+
+
+def load_room_case(folder: Path) -> RoomCase:
+    """Read and validate the server's files of a room case (never the truth)."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise LeaklabError(f"room case folder {folder} does not exist; write one with write_room_case")
+    view_path, upd_path = folder / VIEW_FILE, folder / UPDATE_JSON
+    view_json = _json_file(view_path, "view")
+    if view_json.get("model_type") != MODEL_TYPE:
+        raise LeaklabError(f"{view_path} is an image-classification case, not a room case; read it with "
+                           "leaklab.io.load_case")
+    spec = _parse(PerceptionSpec, view_json.get("model"), f"{view_path}: model")
+    metadata = _parse(UpdateMetadata, view_json.get("metadata"), f"{view_path}: metadata")
+    capabilities = _parse(Capabilities, view_json.get("capabilities", {}), f"{view_path}: capabilities")
+    state, _ = load_tensors(folder / MODEL_FILE, "model", view_json.get("model_sha256"))
+    view = make_view(spec, state, metadata, capabilities, view_json.get("defense"))
+    upd_json = _json_file(upd_path, "update")
+    if _parse(UpdateMetadata, upd_json.get("metadata"), f"{upd_path}: metadata") != metadata:
+        raise LeaklabError(f"{upd_path} declares metadata that differs from {view_path}; re-capture the case")
+    tensors, _ = load_tensors(folder / UPDATE_FILE, "update", upd_json.get("sha256"))
+    if upd_json.get("count") != 1 or any(not k.startswith("u0/") for k in tensors):
+        raise LeaklabError(f"{upd_path}: a room case holds exactly one update (prefix u0/); re-capture it")
+    update = ClientUpdate(metadata=metadata, tensors={k[3:]: v for k, v in tensors.items()},
+                          defense=upd_json.get("defense"))
+    try:
+        update.validate_against(view.model)
+    except LeaklabError as e:
+        raise LeaklabError(f"{folder / UPDATE_FILE}: {e}") from None
+    return RoomCase(view=view, update=update, folder=folder)
+
+
+def load_room_truth(folder: Path, case: RoomCase | None = None,
+                    ) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """The client's truth of a room case and its provenance (evaluation only). With ``case`` the
+    tensors are checked against the case's network and update."""
+    path = Path(folder) / TRUTH_FILE
+    tensors, meta = load_tensors(path, "truth")
+    if meta.get("format") != TRUTH_FORMAT:
+        raise LeaklabError(f"{path} is not the truth of a room case (format {meta.get('format')!r})")
+    if case is not None:
+        check_room_truth(tensors, case.view.spec, case.view.metadata, where=str(path))
+    try:
+        provenance = json.loads(meta.get("provenance", "{}"))
+    except json.JSONDecodeError:
+        raise LeaklabError(f"{path}: provenance is not valid JSON; re-capture the case") from None
+    return tensors, provenance
