@@ -31,7 +31,7 @@ from leaklab.io import atomic_dir, write_json
 from leaklab.models import PerceptionNet, PerceptionSpec, build_perception_net
 from leaklab.rl.agents import (DQNConfig, ReinforceConfig, epsilon_greedy, td_targets, train_dqn,
                                train_reinforce)
-from leaklab.rl.agents.common import Rooms, check_layouts, observation_tensors
+from leaklab.rl.agents.common import Rooms, observation_tensors
 from leaklab.rl.agents.reinforce import discounted_returns
 from leaklab.rl.cases import RoomCase, load_room_case, load_room_truth, write_room_case
 from leaklab.rl.losses import dqn_loss, reinforce_loss
@@ -91,7 +91,7 @@ def collect_transitions(layouts: Sequence[str] | None = None, samples: int = 1,
     if policy is not None and policy.spec != spec:
         raise LeaklabError("the policy network's spec differs from spec; pass the network's own spec")
     rng = np.random.default_rng(seed)
-    rooms = Rooms(check_layouts(tuple(layouts) if layouts is not None else None), spec.image_size,
+    rooms = Rooms(tuple(layouts) if layouts is not None else None, spec.image_size,
                   max_episode_steps)
     out = []
     for i in range(samples):

@@ -22,7 +22,7 @@ from pydantic import ValidationError
 
 from leaklab.errors import LeaklabError
 from leaklab.io import (FORMAT_VERSION, MODEL_FILE, TRUTH_FILE, UPDATE_FILE, UPDATE_JSON, VIEW_FILE,
-                        load_tensors, read_json, save_tensors, validation_message, write_json)
+                        dumps_json, load_tensors, read_json, save_tensors, validation_message, write_json)
 from leaklab.models import PerceptionSpec
 from leaklab.threat import Capabilities, ClientUpdate, ServerView, UpdateMetadata, make_view
 
@@ -99,7 +99,7 @@ def write_room_case(folder: Path, spec: PerceptionSpec, state: dict[str, torch.T
         "metadata": meta, "capabilities": Capabilities().model_dump(mode="json"),
         "defense": update.defense})
     save_tensors(folder / TRUTH_FILE, truth,
-                 {"format": TRUTH_FORMAT, "provenance": json.dumps(provenance or {})})
+                 {"format": TRUTH_FORMAT, "provenance": dumps_json(provenance or {})})
 
 
 def _json_file(path: Path, kind: str) -> dict:
@@ -134,8 +134,11 @@ def load_room_case(folder: Path) -> RoomCase:
     spec = _parse(PerceptionSpec, view_json.get("model"), f"{view_path}: model")
     metadata = _parse(UpdateMetadata, view_json.get("metadata"), f"{view_path}: metadata")
     capabilities = _parse(Capabilities, view_json.get("capabilities", {}), f"{view_path}: capabilities")
+    defense = view_json.get("defense")
+    if defense is not None and not isinstance(defense, str):
+        raise LeaklabError(f"{view_path}: defense must be null or a string such as 'gaussian:0.1'")
     state, _ = load_tensors(folder / MODEL_FILE, "model", view_json.get("model_sha256"))
-    view = make_view(spec, state, metadata, capabilities, view_json.get("defense"))
+    view = make_view(spec, state, metadata, capabilities, defense)
     upd_json = _json_file(upd_path, "update")
     if _parse(UpdateMetadata, upd_json.get("metadata"), f"{upd_path}: metadata") != metadata:
         raise LeaklabError(f"{upd_path} declares metadata that differs from {view_path}; re-capture the case")

@@ -23,15 +23,11 @@ from leaklab.models import PerceptionNet, PerceptionSpec, stack_images
 ProgressFn = Callable[[int, int, dict[str, Any]], None]
 
 
-def layout_names() -> tuple[str, ...]:
-    from leaklab.rl.envs import LAYOUTS
-
-    return tuple(LAYOUTS)
-
-
 def check_layouts(layouts: tuple[str, ...] | None) -> tuple[str, ...]:
     """``layouts`` or every layout of the environment; an unknown name is a :class:`LeaklabError`."""
-    known = layout_names()
+    from leaklab.rl.envs import LAYOUTS
+
+    known = tuple(LAYOUTS)
     if layouts is None:
         return known
     if not layouts:
@@ -74,7 +70,7 @@ def check_net(net: PerceptionNet, spec: PerceptionSpec) -> PerceptionNet:
 class Rooms:
     """One environment per layout, created on first use and kept for the run."""
 
-    def __init__(self, layouts: tuple[str, ...], image_size: int, max_steps: int):
+    def __init__(self, layouts: tuple[str, ...] | None, image_size: int, max_steps: int):
         self.layouts = check_layouts(layouts)
         self.image_size, self.max_steps = image_size, max_steps
         self._envs: dict[str, Any] = {}

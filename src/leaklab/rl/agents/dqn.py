@@ -17,8 +17,8 @@ import torch
 from pydantic import Field, model_validator
 
 from leaklab.models import PerceptionNet, build_perception_net
-from leaklab.rl.agents.common import (AgentConfig, ProgressFn, Rooms, TrainHistory, check_layouts,
-                                      check_net, observation_tensors, reporter)
+from leaklab.rl.agents.common import (AgentConfig, ProgressFn, Rooms, TrainHistory, check_net,
+                                      observation_tensors, reporter)
 from leaklab.rl.agents.replay import ReplayBuffer
 from leaklab.rl.losses import dqn_loss
 
@@ -80,7 +80,7 @@ def train_dqn(config: DQNConfig, progress: bool | ProgressFn | None = None,
     optimizer = torch.optim.Adam(net.parameters(), lr=config.lr)
     buffer = ReplayBuffer(config.buffer_size, (spec.in_channels, spec.image_size, spec.image_size),
                           spec.box_dim)
-    rooms = Rooms(check_layouts(config.layouts), spec.image_size, config.max_episode_steps)
+    rooms = Rooms(config.layouts, spec.image_size, config.max_episode_steps)
     history = TrainHistory()
     start = time.perf_counter()
     obs = None

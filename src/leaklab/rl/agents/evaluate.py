@@ -9,7 +9,7 @@ import numpy as np
 import torch
 
 from leaklab.models import PerceptionNet
-from leaklab.rl.agents.common import Rooms, check_layouts, observation_tensors
+from leaklab.rl.agents.common import Rooms, observation_tensors
 
 
 def evaluate(net: PerceptionNet, layouts: Sequence[str] | None = None, episodes: int = 4, seed: int = 0,
@@ -19,7 +19,7 @@ def evaluate(net: PerceptionNet, layouts: Sequence[str] | None = None, episodes:
     the same start poses, so two networks can be compared episode by episode."""
     spec = net.spec
     rng = np.random.default_rng(seed)
-    rooms = Rooms(check_layouts(tuple(layouts) if layouts is not None else None), spec.image_size,
+    rooms = Rooms(tuple(layouts) if layouts is not None else None, spec.image_size,
                   max_episode_steps)
     returns = []
     for i in range(episodes):

@@ -16,8 +16,8 @@ import torch
 from pydantic import Field
 
 from leaklab.models import PerceptionNet, build_perception_net
-from leaklab.rl.agents.common import (AgentConfig, ProgressFn, Rooms, TrainHistory, check_layouts,
-                                      check_net, observation_tensors, reporter)
+from leaklab.rl.agents.common import (AgentConfig, ProgressFn, Rooms, TrainHistory, check_net,
+                                      observation_tensors, reporter)
 from leaklab.rl.losses import reinforce_loss
 
 
@@ -59,7 +59,7 @@ def train_reinforce(config: ReinforceConfig, progress: bool | ProgressFn | None 
     spec = config.spec
     net = check_net(net, spec) if net is not None else build_perception_net(spec, seed=config.seed)
     optimizer = torch.optim.Adam(net.parameters(), lr=config.lr)
-    rooms = Rooms(check_layouts(config.layouts), spec.image_size, config.max_episode_steps)
+    rooms = Rooms(config.layouts, spec.image_size, config.max_episode_steps)
     history = TrainHistory()
     start = time.perf_counter()
     with reporter(progress, config.steps, "REINFORCE") as report:
