@@ -317,6 +317,98 @@ def _attack(out: Path, case: Path | None, method: str, config, seed: int | None,
     _echo_summary(out, results)
 
 
+# --------------------------------------------------------------------------------------------
+# gradient inversion on reinforcement learning (seed 000): QGI and RGI
+
+SettingOpt = Annotated[str, typer.Option("--setting", help="S1 (RGB + depth + box) | S2 (depth + box)")]
+ModeOpt = Annotated[str, typer.Option("--mode", help="exact (leaklab's closed-form recovery, then the images) "
+                                      "| paper (section IV as written)")]
+ArchOpt = Annotated[str, typer.Option("--arch", help="small | deep: the perception network")]
+SamplesOpt = Annotated[int, typer.Option("--samples", help="private transitions, one client update each")]
+LayoutsOpt = Annotated[Optional[str], typer.Option("--layouts", help="client rooms: a count (the first N) "
+                                                   "or comma-separated names (default all)")]
+IterationsOpt = Annotated[Optional[int], typer.Option("--iterations", help="image-stage iterations "
+                                                      "(default: the mode's)")]
+RoomDefenseOpt = Annotated[Optional[str], typer.Option("--defense", help="defense chain the clients apply, "
+                                                       "e.g. clip:1,gaussian:0.5 (default none)")]
+
+
+def _room_attack(algorithm: str, setting: str, mode: str, arch: str, samples: int, layouts: str | None,
+                 seed: int, iterations: int | None, batch_size: int, train_steps: int, defense: str | None,
+                 workers: int, out: Path) -> None:
+    from leaklab.attacks.rl import RoomAttackConfig
+    from leaklab.experiments import room_attack
+
+    attack = RoomAttackConfig(mode=mode, seed=seed,
+                              **({"iterations": iterations} if iterations is not None else {}))
+    config = room_attack.RoomRunConfig(algorithm=algorithm, setting=setting, arch=arch, samples=samples,
+                                       layouts=room_attack.layouts_arg(layouts), batch_size=batch_size,
+                                       train_steps=train_steps, defense=defense, attack=attack,
+                                       workers=workers, seed=seed)
+    with _progress() as progress:
+        results = room_attack.run(config, out, progress=progress)
+    s = results["summary"]
+    parts = []
+    for image in ("rgb", "depth"):
+        if s.get(f"{image}_psnr_mean") is not None:
+            parts.append(f"{image} PSNR {s[f'{image}_psnr_mean']:.2f} dB (baseline "
+                         f"{s[f'{image}_psnr_baseline_mean']:.2f}), SSIM {s[f'{image}_ssim_mean']:.3f}")
+    parts.append(f"box IoU {s['iou_mean']:.4f}, action {100 * s['action_accuracy']:.0f}%")
+    if s.get("q_target_err_mean") is not None:
+        parts.append(f"Q error {s['q_pred_err_mean']:.3g}% / target {s['q_target_err_mean']:.3g}%")
+    if s.get("reward_abs_err_mean") is not None:
+        parts.append(f"reward error {s['reward_abs_err_mean']:.3g}")
+    parts.append(f"{s['samples']} sample(s) from {s['layouts']} room(s), {s['seconds_per_sample']:.1f} s each")
+    typer.echo(f"wrote {out}: " + "; ".join(parts))
+
+
+def _room_command(algorithm: str, doc: str) -> Callable:
+    def command(
+        out: Annotated[Path, typer.Option("--out", help="results folder to write")],
+        setting: SettingOpt = "S2", mode: ModeOpt = "exact", arch: ArchOpt = "small",
+        samples: SamplesOpt = 4, layouts: LayoutsOpt = None,
+        seed: Annotated[int, typer.Option("--seed", help="network, rooms and attack seed")] = 0,
+        iterations: IterationsOpt = None,
+        batch_size: Annotated[int, typer.Option("--batch-size", help="transitions per update (1 or 2)")] = 1,
+        train_steps: Annotated[int, typer.Option("--train-steps", help="environment steps of training "
+                                                 "before the round (0: initialised network)")] = 0,
+        defense: RoomDefenseOpt = None,
+        workers: Annotated[int, typer.Option("--workers", help="attack processes (0: one per core)")] = 0,
+    ) -> None:
+        _room_attack(algorithm, setting, mode, arch, samples, layouts, seed, iterations, batch_size,
+                     train_steps, defense, workers, out)
+
+    command.__doc__ = doc
+    return _guard(command)
+
+
+attack_app.command("qgi")(_room_command(
+    "qgi", "QGI: reconstruct a DQN client's room (images, box), action and target Q-value from its "
+           "gradient (seed 000)."))
+attack_app.command("rgi")(_room_command(
+    "rgi", "RGI: reconstruct a REINFORCE client's room (images, box), action and reward from its "
+           "gradient (seed 000)."))
+
+
+env_app = typer.Typer(no_args_is_help=True, help="The reinforcement-learning environments.")
+app.add_typer(env_app, name="env")
+
+
+@env_app.command("contact-sheet")
+@_guard
+def env_contact_sheet(
+    out: Annotated[Path, typer.Option("--out", help="PNG file to write")] = Path("rooms.png"),
+    layouts: LayoutsOpt = None,
+    seed: Annotated[int, typer.Option("--seed", help="start poses")] = 0,
+) -> None:
+    """Every room layout of the active-perception environment: RGB with the target box, and depth."""
+    from leaklab.experiments.room_attack import layouts_arg
+    from leaklab.rl.envs.contact_sheet import contact_sheet
+
+    path = contact_sheet(out, layouts_arg(layouts), seed=seed)
+    typer.echo(f"wrote {path}")
+
+
 def _split(values: list[str] | None, sep: str = ",") -> list[str] | None:
     if not values:
         return None
@@ -366,6 +458,67 @@ def reproduce_bayes_table2(
                     cells = ", ".join(f"{a} {v:.2f}" if isinstance(v, (int, float)) else f"{a} {v}"
                                       for a, v in by_attack.items())
                     typer.echo(f"  {dataset:8s} {defense_name:26s} step {step}: {cells}")
+
+
+def _room_table(name: str, out: Path | None, update_docs: bool, run: Callable[[Path, Any], dict]) -> None:
+    import shlex
+
+    from leaklab.experiments import room_tables
+    from leaklab.io import new_run_dir
+
+    out = out or new_run_dir(name)
+    # Not atomic on purpose: every finished cell is kept and a rerun resumes.
+    with _progress() as progress:
+        result = run(out, progress)
+    typer.echo(result["markdown"])
+    typer.echo(f"wrote {out / 'results.json'} and {out / 'table.md'}")
+    if update_docs:
+        command = "leaklab " + " ".join(shlex.quote(a) for a in sys.argv[1:] if a != "--update-docs")
+        typer.echo(f"updated {room_tables.update_docs(name, result['markdown'], command)}")
+
+
+RoomSamplesOpt = Annotated[int, typer.Option("--samples", help="samples per cell")]
+UpdateDocsOpt = Annotated[bool, typer.Option("--update-docs", help="write the table into "
+                                             "docs/reproductions.md (run from the repository root)")]
+
+
+@reproduce_app.command("room-table1")
+@_guard
+def reproduce_room_table1(
+    mode: ModeOpt = "paper", samples: RoomSamplesOpt = 48, layouts: LayoutsOpt = None,
+    iterations: IterationsOpt = None, arch: ArchOpt = "small",
+    seed: Annotated[int, typer.Option("--seed")] = 0,
+    workers: Annotated[int, typer.Option("--workers", help="attack processes (0: one per core)")] = 0,
+    out: Annotated[Optional[Path], typer.Option("--out", help="(default runs/<id>-room-table1)")] = None,
+    update_docs: UpdateDocsOpt = False,
+) -> None:
+    """Seed 000 Table I: QGI and RGI in S1 and S2 on the ViZDoom rooms, beside the paper's numbers."""
+    from leaklab.experiments import room_tables
+    from leaklab.experiments.room_attack import layouts_arg
+
+    chosen = layouts_arg(layouts)
+    _room_table("room-table1", out, update_docs, lambda o, p: room_tables.table1(
+        o, mode=mode, samples=samples, layouts=chosen, iterations=iterations, arch=arch, seed=seed,
+        workers=workers, progress=p))
+
+
+@reproduce_app.command("room-table2")
+@_guard
+def reproduce_room_table2(
+    samples: RoomSamplesOpt = 48, layouts: LayoutsOpt = None, iterations: IterationsOpt = None,
+    arch: ArchOpt = "small", seed: Annotated[int, typer.Option("--seed")] = 0,
+    workers: Annotated[int, typer.Option("--workers", help="attack processes (0: one per core)")] = 0,
+    out: Annotated[Optional[Path], typer.Option("--out", help="(default runs/<id>-room-table2)")] = None,
+    update_docs: UpdateDocsOpt = False,
+) -> None:
+    """Seed 000 Table II and Fig. 4: objectives and joint vs separate optimisation, and exact mode."""
+    from leaklab.experiments import room_tables
+    from leaklab.experiments.room_attack import layouts_arg
+
+    chosen = layouts_arg(layouts)
+    _room_table("room-table2", out, update_docs, lambda o, p: room_tables.table2(
+        o, samples=samples, layouts=chosen, iterations=iterations, arch=arch, seed=seed, workers=workers,
+        progress=p))
 
 
 @reproduce_app.command("inversion-checks")

@@ -1,0 +1,266 @@
+"""Attack robots' private rooms through their federated RL updates (seed 000, sections IV and V).
+
+``run(config, out)`` (``leaklab attack qgi|rgi``) captures ``samples`` private transitions from
+client rooms of the ViZDoom active-perception task (:mod:`leaklab.rl.capture`), turns each into the
+FedSGD update a DQN client (QGI) or REINFORCE client (RGI) shares, optionally passes it through a
+defense, attacks it from the server's view only (:mod:`leaklab.attacks.rl`) and scores the
+reconstruction against the client's truth with the section V metrics (:mod:`leaklab.metrics.rooms`).
+
+Samples are independent: they are attacked in ``workers`` processes of one torch thread each (on a
+shared 2-core CPU that beats two threads per process). Per-sample rows are appended to
+``OUT/samples.jsonl`` as they finish; ``OUT/results.json`` (format in ``docs/formats.md``) and
+``OUT/reconstructions.png`` are written at the end, the whole folder atomically.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import multiprocessing
+import os
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from leaklab.attacks.rl import RoomAttackConfig, RoomReconstruction, qgi, rgi
+from leaklab.defenses import parse_defense
+from leaklab.device import describe
+from leaklab.errors import LeaklabError
+from leaklab.experiments.image_attack import versions
+from leaklab.io import RESULTS_FILE, atomic_dir, check_out, write_json
+from leaklab.metrics.rooms import room_metrics
+from leaklab.models import PerceptionSpec
+from leaklab.rl.capture import (collect_transitions, dqn_client_update, partly_trained_net,
+                                reinforce_client_update, target_copy)
+from leaklab.rl.envs import LAYOUTS
+from leaklab.threat import ClientUpdate, make_view
+
+ProgressFn = Callable[[str, int, int], None]
+SAMPLES_FILE = "samples.jsonl"
+PNG_FILE = "reconstructions.png"
+GRID_SAMPLES = 8
+
+# results.json summary key <- per-sample metric of leaklab.metrics.rooms (mean over samples)
+SUMMARY_KEYS = {
+    "rgb_psnr_mean": "rgb_paper_psnr", "rgb_ssim_mean": "rgb_paper_ssim",
+    "rgb_psnr_raw_mean": "rgb_raw_psnr", "rgb_ssim_raw_mean": "rgb_raw_ssim",
+    "rgb_psnr_baseline_mean": "rgb_paper_psnr_baseline", "rgb_ssim_baseline_mean": "rgb_paper_ssim_baseline",
+    "depth_psnr_mean": "depth_paper_psnr", "depth_ssim_mean": "depth_paper_ssim",
+    "depth_psnr_raw_mean": "depth_raw_psnr", "depth_ssim_raw_mean": "depth_raw_ssim",
+    "depth_psnr_baseline_mean": "depth_paper_psnr_baseline",
+    "depth_ssim_baseline_mean": "depth_paper_ssim_baseline",
+    "iou_mean": "box_iou", "iou_min": "box_iou", "action_accuracy": "action",
+    "q_pred_err_mean": "q_pred_error", "q_target_err_mean": "q_target_error",
+    "reward_abs_err_mean": "reward_error",
+}
+
+
+class RoomRunConfig(BaseModel):
+    """One room-attack experiment: what the clients share and how the server attacks it."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    algorithm: Literal["qgi", "rgi"] = "qgi"
+    setting: Literal["S1", "S2"] = "S2"
+    arch: Literal["small", "deep"] = "small"
+    samples: int = Field(default=48, ge=1, le=10_000)
+    layouts: tuple[str, ...] | None = Field(default=None, description="client rooms; None: all")
+    batch_size: int = Field(default=1, ge=1, le=2)
+    train_steps: int = Field(default=0, ge=0, description="0: initialised network (seed 000 V)")
+    defense: str | None = Field(default=None, description="defense chain the clients apply")
+    attack: RoomAttackConfig = RoomAttackConfig()
+    entropy_weight: float = Field(default=0.01, ge=0, description="alpha of eq. 4 (RGI clients)")
+    gamma: float = Field(default=0.99, ge=0, le=1)
+    workers: int = Field(default=0, ge=0, description="attack processes; 0: one per CPU core")
+    seed: int = 0
+
+    @field_validator("layouts")
+    @classmethod
+    def _known_layouts(cls, value: tuple[str, ...] | None) -> tuple[str, ...] | None:
+        if value is not None:
+            unknown = [v for v in value if v not in LAYOUTS]
+            if unknown:
+                raise ValueError(f"unknown layout {unknown[0]!r}; choose from {', '.join(LAYOUTS)}")
+            if not value:
+                raise ValueError("give at least one layout")
+        return value
+
+    @field_validator("defense")
+    @classmethod
+    def _known_defense(cls, value: str | None) -> str | None:
+        if value in (None, "", "none"):
+            return None
+        parse_defense(value)  # raises with a message naming the bad part
+        return value
+
+    @property
+    def spec(self) -> PerceptionSpec:
+        return PerceptionSpec(setting=self.setting, arch=self.arch)
+
+
+def layouts_arg(value: str | None) -> tuple[str, ...] | None:
+    """``--layouts``: a count (the first N layouts) or comma-separated names; None: all."""
+    if value in (None, ""):
+        return None
+    if value.strip().isdigit():
+        count = int(value)
+        if not 1 <= count <= len(LAYOUTS):
+            raise LeaklabError(f"--layouts {count}: there are {len(LAYOUTS)} layouts; give 1 to {len(LAYOUTS)}")
+        return tuple(LAYOUTS)[:count]
+    return tuple(v.strip() for v in value.split(",") if v.strip())
+
+
+@dataclass
+class Sample:
+    """A client's update and its truth, as the experiment hands them to an attack process."""
+
+    index: int
+    layouts: list[str]
+    update: ClientUpdate
+    truth: dict[str, torch.Tensor]
+
+
+def capture_samples(config: RoomRunConfig) -> tuple[dict[str, torch.Tensor], list[Sample]]:
+    """The network's state and one defended update (with its truth) per sample."""
+    spec = config.spec
+    algorithm = "dqn" if config.algorithm == "qgi" else "reinforce"
+    net = partly_trained_net(algorithm, spec, config.train_steps, config.layouts, config.seed)
+    transitions = collect_transitions(config.layouts, config.samples * config.batch_size, spec,
+                                      seed=config.seed, gamma=config.gamma)
+    target = target_copy(net)
+    defense = parse_defense(config.defense) if config.defense else None
+    samples = []
+    for i in range(config.samples):
+        batch = transitions[i * config.batch_size:(i + 1) * config.batch_size]
+        if algorithm == "dqn":
+            update, truth = dqn_client_update(net, target, batch, config.gamma)
+        else:
+            update, truth = reinforce_client_update(net, batch, entropy_weight=config.entropy_weight)
+        if defense is not None:
+            generator = torch.Generator().manual_seed(config.seed * 100_003 + i)
+            update = defense.apply(update, generator)
+        samples.append(Sample(i, [t.layout for t in batch], update, truth))
+    state = {k: v.detach().clone() for k, v in net.state_dict().items()}
+    return state, samples
+
+
+def _attack_one(spec: PerceptionSpec, state: dict[str, torch.Tensor], algorithm: str,
+                update: ClientUpdate, attack: RoomAttackConfig) -> RoomReconstruction:
+    """Attack one update from the server's view (runs in a worker process)."""
+    torch.set_num_threads(1)
+    view = make_view(spec, state, update.metadata)
+    return (qgi if algorithm == "qgi" else rgi)(view, update, attack)
+
+
+def _workers(requested: int, samples: int) -> int:
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, min(requested or cores, samples))
+
+
+def attack_samples(config: RoomRunConfig, state: dict[str, torch.Tensor], samples: Sequence[Sample],
+                   on_result: Callable[[Sample, RoomReconstruction], None]) -> None:
+    """Attack every sample (in parallel processes when there are several) and hand each result to
+    ``on_result`` as soon as it is ready, in sample order."""
+    workers = _workers(config.workers, len(samples))
+    if workers == 1:
+        for s in samples:
+            on_result(s, _attack_one(config.spec, state, config.algorithm, s.update, config.attack))
+        return
+    context = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
+        futures = [pool.submit(_attack_one, config.spec, state, config.algorithm, s.update, config.attack)
+                   for s in samples]
+        for s, future in zip(samples, futures):
+            on_result(s, future.result())
+
+
+def _mean(values: list[float]) -> float | None:
+    finite = [v for v in values if v is not None and math.isfinite(v)]
+    return statistics.fmean(finite) if finite else None
+
+
+def summarise(rows: list[dict[str, Any]], iterations: int, seconds: float) -> dict[str, Any]:
+    """The ``summary`` of ``results.json`` from the per-sample rows."""
+    summary: dict[str, Any] = {}
+    for key, metric in SUMMARY_KEYS.items():
+        values = [r["metrics"][metric] for r in rows if metric in r["metrics"]]
+        if values:
+            summary[key] = min(values) if key.endswith("_min") else _mean(values)
+    summary["samples"] = len(rows)
+    summary["layouts"] = len({name for r in rows for name in r["layouts"]})
+    summary["iterations"] = iterations
+    summary["seconds_per_sample"] = seconds / max(len(rows), 1)
+    return summary
+
+
+def _grid_rows(setting: str, truths: list[torch.Tensor], recs: list[torch.Tensor]):
+    rows = []
+    if setting == "S1":
+        rows += [("RGB original", torch.cat([t[:, :3] for t in truths])),
+                 ("RGB reconstructed", torch.cat([r[:, :3] for r in recs]))]
+    rows += [("depth original", torch.cat([t[:, -1:] for t in truths])),
+             ("depth reconstructed", torch.cat([r[:, -1:] for r in recs]))]
+    return rows
+
+
+def image_grid_png(setting: str, truths: list[torch.Tensor], recs: list[torch.Tensor], title: str,
+                   path: Path | None = None, captions: list[str] | None = None) -> bytes:
+    """Originals above reconstructions (RGB rows in S1, then depth); the first batch item of each."""
+    from leaklab.report.plots import image_grid
+
+    rows = _grid_rows(setting, truths, recs)
+    caps = [None] * len(rows)
+    if captions:
+        caps[-1] = captions
+    return image_grid(rows, path, captions=caps, max_cols=GRID_SAMPLES, title=title)
+
+
+def run(config: RoomRunConfig, out: Path, progress: ProgressFn | None = None) -> dict[str, Any]:
+    """Capture, attack, score; write ``out`` atomically and return the results dict."""
+    check_out(out)  # before the capture: never spend minutes and then refuse the folder
+    start = time.perf_counter()
+    state, samples = capture_samples(config)
+    rows: list[dict[str, Any]] = []
+    truths, recs, captions = [], [], []
+    seconds_attacking = [0.0]
+    with atomic_dir(out) as tmp:
+        log = (tmp / SAMPLES_FILE).open("w")
+
+        def on_result(sample: Sample, rec: RoomReconstruction) -> None:
+            metrics = room_metrics(rec, sample.truth, config.setting)
+            row = {"index": sample.index, "layouts": sample.layouts, "metrics": metrics,
+                   "iterations": rec.iterations, "seconds": rec.seconds, "exact": list(rec.exact)}
+            rows.append(row)
+            seconds_attacking[0] += rec.seconds
+            log.write(json.dumps(row) + "\n")
+            log.flush()
+            if len(truths) < GRID_SAMPLES:
+                truths.append(sample.truth["images"][:1])
+                recs.append(rec.images[:1].detach().float().clamp(0, 1))
+                captions.append(f"{metrics['depth_paper_psnr']:.1f} dB")
+            if progress:
+                progress(f"{config.algorithm} {config.setting}", len(rows), len(samples))
+
+        try:
+            attack_samples(config, state, samples, on_result)
+        finally:
+            log.close()
+        wall = time.perf_counter() - start
+        iterations = max((r["iterations"] for r in rows), default=0)
+        summary = summarise(rows, iterations, seconds_attacking[0])
+        summary["wall_seconds"] = wall
+        results = {"format": "leaklab.room_attack", "format_version": 1,
+                   "config": config.model_dump(mode="json"), "summary": summary, "samples": rows,
+                   "versions": versions(), "device": describe(torch.device("cpu"))}
+        write_json(tmp / RESULTS_FILE, results)
+        title = (f"{config.algorithm.upper()} {config.setting}, {config.attack.mode} mode, "
+                 f"{config.arch} network" + (f", defense {config.defense}" if config.defense else ""))
+        image_grid_png(config.setting, truths, recs, title, tmp / PNG_FILE, captions)
+    return results

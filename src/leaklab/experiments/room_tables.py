@@ -1,0 +1,194 @@
+"""Seed 000's tables on our ViZDoom rooms: ``leaklab reproduce room-table1`` and ``room-table2``.
+
+* Table I: QGI and RGI in settings S1 (RGB + depth + box) and S2 (depth + box), PSNR/SSIM of the
+  images, with the vector metrics (box IoU, action accuracy, Q-value and reward errors) the text of
+  section V-A reports. Run in ``paper`` mode (section IV as written) or ``exact`` mode.
+* Table II and Fig. 4: the ablations of section V-C on QGI S1 in paper mode -- gradient-matching
+  objectives (DLG-style MSE on the true objective with the action optimised or rule-based,
+  Inverting-Gradients-style cosine on the true objective, the error direction of QGI), joint versus
+  separate multimodal optimisation -- and, beside them, leaklab's exact mode.
+
+Every cell is one :func:`leaklab.experiments.room_attack.run` written to ``OUT/cells/NAME``; a rerun
+skips finished cells. ``OUT/results.json`` holds the table with the published numbers beside ours and
+``OUT/table.md`` the same as Markdown; ``update_docs`` puts that Markdown into the marked section of
+``docs/reproductions.md``.
+
+The published numbers are seed 000's on AI2-THOR (240 samples, 120 layouts, 2x10^4 iterations); ours
+are on ViZDoom rooms with the sample and iteration budget given, so they compare the methods, not the
+simulators.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from leaklab.attacks.rl import RoomAttackConfig
+from leaklab.errors import LeaklabError
+from leaklab.experiments import room_attack
+from leaklab.io import RESULTS_FILE, read_json, write_bytes, write_json
+
+ProgressFn = Callable[[str, int, int], None]
+
+# Table I of seed 000, "average" column; the vector metrics are the text of section V-A.
+PAPER_TABLE1: dict[str, dict[str, float]] = {
+    "qgi-S1": {"rgb_psnr_mean": 21.02, "rgb_ssim_mean": 0.729, "depth_psnr_mean": 23.18, "depth_ssim_mean": 0.807},
+    "qgi-S2": {"depth_psnr_mean": 26.46, "depth_ssim_mean": 0.910},
+    "rgi-S1": {"rgb_psnr_mean": 17.12, "rgb_ssim_mean": 0.544, "depth_psnr_mean": 18.58, "depth_ssim_mean": 0.581},
+    "rgi-S2": {"depth_psnr_mean": 37.21, "depth_ssim_mean": 0.964},
+}
+PAPER_VECTORS = "box IoU > 0.9 (mean), action 100%, Q errors < 1.1% (mean), reward error < 1e-6 (mean)"
+
+# Table II of seed 000 (QGI): IoU, eps(Q_pred) %, eps(Q_target) %.
+PAPER_TABLE2: dict[str, dict[str, float]] = {
+    "dlg-opt": {"iou_mean": 0.649, "q_pred_err_mean": 1083.64, "q_target_err_mean": 89.85},
+    "dlg-rule": {"iou_mean": 0.610, "q_pred_err_mean": 1112.33, "q_target_err_mean": 92.44},
+    "inverting": {"iou_mean": 0.216, "q_pred_err_mean": 15751.95, "q_target_err_mean": 198.83},
+    "error-direction": {"iou_mean": 0.912, "q_pred_err_mean": 1.03, "q_target_err_mean": 0.67},
+}
+# name -> (algorithm, setting, attack fields, description)
+TABLE2_CELLS: dict[str, tuple[str, str, dict[str, Any], str]] = {
+    "dlg-opt": ("qgi", "S1", {"mode": "paper", "objective": "dlg", "action": "optimised"},
+                "DLG objective J, action and target Q optimised, MSE"),
+    "dlg-rule": ("qgi", "S1", {"mode": "paper", "objective": "dlg", "action": "rule"},
+                 "DLG objective J, action by rule, target Q optimised, MSE"),
+    "inverting": ("qgi", "S1", {"mode": "paper", "objective": "inverting", "action": "rule"},
+                  "Inverting-Gradients objective J, action by rule, target Q optimised, cosine"),
+    "error-direction": ("qgi", "S1", {"mode": "paper"}, "QGI: error direction, rules, cosine (paper mode)"),
+    "joint": ("qgi", "S1", {"mode": "paper", "multimodal": "joint"},
+              "QGI with joint image + box optimisation (Fig. 4 'joint')"),
+    "exact": ("qgi", "S1", {"mode": "exact"}, "leaklab's exact mode"),
+}
+TABLE1_CELLS = ("qgi-S1", "qgi-S2", "rgi-S1", "rgi-S2")
+METRICS_TABLE1 = ("rgb_psnr_mean", "rgb_ssim_mean", "depth_psnr_mean", "depth_ssim_mean")
+VECTORS = ("iou_mean", "iou_min", "action_accuracy", "q_pred_err_mean", "q_target_err_mean",
+           "reward_abs_err_mean")
+DOCS = Path("docs/reproductions.md")
+
+
+def _cell_config(algorithm: str, setting: str, attack: dict[str, Any], samples: int,
+                 layouts: tuple[str, ...] | None, iterations: int | None, arch: str, seed: int,
+                 workers: int) -> room_attack.RoomRunConfig:
+    fields = dict(attack, seed=seed)
+    if iterations is not None:
+        fields["iterations"] = iterations
+    return room_attack.RoomRunConfig(algorithm=algorithm, setting=setting, arch=arch, samples=samples,
+                                     layouts=layouts, attack=RoomAttackConfig(**fields), workers=workers,
+                                     seed=seed)
+
+
+def _run_cells(out: Path, cells: dict[str, room_attack.RoomRunConfig],
+               progress: ProgressFn | None) -> dict[str, dict[str, Any]]:
+    results = {}
+    for i, (name, config) in enumerate(cells.items()):
+        folder = out / "cells" / name
+        done = folder / RESULTS_FILE
+        if done.exists():
+            previous = read_json(done, "room-table cell")
+            if previous.get("config") == config.model_dump(mode="json"):
+                results[name] = previous
+                continue
+        if progress:
+            progress(f"cell {i + 1}/{len(cells)}: {name}", 0, config.samples)
+        results[name] = room_attack.run(config, folder, progress=progress)
+    return results
+
+
+def _fmt(value: Any, digits: int = 2) -> str:
+    if value is None:
+        return "–"
+    if isinstance(value, float):
+        if value != 0 and (abs(value) < 1e-3 or abs(value) >= 1e4):
+            return f"{value:.2e}"
+        return f"{value:.{digits}f}"
+    return str(value)
+
+
+def table1(out: Path, mode: str = "paper", samples: int = 48, layouts: tuple[str, ...] | None = None,
+           iterations: int | None = None, arch: str = "small", seed: int = 0, workers: int = 0,
+           progress: ProgressFn | None = None) -> dict[str, Any]:
+    """Table I (and the vector metrics of V-A) in ``mode``; returns and writes the results."""
+    if mode not in ("paper", "exact"):
+        raise LeaklabError(f"--mode {mode!r}: choose paper or exact")
+    cells = {name: _cell_config(name.split("-")[0], name.split("-")[1], {"mode": mode}, samples, layouts,
+                                iterations, arch, seed, workers) for name in TABLE1_CELLS}
+    results = _run_cells(Path(out), cells, progress)
+    table = {name: {k: r["summary"].get(k) for k in METRICS_TABLE1 + VECTORS +
+                    ("rgb_psnr_baseline_mean", "depth_psnr_baseline_mean", "rgb_psnr_raw_mean",
+                     "depth_psnr_raw_mean", "iterations", "seconds_per_sample", "samples", "layouts")}
+             for name, r in results.items()}
+    lines = [f"Mode `{mode}`, `{arch}` network, {samples} samples per cell, "
+             f"{table[TABLE1_CELLS[0]]['layouts']} layouts, {table[TABLE1_CELLS[0]]['iterations']} "
+             "iterations. Ours (paper) for PSNR (dB) / SSIM with paper normalisation; baseline = "
+             "constant image at the true mean; raw = without normalisation.", "",
+             "| attack | setting | RGB PSNR | RGB SSIM | depth PSNR | depth SSIM | RGB baseline / raw | "
+             "depth baseline / raw | box IoU mean (min) | action | ε(Q̂) % | ε(Q) % | reward error | s/sample |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for name in TABLE1_CELLS:
+        t, p = table[name], PAPER_TABLE1[name]
+
+        def both(key: str) -> str:
+            ours = _fmt(t.get(key), 3 if "ssim" in key else 2)
+            return f"{ours} ({_fmt(p[key], 3 if 'ssim' in key else 2)})" if key in p else ours
+
+        lines.append(
+            f"| {name[:3].upper()} | {name[4:]} | {both('rgb_psnr_mean')} | {both('rgb_ssim_mean')} | "
+            f"{both('depth_psnr_mean')} | {both('depth_ssim_mean')} | "
+            f"{_fmt(t.get('rgb_psnr_baseline_mean'))} / {_fmt(t.get('rgb_psnr_raw_mean'))} | "
+            f"{_fmt(t.get('depth_psnr_baseline_mean'))} / {_fmt(t.get('depth_psnr_raw_mean'))} | "
+            f"{_fmt(t.get('iou_mean'), 4)} ({_fmt(t.get('iou_min'), 4)}) | "
+            f"{_fmt(100 * t['action_accuracy'], 0)}% | {_fmt(t.get('q_pred_err_mean'))} | "
+            f"{_fmt(t.get('q_target_err_mean'))} | {_fmt(t.get('reward_abs_err_mean'))} | "
+            f"{_fmt(t.get('seconds_per_sample'), 1)} |")
+    lines += ["", f"Published vector metrics (section V-A): {PAPER_VECTORS}."]
+    return _finish(Path(out), "room-table1", mode, table, PAPER_TABLE1, "\n".join(lines))
+
+
+def table2(out: Path, samples: int = 48, layouts: tuple[str, ...] | None = None,
+           iterations: int | None = None, arch: str = "small", seed: int = 0, workers: int = 0,
+           progress: ProgressFn | None = None) -> dict[str, Any]:
+    """Table II and Fig. 4 (QGI S1, paper mode) with the exact mode beside them."""
+    cells = {name: _cell_config(alg, setting, attack, samples, layouts, iterations, arch, seed, workers)
+             for name, (alg, setting, attack, _) in TABLE2_CELLS.items()}
+    results = _run_cells(Path(out), cells, progress)
+    table = {name: {k: r["summary"].get(k) for k in METRICS_TABLE1 + VECTORS +
+                    ("rgb_psnr_baseline_mean", "depth_psnr_baseline_mean", "iterations", "samples")}
+             for name, r in results.items()}
+    lines = [f"QGI, setting S1, `{arch}` network, {samples} samples per row, "
+             f"{table['error-direction']['iterations']} iterations. Ours (paper).", "",
+             "| method | box IoU | ε(Q̂) % | ε(Q) % | action | RGB PSNR / SSIM | depth PSNR / SSIM |",
+             "|---|---|---|---|---|---|---|"]
+    for name, (_, _, _, description) in TABLE2_CELLS.items():
+        t, p = table[name], PAPER_TABLE2.get(name, {})
+
+        def both(key: str) -> str:
+            ours = _fmt(t.get(key), 3)
+            return f"{ours} ({_fmt(p[key], 3)})" if key in p else ours
+
+        lines.append(f"| {description} | {both('iou_mean')} | {both('q_pred_err_mean')} | "
+                     f"{both('q_target_err_mean')} | {_fmt(100 * t['action_accuracy'], 0)}% | "
+                     f"{_fmt(t.get('rgb_psnr_mean'))} / {_fmt(t.get('rgb_ssim_mean'), 3)} | "
+                     f"{_fmt(t.get('depth_psnr_mean'))} / {_fmt(t.get('depth_ssim_mean'), 3)} |")
+    return _finish(Path(out), "room-table2", "paper", table, PAPER_TABLE2, "\n".join(lines))
+
+
+def _finish(out: Path, name: str, mode: str, table: dict, paper: dict, markdown: str) -> dict[str, Any]:
+    results = {"format": "leaklab.reproduction", "experiment": name, "mode": mode, "table": table,
+               "paper": paper, "markdown": markdown}
+    write_json(out / RESULTS_FILE, results)
+    write_bytes(out / "table.md", (markdown + "\n").encode("utf-8"))
+    return results
+
+
+def update_docs(name: str, markdown: str, command: str, docs: Path = DOCS) -> Path:
+    """Put ``markdown`` (and the command that made it) between the ``<!-- NAME:start -->`` and
+    ``<!-- NAME:end -->`` markers of ``docs`` (appended with the markers when they are missing)."""
+    text = docs.read_text() if docs.exists() else "# Reproductions: the papers' numbers beside ours\n"
+    start, end = f"<!-- {name}:start -->", f"<!-- {name}:end -->"
+    body = f"{start}\nCommand: `{command}`\n\n{markdown}\n{end}"
+    pattern = re.compile(re.escape(start) + ".*?" + re.escape(end), re.S)
+    text = pattern.sub(lambda _: body, text) if pattern.search(text) else text.rstrip("\n") + "\n\n" + body + "\n"
+    write_bytes(docs, text.encode("utf-8"))
+    return docs
