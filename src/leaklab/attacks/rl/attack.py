@@ -1,0 +1,125 @@
+"""QGI and RGI (seed 000, section IV, Fig. 2): ``qgi(view, update, config)`` / ``rgi(...)``.
+
+What each mode recovers exactly (``RoomReconstruction.exact``):
+
+* exact, batch 1: action, box, Q̂, Q (QGI), probabilities, action, reward (RGI); images by
+  optimisation against the exact conv features and gradients (:mod:`leaklab.attacks.rl.exact`).
+* exact, batch 2 (QGI): the actions (eq. 7, as a set); when they differ, the last layer's rows
+  separate the samples, so each last-layer input, Q̂ and Q are exact; box and images come from the
+  paper's two stages with per-sample error directions (not exact: each weight gradient is a sum of
+  two rank-1 terms).
+* paper: the actions (eq. 7); everything else by optimisation and the rules of IV-C/IV-D.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from leaklab.attacks.rl.config import RoomAttackConfig, RoomReconstruction
+from leaklab.attacks.rl.exact import exact_images, exact_vectors
+from leaklab.attacks.rl.network import trace
+from leaklab.attacks.rl.optim import Progress
+from leaklab.attacks.rl.paper import last_layer_norm_ratio, paper_state
+from leaklab.attacks.rl.rules import (dqn_actions, dqn_target_exact, dqn_target_paper,
+                                      error_directions, reinforce_action_reward)
+from leaklab.errors import LeaklabError
+from leaklab.models.perception import PerceptionNet, PerceptionSpec
+from leaklab.threat import ClientUpdate, ServerView
+
+
+def _check(view: ServerView, update: ClientUpdate, loss: str, max_batch: int, cfg: RoomAttackConfig
+           ) -> tuple[PerceptionNet, dict[str, torch.Tensor], int]:
+    if not isinstance(view.spec, PerceptionSpec):
+        raise LeaklabError("room attacks need a perception network view (seed 000); build it with make_view")
+    meta = update.metadata
+    if meta.kind != "fedsgd" or meta.loss != loss:
+        raise LeaklabError(f"this attack reads a FedSGD update of the {loss!r} loss; the update is "
+                           f"{meta.kind} with loss {meta.loss!r} (use {'rgi' if loss == 'dqn_mse' else 'qgi'}?)")
+    if meta.batch_size > max_batch:
+        raise LeaklabError(f"batch size {meta.batch_size} is not supported; this attack handles at most {max_batch}")
+    if cfg.objective != "error_direction" and (loss != "dqn_mse" or cfg.mode != "paper"):
+        raise LeaklabError("the dlg/inverting ablations are QGI paper-mode objectives (Table II)")
+    update.validate_against(view.model)
+    grads = {k: v.detach().float() for k, v in update.tensors.items()}
+    return view.model, grads, meta.batch_size
+
+
+def _last_bias(net: PerceptionNet, grads: dict[str, torch.Tensor]) -> torch.Tensor:
+    return grads[f"head.{len(net.head) - 1}.bias"].double()
+
+
+def _last_rows(net: PerceptionNet, grads: dict[str, torch.Tensor], actions: torch.Tensor) -> torch.Tensor:
+    """Batch 2, distinct actions: row ``a_b`` of the last weight gradient is ``delta_b h_b^T`` alone."""
+    name = f"head.{len(net.head) - 1}"
+    return grads[f"{name}.weight"].double()[actions] / grads[f"{name}.bias"].double()[actions].unsqueeze(1)
+
+
+def _outputs(net: PerceptionNet, last_input: torch.Tensor) -> torch.Tensor:
+    last = net.head[len(net.head) - 1]
+    return last_input.double() @ last.weight.detach().double().T + last.bias.detach().double()
+
+
+def _images_and_state(net, grads, errors, actions, cfg, progress, batch):
+    """``(box, images, last-layer input, paper state or None, iterations, exact names)``."""
+    if cfg.mode == "exact" and batch == 1:
+        st = exact_vectors(net, grads)
+        images = exact_images(net, grads, st.features, cfg, progress)
+        return st.box, images, st.last_input, None, cfg.iterations, ("box", "features")
+    st = paper_state(net, grads, errors, actions, cfg, progress)
+    with torch.no_grad():
+        last_input = trace(net, st.features, st.box).linear[-1][1]
+    return st.box, st.images, last_input, st, st.iterations, ()
+
+
+def qgi(view: ServerView, update: ClientUpdate, config: RoomAttackConfig | None = None,
+        progress: Progress | None = None) -> RoomReconstruction:
+    """Deep Q-learning Gradient Inversion of one FedSGD update of the DQN loss (batch 1 or 2)."""
+    cfg = config or RoomAttackConfig()
+    net, grads, batch = _check(view, update, "dqn_mse", 2, cfg)
+    start = time.perf_counter()
+    gb = _last_bias(net, grads)
+    actions = dqn_actions(gb, batch)
+    box, images, last_input, st, iterations, exact = _images_and_state(
+        net, grads, error_directions(gb, actions), actions, cfg, progress, batch)
+    distinct = batch == 1 or int(actions[0]) != int(actions[1])
+    if cfg.mode == "exact" and distinct:
+        if batch > 1:
+            last_input = _last_rows(net, grads, actions)
+        q_pred = _outputs(net, last_input).gather(1, actions.view(-1, 1)).squeeze(1)
+        q_target = dqn_target_exact(q_pred, gb, actions)
+        exact += ("action", "q_pred", "q_target")
+    else:
+        if st is not None and cfg.objective != "error_direction":
+            actions = st.actions
+        q_pred = _outputs(net, last_input).gather(1, actions.view(-1, 1)).squeeze(1)
+        if st is not None and st.q_target is not None:
+            q_target = st.q_target
+        else:
+            ratio = last_layer_norm_ratio(net, grads, last_input, actions, batch)
+            q_target = dqn_target_paper(q_pred, gb, actions, ratio)
+        exact += ("action",) if cfg.action == "rule" else ()
+    return RoomReconstruction(images=images.clamp(0, 1), box=box.float(), action=actions,
+                              iterations=iterations, seconds=time.perf_counter() - start,
+                              q_pred=q_pred, q_target=q_target, exact=exact)
+
+
+def rgi(view: ServerView, update: ClientUpdate, config: RoomAttackConfig | None = None,
+        progress: Progress | None = None) -> RoomReconstruction:
+    """REINFORCE Gradient Inversion of one single-sample FedSGD update of the REINFORCE loss."""
+    cfg = config or RoomAttackConfig()
+    net, grads, batch = _check(view, update, "reinforce", 1, cfg)
+    start = time.perf_counter()
+    gb = _last_bias(net, grads)
+    if float(gb.abs().max()) == 0.0:
+        raise LeaklabError("the last bias gradient is all zero; no action or reward can be read")
+    box, images, last_input, _, iterations, exact = _images_and_state(
+        net, grads, gb.unsqueeze(0), torch.zeros(1, dtype=torch.long), cfg, progress, batch)
+    probs = torch.softmax(_outputs(net, last_input), 1)
+    action, reward = reinforce_action_reward(gb, probs[0], view.metadata.entropy_weight)
+    if cfg.mode == "exact":
+        exact += ("probs", "action", "reward")
+    return RoomReconstruction(images=images.clamp(0, 1), box=box.float(), action=action,
+                              iterations=iterations, seconds=time.perf_counter() - start,
+                              probs=probs, reward=reward, exact=exact)

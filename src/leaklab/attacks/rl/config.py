@@ -1,0 +1,64 @@
+"""Configuration and result of the room attacks QGI and RGI (seed 000, section IV).
+
+``mode="paper"`` is section IV as written: optimisation-based state reconstruction in two stages
+(IV-A) on the error-direction surrogate (IV-B, eq. 6), rule-based action and supervision signal
+(IV-C, IV-D). ``mode="exact"`` (leaklab's default) recovers every linear layer's input analytically,
+hence the box, the predicted and target Q-values, the probabilities and the reward exactly, and then
+reconstructs the images against the exactly known convolutional features.
+
+``objective`` and ``multimodal`` are the ablations of section V-C (paper mode only):
+``"error_direction"`` is eq. 6; ``"dlg"`` matches gradients of the true objective J by squared
+error with the target Q-value (and, with ``action="optimised"``, the action) optimised jointly;
+``"inverting"`` matches by cosine with J, rule-based action and optimised target Q-value (Table II).
+``multimodal="joint"`` optimises the box and the images together instead of in two stages (Fig. 4).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class RoomAttackConfig(BaseModel):
+    """Every field has a working default; ``iterations`` counts image-stage (stage 2) steps."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    mode: Literal["exact", "paper"] = "exact"
+    iterations: int = Field(default=2000, ge=1, le=1_000_000)
+    stage1_iterations: int = Field(default=2000, ge=1, le=1_000_000, description="paper mode, IV-A stage 1")
+    lr: float = Field(default=0.1, gt=0, description="Adam step size of the image stage")
+    stage1_lr: float = Field(default=0.1, gt=0)
+    tv_weight: float = Field(default=0.1, ge=0, description="lambda of L_img (IV-A); 0.1 in section V")
+    tv_final: float = Field(default=0.003, gt=0, description="exact mode: λ decays geometrically to this")
+    feature_weight: float = Field(default=1.0, ge=0, description="exact mode: weight of the feature match")
+    gradient_weight: float = Field(default=0.0, ge=0, description="exact mode: weight of the conv-gradient cosine")
+    objective: Literal["error_direction", "dlg", "inverting"] = "error_direction"
+    action: Literal["rule", "optimised"] = "rule"
+    multimodal: Literal["separate", "joint"] = "separate"
+    seed: int = 0
+
+
+@dataclass
+class RoomReconstruction:
+    """What QGI/RGI recovered from one client update (``B`` samples).
+
+    ``images`` are the network's image input in pixel units ``[B, C, 150, 150]`` clipped to [0, 1]
+    (S1: RGB then depth; S2: depth); ``box`` is ``[B, 4]`` in the network's box frame. QGI fills
+    ``q_pred`` (the predicted Q-value of the taken action) and ``q_target``; RGI fills ``probs``
+    ``[B, A]`` and ``reward``. ``exact`` names what the mode recovered in closed form.
+    """
+
+    images: torch.Tensor
+    box: torch.Tensor
+    action: torch.Tensor
+    iterations: int
+    seconds: float
+    q_pred: torch.Tensor | None = None
+    q_target: torch.Tensor | None = None
+    probs: torch.Tensor | None = None
+    reward: torch.Tensor | None = None
+    exact: tuple[str, ...] = ()

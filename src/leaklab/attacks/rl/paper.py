@@ -1,0 +1,107 @@
+"""Section IV of seed 000 as written (``mode="paper"``) and the ablations of section V-C.
+
+Stage 1 (IV-A) optimises the inputs of the linear layers from Gaussian noise: the box and the
+convolutional feature vector that ``head.0`` receives, matching the Linear layers' gradients. Stage 2
+optimises the images with the box fixed, matching every gradient, ``L_img = L + λ TV`` (eq. 5).
+Gradients are simulated from the error direction ``J̃ = (∇b_last J)^T F(x)`` (eq. 6) or, for the
+Table II ablations, from the true DQN objective with an optimised target Q-value (and action).
+``multimodal="joint"`` (Fig. 4) optimises box and images in one stage.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from leaklab.attacks.rl.config import RoomAttackConfig
+from leaklab.attacks.rl.images import gaussian_start, room_tv
+from leaklab.attacks.rl.network import cosine_loss, gradient_stats, squared_loss, trace
+from leaklab.attacks.rl.optim import Progress, adam
+from leaklab.models.perception import PerceptionNet
+
+
+@dataclass
+class PaperState:
+    box: torch.Tensor  # [B, 4]
+    features: torch.Tensor  # [B, F]: stage 1's reconstruction (joint: conv of the images)
+    images: torch.Tensor  # [B, C, H, W]
+    actions: torch.Tensor  # [B]
+    q_target: torch.Tensor | None  # optimised target Q-value (dlg / inverting), else None
+    iterations: int
+
+
+class _Supervision:
+    """What the simulated gradient is taken of: eq. 6's surrogate, or J with optimised unknowns."""
+
+    def __init__(self, cfg: RoomAttackConfig, errors: torch.Tensor, actions: torch.Tensor, seed: int):
+        g = torch.Generator().manual_seed(seed + 1)
+        self.cfg, self.errors, self.actions = cfg, errors.float(), actions
+        self.q = torch.randn(len(actions), generator=g).requires_grad_()
+        self.logits = torch.randn(errors.shape, generator=g).requires_grad_()
+        self.params = [] if cfg.objective == "error_direction" else \
+            [self.q] + ([self.logits] if cfg.action == "optimised" else [])
+
+    def __call__(self, out: torch.Tensor) -> torch.Tensor:
+        if self.cfg.objective == "error_direction":
+            return (self.errors * out).sum()
+        if self.cfg.action == "optimised":
+            taken = (torch.softmax(self.logits, 1) * out).sum(1)
+        else:
+            taken = out.gather(1, self.actions.view(-1, 1)).squeeze(1)
+        return ((taken - self.q) ** 2).mean()
+
+    def match(self, dot, sq, ref) -> torch.Tensor:
+        loss = squared_loss if self.cfg.objective == "dlg" else cosine_loss
+        return loss(dot, sq, ref)
+
+    def final_actions(self) -> torch.Tensor:
+        return self.logits.detach().argmax(1) if self.params[1:] else self.actions
+
+
+def paper_state(net: PerceptionNet, grads: dict[str, torch.Tensor], errors: torch.Tensor,
+                actions: torch.Tensor, cfg: RoomAttackConfig, progress: Progress | None) -> PaperState:
+    """Both stages of IV-A for a batch whose per-sample error directions are ``errors`` ``[B, A]``."""
+    spec, batch = net.spec, errors.shape[0]
+    g = torch.Generator().manual_seed(cfg.seed)
+    box = torch.randn(batch, spec.box_dim, generator=g).requires_grad_()
+    features = torch.randn(batch, net.conv_features, generator=g).requires_grad_()
+    x = gaussian_start((batch, spec.in_channels, spec.image_size, spec.image_size), cfg.seed + 2)
+    x.requires_grad_()
+    sup = _Supervision(cfg, errors, actions, cfg.seed)
+
+    def image_loss(b: torch.Tensor) -> torch.Tensor:
+        t = trace(net, net.conv(x), b)
+        dot, sq, ref = gradient_stats(net, grads, sup(t.out), t.linear, conv_params=True)
+        return sup.match(dot, sq, ref) + cfg.tv_weight * room_tv(x)
+
+    if cfg.multimodal == "joint":
+        adam([box, x] + sup.params, lambda _: image_loss(box), cfg.iterations, cfg.lr, clamp=[x],
+             progress=progress)
+        with torch.no_grad():
+            features = net.conv(x)
+        iterations = cfg.iterations
+    else:
+        def vector_loss(_: float) -> torch.Tensor:
+            t = trace(net, features, box)
+            return sup.match(*gradient_stats(net, grads, sup(t.out), t.linear, conv_params=False))
+
+        adam([box, features] + sup.params, vector_loss, cfg.stage1_iterations, cfg.stage1_lr)
+        fixed = box.detach()
+        adam([x] + sup.params, lambda _: image_loss(fixed), cfg.iterations, cfg.lr, clamp=[x],
+             progress=progress)
+        iterations = cfg.stage1_iterations + cfg.iterations
+    q = None if cfg.objective == "error_direction" else sup.q.detach().double()
+    return PaperState(box=box.detach(), features=features.detach(), images=x.detach(),
+                      actions=sup.final_actions(), q_target=q, iterations=iterations)
+
+
+def last_layer_norm_ratio(net: PerceptionNet, grads: dict[str, torch.Tensor], last_input: torch.Tensor,
+                          actions: torch.Tensor, batch: int) -> torch.Tensor:
+    """IV-C2's ``||g|| / ||g_rec||`` on the last layer, per sample: with a unit error the simulated
+    gradient of row ``a_b`` is ``(2/B) [h_b, 1]``; the client's is row ``a_b`` of ``(dW, db)``."""
+    name = f"head.{len(net.head) - 1}"
+    gw, gb = grads[f"{name}.weight"].double(), grads[f"{name}.bias"].double()
+    observed = torch.sqrt((gw[actions] ** 2).sum(1) + gb[actions] ** 2)
+    simulated = (2.0 / batch) * torch.sqrt((last_input.double() ** 2).sum(1) + 1)
+    return observed / simulated

@@ -1,0 +1,70 @@
+"""Rule-based recovery of the action and the supervision signal (seed 000, IV-C and IV-D).
+
+All rules read the last layer's bias gradient ``g_b`` (``[A]``; the batch mean of the losses of
+:mod:`leaklab.rl.losses` makes it ``sum_b delta_b / B``).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from leaklab.errors import LeaklabError
+
+
+def dqn_actions(grad_b: torch.Tensor, batch: int) -> torch.Tensor:
+    """Eq. 7: the taken actions are the non-zero entries of ``g_b`` (DQN's error is one-hot per
+    sample). Batch 1: the largest entry; batch 2: the two largest when both are non-zero (a set: the
+    order of the samples is not identifiable), else the same action twice."""
+    mag = grad_b.abs()
+    if float(mag.max()) == 0.0:
+        raise LeaklabError("the last bias gradient is all zero (predicted Q equals the target); "
+                           "no action or target can be read from this update")
+    top = torch.topk(mag, 2).indices
+    if batch == 1:
+        return top[:1]
+    distinct = float(mag[top[1]]) > 1e-6 * float(mag[top[0]])
+    return top if distinct else top[:1].repeat(2)
+
+
+def error_directions(grad_b: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
+    """Per-sample error direction ``[B, A]`` whose sum is ``g_b`` (eq. 6): sample ``b`` carries
+    ``g_b[a_b] e_{a_b}``; samples sharing an action split its entry equally."""
+    e = torch.zeros(len(actions), grad_b.numel(), dtype=grad_b.dtype)
+    counts = torch.bincount(actions, minlength=grad_b.numel()).to(grad_b.dtype)
+    for i, a in enumerate(actions.tolist()):
+        e[i, a] = grad_b[a] / counts[a]
+    return e
+
+
+def dqn_target_exact(q_pred: torch.Tensor, grad_b: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
+    """``g_b[a] = 2 (Q̂ − Q) / B`` for a sample alone on its action, so ``Q = Q̂ − B g_b[a] / 2``."""
+    batch = len(actions)
+    return q_pred - batch * grad_b[actions] / 2
+
+
+def dqn_target_paper(q_pred: torch.Tensor, grad_b: torch.Tensor, actions: torch.Tensor,
+                     norm_ratio: torch.Tensor) -> torch.Tensor:
+    """IV-C2: sign ``n = sign(Q̂ − Q) = sign(g_b[a])``, magnitude ``|Q̂_rec − Q̃| ||g|| / ||g_rec||``
+    with ``Q̃ = Q̂_rec − n`` (unit error), then ``Q_rec = Q̂_rec − n |Q̂ − Q|_rec``."""
+    n = torch.sign(grad_b[actions])
+    return q_pred - n * norm_ratio
+
+
+def entropy_bias_gradient(probs: torch.Tensor, alpha: float, batch: int) -> torch.Tensor:
+    """``d(−α H(softmax(z)))/dz / B = α p (log p + H) / B``: the entropy part of eq. 4's gradient."""
+    log_p = probs.clamp_min(1e-300).log()
+    h = -(probs * log_p).sum(-1, keepdim=True)
+    return alpha * probs * (log_p + h) / batch
+
+
+def reinforce_action_reward(grad_b: torch.Tensor, probs: torch.Tensor, alpha: float
+                            ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Eq. 8 removes the entropy part; the action is the one whose policy-gradient direction
+    ``p − e_a`` (reward 1) is parallel to the rest (enumeration), and eq. 9 gives the reward as the
+    ratio of the two (least squares over the entries). One sample: ``probs`` is ``[A]``."""
+    pg = grad_b - entropy_bias_gradient(probs, alpha, 1)
+    units = probs.unsqueeze(0) - torch.eye(probs.numel(), dtype=probs.dtype)  # row a: p − e_a
+    cos = (units @ pg).abs() / (units.norm(dim=1) * pg.norm() + 1e-300)
+    action = int(cos.argmax())
+    u = units[action]
+    return torch.tensor([action]), ((pg @ u) / (u @ u)).reshape(1)

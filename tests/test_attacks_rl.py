@@ -1,0 +1,138 @@
+"""QGI/RGI (seed 000): exact analytic parts, paper-mode rules, the rank-1 shortcut, the image stage,
+and the section V metrics, on random-init networks with smooth synthetic rooms."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from leaklab.attacks.rl import RoomAttackConfig, qgi, rgi
+from leaklab.attacks.rl.network import cosine_loss, gradient_stats, trace
+from leaklab.errors import LeaklabError
+from leaklab.metrics import constant_baseline, psnr
+from leaklab.metrics.rooms import room_metrics
+from leaklab.models.perception import PerceptionSpec, build_perception_net
+from leaklab.rl.losses import dqn_loss, reinforce_loss
+from leaklab.threat import ClientUpdate, UpdateMetadata, make_view
+
+
+def smooth_images(batch, channels, seed):
+    g = torch.Generator().manual_seed(seed)
+    low = torch.rand(batch, channels, 6, 6, generator=g)
+    return F.interpolate(low, size=(150, 150), mode="bicubic", align_corners=False).clamp(0, 1)
+
+
+def client(setting="S2", arch="small", loss="dqn_mse", batch=1, actions=(3, 5), seed=0):
+    spec = PerceptionSpec(setting=setting, arch=arch)
+    net = build_perception_net(spec, seed=seed)
+    x = smooth_images(batch, spec.in_channels, seed + 10)
+    box = torch.tensor([[-0.3, -0.2, 0.4, 0.5], [0.1, -0.6, 0.7, 0.2]])[:batch]
+    a = torch.tensor(actions[:batch])
+    out = net(x, box)
+    truth = {"images": x, "box": box, "action": a}
+    if loss == "dqn_mse":
+        q = torch.tensor([0.7, -0.4])[:batch]
+        value = dqn_loss(out, a, q)
+        truth.update(q_pred=out.detach().gather(1, a.view(-1, 1)).squeeze(1), q_target=q)
+        meta = UpdateMetadata(batch_size=batch, loss="dqn_mse")
+    else:
+        r = torch.tensor([1.3, -0.8])[:batch]
+        value = reinforce_loss(out, a, r, 0.01)
+        truth.update(reward=r, probs=torch.softmax(out.detach(), 1))
+        meta = UpdateMetadata(batch_size=batch, loss="reinforce", entropy_weight=0.01)
+    grads = torch.autograd.grad(value, list(net.parameters()))
+    update = ClientUpdate(metadata=meta, tensors={n: g for (n, _), g in zip(net.named_parameters(), grads)})
+    return make_view(spec, net.state_dict(), meta), update, truth
+
+
+@pytest.mark.parametrize("setting,arch", [("S2", "small"), ("S1", "deep")])
+def test_qgi_exact_recovers_box_action_and_q_values(setting, arch):
+    view, update, truth = client(setting, arch)
+    rec = qgi(view, update, RoomAttackConfig(iterations=2))
+    m = room_metrics(rec, truth, setting)
+    assert m["box_iou"] > 0.9999 and m["box_error"] < 1e-5
+    assert m["action"] == 1.0
+    assert m["q_pred_error"] < 1e-3 and m["q_target_error"] < 1e-3
+    assert {"action", "box", "q_target"} <= set(rec.exact)
+
+
+def test_rgi_exact_recovers_probs_action_and_reward():
+    view, update, truth = client(loss="reinforce")
+    rec = rgi(view, update, RoomAttackConfig(iterations=2))
+    m = room_metrics(rec, truth, "S2")
+    assert m["action"] == 1.0 and m["reward_error"] < 1e-5 and m["box_iou"] > 0.9999
+    assert torch.allclose(rec.probs.float(), truth["probs"], atol=1e-6)
+
+
+def test_paper_mode_rules_recover_the_action():
+    view, update, truth = client()
+    cfg = RoomAttackConfig(mode="paper", iterations=3, stage1_iterations=3)
+    rec = qgi(view, update, cfg)
+    assert rec.action.tolist() == [3] and rec.iterations == 6
+    assert rec.images.shape == (1, 1, 150, 150) and rec.images.min() >= 0 and rec.images.max() <= 1
+    rview, rupdate, rtruth = client(loss="reinforce", actions=(2,))
+    assert rgi(rview, rupdate, cfg).action.tolist() == [2]
+
+
+def test_qgi_batch_two_actions_and_last_layer_exact():
+    view, update, truth = client(batch=2)
+    rec = qgi(view, update, RoomAttackConfig(iterations=2, stage1_iterations=2))
+    order = torch.argsort(rec.action)  # a set: match samples by action
+    assert rec.action[order].tolist() == [3, 5]
+    assert torch.allclose(rec.q_target[order].float(), truth["q_target"], atol=1e-4)
+    assert torch.allclose(rec.q_pred[order].float(), truth["q_pred"], atol=1e-4)
+
+
+def test_rank_one_shortcut_equals_materialised_gradient():
+    view, update, truth = client("S1", batch=2)
+    net = view.model
+    x = smooth_images(2, 4, 99).requires_grad_()
+    box = torch.randn(2, 4)
+    errors = torch.randn(2, 7)
+    t = trace(net, net.conv(x), box)
+    grads = {k: v.float() for k, v in update.tensors.items()}
+    fast = cosine_loss(*gradient_stats(net, grads, (errors * t.out).sum(), t.linear, conv_params=True))
+    full = torch.autograd.grad((errors * net(x, box)).sum(), list(net.parameters()))
+    g = torch.cat([v.flatten() for v in full])
+    o = torch.cat([grads[n].flatten() for n, _ in net.named_parameters()])
+    assert float(fast.detach()) == pytest.approx(float(1 - (g @ o) / (g.norm() * o.norm())), abs=1e-5)
+
+
+def test_short_exact_image_stage_beats_the_constant_baseline():
+    view, update, truth = client()
+    rec = qgi(view, update, RoomAttackConfig(iterations=300))
+    gain = psnr(rec.images, truth["images"]) - psnr(constant_baseline(truth["images"]), truth["images"])
+    assert float(gain) > 5
+
+
+@pytest.mark.parametrize("objective,action", [("dlg", "optimised"), ("inverting", "rule")])
+def test_ablation_objectives_run(objective, action):
+    view, update, truth = client()
+    cfg = RoomAttackConfig(mode="paper", objective=objective, action=action, iterations=2,
+                           stage1_iterations=2, multimodal="joint")
+    rec = qgi(view, update, cfg)
+    assert rec.q_target.shape == (1,) and rec.action.shape == (1,)
+
+
+def test_bad_updates_are_refused():
+    view, update, _ = client(loss="reinforce")
+    with pytest.raises(LeaklabError, match="dqn_mse"):
+        qgi(view, update)
+    view, update, _ = client(loss="reinforce", batch=2)
+    with pytest.raises(LeaklabError, match="batch size"):
+        rgi(view, update)
+    view, update, _ = client()
+    with pytest.raises(LeaklabError, match="ablations"):
+        qgi(view, update, RoomAttackConfig(objective="dlg"))
+
+
+def test_room_metrics_of_the_truth_and_paper_scaling():
+    view, update, truth = client("S1")
+    rec = qgi(view, update, RoomAttackConfig(iterations=1))
+    truth["images"][:, :3] /= truth["images"][:, :3].max()  # the brightest RGB pixel is white
+    rec.images = truth["images"] * 0.5
+    m = room_metrics(rec, truth, "S1")
+    assert m["rgb_raw_psnr"] < 30 < 100 < m["rgb_paper_psnr"] and m["depth_paper_psnr"] > 100
+    assert m["rgb_paper_psnr_baseline"] == m["rgb_raw_psnr_baseline"]
+    zero = {**truth, "box": torch.zeros(1, 4)}
+    rec.box = torch.zeros(1, 4)
+    assert room_metrics(rec, zero, "S1")["box_iou"] == 1.0
