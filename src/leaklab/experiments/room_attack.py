@@ -128,14 +128,13 @@ class Sample:
 
 
 def capture_samples(config: RoomRunConfig) -> tuple[dict[str, torch.Tensor], list[Sample]]:
-    """The network's state and one defended update (with its truth) per sample."""
+    """The network's state and one clean client update (with its truth) per sample."""
     spec = config.spec
     algorithm = "dqn" if config.algorithm == "qgi" else "reinforce"
     net = partly_trained_net(algorithm, spec, config.train_steps, config.layouts, config.seed)
     transitions = collect_transitions(config.layouts, config.samples * config.batch_size, spec,
                                       seed=config.seed, gamma=config.gamma)
     target = target_copy(net)
-    defense = parse_defense(config.defense) if config.defense else None
     samples = []
     for i in range(config.samples):
         batch = transitions[i * config.batch_size:(i + 1) * config.batch_size]
@@ -143,42 +142,65 @@ def capture_samples(config: RoomRunConfig) -> tuple[dict[str, torch.Tensor], lis
             update, truth = dqn_client_update(net, target, batch, config.gamma)
         else:
             update, truth = reinforce_client_update(net, batch, entropy_weight=config.entropy_weight)
-        if defense is not None:
-            generator = torch.Generator().manual_seed(config.seed * 100_003 + i)
-            update = defense.apply(update, generator)
         samples.append(Sample(i, [t.layout for t in batch], update, truth))
     state = {k: v.detach().clone() for k, v in net.state_dict().items()}
     return state, samples
 
 
-def _attack_one(spec: PerceptionSpec, state: dict[str, torch.Tensor], algorithm: str,
-                update: ClientUpdate, attack: RoomAttackConfig) -> RoomReconstruction:
-    """Attack one update from the server's view (runs in a worker process)."""
+def defend(samples: Sequence[Sample], defense: str | None, seed: int) -> list[Sample]:
+    """The samples with ``defense`` applied to their updates (noise drawn from ``seed`` and the
+    sample index, so every defense level of an audit sees the same draws per sample)."""
+    if not defense:
+        return list(samples)
+    chain = parse_defense(defense)
+    out = []
+    for s in samples:
+        generator = torch.Generator().manual_seed(seed * 100_003 + s.index)
+        out.append(Sample(s.index, s.layouts, chain.apply(s.update, generator), s.truth))
+    return out
+
+
+@dataclass(frozen=True)
+class Job:
+    """One attack for a worker process: everything the server holds, nothing of the truth."""
+
+    algorithm: str
+    spec: PerceptionSpec
+    state: dict[str, torch.Tensor]
+    update: ClientUpdate
+    attack: RoomAttackConfig
+
+
+def _attack_one(job: Job) -> RoomReconstruction:
+    """Attack one update from the server's view (runs in a worker process, one torch thread)."""
     torch.set_num_threads(1)
-    view = make_view(spec, state, update.metadata)
-    return (qgi if algorithm == "qgi" else rgi)(view, update, attack)
+    view = make_view(job.spec, job.state, job.update.metadata)
+    return (qgi if job.algorithm == "qgi" else rgi)(view, job.update, job.attack)
 
 
-def _workers(requested: int, samples: int) -> int:
+def _workers(requested: int, jobs: int) -> int:
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return max(1, min(requested or cores, samples))
+    return max(1, min(requested or cores, jobs))
 
 
-def attack_samples(config: RoomRunConfig, state: dict[str, torch.Tensor], samples: Sequence[Sample],
-                   on_result: Callable[[Sample, RoomReconstruction], None]) -> None:
-    """Attack every sample (in parallel processes when there are several) and hand each result to
-    ``on_result`` as soon as it is ready, in sample order."""
-    workers = _workers(config.workers, len(samples))
+def run_jobs(jobs: Sequence[Job], workers: int,
+             on_result: Callable[[int, RoomReconstruction], None]) -> None:
+    """Run every job (in ``workers`` spawned processes when there are several; 0 = one per core)
+    and hand each result to ``on_result(index, reconstruction)`` as soon as it is ready, in order."""
+    workers = _workers(workers, len(jobs))
     if workers == 1:
-        for s in samples:
-            on_result(s, _attack_one(config.spec, state, config.algorithm, s.update, config.attack))
+        for i, job in enumerate(jobs):
+            on_result(i, _attack_one(job))
         return
+    threads = torch.get_num_threads()
     context = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
-        futures = [pool.submit(_attack_one, config.spec, state, config.algorithm, s.update, config.attack)
-                   for s in samples]
-        for s, future in zip(samples, futures):
-            on_result(s, future.result())
+    try:
+        with ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
+            futures = [pool.submit(_attack_one, job) for job in jobs]
+            for i, future in enumerate(futures):
+                on_result(i, future.result())
+    finally:
+        torch.set_num_threads(threads)
 
 
 def _mean(values: list[float]) -> float | None:
@@ -198,6 +220,13 @@ def summarise(rows: list[dict[str, Any]], iterations: int, seconds: float) -> di
     summary["iterations"] = iterations
     summary["seconds_per_sample"] = seconds / max(len(rows), 1)
     return summary
+
+
+def score(sample: Sample, rec: RoomReconstruction, setting: str) -> dict[str, Any]:
+    """The per-sample row of ``results.json``: section V metrics against the client's truth."""
+    return {"index": sample.index, "layouts": sample.layouts,
+            "metrics": room_metrics(rec, sample.truth, setting), "iterations": rec.iterations,
+            "seconds": rec.seconds, "exact": list(rec.exact)}
 
 
 def _grid_rows(setting: str, truths: list[torch.Tensor], recs: list[torch.Tensor]):
@@ -226,17 +255,19 @@ def run(config: RoomRunConfig, out: Path, progress: ProgressFn | None = None) ->
     """Capture, attack, score; write ``out`` atomically and return the results dict."""
     check_out(out)  # before the capture: never spend minutes and then refuse the folder
     start = time.perf_counter()
-    state, samples = capture_samples(config)
+    state, clean = capture_samples(config)
+    samples = defend(clean, config.defense, config.seed)
+    jobs = [Job(config.algorithm, config.spec, state, s.update, config.attack) for s in samples]
     rows: list[dict[str, Any]] = []
     truths, recs, captions = [], [], []
     seconds_attacking = [0.0]
     with atomic_dir(out) as tmp:
         log = (tmp / SAMPLES_FILE).open("w")
 
-        def on_result(sample: Sample, rec: RoomReconstruction) -> None:
-            metrics = room_metrics(rec, sample.truth, config.setting)
-            row = {"index": sample.index, "layouts": sample.layouts, "metrics": metrics,
-                   "iterations": rec.iterations, "seconds": rec.seconds, "exact": list(rec.exact)}
+        def on_result(i: int, rec: RoomReconstruction) -> None:
+            sample = samples[i]
+            row = score(sample, rec, config.setting)
+            metrics = row["metrics"]
             rows.append(row)
             seconds_attacking[0] += rec.seconds
             log.write(json.dumps(row) + "\n")
@@ -249,7 +280,7 @@ def run(config: RoomRunConfig, out: Path, progress: ProgressFn | None = None) ->
                 progress(f"{config.algorithm} {config.setting}", len(rows), len(samples))
 
         try:
-            attack_samples(config, state, samples, on_result)
+            run_jobs(jobs, config.workers, on_result)
         finally:
             log.close()
         wall = time.perf_counter() - start
