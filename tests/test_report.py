@@ -54,9 +54,10 @@ def test_render_report_embeds_figures_and_escapes(tmp_path):
     assert len(uris) == 2 and base64.b64decode(uris[0]).startswith(PNG)
 
 
-def test_quick_audit_writes_report_and_results(tmp_path):
+def test_quick_image_audit_writes_report_and_results(tmp_path):
     out = tmp_path / "audit"
-    result = CliRunner().invoke(app, ["audit", "--quick", "--out", str(out)], catch_exceptions=False)
+    result = CliRunner().invoke(app, ["audit", "--kind", "images", "--quick", "--out", str(out)],
+                                catch_exceptions=False)
     assert result.exit_code == 0, result.output
     html = (out / "report.html").read_text()
     assert html.count("data:image/png;base64,") >= 3  # bar plot + one grid per scenario

@@ -552,16 +552,60 @@ def reproduce_inversion_checks(
 def audit(
     out: Annotated[Optional[Path], typer.Option("--out", help="(default runs/<id>-audit)")] = None,
     quick: Annotated[bool, typer.Option("--quick", help="a seconds-long version (tests)")] = False,
+    full: Annotated[bool, typer.Option("--full", help="the paper-scale protocol (48 samples from every "
+                                       "room, S1 and S2, exact and paper mode; hours)")] = False,
+    cases: Annotated[Optional[Path], typer.Option("--cases", help="attack your own saved room cases "
+                                                  "(folders written by leaklab.rl.capture) instead")] = None,
+    mode: Annotated[str, typer.Option("--mode", help="exact | paper (with --cases)")] = "exact",
+    iterations: IterationsOpt = None,
+    kind: Annotated[str, typer.Option("--kind", help="rooms (federated RL, the default) | images "
+                                      "(image classifiers, DLG)")] = "rooms",
+    workers: Annotated[int, typer.Option("--workers", help="attack processes (0: one per core)")] = 0,
     seed: Annotated[int, typer.Option("--seed")] = 0,
 ) -> None:
-    """The default leakage audit: real photos and faces attacked with and without defenses, as an
-    HTML report (runs/<id>/report.html) and results.json."""
-    from leaklab.experiments import image_audit
+    """The leakage audit: robots' private rooms through their federated DQN/REINFORCE updates, with
+    and without defenses, as an HTML report (runs/<id>/report.html) and results.json."""
     from leaklab.io import new_run_dir
 
+    if kind not in ("rooms", "images"):
+        raise LeaklabError(f"--kind {kind!r}: choose rooms or images")
     out = out or new_run_dir("audit")
     with _progress() as progress:
-        results = image_audit.run(out, quick=quick, seed=seed, progress=progress)
+        if kind == "images":
+            if full or cases or iterations:
+                raise LeaklabError("--full, --cases and --iterations belong to --kind rooms")
+            _image_audit(out, quick, seed, progress)
+            return
+        from leaklab.attacks.rl import RoomAttackConfig
+        from leaklab.experiments import room_audit
+
+        if cases is not None:
+            if quick or full:
+                raise LeaklabError("--cases attacks the saved updates as they are; drop --quick/--full")
+            attack = RoomAttackConfig(mode=mode, seed=seed, **({"iterations": iterations} if iterations else {}))
+            results = room_audit.run_cases(out, cases, attack, workers=workers, progress=progress)
+            typer.echo(f"wrote {out / 'report.html'}: {results['summary']['cases']} case(s), "
+                       f"{results['summary']['scored']} scored")
+            return
+        config = room_audit.default_config(quick=quick, full=full, seed=seed)
+        overrides = {k: v for k, v in (("iterations", iterations), ("workers", workers or None)) if v}
+        if mode != "exact" and not full:
+            overrides["modes"] = (mode,)
+        config = room_audit.AuditConfig(**{**config.model_dump(), **overrides})
+        results = room_audit.run(out, config, progress=progress)
+    typer.echo(f"wrote {out / 'report.html'} ({results['summary']['seconds']:.0f} s)")
+    for cell in results["cells"]:
+        s = cell["summary"]
+        images = ", ".join(f"{im} PSNR {s[f'{im}_psnr_mean']:.2f} dB (baseline {s[f'{im}_psnr_baseline_mean']:.2f})"
+                           for im in ("rgb", "depth") if s.get(f"{im}_psnr_mean") is not None)
+        typer.echo(f"  {cell['algorithm'].upper()} {cell['setting']} {cell['mode']:5s} {cell['defense']:18s} "
+                   f"{images}, box IoU {s['iou_mean']:.3f}, action {100 * s['action_accuracy']:.0f}%")
+
+
+def _image_audit(out: Path, quick: bool, seed: int, progress: Callable[..., None]) -> None:
+    from leaklab.experiments import image_audit
+
+    results = image_audit.run(out, quick=quick, seed=seed, progress=progress)
     typer.echo(f"wrote {out / 'report.html'}")
     for row in results.get("settings", []):
         s = row["summary"]

@@ -1,0 +1,327 @@
+"""The main job (``leaklab audit``, ``make audit``): how much do robots' federated RL updates leak
+their rooms, and how much does a defense help? (seed 000, "Your Room is not Private").
+
+Robots in private ViZDoom rooms train the multimodal perception network with DQN and with
+REINFORCE and share single-sample FedSGD gradients. The server runs QGI and RGI
+(:mod:`leaklab.attacks.rl`) on each update, undefended and behind each defense:
+
+* Gaussian noise on every gradient entry at two scales (``gaussian:σ``);
+* DP-SGD's step at two ε: the per-sample gradient clipped to L2 norm ``C`` plus N(0, (zC)²) on every
+  entry, ``z`` the noise multiplier that makes this one release (ε, δ)-DP
+  (:func:`leaklab.privacy.dpsgd.noise_multiplier_for`, δ = 1e-5).
+
+It writes ``OUT/report.html`` (originals beside reconstructions, a metrics table with the
+constant-image baselines, leakage versus defense strength), ``OUT/results.json`` (one
+:mod:`leaklab.experiments.room_attack` summary per algorithm and defense, and the per-sample rows)
+and the figures in ``OUT/figures/``. The defaults finish within about ten minutes on two CPU
+cores; ``full=True`` is the paper-scale protocol (48 samples from every layout, S1 and S2, the exact
+and the paper mode); ``quick=True`` is a seconds-long version for tests.
+
+``cases=DIR`` attacks a user's own saved updates instead: room case folders written by
+:func:`leaklab.rl.capture.capture_rooms` (or in that format); they are scored when their
+``truth.safetensors`` is present.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field
+
+from leaklab.attacks.rl import RoomAttackConfig
+from leaklab.device import describe
+from leaklab.errors import LeaklabError
+from leaklab.experiments import room_attack
+from leaklab.experiments.image_attack import versions
+from leaklab.io import RESULTS_FILE, TRUTH_FILE, VIEW_FILE, atomic_dir, write_json
+from leaklab.privacy.dpsgd import noise_multiplier_for
+
+ProgressFn = Callable[[str, int, int], None]
+REPORT_FILE = "report.html"
+DP_DELTA = 1e-5
+DP_CLIP = 1.0
+
+
+def dpsgd_defense(epsilon: float, clip: float = DP_CLIP, delta: float = DP_DELTA) -> str:
+    """The defense chain of one DP-SGD release at ``epsilon``: clip to ``clip``, Gaussian noise."""
+    return f"clip:{clip:g},gaussian:{noise_multiplier_for(epsilon, delta) * clip:.6g}"
+
+
+class AuditConfig(BaseModel):
+    """What the audit attacks; the defaults are sized for about ten minutes on two CPU cores."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    algorithms: tuple[str, ...] = ("qgi", "rgi")
+    settings: tuple[str, ...] = ("S1",)
+    modes: tuple[str, ...] = ("exact",)
+    arch: str = "small"
+    samples: int = Field(default=4, ge=1)
+    layouts: tuple[str, ...] | None = Field(default=None, description="None: the first `samples` layouts")
+    iterations: int | None = Field(default=1000, ge=1, description="image-stage iterations; None: the mode's")
+    gaussian_sigmas: tuple[float, ...] = (1e-5, 1e-3)
+    dp_epsilons: tuple[float, ...] = (8.0, 1.0)
+    workers: int = 0
+    seed: int = 0
+
+    def defenses(self) -> list[tuple[str, str | None]]:
+        """(label, defense chain) from the weakest to the strongest."""
+        out: list[tuple[str, str | None]] = [("none", None)]
+        out += [(f"gaussian σ={s:g}", f"gaussian:{s:g}") for s in self.gaussian_sigmas]
+        out += [(f"DP-SGD ε={e:g}", dpsgd_defense(e)) for e in sorted(self.dp_epsilons, reverse=True)]
+        return out
+
+
+def default_config(quick: bool = False, full: bool = False, seed: int = 0) -> AuditConfig:
+    if quick and full:
+        raise LeaklabError("--quick and --full exclude each other")
+    if quick:
+        return AuditConfig(samples=1, iterations=3, gaussian_sigmas=(1e-3,), dp_epsilons=(8.0,), seed=seed,
+                           workers=1)
+    if full:
+        from leaklab.rl.envs import LAYOUTS
+
+        return AuditConfig(settings=("S1", "S2"), modes=("exact", "paper"), samples=48,
+                           layouts=tuple(LAYOUTS), iterations=None, seed=seed)
+    return AuditConfig(seed=seed)
+
+
+def _cell_configs(config: AuditConfig) -> list[tuple[dict[str, str], room_attack.RoomRunConfig]]:
+    from leaklab.rl.envs import LAYOUTS
+
+    layouts = config.layouts or tuple(LAYOUTS)[:min(config.samples, len(LAYOUTS))]
+    cells = []
+    for algorithm in config.algorithms:
+        for setting in config.settings:
+            for mode in config.modes:
+                fields = {"mode": mode, "seed": config.seed}
+                if config.iterations is not None:
+                    fields["iterations"] = config.iterations
+                run = room_attack.RoomRunConfig(algorithm=algorithm, setting=setting, arch=config.arch,
+                                                samples=config.samples, layouts=layouts,
+                                                attack=RoomAttackConfig(**fields), workers=config.workers,
+                                                seed=config.seed)
+                cells.append(({"algorithm": algorithm, "setting": setting, "mode": mode}, run))
+    return cells
+
+
+def run(out: Path, config: AuditConfig, progress: ProgressFn | None = None) -> dict[str, Any]:
+    """Run the audit and write ``out`` atomically; returns the results (also ``results.json``)."""
+    room_attack.check_out(out)
+    start = time.perf_counter()
+    defenses = config.defenses()
+    cells = _cell_configs(config)
+    # capture once per cell, defend each capture at every level, then attack everything in one pool
+    jobs: list[room_attack.Job] = []
+    where: list[tuple[int, int, room_attack.Sample]] = []
+    for c, (_, run_config) in enumerate(cells):
+        state, clean = room_attack.capture_samples(run_config)
+        for d, (_, chain) in enumerate(defenses):
+            for sample in room_attack.defend(clean, chain, config.seed):
+                jobs.append(room_attack.Job(run_config.algorithm, run_config.spec, state, sample.update,
+                                            run_config.attack))
+                where.append((c, d, sample))
+    rows: dict[tuple[int, int], list[dict[str, Any]]] = {}
+    pictures: dict[tuple[int, int], list[torch.Tensor]] = {}
+    truths: dict[int, list[torch.Tensor]] = {}
+    seconds: dict[tuple[int, int], float] = {}
+
+    def on_result(i: int, rec) -> None:
+        c, d, sample = where[i]
+        setting = cells[c][1].setting
+        rows.setdefault((c, d), []).append(room_attack.score(sample, rec, setting))
+        seconds[(c, d)] = seconds.get((c, d), 0.0) + rec.seconds
+        pictures.setdefault((c, d), []).append(rec.images[:1].detach().float().clamp(0, 1))
+        if d == 0:
+            truths.setdefault(c, []).append(sample.truth["images"][:1])
+        if progress:
+            progress("audit", i + 1, len(jobs))
+
+    with atomic_dir(out) as tmp:
+        room_attack.run_jobs(jobs, config.workers, on_result)
+        results_cells = []
+        for c, (meta, run_config) in enumerate(cells):
+            for d, (label, chain) in enumerate(defenses):
+                cell_rows = rows[(c, d)]
+                iterations = max(r["iterations"] for r in cell_rows)
+                results_cells.append({**meta, "defense": label, "defense_chain": chain,
+                                      "summary": room_attack.summarise(cell_rows, iterations, seconds[(c, d)]),
+                                      "samples": cell_rows})
+        results = {"format": "leaklab.audit", "format_version": 2, "kind": "rooms",
+                   "config": config.model_dump(mode="json"),
+                   "summary": {"seconds": time.perf_counter() - start, "samples_attacked": len(jobs),
+                               "defenses": [label for label, _ in defenses]},
+                   "cells": results_cells, "versions": versions(), "device": describe(torch.device("cpu"))}
+        write_json(tmp / RESULTS_FILE, results)
+        _write_report(tmp, results, cells, defenses, truths, pictures)
+    return results
+
+
+def _algorithm(loss: str) -> str:
+    if loss == "dqn_mse":
+        return "qgi"
+    if loss == "reinforce":
+        return "rgi"
+    raise LeaklabError(f"update loss {loss!r} is not an RL loss; room cases hold dqn_mse or reinforce updates")
+
+
+def run_cases(out: Path, cases_dir: Path, attack: RoomAttackConfig, workers: int = 0,
+              progress: ProgressFn | None = None) -> dict[str, Any]:
+    """Attack a user's saved room cases (every sub-folder of ``cases_dir`` with a ``view.json``) as
+    they are, score them when their truth is present, and write ``out`` like :func:`run`."""
+    from leaklab.rl.cases import load_room_case, load_room_truth
+
+    room_attack.check_out(out)
+    cases_dir = Path(cases_dir)
+    folders = sorted(p for p in cases_dir.iterdir() if (p / VIEW_FILE).is_file()) if cases_dir.is_dir() else []
+    if (cases_dir / VIEW_FILE).is_file():
+        folders = [cases_dir]
+    if not folders:
+        raise LeaklabError(f"--cases {cases_dir}: no room case folders (with {VIEW_FILE}) found; write them "
+                           "with leaklab.rl.capture.capture_rooms")
+    start = time.perf_counter()
+    cases = [load_room_case(f) for f in folders]
+    jobs = [room_attack.Job(_algorithm(c.view.metadata.loss), c.view.spec,
+                            {k: v.detach().clone() for k, v in c.view.model.state_dict().items()}, c.update, attack)
+            for c in cases]
+    rows: list[dict[str, Any]] = []
+    truths, pictures = [], []
+
+    def on_result(i: int, rec) -> None:
+        case = cases[i]
+        row: dict[str, Any] = {"case": case.folder.name, "algorithm": jobs[i].algorithm,
+                               "setting": case.view.spec.setting, "defense": case.update.defense,
+                               "iterations": rec.iterations, "seconds": rec.seconds,
+                               "action": rec.action.tolist(), "box": rec.box.tolist()}
+        if (case.folder / TRUTH_FILE).is_file():
+            truth, provenance = load_room_truth(case.folder, case)
+            sample = room_attack.Sample(i, list(provenance.get("layouts", [])), case.update, truth)
+            scored = room_attack.score(sample, rec, case.view.spec.setting)
+            row.update(metrics=scored["metrics"], layouts=scored["layouts"])
+            truths.append(truth["images"][:1, -1:])
+            pictures.append(rec.images[:1, -1:].detach().float().clamp(0, 1))
+        rows.append(row)
+        if progress:
+            progress("audit", i + 1, len(jobs))
+
+    with atomic_dir(out) as tmp:
+        room_attack.run_jobs(jobs, workers, on_result)
+        scored = [r for r in rows if "metrics" in r]
+        summary = {"seconds": time.perf_counter() - start, "cases": len(rows), "scored": len(scored)}
+        if scored:
+            summary.update(room_attack.summarise(scored, max(r["iterations"] for r in scored),
+                                                 sum(r["seconds"] for r in scored)))
+        results = {"format": "leaklab.audit", "format_version": 2, "kind": "room-cases",
+                   "cases_dir": str(cases_dir), "attack": attack.model_dump(mode="json"), "summary": summary,
+                   "cases": rows, "versions": versions(), "device": describe(torch.device("cpu"))}
+        write_json(tmp / RESULTS_FILE, results)
+        _write_cases_report(tmp, results, truths, pictures)
+    return results
+
+
+def _write_cases_report(folder: Path, results: dict[str, Any], truths, pictures) -> None:
+    from leaklab.report.html import Figure, Section, Table, render_report
+    from leaklab.report.plots import image_grid
+
+    figures = []
+    if truths:
+        grid = image_grid([("depth original", torch.cat(truths)), ("depth reconstructed", torch.cat(pictures))],
+                          folder / "figures" / "cases.png", max_cols=8, title="Saved cases (depth)")
+        figures.append(Figure("Originals and reconstructions (depth)", grid))
+    columns = ["case", "attack", "setting", "defense", "action", "box IoU", "depth PSNR (dB)", "depth baseline",
+               "RGB PSNR (dB)", "RGB baseline", "s"]
+    table = Table(columns=columns, rows=[
+        [r["case"], r["algorithm"].upper(), r["setting"], r["defense"] or "none", r["action"],
+         r.get("metrics", {}).get("box_iou"), r.get("metrics", {}).get("depth_paper_psnr"),
+         r.get("metrics", {}).get("depth_paper_psnr_baseline"), r.get("metrics", {}).get("rgb_paper_psnr"),
+         r.get("metrics", {}).get("rgb_paper_psnr_baseline"), r["seconds"]] for r in results["cases"]],
+        caption="Metrics appear for cases whose truth.safetensors is present.")
+    render_report(folder / REPORT_FILE, "leaklab audit of saved room updates",
+                  summary=[("generated", time.strftime("%Y-%m-%d %H:%M:%S")), ("cases", results["cases_dir"]),
+                           ("seconds", results["summary"]["seconds"])],
+                  intro="Each saved client update was attacked from the server's files only (QGI for DQN "
+                        "updates, RGI for REINFORCE updates).",
+                  sections=[Section(title="Cases", figures=figures, tables=[table])])
+
+
+def _leakage_plot(results: dict[str, Any], labels: list[str], path: Path) -> bytes:
+    """PSNR gain over the constant-image baseline per defense (RGB and depth per attack)."""
+    from leaklab.report.plots import bar_plot
+
+    series: dict[str, list[float | None]] = {}
+    for cell in results["cells"]:
+        key = f"{cell['algorithm'].upper()} {cell['setting']} {cell['mode']}"
+        s = cell["summary"]
+        for image in ("rgb", "depth"):
+            if s.get(f"{image}_psnr_mean") is not None:
+                gain = s[f"{image}_psnr_mean"] - s[f"{image}_psnr_baseline_mean"]
+                series.setdefault(f"{key} {image}", [None] * len(labels))[labels.index(cell["defense"])] = gain
+    return bar_plot(labels, series, path, ylabel="PSNR over baseline (dB)",
+                    title="Leakage per defense: reconstruction PSNR minus the constant-image baseline")
+
+
+def _write_report(folder: Path, results: dict[str, Any], cells, defenses, truths, pictures) -> None:
+    from leaklab.report.html import Figure, Section, Table, render_report
+    from leaklab.report.plots import image_grid
+
+    labels = [label for label, _ in defenses]
+    plot = _leakage_plot(results, labels, folder / "figures" / "leakage_per_defense.png")
+    by = {(c["algorithm"], c["setting"], c["mode"], c["defense"]): c for c in results["cells"]}
+    sections = []
+    for c, (meta, run_config) in enumerate(cells):
+        rows = []
+        captions: list[list[str] | None] = []
+        images = ("rgb", "depth") if run_config.setting == "S1" else ("depth",)
+        for image in images:
+            sl = slice(0, 3) if image == "rgb" else slice(-1, None)
+            rows.append((f"{image} original", torch.cat([t[:, sl] for t in truths[c]])))
+            captions.append(None)
+            for d, label in enumerate(labels):
+                rows.append((f"{image}, {label}", torch.cat([p[:, sl] for p in pictures[(c, d)]])))
+                cell = by[(meta["algorithm"], meta["setting"], meta["mode"], label)]
+                captions.append([f"{r['metrics'][f'{image}_paper_psnr']:.1f} dB" for r in cell["samples"]])
+        title = f"{meta['algorithm'].upper()} {meta['setting']} ({meta['mode']} mode)"
+        slug = f"{meta['algorithm']}-{meta['setting']}-{meta['mode']}"
+        grid = image_grid(rows, folder / "figures" / f"{slug}.png", captions=captions, max_cols=8, title=title)
+        table_rows = []
+        for label in labels:
+            s = by[(meta["algorithm"], meta["setting"], meta["mode"], label)]["summary"]
+            supervision = (f"{s['q_target_err_mean']:.3g} %" if s.get("q_target_err_mean") is not None
+                           else f"{s.get('reward_abs_err_mean', math.nan):.3g}")
+            table_rows.append([label, s.get("rgb_psnr_mean"), s.get("rgb_psnr_baseline_mean"), s.get("rgb_ssim_mean"),
+                               s.get("depth_psnr_mean"), s.get("depth_psnr_baseline_mean"), s.get("depth_ssim_mean"),
+                               s.get("iou_mean"), f"{100 * s['action_accuracy']:.0f}%", supervision,
+                               s.get("seconds_per_sample")])
+        table = Table(columns=["defense", "RGB PSNR (dB)", "RGB baseline", "RGB SSIM", "depth PSNR (dB)",
+                               "depth baseline", "depth SSIM", "box IoU", "action", "target Q error / reward error",
+                               "s per sample"],
+                      rows=table_rows,
+                      caption="Baseline: a constant image at the true mean, what an attacker gets with no "
+                              "information. PSNR well above it means the update shows the room. PSNR/SSIM on "
+                              "the Y channel (RGB) and on depth, with the paper's normalisation.")
+        what = ("a DQN client (MSE TD loss); QGI recovers the state, the action and the target Q-value"
+                if meta["algorithm"] == "qgi" else
+                "a REINFORCE client (with entropy bonus); RGI recovers the state, the action and the reward")
+        text = (f"{run_config.samples} private transition(s) from {len(set(run_config.layouts or ()))} "
+                f"room(s), each sent alone as the FedSGD gradient of {what}. Top: the originals; below, the "
+                f"server's reconstruction under each defense.")
+        sections.append(Section(title=title, text=text, figures=[Figure("Originals and reconstructions", grid)],
+                                tables=[table]))
+    summary = [("generated", time.strftime("%Y-%m-%d %H:%M:%S")), ("device", results["device"]),
+               ("leaklab", results["versions"]["leaklab"]), ("torch", results["versions"]["torch"]),
+               ("seed", results["config"]["seed"]), ("seconds", results["summary"]["seconds"])]
+    intro = ("Can an honest-but-curious federated-learning server see a robot's private room? Robots "
+             "training an active-perception policy in ViZDoom rooms share one gradient per step; the server "
+             "inverts it (seed 000: QGI for DQN, RGI for REINFORCE). Defenses: Gaussian noise on every "
+             "gradient entry, and one DP-SGD step (clip to norm 1, Gaussian noise calibrated to ε at "
+             "δ = 1e-5).")
+    render_report(folder / REPORT_FILE, "leaklab audit: your room through federated RL updates",
+                  summary=summary, intro=intro,
+                  figures=[Figure("Leakage per defense", plot, "bars: PSNR minus the constant-image "
+                                  "baseline; at or below 0 the reconstruction shows nothing of the room")],
+                  sections=sections)
