@@ -18,6 +18,11 @@ photo crops, untrained network, BatchNorm on the client's running statistics -- 
   and this machine's measured peak rate (a large matrix product) per precision, hence the share of
   the peak a single attack already uses and the largest speed-up any batching could give.
 
+``room_speed``: QGI in exact mode (issue 4's speed acceptance) on the small perception network,
+initialised, single-sample DQN updates from the ViZDoom rooms: samples per minute in settings S2
+(depth + box) and S1 (RGB + depth + box), attacked the way ``leaklab attack qgi`` does it (one
+process of one torch thread per core), wall clock of the attack phase.
+
 Rates use the optimisation loop's own clock (``Reconstruction.seconds``: after set-up and the prior
 calibration), after a short warm-up run that pays oneDNN's one-time kernel creation. No speed is
 asserted anywhere: the numbers depend on the machine and on what else runs on it, so the file
@@ -50,6 +55,7 @@ from leaklab.models import ModelSpec, build_model
 from leaklab.threat import make_view
 
 TARGETS = {"single_iterations_per_second": 9.2, "batched_speedup": 3.0}
+ROOM_TARGETS = {"S2_samples_per_minute": 6.0, "S1_samples_per_minute": 1.5}
 
 
 def _cpu_model() -> str:
@@ -193,6 +199,36 @@ def inversion_speed(out: Path, quick: bool, precisions: list[str], iterations: i
     return result
 
 
+def room_speed(out: Path, quick: bool, samples: int, log) -> dict:
+    from leaklab.attacks.rl import RoomAttackConfig
+    from leaklab.experiments import room_attack
+
+    workers = room_attack._workers(0, samples)
+    result: dict = {
+        "benchmark": "room_speed",
+        "timestamp": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "quick": quick, "cpu": _cpu_model(), "torch": torch.__version__, "workers": workers,
+        "threads_per_worker": 1, "load_average_before": _load(), "targets": ROOM_TARGETS, "settings": {}}
+    for setting in ("S2", "S1"):
+        attack = RoomAttackConfig(mode="exact", **({"iterations": 5} if quick else {}))
+        config = room_attack.RoomRunConfig(algorithm="qgi", setting=setting, samples=samples, attack=attack)
+        state, clean = room_attack.capture_samples(config)
+        jobs = [room_attack.Job("qgi", config.spec, state, s.update, attack) for s in clean]
+        seconds: list[float] = []
+        start = time.perf_counter()
+        room_attack.run_jobs(jobs, workers, lambda i, rec: seconds.append(rec.seconds))
+        wall = time.perf_counter() - start
+        result["settings"][setting] = {
+            "samples": samples, "iterations": attack.iterations, "wall_seconds": wall,
+            "samples_per_minute": 60 * samples / wall,
+            "attack_seconds_per_sample": sum(seconds) / len(seconds)}
+        log(f"rooms {setting}: {60 * samples / wall:.2f} samples/min ({workers} processes; "
+            f"{sum(seconds) / len(seconds):.1f} s per sample in the attack loop)")
+    result["load_average_after"] = _load()
+    _write(out / "room_speed.json", result)
+    return result
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
@@ -202,7 +238,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--iterations", type=int, default=None, help="single-attack iterations")
     parser.add_argument("--batched-iterations", type=int, default=None)
     parser.add_argument("--instances", type=int, default=None)
+    parser.add_argument("--only", default="inversion,rooms", help="benchmarks to run: inversion, rooms")
+    parser.add_argument("--room-samples", type=int, default=None, help="samples per setting (rooms)")
     args = parser.parse_args(argv)
+    only = [b for b in args.only.split(",") if b]
+    if set(only) - {"inversion", "rooms"}:
+        print(f"unknown benchmark {sorted(set(only) - {'inversion', 'rooms'})[0]!r}; choose from inversion, "
+              "rooms", file=sys.stderr)
+        return 2
     if args.threads:
         torch.set_num_threads(args.threads)
     precisions = [p for p in args.precisions.split(",") if p]
@@ -220,10 +263,13 @@ def main(argv: list[str] | None = None) -> int:
     def log(message: str) -> None:
         print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
 
-    inversion_speed(args.out, args.quick, precisions,
-                    iterations=args.iterations or (3 if args.quick else 60),
-                    batched_iterations=args.batched_iterations or (2 if args.quick else 15),
-                    instances=args.instances or (3 if args.quick else 16), log=log)
+    if "inversion" in only:
+        inversion_speed(args.out, args.quick, precisions,
+                        iterations=args.iterations or (3 if args.quick else 60),
+                        batched_iterations=args.batched_iterations or (2 if args.quick else 15),
+                        instances=args.instances or (3 if args.quick else 16), log=log)
+    if "rooms" in only:
+        room_speed(args.out, args.quick, args.room_samples or (2 if args.quick else 8), log)
     return 0
 
 

@@ -19,7 +19,7 @@ def _bench():
 def test_quick_benchmark_writes_its_json(tmp_path):
     threads = torch.get_num_threads()
     try:
-        code = _bench().main(["--out", str(tmp_path), "--quick", "--threads", "1",
+        code = _bench().main(["--out", str(tmp_path), "--quick", "--threads", "1", "--only", "inversion",
                               "--iterations", "2", "--instances", "2"])
     finally:
         torch.set_num_threads(threads)
@@ -40,6 +40,21 @@ def test_quick_benchmark_writes_its_json(tmp_path):
         assert ceiling["gflop_per_iteration"] > 0 and ceiling["peak_gflops"] > 0
         assert abs(ceiling["max_batched_speedup"] * ceiling["single_share_of_peak"] - 1) < 1e-9
     assert not list(tmp_path.glob("*.tmp"))
+
+
+def test_quick_room_benchmark_writes_its_json(tmp_path):
+    assert _bench().main(["--out", str(tmp_path), "--quick", "--only", "rooms", "--room-samples", "1"]) == 0
+    data = json.loads((tmp_path / "room_speed.json").read_text())
+    assert data["benchmark"] == "room_speed" and data["targets"]
+    for setting in ("S1", "S2"):
+        assert data["settings"][setting]["samples_per_minute"] > 0
+        assert data["settings"][setting]["samples"] == 1
+    assert not (tmp_path / "inversion_speed.json").exists()
+
+
+def test_unknown_benchmark_is_refused(tmp_path, capsys):
+    assert _bench().main(["--out", str(tmp_path), "--quick", "--only", "gpu"]) == 2
+    assert "unknown benchmark" in capsys.readouterr().err
 
 
 def test_unknown_precision_is_refused(tmp_path, capsys):
