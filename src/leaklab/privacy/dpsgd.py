@@ -1,0 +1,236 @@
+"""DP-SGD for federated clients (local DP, through opacus) and for the server (central DP).
+
+* Local DP (Abadi et al., CCS 2016; seed notes-003 section 3.6 and notes-002 section 1.3): a client
+  trains on its own data with per-sample gradients clipped to L2 norm ``clip`` and Gaussian noise of
+  std ``noise_multiplier * clip`` added to their sum, on Poisson-sampled batches.
+  :func:`make_private` wraps any model/optimizer/data loader with opacus' ``PrivacyEngine`` (for
+  one's own training loop) and :class:`PrivateTraining` reports the epsilon spent;
+  :func:`train_private` is the whole loop for image classifiers.
+* Central DP for federated averaging (DP-FedAvg, McMahan et al., ICLR 2018): the server clips each
+  client's update to norm ``clip``, sums, adds N(0, (noise_multiplier * clip)^2) once to the sum and
+  divides by the expected number of clients (:class:`CentralDP`). The guarantee is per client
+  (neighbouring = one client's data added or removed), accounted with the client sampling rate.
+* One release of one clipped, noised per-sample gradient (:func:`clip_and_noise`), calibrated by
+  :func:`noise_multiplier_for`: what a batch-1 client of a DP-SGD round sends.
+
+Every epsilon comes from :mod:`leaklab.privacy.accounting`. Clipping and noise of the last two
+reuse the update defenses ``clip`` and ``gaussian`` of :mod:`leaklab.defenses`.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from leaklab.defenses import Clip, Gaussian
+from leaklab.errors import LeaklabError
+from leaklab.privacy.accounting import ACCOUNTANTS, DEFAULT_ACCOUNTANT, dpsgd_epsilon, dpsgd_sigma
+
+__all__ = ["CentralDP", "DPSGDConfig", "PrivateTraining", "clip_and_noise", "make_private",
+           "noise_multiplier_for", "train_private"]
+
+
+def noise_multiplier_for(epsilon: float, delta: float, steps: int = 1, q: float = 1.0,
+                         accountant: str = DEFAULT_ACCOUNTANT) -> float:
+    """The noise multiplier sigma that makes ``steps`` DP-SGD steps at sampling rate ``q``
+    (epsilon, delta)-DP (:func:`~leaklab.privacy.accounting.dpsgd_sigma`); 0 for epsilon = inf."""
+    if epsilon == math.inf:
+        return 0.0
+    return dpsgd_sigma(q, steps, epsilon, delta, accountant)
+
+
+def clip_and_noise(tensors: Sequence[torch.Tensor], clip: float, noise_multiplier: float,
+                   generator: torch.Generator) -> list[torch.Tensor]:
+    """One per-sample gradient (all its tensors as one vector) clipped to L2 norm ``clip``, plus
+    N(0, (noise_multiplier * clip)^2) on every entry: the Gaussian mechanism with sensitivity ``clip``
+    (add/remove one sample)."""
+    if not (clip > 0 and math.isfinite(clip)):
+        raise LeaklabError(f"the clipping norm must be a positive number (got {clip!r})")
+    if not (noise_multiplier >= 0 and math.isfinite(noise_multiplier)):
+        raise LeaklabError(f"the noise multiplier must be >= 0 (got {noise_multiplier!r})")
+    clipped = Clip(clip).apply(list(tensors))
+    return Gaussian(noise_multiplier * clip).apply(clipped, generator) if noise_multiplier > 0 else clipped
+
+
+# --------------------------------------------------------------------------------------------
+# central DP for federated averaging
+
+
+@dataclass
+class CentralDP:
+    """DP-FedAvg at the server: ``sample_rate`` is the probability that a client takes part in a
+    round (clients per round / all clients); ``rounds`` counts the aggregations done."""
+
+    clip: float
+    noise_multiplier: float
+    sample_rate: float = 1.0
+    rounds: int = 0
+
+    def aggregate(self, updates: Sequence[Sequence[torch.Tensor]], generator: torch.Generator,
+                  expected_clients: float | None = None) -> list[torch.Tensor]:
+        """(sum of the clipped updates + noise) / ``expected_clients`` (default: the number of
+        updates; McMahan et al. divide by the expected count, which does not depend on the data)."""
+        if not updates:
+            raise LeaklabError("central DP aggregation needs at least one client update")
+        clipped = [Clip(self.clip).apply(list(u)) for u in updates]
+        total = [torch.stack(parts).sum(0) for parts in zip(*clipped)]
+        noised = Gaussian(self.noise_multiplier * self.clip).apply(total, generator)
+        self.rounds += 1
+        return [t / (expected_clients or len(updates)) for t in noised]
+
+    def epsilon(self, delta: float, accountant: str = DEFAULT_ACCOUNTANT) -> float:
+        """Client-level epsilon after the rounds so far (0 before the first)."""
+        if self.rounds == 0:
+            return 0.0
+        return dpsgd_epsilon(self.sample_rate, self.noise_multiplier, self.rounds, delta, accountant)
+
+
+# --------------------------------------------------------------------------------------------
+# local DP: DP-SGD through opacus
+
+
+def _check_opacus(model: nn.Module) -> None:
+    from opacus.validators import ModuleValidator
+
+    was = model.training
+    model.train()
+    errors = ModuleValidator.validate(model, strict=False)
+    model.train(was)
+    if errors:
+        kinds = sorted({type(m).__name__ for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)})
+        fix = (f"replace {', '.join(kinds)} by GroupNorm (opacus.validators.ModuleValidator.fix) or use a model "
+               "without it (mlp, cnn, lenet)") if kinds else "see opacus.validators.ModuleValidator"
+        raise LeaklabError(f"opacus cannot train this model privately ({str(errors[0]).splitlines()[0]}); {fix}")
+
+
+@dataclass
+class PrivateTraining:
+    """The opacus-wrapped model, optimizer and Poisson-sampling data loader of one private training,
+    with what its epsilon depends on."""
+
+    model: nn.Module
+    optimizer: torch.optim.Optimizer
+    data_loader: DataLoader
+    sample_rate: float
+    noise_multiplier: float
+    clip: float
+    _engine: object
+
+    @property
+    def steps(self) -> int:
+        """Optimizer steps taken so far (opacus' accountant counts them)."""
+        return sum(n for _, _, n in self._engine.accountant.history)
+
+    def epsilon(self, delta: float, accountant: str = DEFAULT_ACCOUNTANT) -> float:
+        """Epsilon spent so far at ``delta`` (0 before the first step or without noise: inf)."""
+        if self.steps == 0:
+            return 0.0
+        if self.noise_multiplier == 0:
+            return math.inf
+        return dpsgd_epsilon(self.sample_rate, self.noise_multiplier, self.steps, delta, accountant)
+
+    def train(self, steps: int, loss: Callable[[nn.Module, tuple[torch.Tensor, ...]], torch.Tensor],
+              progress: Callable[[str, int, int], None] | None = None) -> None:
+        """Take optimizer steps until ``steps`` in all, ``loss(model, batch)`` on each Poisson batch
+        (an empty batch still takes a noise-only step, as DP-SGD must)."""
+        with warnings.catch_warnings():
+            # torch notes that opacus' full backward hooks fire although the inputs need no gradient
+            warnings.filterwarnings("ignore", message="Full backward hook is firing")
+            while self.steps < steps:
+                for batch in self.data_loader:
+                    self.optimizer.zero_grad(set_to_none=True)
+                    if len(batch[0]):
+                        loss(self.model, batch).backward()
+                    self.optimizer.step()
+                    if progress:
+                        progress("DP-SGD", self.steps, steps)
+                    if self.steps >= steps:
+                        return
+
+    def close(self) -> None:
+        """Remove opacus' hooks; the original model keeps the trained parameters."""
+        self.model.remove_hooks()
+
+
+def make_private(model: nn.Module, optimizer: torch.optim.Optimizer, data_loader: DataLoader, *,
+                 clip: float, noise_multiplier: float, seed: int | None = None) -> PrivateTraining:
+    """Wrap a training's model, optimizer and data loader for DP-SGD with opacus (flat per-sample
+    clipping to ``clip``, noise multiplier ``noise_multiplier``, Poisson sampling at rate
+    batch size / dataset size). ``seed`` fixes the noise; the batches follow the loader's generator."""
+    from opacus import PrivacyEngine
+
+    if not (clip > 0 and math.isfinite(clip)):
+        raise LeaklabError(f"the clipping norm must be a positive number (got {clip!r})")
+    if not (noise_multiplier >= 0 and math.isfinite(noise_multiplier)):
+        raise LeaklabError(f"the noise multiplier must be >= 0 (got {noise_multiplier!r})")
+    _check_opacus(model)
+    model.train()
+    with warnings.catch_warnings():  # "secure RNG turned off": seeded noise is what reruns need here
+        warnings.simplefilter("ignore")
+        engine = PrivacyEngine(accountant="rdp")
+        noise = torch.Generator().manual_seed(seed) if seed is not None else None
+        module, dp_optimizer, loader = engine.make_private(
+            module=model, optimizer=optimizer, data_loader=data_loader, noise_multiplier=noise_multiplier,
+            max_grad_norm=clip, poisson_sampling=True, noise_generator=noise)
+    return PrivateTraining(module, dp_optimizer, loader, 1 / len(loader), noise_multiplier, clip, engine)
+
+
+class DPSGDConfig(BaseModel):
+    """A DP-SGD training of a classifier: either ``noise_multiplier`` or ``target_epsilon`` (the
+    noise multiplier is then the smallest that reaches it after ``steps`` steps)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    clip: float = Field(default=1.0, gt=0)
+    noise_multiplier: float | None = Field(default=None, ge=0)
+    target_epsilon: float | None = Field(default=None, gt=0)
+    delta: float = Field(default=1e-5, gt=0, lt=1)
+    batch_size: int = Field(default=256, ge=1, description="expected batch size (Poisson sampling)")
+    steps: int = Field(default=500, ge=1)
+    lr: float = Field(default=0.5, gt=0)
+    momentum: float = Field(default=0.0, ge=0, lt=1)
+    accountant: str = DEFAULT_ACCOUNTANT
+    seed: int = 0
+
+    @model_validator(mode="after")
+    def _one_noise(self) -> "DPSGDConfig":
+        if (self.noise_multiplier is None) == (self.target_epsilon is None):
+            raise ValueError("give exactly one of noise_multiplier and target_epsilon")
+        if self.accountant not in ACCOUNTANTS:
+            raise ValueError(f"unknown accountant {self.accountant!r}; choose from {', '.join(ACCOUNTANTS)}")
+        return self
+
+
+def train_private(model: nn.Module, images: torch.Tensor, labels: torch.Tensor, config: DPSGDConfig,
+                  progress: Callable[[str, int, int], None] | None = None) -> dict:
+    """Train ``model`` in place with DP-SGD (cross-entropy, SGD) on a client's data for
+    ``config.steps`` steps; returns the epsilon spent at ``config.delta`` with the settings."""
+    n = len(images)
+    if n != len(labels) or n < 2:
+        raise LeaklabError("private training needs at least 2 images with one label each")
+    if config.batch_size > n:
+        raise LeaklabError(f"batch size {config.batch_size} exceeds the {n} training images")
+    loader = DataLoader(TensorDataset(images, labels), batch_size=config.batch_size,
+                        generator=torch.Generator().manual_seed(config.seed))
+    q = 1 / len(loader)  # opacus' Poisson sampling rate
+    sigma = config.noise_multiplier
+    if sigma is None:
+        sigma = dpsgd_sigma(q, config.steps, config.target_epsilon, config.delta, config.accountant)
+    optimizer = torch.optim.SGD(model.parameters(), lr=config.lr, momentum=config.momentum)
+    run = make_private(model, optimizer, loader, clip=config.clip, noise_multiplier=sigma, seed=config.seed)
+    try:
+        run.train(config.steps, lambda model, batch: F.cross_entropy(model(batch[0]), batch[1]), progress)
+    finally:
+        run.close()
+    return {"epsilon": run.epsilon(config.delta, config.accountant), "delta": config.delta,
+            "noise_multiplier": sigma, "clip": config.clip, "sample_rate": q, "steps": run.steps,
+            "accountant": config.accountant}
+
