@@ -76,3 +76,31 @@ def test_scan_test_with_bonferroni_also_holds_and_catches(mechanism):
     assert audit(audit_case(mechanism, 1.0, broken=True), runs=RUNS, seed=4, test="scan").epsilon_lower_bound > 1.0
     with pytest.raises(LeaklabError, match="unknown test"):
         audit(audit_case(mechanism, 1.0), runs=100, test="best")
+
+
+# --------------------------------------------------------------------------------------------
+# canary audit of DP-SGD (opacus)
+
+
+def test_dpsgd_canary_scores_follow_the_dpsgd_mechanism():
+    from leaklab.privacy.audit import dpsgd_canary_scores
+
+    out_scores, in_scores = dpsgd_canary_scores(1.0, 1.0, 4, canaries=1000, runs=4, seed=0)
+    assert out_scores.size == in_scores.size == 2000
+    # full batch: a left-out canary sees N(0, steps sigma^2), an inserted one is sampled every step
+    assert out_scores.mean() == pytest.approx(0.0, abs=0.15) and out_scores.std() == pytest.approx(2.0, rel=0.05)
+    assert in_scores.mean() == pytest.approx(4.0, abs=0.15) and in_scores.std() == pytest.approx(2.0, rel=0.05)
+
+
+def test_dpsgd_canary_audit_holds_for_dpsgd_and_catches_halved_noise():
+    from leaklab.privacy.audit import audit_dpsgd
+    from leaklab.privacy.dpsgd import noise_multiplier_for
+
+    sigma = noise_multiplier_for(3.0, 1e-5)  # one full-batch step claimed (3, 1e-5)-DP
+    good = audit_dpsgd(1.0, sigma, 1, 1e-5, canaries=2000, runs=40, seed=0)
+    broken = audit_dpsgd(1.0, sigma, 1, 1e-5, canaries=2000, runs=40, seed=0, broken=True)
+    assert good.claimed_epsilon == pytest.approx(3.0, abs=0.01) and good.runs == 40_000
+    assert 1.0 < good.epsilon_lower_bound <= good.claimed_epsilon
+    assert broken.epsilon_lower_bound > broken.claimed_epsilon
+    subsampled = audit_dpsgd(0.1, 1.0, 20, 1e-5, canaries=2000, runs=10, seed=1)
+    assert subsampled.epsilon_lower_bound <= subsampled.claimed_epsilon
