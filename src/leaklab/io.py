@@ -352,6 +352,9 @@ def load_case(folder: Path) -> Case:
         raise LeaklabError(f"case folder {folder} does not exist; write one with `leaklab capture`")
     view_path = folder / VIEW_FILE
     view_json = _check_format(read_json(view_path, "view"), view_path, "view")
+    if view_json.get("model_type") == "perception":
+        raise LeaklabError(f"{folder} is a room case (a perception network's RL update); attack it with "
+                           f"`leaklab audit --cases {folder}`")
     spec = _parse(ModelSpec, view_json.get("model"), f"{view_path}: model")
     metadata = _parse(UpdateMetadata, view_json.get("metadata"), f"{view_path}: metadata")
     capabilities = _parse(Capabilities, view_json.get("capabilities", {}), f"{view_path}: capabilities")
