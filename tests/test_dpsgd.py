@@ -41,8 +41,10 @@ def test_noise_multiplier_for_one_release_is_the_analytic_gaussian():
     assert noise_multiplier_for(math.inf, 1e-5) == 0.0
     sigmas = [noise_multiplier_for(eps, 1e-5) for eps in (8.0, 3.0, 1.0)]
     assert sigmas[0] < sigmas[1] < sigmas[2]
-    # q = 1, one step: Balle & Wang's exact calibration (the default PRV accountant is within 1%)
-    assert sigmas[1] == pytest.approx(analytic_gaussian_sigma(3.0, 1e-5), rel=0.01)
+    assert sigmas[1] == pytest.approx(analytic_gaussian_sigma(3.0, 1e-5))
+    # q = 1 composes exactly: 4 full-batch steps spend what dp-accounting's PLD says
+    sigma4 = noise_multiplier_for(3.0, 1e-5, steps=4)
+    assert dpsgd_epsilon(1.0, sigma4, 4, 1e-5, "pld") == pytest.approx(3.0, abs=0.01)
     fewer = noise_multiplier_for(3.0, 1e-5, steps=10, q=0.1, accountant="rdp")
     assert fewer < noise_multiplier_for(3.0, 1e-5, steps=100, q=0.1, accountant="rdp")
 

@@ -119,7 +119,11 @@ def dpsgd_epsilon(q: float, sigma: float, steps: int, delta: float, accountant: 
     acc.history = [(float(sigma), float(q), int(steps))]
     with warnings.catch_warnings():  # numerical notes of the PRV discretisation at extreme settings
         warnings.simplefilter("ignore")
-        return float(acc.get_epsilon(delta=delta))
+        try:
+            return float(acc.get_epsilon(delta=delta))
+        except (RuntimeError, ValueError) as e:  # the PRV discretisation fails far from typical settings
+            raise LeaklabError(f"the {name} accountant fails at q={q:g}, sigma={sigma:g}, steps={steps} "
+                               f"({e}); use the pld accountant") from None
 
 
 def dpsgd_sigma(q: float, steps: int, epsilon: float, delta: float, accountant: str = DEFAULT_ACCOUNTANT,
