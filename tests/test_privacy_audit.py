@@ -99,7 +99,7 @@ def test_dpsgd_canary_audit_holds_for_dpsgd_and_catches_halved_noise():
     sigma = noise_multiplier_for(3.0, 1e-5)  # one full-batch step claimed (3, 1e-5)-DP
     good = audit_dpsgd(1.0, sigma, 1, 1e-5, canaries=2000, runs=40, seed=0)
     broken = audit_dpsgd(1.0, sigma, 1, 1e-5, canaries=2000, runs=40, seed=0, broken=True)
-    assert good.claimed_epsilon == pytest.approx(3.0, abs=0.01) and good.runs == 40_000
+    assert good.claimed_epsilon == pytest.approx(3.0, abs=0.02) and good.runs == 40_000
     assert 1.0 < good.epsilon_lower_bound <= good.claimed_epsilon
     assert broken.epsilon_lower_bound > broken.claimed_epsilon
     subsampled = audit_dpsgd(0.1, 1.0, 20, 1e-5, canaries=2000, runs=10, seed=1)
