@@ -27,6 +27,11 @@ def test_dpsgd_epsilon_matches_dp_accounting_to_one_percent():
     assert acc.dpsgd_epsilon(Q, SIGMA, STEPS, DELTA, "rdp") == pytest.approx(ref_rdp, rel=0.01)  # opacus RDP
 
 
+def test_notes_003_recomputation_of_the_pe_marl_epsilon():
+    # notes-003 section 4.5: opacus RDP after 1024 steps at q = 32/1024, sigma 0.8 gives "about 9.2"
+    assert acc.dpsgd_epsilon(32 / 1024, 0.8, 1024, 4.88e-4, "rdp") == pytest.approx(9.2, abs=0.05)
+
+
 def test_accountants_agree_loosely_and_rdp_is_an_upper_bound():
     eps = {name: acc.dpsgd_epsilon(0.05, 1.0, 100, DELTA, name) for name in acc.ACCOUNTANTS}
     assert eps["prv"] == pytest.approx(eps["pld"], rel=0.03)

@@ -1,6 +1,6 @@
 """DP-SGD for federated clients (local DP, through opacus) and for the server (central DP).
 
-* Local DP (Abadi et al., CCS 2016; seed notes-003 section 3.6 and notes-002 section 1.3): a client
+* Local DP (Abadi et al., CCS 2016; seed notes-003 section 3.6, eq. 3.7-3.8, and section 4.5): a client
   trains on its own data with per-sample gradients clipped to L2 norm ``clip`` and Gaussian noise of
   std ``noise_multiplier * clip`` added to their sum, on Poisson-sampled batches.
   :func:`make_private` wraps any model/optimizer/data loader with opacus' ``PrivacyEngine`` (for
