@@ -4,11 +4,18 @@ Every Linear layer with a bias gives its input exactly: ``dW = delta h^T`` and `
 ``h = db^T dW / ||db||^2`` (:func:`leaklab.attacks.inversion.analytic.linear_input`). That yields the
 box (input of ``box.0``), the convolutional features ``f`` (first part of ``head.0``'s input) and the
 last layer's input, hence ``Q̂ = W_last h + b_last`` exactly. The error at the features is known too:
-``g_f = (W_head0^T db_head0)[:F]``. With it the error-direction surrogate of seed 000 eq. 6 moves to
-the convolution branch, ``J̃_conv(x) = g_f^T conv(x)``, whose gradient equals the client's
-convolution gradients at the true images. The images minimise
-``w_f ||conv(x) − f||^2 / ||f||^2 + (1 − cos(∇_conv J̃_conv(x), g_conv)) + λ TV(x)`` with Adam and
-cosine annealing, pixels clamped to [0, 1].
+``g_f = (W_head0^T db_head0)[:F]``.
+
+The images minimise ``w_f ||conv(x) − f||^2 / ||f||^2 + λ_t TV(x)`` (channel-coupled TV,
+:func:`leaklab.attacks.rl.images.coupled_tv`) from IV-A's Gaussian start with
+Adam and cosine annealing, pixels clamped to [0, 1]; ``λ_t`` decays geometrically from ``tv_weight``
+to ``tv_final`` (a strong prior first removes the start's noise, a weak one last stops biasing the
+edges). Optionally (``gradient_weight``) the error-direction surrogate of eq. 6 moves to the
+convolution branch, ``J̃_conv(x) = g_f^T conv(x)``, whose gradient equals the client's convolution
+gradients at the true images, and ``1 − cos(∇_conv J̃_conv(x), g_conv)`` is added. Measured on real
+ViZDoom frames it stalls the descent from a noisy start (S2, 4 frames, 2,000 steps: 13.1 dB with
+it, 43.3 dB without; the constant baseline is 13.7 dB),
+so it is off by default.
 """
 
 from __future__ import annotations
@@ -19,7 +26,7 @@ import torch
 
 from leaklab.attacks.inversion.analytic import linear_input
 from leaklab.attacks.rl.config import RoomAttackConfig
-from leaklab.attacks.rl.images import gaussian_start, room_tv
+from leaklab.attacks.rl.images import coupled_tv, gaussian_start
 from leaklab.attacks.rl.network import cosine_loss, gradient_stats, linear_names
 from leaklab.attacks.rl.optim import Progress, adam
 from leaklab.models.perception import PerceptionNet
@@ -62,7 +69,7 @@ def exact_images(net: PerceptionNet, grads: dict[str, torch.Tensor], features: t
     def loss(done: float) -> torch.Tensor:
         out = net.conv(x)
         match = ((out - f) ** 2).sum() / f_norm
-        total = cfg.feature_weight * match + cfg.tv_weight * (cfg.tv_final / cfg.tv_weight) ** done * room_tv(x)
+        total = cfg.feature_weight * match + cfg.tv_weight * (cfg.tv_final / cfg.tv_weight) ** done * coupled_tv(x)
         if cfg.gradient_weight:
             dot, sq, ref = gradient_stats(net, grads, (g_f * out).sum(), [], conv_params=True)
             total = total + cfg.gradient_weight * cosine_loss(dot, sq, ref)

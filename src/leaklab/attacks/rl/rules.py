@@ -61,7 +61,8 @@ def reinforce_action_reward(grad_b: torch.Tensor, probs: torch.Tensor, alpha: fl
                             ) -> tuple[torch.Tensor, torch.Tensor]:
     """Eq. 8 removes the entropy part; the action is the one whose policy-gradient direction
     ``p − e_a`` (reward 1) is parallel to the rest (enumeration), and eq. 9 gives the reward as the
-    ratio of the two (least squares over the entries). One sample: ``probs`` is ``[A]``."""
+    ratio of the two (least squares over the entries). One sample: ``probs`` is ``[A]``. A zero
+    return leaves no policy-gradient part, so the update carries no trace of the action then."""
     pg = grad_b - entropy_bias_gradient(probs, alpha, 1)
     units = probs.unsqueeze(0) - torch.eye(probs.numel(), dtype=probs.dtype)  # row a: p − e_a
     cos = (units @ pg).abs() / (units.norm(dim=1) * pg.norm() + 1e-300)
