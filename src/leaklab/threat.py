@@ -68,6 +68,7 @@ class ClientUpdate:
     metadata: UpdateMetadata
     tensors: dict[str, torch.Tensor]
     defense: str | None = None  # the defense chain the client applied, as a spec string
+    privacy: dict | None = None  # DP-SGD report of a private client (epsilon spent, settings; fl.fedavg_update)
 
     def validate_against(self, model: nn.Module) -> None:
         """Raise :class:`LeaklabError` unless every trainable parameter has a finite tensor of its shape."""

@@ -2,16 +2,20 @@
 
 The loss is the mean cross-entropy over the batch, as in seed 001 section 3: the client computes
 ``grad_theta l(h_theta(x), y)`` (FedSGD) or runs ``local_steps`` SGD steps and sends the weight delta
-(FedAvg, McMahan et al. 2017).
+(FedAvg, McMahan et al. 2017). With ``privacy`` a FedAvg client trains with DP-SGD (local DP, Abadi et
+al. 2016) through :func:`leaklab.privacy.dpsgd.train_private` and reports the epsilon it spent.
 """
 
 from __future__ import annotations
+
+import copy
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from leaklab.errors import LeaklabError
+from leaklab.privacy.dpsgd import DPConfig, DPSGDConfig, train_private
 from leaklab.threat import ClientUpdate, UpdateMetadata
 
 
@@ -44,13 +48,19 @@ def fedsgd_update(model: nn.Module, images: torch.Tensor, labels: torch.Tensor,
 
 def fedavg_update(model: nn.Module, images: torch.Tensor, labels: torch.Tensor, local_lr: float,
                   local_steps: int, local_batch_size: int | None = None,
-                  train_mode: bool = True) -> ClientUpdate:
+                  train_mode: bool = True, privacy: DPConfig | None = None, seed: int = 0) -> ClientUpdate:
     """``local_steps`` SGD steps over the batch in order (mini-batches of ``local_batch_size``,
     cycling), sent as the weight delta. ``model`` itself is not modified; ``train_mode`` as in
-    :func:`fedsgd_update`."""
+    :func:`fedsgd_update`.
+
+    ``privacy``: the steps are DP-SGD steps instead (:func:`leaklab.privacy.dpsgd.train_private`:
+    Poisson mini-batches of expected size ``local_batch_size``, each sample's gradient clipped,
+    Gaussian noise seeded by ``seed``); the update's ``privacy`` holds the epsilon spent on the batch."""
     _check_batch(model, images, labels)
     meta = UpdateMetadata(kind="fedavg", batch_size=len(images), local_steps=local_steps,
                           local_lr=local_lr, local_batch_size=local_batch_size, train_mode=train_mode)
+    if privacy is not None:
+        return _private_fedavg(model, images, labels, meta, privacy, seed)
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
     state = {k: v.clone() for k, v in model.state_dict().items()}
     model.train(train_mode)
@@ -70,10 +80,23 @@ def fedavg_update(model: nn.Module, images: torch.Tensor, labels: torch.Tensor, 
     return ClientUpdate(metadata=meta, tensors=delta)
 
 
+def _private_fedavg(model: nn.Module, images: torch.Tensor, labels: torch.Tensor, meta: UpdateMetadata,
+                    privacy: DPConfig, seed: int) -> ClientUpdate:
+    if not meta.train_mode:
+        raise LeaklabError("a DP-SGD client trains in train mode; use train_mode=True with privacy")
+    local = copy.deepcopy(model)
+    report = train_private(local, images, labels, DPSGDConfig(
+        **privacy.model_dump(), batch_size=meta.minibatch_size, steps=meta.local_steps, lr=meta.local_lr, seed=seed))
+    before = dict(model.named_parameters())
+    delta = {n: (p.detach() - before[n].detach()).clone() for n, p in local.named_parameters() if p.requires_grad}
+    return ClientUpdate(metadata=meta, tensors=delta, privacy=report)
+
+
 def train_steps(model: nn.Module, images: torch.Tensor, labels: torch.Tensor, steps: int,
                 lr: float = 0.01, batch_size: int = 32, seed: int = 0) -> nn.Module:
     """Ordinary training of ``model`` in place (SGD with momentum 0.9) for ``steps`` mini-batches
-    drawn from ``images``; used to attack a network "at train step N" (seed 001 Table 2)."""
+    drawn from ``images``; used to attack a network "at train step N" (seed 001 Table 2). Its DP-SGD
+    counterpart, reporting the epsilon spent, is :func:`leaklab.privacy.dpsgd.train_private`."""
     if steps <= 0:
         return model
     g = torch.Generator().manual_seed(seed)

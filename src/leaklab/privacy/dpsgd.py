@@ -5,7 +5,10 @@
   std ``noise_multiplier * clip`` added to their sum, on Poisson-sampled batches.
   :func:`make_private` wraps any model/optimizer/data loader with opacus' ``PrivacyEngine`` (for
   one's own training loop) and :class:`PrivateTraining` reports the epsilon spent;
-  :func:`train_private` is the whole loop for image classifiers.
+  :func:`train_private` is the whole loop for image classifiers. Loops that draw their own batches
+  (a replay buffer, an episode: :mod:`leaklab.rl.agents.private`) take opacus' per-sample gradients
+  and DP optimizer from :func:`private_optimizer` and account their steps with :func:`spent_epsilon`.
+  :class:`DPConfig` holds the privacy settings every such loop accepts.
 * Central DP for federated averaging (DP-FedAvg, McMahan et al., ICLR 2018): the server clips each
   client's update to norm ``clip``, sums, adds N(0, (noise_multiplier * clip)^2) once to the sum and
   divides by the expected number of clients (:class:`CentralDP`). The guarantee is per client
@@ -35,8 +38,8 @@ from leaklab.errors import LeaklabError
 from leaklab.privacy.accounting import ACCOUNTANTS, DEFAULT_ACCOUNTANT, dpsgd_epsilon, dpsgd_sigma
 from leaklab.privacy.mechanisms import analytic_gaussian_sigma
 
-__all__ = ["CentralDP", "DPSGDConfig", "PrivateTraining", "clip_and_noise", "make_private",
-           "noise_multiplier_for", "train_private"]
+__all__ = ["CentralDP", "DPConfig", "DPSGDConfig", "PrivateTraining", "clip_and_noise", "make_private",
+           "noise_multiplier_for", "private_optimizer", "spent_epsilon", "train_private"]
 
 
 def noise_multiplier_for(epsilon: float, delta: float, steps: int = 1, q: float = 1.0,
@@ -58,15 +61,30 @@ def noise_multiplier_for(epsilon: float, delta: float, steps: int = 1, q: float 
     return dpsgd_sigma(q, steps, epsilon, delta, accountant)
 
 
+def spent_epsilon(q: float, noise_multiplier: float, steps: int, delta: float,
+                  accountant: str = DEFAULT_ACCOUNTANT) -> float:
+    """Epsilon at ``delta`` spent by ``steps`` DP-SGD steps at sampling rate ``q``: 0 before the
+    first step, inf without noise, else :func:`~leaklab.privacy.accounting.dpsgd_epsilon`."""
+    if steps == 0:
+        return 0.0
+    if noise_multiplier == 0:
+        return math.inf
+    return dpsgd_epsilon(q, noise_multiplier, steps, delta, accountant)
+
+
+def _check_clip_noise(clip: float, noise_multiplier: float) -> None:
+    if not (clip > 0 and math.isfinite(clip)):
+        raise LeaklabError(f"the clipping norm must be a positive number (got {clip!r})")
+    if not (noise_multiplier >= 0 and math.isfinite(noise_multiplier)):
+        raise LeaklabError(f"the noise multiplier must be >= 0 (got {noise_multiplier!r})")
+
+
 def clip_and_noise(tensors: Sequence[torch.Tensor], clip: float, noise_multiplier: float,
                    generator: torch.Generator) -> list[torch.Tensor]:
     """One per-sample gradient (all its tensors as one vector) clipped to L2 norm ``clip``, plus
     N(0, (noise_multiplier * clip)^2) on every entry: the Gaussian mechanism with sensitivity ``clip``
     (add/remove one sample)."""
-    if not (clip > 0 and math.isfinite(clip)):
-        raise LeaklabError(f"the clipping norm must be a positive number (got {clip!r})")
-    if not (noise_multiplier >= 0 and math.isfinite(noise_multiplier)):
-        raise LeaklabError(f"the noise multiplier must be >= 0 (got {noise_multiplier!r})")
+    _check_clip_noise(clip, noise_multiplier)
     clipped = Clip(clip).apply(list(tensors))
     return Gaussian(noise_multiplier * clip).apply(clipped, generator) if noise_multiplier > 0 else clipped
 
@@ -141,25 +159,21 @@ class PrivateTraining:
         return sum(n for _, _, n in self._engine.accountant.history)
 
     def epsilon(self, delta: float, accountant: str = DEFAULT_ACCOUNTANT) -> float:
-        """Epsilon spent so far at ``delta`` (0 before the first step or without noise: inf)."""
-        if self.steps == 0:
-            return 0.0
-        if self.noise_multiplier == 0:
-            return math.inf
-        return dpsgd_epsilon(self.sample_rate, self.noise_multiplier, self.steps, delta, accountant)
+        """Epsilon spent so far at ``delta`` (:func:`spent_epsilon`)."""
+        return spent_epsilon(self.sample_rate, self.noise_multiplier, self.steps, delta, accountant)
 
     def train(self, steps: int, loss: Callable[[nn.Module, tuple[torch.Tensor, ...]], torch.Tensor],
               progress: Callable[[str, int, int], None] | None = None) -> None:
         """Take optimizer steps until ``steps`` in all, ``loss(model, batch)`` on each Poisson batch
-        (an empty batch still takes a noise-only step, as DP-SGD must)."""
+        (an empty batch still takes a noise-only step, as DP-SGD must: its backward pass gives opacus
+        empty per-sample gradients)."""
         with warnings.catch_warnings():
             # torch notes that opacus' full backward hooks fire although the inputs need no gradient
             warnings.filterwarnings("ignore", message="Full backward hook is firing")
             while self.steps < steps:
                 for batch in self.data_loader:
                     self.optimizer.zero_grad(set_to_none=True)
-                    if len(batch[0]):
-                        loss(self.model, batch).backward()
+                    loss(self.model, batch).backward()
                     self.optimizer.step()
                     if progress:
                         progress("DP-SGD", self.steps, steps)
@@ -178,10 +192,7 @@ def make_private(model: nn.Module, optimizer: torch.optim.Optimizer, data_loader
     batch size / dataset size). ``seed`` fixes the noise; the batches follow the loader's generator."""
     from opacus import PrivacyEngine
 
-    if not (clip > 0 and math.isfinite(clip)):
-        raise LeaklabError(f"the clipping norm must be a positive number (got {clip!r})")
-    if not (noise_multiplier >= 0 and math.isfinite(noise_multiplier)):
-        raise LeaklabError(f"the noise multiplier must be >= 0 (got {noise_multiplier!r})")
+    _check_clip_noise(clip, noise_multiplier)
     _check_opacus(model)
     model.train()
     with warnings.catch_warnings():  # "secure RNG turned off": seeded noise is what reruns need here
@@ -194,30 +205,63 @@ def make_private(model: nn.Module, optimizer: torch.optim.Optimizer, data_loader
     return PrivateTraining(module, dp_optimizer, loader, 1 / len(loader), noise_multiplier, clip, engine)
 
 
-class DPSGDConfig(BaseModel):
-    """A DP-SGD training of a classifier: either ``noise_multiplier`` or ``target_epsilon`` (the
-    noise multiplier is then the smallest that reaches it after ``steps`` steps)."""
+def private_optimizer(model: nn.Module, optimizer: torch.optim.Optimizer, *, clip: float, noise_multiplier: float,
+                      expected_batch_size: int, seed: int | None = None) -> tuple[nn.Module, torch.optim.Optimizer]:
+    """opacus' per-sample gradients (``GradSampleModule``) and ``DPOptimizer`` for a loop that draws
+    its own batches: every step clips each sample's gradient of the mean loss to L2 norm ``clip``,
+    adds N(0, (noise_multiplier * clip)^2) to their sum and divides by ``expected_batch_size``, the
+    same step as :func:`make_private`'s. The caller accounts its steps with the sampling rate of its
+    batches (:func:`spent_epsilon`). ``seed`` fixes the noise. Returns (wrapped model, DP
+    optimizer); the wrapped model's ``remove_hooks()`` ends the training."""
+    from opacus import GradSampleModule
+    from opacus.optimizers import DPOptimizer
 
-    model_config = ConfigDict(extra="forbid")
+    _check_clip_noise(clip, noise_multiplier)
+    _check_opacus(model)
+    model.train()
+    noise = torch.Generator().manual_seed(seed) if seed is not None else None
+    return GradSampleModule(model), DPOptimizer(optimizer, noise_multiplier=noise_multiplier, max_grad_norm=clip,
+                                                expected_batch_size=expected_batch_size, generator=noise)
+
+
+class DPConfig(BaseModel):
+    """Privacy settings of a DP-SGD training: clipping norm and either ``noise_multiplier`` or
+    ``target_epsilon`` at ``delta`` (the noise multiplier is then the smallest that reaches it,
+    :meth:`noise_for`), with the accountant that reports epsilon."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
 
     clip: float = Field(default=1.0, gt=0)
     noise_multiplier: float | None = Field(default=None, ge=0)
     target_epsilon: float | None = Field(default=None, gt=0)
     delta: float = Field(default=1e-5, gt=0, lt=1)
-    batch_size: int = Field(default=256, ge=1, description="expected batch size (Poisson sampling)")
-    steps: int = Field(default=500, ge=1)
-    lr: float = Field(default=0.5, gt=0)
-    momentum: float = Field(default=0.0, ge=0, lt=1)
     accountant: str = DEFAULT_ACCOUNTANT
-    seed: int = 0
 
     @model_validator(mode="after")
-    def _one_noise(self) -> "DPSGDConfig":
+    def _one_noise(self) -> "DPConfig":
         if (self.noise_multiplier is None) == (self.target_epsilon is None):
             raise ValueError("give exactly one of noise_multiplier and target_epsilon")
         if self.accountant not in ACCOUNTANTS:
             raise ValueError(f"unknown accountant {self.accountant!r}; choose from {', '.join(ACCOUNTANTS)}")
         return self
+
+    def noise_for(self, q: float, steps: int) -> float:
+        """``noise_multiplier``, or the one that spends ``target_epsilon`` in ``steps`` steps at
+        sampling rate ``q`` (:func:`noise_multiplier_for`)."""
+        if self.noise_multiplier is not None:
+            return self.noise_multiplier
+        return noise_multiplier_for(self.target_epsilon, self.delta, steps, q, self.accountant)
+
+
+class DPSGDConfig(DPConfig):
+    """A DP-SGD training of a classifier (:func:`train_private`): the privacy settings, Poisson
+    batches, steps and the SGD optimiser."""
+
+    batch_size: int = Field(default=256, ge=1, description="expected batch size (Poisson sampling)")
+    steps: int = Field(default=500, ge=1)
+    lr: float = Field(default=0.5, gt=0)
+    momentum: float = Field(default=0.0, ge=0, lt=1)
+    seed: int = 0
 
 
 def train_private(model: nn.Module, images: torch.Tensor, labels: torch.Tensor, config: DPSGDConfig,

@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from leaklab.errors import LeaklabError
 from leaklab.models import PerceptionNet, PerceptionSpec, stack_images
+from leaklab.privacy.dpsgd import DPConfig
 
 # progress(done_steps, total_steps, stats) after every episode; stats has "episode", "return", "layout"
 ProgressFn = Callable[[int, int, dict[str, Any]], None]
@@ -39,7 +40,8 @@ def check_layouts(layouts: tuple[str, ...] | None) -> tuple[str, ...]:
 
 
 class AgentConfig(BaseModel):
-    """Settings every agent shares: network, rooms, budget of environment steps, optimiser, seed."""
+    """Settings every agent shares: network, rooms, budget of environment steps, optimiser, seed, and
+    optionally DP-SGD (``privacy``; :mod:`leaklab.rl.agents.private`)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -50,6 +52,7 @@ class AgentConfig(BaseModel):
     lr: float = Field(default=1e-4, gt=0)
     gamma: float = Field(default=0.99, ge=0, le=1)
     seed: int = 0
+    privacy: DPConfig | None = Field(default=None, description="DP-SGD settings; None: ordinary training")
 
     @field_validator("layouts")
     @classmethod
@@ -104,7 +107,8 @@ def observation_tensors(obs: dict[str, np.ndarray], setting: str) -> tuple[torch
 
 @dataclass
 class TrainHistory:
-    """Per-episode returns (undiscounted sums of rewards), lengths and layouts; per-update losses."""
+    """Per-episode returns (undiscounted sums of rewards), lengths and layouts; per-update losses; the
+    DP-SGD report of a private run (epsilon spent and its settings, :mod:`leaklab.rl.agents.private`)."""
 
     returns: list[float] = field(default_factory=list)
     lengths: list[int] = field(default_factory=list)
@@ -113,6 +117,7 @@ class TrainHistory:
     env_steps: int = 0
     updates: int = 0
     seconds: float = 0.0
+    privacy: dict | None = None
 
     def end_episode(self, ret: float, length: int, layout: str) -> None:
         self.returns.append(float(ret))
@@ -120,13 +125,15 @@ class TrainHistory:
         self.layouts.append(layout)
 
     def summary(self, window: int = 5) -> dict[str, float | int]:
-        """Mean return of the first and the last ``window`` episodes, and the speed of the run."""
+        """Mean return of the first and the last ``window`` episodes, the speed of the run and, when
+        private, the epsilon spent at its delta."""
         n = min(window, len(self.returns))
         secs = max(self.seconds, 1e-9)
+        spent = {"epsilon": self.privacy["epsilon"], "delta": self.privacy["delta"]} if self.privacy else {}
         return {"episodes": len(self.returns), "env_steps": self.env_steps, "updates": self.updates,
                 "first_return": float(np.mean(self.returns[:n])) if n else float("nan"),
                 "last_return": float(np.mean(self.returns[-n:])) if n else float("nan"),
-                "env_steps_per_s": self.env_steps / secs, "updates_per_s": self.updates / secs}
+                "env_steps_per_s": self.env_steps / secs, "updates_per_s": self.updates / secs, **spent}
 
 
 @contextlib.contextmanager

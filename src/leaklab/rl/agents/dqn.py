@@ -5,6 +5,8 @@ The network estimates ``Q*(s, a)`` (eq. 3) for the seven movements. Training fol
 the online one every ``target_sync`` environment steps, and the mean squared TD error
 ``(Q̂(s, a) − Q)²`` with ``Q = r + γ (1 − done) max_a' Q_target(s', a')`` (:func:`dqn_loss`),
 minimised with Adam. Every episode draws its room layout, so one agent learns all the rooms.
+With ``privacy`` set the updates are DP-SGD steps on Poisson samples of the replay buffer
+(:mod:`leaklab.rl.agents.private`, which says what the reported epsilon covers).
 """
 
 from __future__ import annotations
@@ -15,10 +17,13 @@ import time
 import numpy as np
 import torch
 from pydantic import Field, model_validator
+from torch import nn
 
+from leaklab.errors import LeaklabError
 from leaklab.models import PerceptionNet, build_perception_net
 from leaklab.rl.agents.common import (AgentConfig, ProgressFn, Rooms, TrainHistory, check_net,
                                       observation_tensors, reporter)
+from leaklab.rl.agents.private import PrivateAgent, make_private_agent
 from leaklab.rl.agents.replay import ReplayBuffer
 from leaklab.rl.losses import dqn_loss
 
@@ -34,7 +39,8 @@ class DQNConfig(AgentConfig):
     eps_start: float = Field(default=1.0, ge=0, le=1)
     eps_end: float = Field(default=0.05, ge=0, le=1)
     eps_decay_steps: int = Field(default=1000, ge=1, description="steps of the linear ε decay")
-    max_grad_norm: float | None = Field(default=10.0, gt=0, description="gradient clipping; None: off")
+    max_grad_norm: float | None = Field(default=10.0, gt=0, description="gradient clipping; None: off "
+                                        "(not used by DP-SGD, which clips every sample)")
 
     @model_validator(mode="after")
     def _eps_order(self) -> "DQNConfig":
@@ -46,6 +52,14 @@ class DQNConfig(AgentConfig):
         """ε at environment step ``step``: linear from ``eps_start`` to ``eps_end``, then constant."""
         frac = min(step / self.eps_decay_steps, 1.0)
         return self.eps_start + frac * (self.eps_end - self.eps_start)
+
+    def planned_updates(self) -> int:
+        """Updates a run takes: the steps from ``learning_starts`` on, every ``train_every``-th, once the
+        buffer holds ``batch_size`` transitions."""
+        if self.batch_size > self.buffer_size:
+            return 0
+        first = max(self.learning_starts, self.batch_size - 1)
+        return max(0, (self.steps - 1) // self.train_every - -(-first // self.train_every) + 1)
 
 
 def epsilon_greedy(net: PerceptionNet, images: torch.Tensor, box: torch.Tensor, epsilon: float,
@@ -78,6 +92,8 @@ def train_dqn(config: DQNConfig, progress: bool | ProgressFn | None = None,
     net = check_net(net, spec) if net is not None else build_perception_net(spec, seed=config.seed)
     target = copy.deepcopy(net).requires_grad_(False)
     optimizer = torch.optim.Adam(net.parameters(), lr=config.lr)
+    private = _private(net, optimizer, config) if config.privacy is not None else None
+    model = private.model if private else net
     buffer = ReplayBuffer(config.buffer_size, (spec.in_channels, spec.image_size, spec.image_size),
                           spec.box_dim)
     rooms = Rooms(config.layouts, spec.image_size, config.max_episode_steps)
@@ -101,8 +117,9 @@ def train_dqn(config: DQNConfig, progress: bool | ProgressFn | None = None,
 
             if step >= config.learning_starts and len(buffer) >= config.batch_size and \
                     step % config.train_every == 0:
-                history.losses.append(_update(net, target, optimizer, buffer.sample(config.batch_size, rng),
-                                              config))
+                batch = buffer.sample_poisson(private.sample_rate, rng) if private else \
+                    buffer.sample(config.batch_size, rng)
+                history.losses.append(_update(model, target, optimizer, batch, config, private))
                 history.updates += 1
             if (step + 1) % config.target_sync == 0:
                 target.load_state_dict(net.state_dict())
@@ -112,15 +129,32 @@ def train_dqn(config: DQNConfig, progress: bool | ProgressFn | None = None,
                                                 "layout": layout})
                 obs = None
     rooms.close()
+    if private:
+        history.privacy = private.finish(history.updates, history.updates)
     history.seconds = time.perf_counter() - start
     return net, history
 
 
-def _update(net: PerceptionNet, target: PerceptionNet, optimizer: torch.optim.Optimizer,
-            batch: dict[str, torch.Tensor], config: DQNConfig) -> float:
+def _private(net: PerceptionNet, optimizer: torch.optim.Optimizer, config: DQNConfig) -> PrivateAgent:
+    """DP-SGD at the sampling rate batch_size / buffer_size (:mod:`leaklab.rl.agents.private`)."""
+    if config.batch_size > config.buffer_size:
+        raise LeaklabError(f"private DQN samples each stored transition with probability batch_size / buffer_size; "
+                           f"batch_size {config.batch_size} exceeds buffer_size {config.buffer_size}")
+    planned = config.planned_updates()
+    if planned == 0 and config.privacy.target_epsilon is not None:
+        raise LeaklabError("this DQN run takes no update (steps <= learning_starts); no noise to calibrate")
+    return make_private_agent(net, optimizer, config.privacy, sample_rate=config.batch_size / config.buffer_size,
+                              expected_batch_size=config.batch_size, steps=planned, seed=config.seed)
+
+
+def _update(net: nn.Module, target: PerceptionNet, optimizer: torch.optim.Optimizer,
+            batch: dict[str, torch.Tensor], config: DQNConfig, private: PrivateAgent | None = None) -> float:
     y = td_targets(target, batch["reward"], batch["next_images"], batch["next_box"], batch["done"],
                    config.gamma)
     loss = dqn_loss(net(batch["images"], batch["box"]), batch["action"], y)
+    if private:
+        private.step(loss)
+        return float(loss.detach())
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
     if config.max_grad_norm is not None:

@@ -4,6 +4,8 @@ The network's outputs are the logits of the policy ``π_θ(·|s)``. After each e
 computes the discounted returns ``R_t = Σ_{t'≥t} γ^{t'−t} r_{t'}`` and takes one Adam step on
 ``mean_t [−R_t log π(a_t|s_t) − α H(π(·|s_t))]`` (:func:`reinforce_loss`). Actions are sampled from
 the policy with a ``torch.Generator`` seeded by the run, so the same seed gives the same episodes.
+With ``privacy`` set the update is a DP-SGD step on the episode's steps as samples
+(:mod:`leaklab.rl.agents.private`, which says what the reported epsilon covers).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from pydantic import Field
 from leaklab.models import PerceptionNet, build_perception_net
 from leaklab.rl.agents.common import (AgentConfig, ProgressFn, Rooms, TrainHistory, check_net,
                                       observation_tensors, reporter)
+from leaklab.rl.agents.private import make_private_agent
 from leaklab.rl.losses import reinforce_loss
 
 
@@ -59,6 +62,11 @@ def train_reinforce(config: ReinforceConfig, progress: bool | ProgressFn | None 
     spec = config.spec
     net = check_net(net, spec) if net is not None else build_perception_net(spec, seed=config.seed)
     optimizer = torch.optim.Adam(net.parameters(), lr=config.lr)
+    # q = 1, one accounted step: every step of an episode enters that episode's update only
+    private = make_private_agent(net, optimizer, config.privacy, sample_rate=1.0,
+                                 expected_batch_size=config.max_episode_steps, steps=1,
+                                 seed=config.seed) if config.privacy is not None else None
+    model = private.model if private else net
     rooms = Rooms(config.layouts, spec.image_size, config.max_episode_steps)
     history = TrainHistory()
     start = time.perf_counter()
@@ -79,16 +87,21 @@ def train_reinforce(config: ReinforceConfig, progress: bool | ProgressFn | None 
                 rewards.append(float(reward))
                 done = terminated or truncated
             history.env_steps += len(rewards)
-            loss = reinforce_loss(net(torch.stack(images), torch.stack(boxes)), torch.tensor(actions),
+            loss = reinforce_loss(model(torch.stack(images), torch.stack(boxes)), torch.tensor(actions),
                                   discounted_returns(rewards, config.gamma), config.entropy_weight)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            optimizer.step()
+            if private:
+                private.step(loss)
+            else:
+                optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                optimizer.step()
             history.losses.append(float(loss.detach()))
             history.updates += 1
             history.end_episode(sum(rewards), len(rewards), layout)
             report(min(history.env_steps, config.steps), config.steps,
                    {"episode": len(history.returns), "return": history.returns[-1], "layout": layout})
     rooms.close()
+    if private:
+        history.privacy = private.finish(history.updates, min(history.updates, 1))
     history.seconds = time.perf_counter() - start
     return net, history

@@ -3,7 +3,8 @@ replay buffer"; Mnih et al. 2015).
 
 Images are stored as 8-bit levels (``round(255 x)``), as DQN stores its frames, so a buffer of
 thousands of 150x150 observations fits in memory; boxes, rewards and flags stay exact. Sampling uses
-the run's ``numpy`` Generator.
+the run's ``numpy`` Generator: uniform with replacement, or Poisson for DP-SGD
+(:mod:`leaklab.rl.agents.private`).
 """
 
 from __future__ import annotations
@@ -46,8 +47,14 @@ class ReplayBuffer:
 
     def sample(self, batch_size: int, rng: np.random.Generator) -> dict[str, torch.Tensor]:
         """``batch_size`` transitions drawn uniformly with replacement."""
-        idx = rng.integers(self.size, size=batch_size)
+        return self._take(rng.integers(self.size, size=batch_size))
 
+    def sample_poisson(self, q: float, rng: np.random.Generator) -> dict[str, torch.Tensor]:
+        """Every stored transition independently with probability ``q`` (Poisson sampling, as DP-SGD's
+        accounting needs); the batch may be empty."""
+        return self._take(np.flatnonzero(rng.random(self.size) < q))
+
+    def _take(self, idx: np.ndarray) -> dict[str, torch.Tensor]:
         def images(a: np.ndarray) -> torch.Tensor:
             return torch.from_numpy(a[idx].astype(np.float32) / 255.0)
 
