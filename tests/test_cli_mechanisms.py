@@ -115,3 +115,41 @@ def test_account_dpsgd_user_errors(option, value, word):
     else:
         args += [option, value]
     assert_error(invoke(*args), word)
+
+
+AUDIT_DPSGD = ["mechanisms", "audit", "--mechanism", "dpsgd", "--q", "1", "--sigma", "1", "--steps", "5",
+               "--runs", "4", "--canaries", "200"]
+
+
+def test_audit_dpsgd_json_and_text():
+    from leaklab.privacy.accounting import dpsgd_epsilon
+
+    result = invoke(*AUDIT_DPSGD, "--json")
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert data["claimed_epsilon"] == pytest.approx(dpsgd_epsilon(1.0, 1.0, 5, 1e-5))
+    assert 0 < data["epsilon_lower_bound"] <= data["claimed_epsilon"] and data["confidence"] == 0.95
+    assert data["training_runs"] == 4 and data["runs"] == 4 * 100 and data["trained_noise_multiplier"] == 1.0
+    text = invoke(*AUDIT_DPSGD, "--broken")
+    assert text.exit_code == 0, text.output
+    assert text.stdout.startswith("dpsgd (broken): claimed epsilon 11.") and "from 400 runs per input" in text.stdout
+
+
+@pytest.mark.parametrize("extra,word", [
+    (["--q", "2"], "sampling rate"), (["--sigma", "0"], "noise multiplier"), (["--steps", "0"], "steps"),
+    (["--canaries", "7"], "even number"), (["--runs", "0"], "at least one run"), (["--epsilon", "1"], "--epsilon"),
+    (["--k", "3"], "--k"),
+])
+def test_audit_dpsgd_user_errors(extra, word):
+    args = list(AUDIT_DPSGD)
+    if extra[0] in args:
+        args[args.index(extra[0]) + 1] = extra[1]
+    else:
+        args += extra
+    assert_error(invoke(*args), word)
+
+
+def test_audit_dpsgd_options_belong_to_dpsgd():
+    assert_error(invoke("mechanisms", "audit", "--mechanism", "dpsgd", "--q", "0.1", "--steps", "5"), "--sigma")
+    assert_error(invoke("mechanisms", "audit", "--mechanism", "laplace", "--epsilon", "1", "--q", "0.1"),
+                 "--q", "dpsgd")

@@ -429,13 +429,7 @@ def reproduce_bayes_table2(
     out: Annotated[Optional[Path], typer.Option("--out", help="(default runs/<id>-bayes-table2)")] = None,
 ) -> None:
     """Seed 001 Table 2: Bayes-optimal adversary vs L2/L1/cosine under noise and pruning defenses."""
-    try:
-        from leaklab.experiments import bayes_table2
-    except ModuleNotFoundError as e:
-        if e.name in ("leaklab.experiments.bayes_table2",):
-            raise LeaklabError("the bayes-table2 experiment (leaklab.experiments.bayes_table2) is not "
-                               "part of this installation yet") from None
-        raise
+    from leaklab.experiments import bayes_table2
     from leaklab.io import new_run_dir
 
     try:
@@ -711,12 +705,13 @@ def mechanisms_account_dpsgd(
 @_guard
 def mechanisms_audit(
     mechanism: Annotated[str, typer.Option("--mechanism", help="laplace | gaussian | exponential | "
-                                           "randomized-response | dirichlet")],
+                                           "randomized-response | dirichlet | dpsgd")],
     epsilon: Annotated[Optional[float], typer.Option("--epsilon", help="claimed epsilon (not for "
                                                      "dirichlet: it follows from --k ...)")] = None,
     delta: Annotated[Optional[float], typer.Option("--delta", help="claimed delta (gaussian 1e-5, "
                                                    "dirichlet 0.05)")] = None,
-    runs: Annotated[int, typer.Option("--runs", help="runs on each of the two inputs")] = 100_000,
+    runs: Annotated[Optional[int], typer.Option("--runs", help="runs on each of the two inputs (100000); "
+                                                "dpsgd: training runs (10)")] = None,
     seed: Annotated[int, typer.Option("--seed")] = 0,
     confidence: Annotated[float, typer.Option("--confidence", help="of the lower bound")] = 0.95,
     test: Annotated[str, typer.Option("--test", help="split: threshold chosen on half the runs; scan: "
@@ -729,24 +724,46 @@ def mechanisms_audit(
     eta_bar: Annotated[Optional[float], typer.Option("--eta-bar", help="dirichlet (0.15)")] = None,
     b: Annotated[Optional[float], typer.Option("--b", help="dirichlet (0.1)")] = None,
     w: Annotated[Optional[int], typer.Option("--w", help="dirichlet (3)")] = None,
+    q: Annotated[Optional[float], typer.Option("--q", help="dpsgd sampling rate, in (0, 1]")] = None,
+    sigma: Annotated[Optional[float], typer.Option("--sigma", help="dpsgd noise multiplier")] = None,
+    steps: Annotated[Optional[int], typer.Option("--steps", help="dpsgd training steps")] = None,
+    canaries: Annotated[int, typer.Option("--canaries", help="dpsgd gradient canaries per training run "
+                                          "(even)")] = 1000,
     as_json: JsonOpt = False,
 ) -> None:
-    """Empirical lower bound on epsilon from runs on two neighbouring inputs (Clopper-Pearson)."""
-    from leaklab.privacy.audit import audit, audit_case
+    """Empirical lower bound on epsilon from runs on two neighbouring inputs (Clopper-Pearson); dpsgd:
+    from gradient canaries in opacus DP-SGD trainings."""
+    from leaklab.privacy.audit import audit, audit_case, audit_dpsgd
 
     name = mechanism.lower().replace("_", "-")
-    extra = {"eta": eta, "eta_bar": eta_bar, "b": b, "w": w}
-    if name != "dirichlet":
-        given = sorted("--" + key.replace("_", "-") for key, v in extra.items() if v is not None)
-        if given:
-            raise LeaklabError(f"{', '.join(given)} belong to --mechanism dirichlet")
-        extra = {}
-    if k is not None and int(k) != k and name == "randomized-response":
-        raise LeaklabError(f"--k for randomized-response is a whole number of categories (got {k})")
-    if k is not None:
-        extra["k"] = int(k) if name == "randomized-response" else k
-    result = audit(audit_case(name, epsilon, broken=broken, delta=delta, **extra), runs=runs, seed=seed,
-                   confidence=confidence, test=test)
+    dpsgd = {"--q": q, "--sigma": sigma, "--steps": steps}
+    if name == "dpsgd":
+        others = {"--epsilon": epsilon, "--k": k, "--eta": eta, "--eta-bar": eta_bar, "--b": b, "--w": w}
+        if any(v is not None for v in others.values()):
+            given = ", ".join(o for o, v in others.items() if v is not None)
+            raise LeaklabError(f"--mechanism dpsgd takes no {given}: its epsilon follows from --q, --sigma, "
+                               "--steps and --delta")
+        if any(v is None for v in dpsgd.values()):
+            raise LeaklabError(f"--mechanism dpsgd needs {', '.join(o for o, v in dpsgd.items() if v is None)}")
+        result = audit_dpsgd(q, sigma, steps, 1e-5 if delta is None else delta, canaries=canaries,
+                             runs=10 if runs is None else runs, seed=seed, confidence=confidence, test=test,
+                             broken=broken)
+    else:
+        if any(v is not None for v in dpsgd.values()):
+            raise LeaklabError(f"{', '.join(o for o, v in dpsgd.items() if v is not None)}: only for "
+                               "--mechanism dpsgd")
+        extra = {"eta": eta, "eta_bar": eta_bar, "b": b, "w": w}
+        if name != "dirichlet":
+            given = sorted("--" + key.replace("_", "-") for key, v in extra.items() if v is not None)
+            if given:
+                raise LeaklabError(f"{', '.join(given)} belong to --mechanism dirichlet")
+            extra = {}
+        if k is not None and int(k) != k and name == "randomized-response":
+            raise LeaklabError(f"--k for randomized-response is a whole number of categories (got {k})")
+        if k is not None:
+            extra["k"] = int(k) if name == "randomized-response" else k
+        result = audit(audit_case(name, epsilon, broken=broken, delta=delta, **extra),
+                       runs=100_000 if runs is None else runs, seed=seed, confidence=confidence, test=test)
     payload = result.to_dict()
     payload["broken"] = broken
     if as_json:
@@ -755,7 +772,7 @@ def mechanisms_audit(
     verdict = "VIOLATED" if payload["violated"] else "consistent"
     typer.echo(f"{result.mechanism}{' (broken)' if broken else ''}: claimed epsilon {result.claimed_epsilon:.4g} "
                f"(delta {result.claimed_delta:g}); audited lower bound {result.epsilon_lower_bound:.4f} "
-               f"at confidence {result.confidence:g} from {runs} runs per input: {verdict}")
+               f"at confidence {result.confidence:g} from {result.runs} runs per input: {verdict}")
 
 
 def main() -> None:  # pragma: no cover - console entry for `python -m leaklab.cli`
