@@ -243,16 +243,6 @@ def test_out_that_is_not_leaklab_output_is_kept(case, tmp_path):
 
 # ---------------------------------------------------------------------------- reproduce wiring
 
-def test_reproduce_bayes_table2_when_missing(monkeypatch, tmp_path):
-    import leaklab.experiments as experiments
-
-    monkeypatch.setitem(sys.modules, "leaklab.experiments.bayes_table2", None)
-    monkeypatch.delattr(experiments, "bayes_table2", raising=False)
-    out = tmp_path / "out"
-    result = invoke("reproduce", "bayes-table2", "--quick", "--out", out)
-    assert_user_error(result, out, "bayes_table2")
-
-
 def test_reproduce_bayes_table2_is_wired(monkeypatch, tmp_path):
     import leaklab.experiments as experiments
 
