@@ -468,7 +468,7 @@ def _room_table(name: str, out: Path | None, update_docs: bool, run: Callable[[P
     typer.echo(f"wrote {out / 'results.json'} and {out / 'table.md'}")
     if update_docs:
         command = "leaklab " + " ".join(shlex.quote(a) for a in sys.argv[1:] if a != "--update-docs")
-        typer.echo(f"updated {room_tables.update_docs(name, result['markdown'], command)}")
+        typer.echo(f"updated {room_tables.update_docs(result['section'], result['markdown'], command)}")
 
 
 RoomSamplesOpt = Annotated[int, typer.Option("--samples", help="samples per cell")]

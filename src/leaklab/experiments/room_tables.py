@@ -143,7 +143,7 @@ def table1(out: Path, mode: str = "paper", samples: int = 48, layouts: tuple[str
             f"{_fmt(t.get('q_target_err_mean'))} | {_fmt(t.get('reward_abs_err_mean'))} | "
             f"{_fmt(t.get('seconds_per_sample'), 1)} |")
     lines += ["", f"Published vector metrics (section V-A): {PAPER_VECTORS}."]
-    return _finish(Path(out), "room-table1", mode, table, PAPER_TABLE1, "\n".join(lines))
+    return _finish(Path(out), "room-table1", mode, arch, table, PAPER_TABLE1, "\n".join(lines))
 
 
 def table2(out: Path, samples: int = 48, layouts: tuple[str, ...] | None = None,
@@ -171,12 +171,13 @@ def table2(out: Path, samples: int = 48, layouts: tuple[str, ...] | None = None,
                      f"{both('q_target_err_mean')} | {_fmt(100 * t['action_accuracy'], 0)}% | "
                      f"{_fmt(t.get('rgb_psnr_mean'))} / {_fmt(t.get('rgb_ssim_mean'), 3)} | "
                      f"{_fmt(t.get('depth_psnr_mean'))} / {_fmt(t.get('depth_ssim_mean'), 3)} |")
-    return _finish(Path(out), "room-table2", "paper", table, PAPER_TABLE2, "\n".join(lines))
+    return _finish(Path(out), "room-table2", "paper", arch, table, PAPER_TABLE2, "\n".join(lines))
 
 
-def _finish(out: Path, name: str, mode: str, table: dict, paper: dict, markdown: str) -> dict[str, Any]:
-    results = {"format": "leaklab.reproduction", "experiment": name, "mode": mode, "table": table,
-               "paper": paper, "markdown": markdown}
+def _finish(out: Path, name: str, mode: str, arch: str, table: dict, paper: dict, markdown: str
+            ) -> dict[str, Any]:
+    results = {"format": "leaklab.reproduction", "experiment": name, "mode": mode, "arch": arch,
+               "section": f"{name}-{mode}-{arch}", "table": table, "paper": paper, "markdown": markdown}
     write_json(out / RESULTS_FILE, results)
     write_bytes(out / "table.md", (markdown + "\n").encode("utf-8"))
     return results
