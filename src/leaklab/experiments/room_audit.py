@@ -58,12 +58,12 @@ class AuditConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     algorithms: tuple[str, ...] = ("qgi", "rgi")
-    settings: tuple[str, ...] = ("S1",)
+    settings: tuple[str, ...] = ("S2", "S1")
     modes: tuple[str, ...] = ("exact",)
     arch: str = "small"
     samples: int = Field(default=4, ge=1)
     layouts: tuple[str, ...] | None = Field(default=None, description="None: the first `samples` layouts")
-    iterations: int | None = Field(default=1000, ge=1, description="image-stage iterations; None: the mode's")
+    iterations: int | None = Field(default=None, ge=1, description="image-stage iterations; None: the mode's")
     gaussian_sigmas: tuple[float, ...] = (1e-5, 1e-3)
     dp_epsilons: tuple[float, ...] = (8.0, 1.0)
     workers: int = 0
@@ -81,8 +81,8 @@ def default_config(quick: bool = False, full: bool = False, seed: int = 0) -> Au
     if quick and full:
         raise LeaklabError("--quick and --full exclude each other")
     if quick:
-        return AuditConfig(samples=1, iterations=3, gaussian_sigmas=(1e-3,), dp_epsilons=(8.0,), seed=seed,
-                           workers=1)
+        return AuditConfig(settings=("S1",), samples=1, iterations=3, gaussian_sigmas=(1e-3,),
+                           dp_epsilons=(8.0,), seed=seed, workers=1)
     if full:
         from leaklab.rl.envs import LAYOUTS
 
