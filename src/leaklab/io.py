@@ -325,7 +325,8 @@ def write_case(folder: Path, spec: ModelSpec, state: dict[str, torch.Tensor],
                       "provenance": json.dumps(_clean(provenance or {}))})
 
 
-def _check_format(data: Any, path: Path, kind: str) -> dict:
+def check_format(data: Any, path: Path, kind: str) -> dict:
+    """``data`` (read from ``path``) if it is a leaklab ``kind`` file this version can read."""
     if not isinstance(data, dict):
         raise LeaklabError(f"{path} is not a leaklab {kind} file (expected a JSON object)")
     fmt, version = data.get("format"), data.get("format_version")
@@ -338,7 +339,8 @@ def _check_format(data: Any, path: Path, kind: str) -> dict:
     return data
 
 
-def _parse(model_cls, value: Any, what: str):
+def parse_model(model_cls, value: Any, what: str):
+    """``model_cls`` validated from ``value``; a validation error becomes one LeaklabError line."""
     try:
         return model_cls.model_validate(value)
     except ValidationError as e:
@@ -351,13 +353,13 @@ def load_case(folder: Path) -> Case:
     if not folder.is_dir():
         raise LeaklabError(f"case folder {folder} does not exist; write one with `leaklab capture`")
     view_path = folder / VIEW_FILE
-    view_json = _check_format(read_json(view_path, "view"), view_path, "view")
+    view_json = check_format(read_json(view_path, "view"), view_path, "view")
     if view_json.get("model_type") == "perception":
         raise LeaklabError(f"{folder} is a room case (a perception network's RL update); attack it with "
                            f"`leaklab audit --cases {folder}`")
-    spec = _parse(ModelSpec, view_json.get("model"), f"{view_path}: model")
-    metadata = _parse(UpdateMetadata, view_json.get("metadata"), f"{view_path}: metadata")
-    capabilities = _parse(Capabilities, view_json.get("capabilities", {}), f"{view_path}: capabilities")
+    spec = parse_model(ModelSpec, view_json.get("model"), f"{view_path}: model")
+    metadata = parse_model(UpdateMetadata, view_json.get("metadata"), f"{view_path}: metadata")
+    capabilities = parse_model(Capabilities, view_json.get("capabilities", {}), f"{view_path}: capabilities")
     defense = view_json.get("defense")
     if defense is not None and not isinstance(defense, str):
         raise LeaklabError(f"{view_path}: defense must be a string such as 'prune:0.5,gaussian:0.1'")
@@ -371,8 +373,8 @@ def load_case(folder: Path) -> Case:
     view = make_view(spec, state, metadata, capabilities, defense)
 
     upd_path = folder / UPDATE_JSON
-    upd_json = _check_format(read_json(upd_path, "update metadata"), upd_path, "update")
-    upd_meta = _parse(UpdateMetadata, upd_json.get("metadata"), f"{upd_path}: metadata")
+    upd_json = check_format(read_json(upd_path, "update metadata"), upd_path, "update")
+    upd_meta = parse_model(UpdateMetadata, upd_json.get("metadata"), f"{upd_path}: metadata")
     if upd_meta != metadata:
         raise LeaklabError(f"{upd_path} declares metadata that differs from {view_path}; "
                            "re-capture the case")

@@ -18,11 +18,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from pydantic import ValidationError
 
 from leaklab.errors import LeaklabError
 from leaklab.io import (FORMAT_VERSION, MODEL_FILE, TRUTH_FILE, UPDATE_FILE, UPDATE_JSON, VIEW_FILE,
-                        dumps_json, load_tensors, read_json, save_tensors, validation_message, write_json)
+                        check_format, dumps_json, load_tensors, parse_model, read_json, save_tensors,
+                        write_json)
 from leaklab.models import PerceptionSpec
 from leaklab.threat import Capabilities, ClientUpdate, ServerView, UpdateMetadata, make_view
 
@@ -102,45 +102,26 @@ def write_room_case(folder: Path, spec: PerceptionSpec, state: dict[str, torch.T
                  {"format": TRUTH_FORMAT, "provenance": dumps_json(provenance or {})})
 
 
-def _json_file(path: Path, kind: str) -> dict:
-    data = read_json(path, kind)
-    if not isinstance(data, dict) or data.get("format") != f"leaklab.{kind}":
-        raise LeaklabError(f"{path} is not a leaklab {kind} file; point at a folder written by "
-                           "write_room_case")
-    version = data.get("format_version")
-    if not isinstance(version, int) or version > FORMAT_VERSION:
-        raise LeaklabError(f"{path} has format version {version!r}; this leaklab reads versions up to "
-                           f"{FORMAT_VERSION}: upgrade leaklab")
-    return data
-
-
-def _parse(model_cls, value: Any, what: str):
-    try:
-        return model_cls.model_validate(value)
-    except ValidationError as e:
-        raise LeaklabError(validation_message(e, what)) from None
-
-
 def load_room_case(folder: Path) -> RoomCase:
     """Read and validate the server's files of a room case (never the truth)."""
     folder = Path(folder)
     if not folder.is_dir():
         raise LeaklabError(f"room case folder {folder} does not exist; write one with write_room_case")
     view_path, upd_path = folder / VIEW_FILE, folder / UPDATE_JSON
-    view_json = _json_file(view_path, "view")
+    view_json = check_format(read_json(view_path, "view"), view_path, "view")
     if view_json.get("model_type") != MODEL_TYPE:
         raise LeaklabError(f"{view_path} is an image-classification case, not a room case; read it with "
                            "leaklab.io.load_case")
-    spec = _parse(PerceptionSpec, view_json.get("model"), f"{view_path}: model")
-    metadata = _parse(UpdateMetadata, view_json.get("metadata"), f"{view_path}: metadata")
-    capabilities = _parse(Capabilities, view_json.get("capabilities", {}), f"{view_path}: capabilities")
+    spec = parse_model(PerceptionSpec, view_json.get("model"), f"{view_path}: model")
+    metadata = parse_model(UpdateMetadata, view_json.get("metadata"), f"{view_path}: metadata")
+    capabilities = parse_model(Capabilities, view_json.get("capabilities", {}), f"{view_path}: capabilities")
     defense = view_json.get("defense")
     if defense is not None and not isinstance(defense, str):
         raise LeaklabError(f"{view_path}: defense must be null or a string such as 'gaussian:0.1'")
     state, _ = load_tensors(folder / MODEL_FILE, "model", view_json.get("model_sha256"))
     view = make_view(spec, state, metadata, capabilities, defense)
-    upd_json = _json_file(upd_path, "update")
-    if _parse(UpdateMetadata, upd_json.get("metadata"), f"{upd_path}: metadata") != metadata:
+    upd_json = check_format(read_json(upd_path, "update metadata"), upd_path, "update")
+    if parse_model(UpdateMetadata, upd_json.get("metadata"), f"{upd_path}: metadata") != metadata:
         raise LeaklabError(f"{upd_path} declares metadata that differs from {view_path}; re-capture the case")
     tensors, _ = load_tensors(folder / UPDATE_FILE, "update", upd_json.get("sha256"))
     if upd_json.get("count") != 1 or any(not k.startswith("u0/") for k in tensors):
