@@ -143,3 +143,40 @@ def test_layouts_argument_and_summary_keys():
     assert len(layouts_arg("3")) == 3 and layouts_arg(None) is None
     assert layouts_arg("a, b") == ("a", "b")
     assert {"rgb_psnr_mean", "depth_psnr_mean", "iou_mean", "action_accuracy"} <= set(SUMMARY_KEYS)
+
+
+def test_audit_attacks_saved_cases_of_the_users_own_network(tmp_path):
+    from leaklab.io import atomic_dir
+    from leaklab.models.perception import build_perception_net
+    from leaklab.rl.capture import collect_transitions, dqn_client_update, target_copy
+    from leaklab.rl.cases import write_room_case
+
+    cls = "tests.plugins.narrow_net:NarrowNet"
+    spec = PerceptionSpec(setting="S2")
+    net = build_perception_net(spec, seed=0, model_class=cls)
+    cases = tmp_path / "cases"
+    for i, transition in enumerate(collect_transitions(("e1m1-stalactite",), 2, spec, seed=0)):
+        update, truth = dqn_client_update(net, target_copy(net), [transition])
+        with atomic_dir(cases / f"{i:04d}") as tmp:
+            write_room_case(tmp, spec, net.state_dict(), update, truth, model_class=cls)
+    out = tmp_path / "audit"
+    assert_user_error(invoke("audit", "--cases", cases, "--out", out), out, "does not fit")
+    result = invoke("audit", "--cases", cases, "--model-class", cls, "--iterations", "3", "--workers", "1",
+                    "--out", out)
+    assert result.exit_code == 0, result.output
+    res = json.loads((out / "results.json").read_text())
+    assert res["model_class"] == cls and res["summary"]["scored"] == 2
+    assert res["summary"]["iou_min"] > 0.999 and res["summary"]["q_target_err_mean"] < 0.01
+
+
+@pytest.mark.parametrize("cls, words", [
+    ("tests.plugins.narrow_net:NoHead", ["contract"]),
+    ("tests.plugins.narrow_net:Missing", ["cannot be imported"]),
+    ("narrow_net", ["package.module:Class"]),
+])
+def test_bad_model_class_is_refused(tmp_path, cls, words):
+    cases = tmp_path / "cases"
+    capture_rooms(RoomCaptureConfig(spec=PerceptionSpec(setting="S2"), samples=1, layouts=("e1m1-stalactite",)),
+                  cases)
+    out = tmp_path / "audit"
+    assert_user_error(invoke("audit", "--cases", cases, "--model-class", cls, "--out", out), out, *words)

@@ -575,7 +575,9 @@ def audit(
                                        "room, S1 and S2, exact and paper mode; hours)")] = False,
     cases: Annotated[Optional[Path], typer.Option("--cases", help="attack your own saved room cases "
                                                   "(folders written by leaklab.rl.capture) instead")] = None,
-    mode: Annotated[str, typer.Option("--mode", help="exact | paper (with --cases)")] = "exact",
+    model_class: Annotated[Optional[str], typer.Option("--model-class", help="with --cases: your own "
+                                                       "perception network, package.module:Class")] = None,
+    mode: Annotated[str, typer.Option("--mode", help="exact | paper")] = "exact",
     iterations: IterationsOpt = None,
     kind: Annotated[str, typer.Option("--kind", help="rooms (federated RL, the default) | images "
                                       "(image classifiers, DLG)")] = "rooms",
@@ -602,10 +604,13 @@ def audit(
             if quick or full:
                 raise LeaklabError("--cases attacks the saved updates as they are; drop --quick/--full")
             attack = RoomAttackConfig(mode=mode, seed=seed, **({"iterations": iterations} if iterations else {}))
-            results = room_audit.run_cases(out, cases, attack, workers=workers, progress=progress)
+            results = room_audit.run_cases(out, cases, attack, workers=workers, progress=progress,
+                                           model_class=model_class)
             typer.echo(f"wrote {out / 'report.html'}: {results['summary']['cases']} case(s), "
                        f"{results['summary']['scored']} scored")
             return
+        if model_class is not None:
+            raise LeaklabError("--model-class belongs to --cases (your saved updates of your network)")
         config = room_audit.default_config(quick=quick, full=full, seed=seed)
         overrides = {k: v for k, v in (("iterations", iterations), ("workers", workers or None)) if v}
         if mode != "exact" and not full:

@@ -129,10 +129,12 @@ class ServerView:
 
 def make_view(spec: ModelSpec | PerceptionSpec, state: dict[str, torch.Tensor], metadata: UpdateMetadata,
               capabilities: Capabilities | None = None, defense: str | None = None,
-              labels: torch.Tensor | None = None) -> ServerView:
-    """Rebuild the model of ``spec`` (an image classifier or a perception network) and load
+              labels: torch.Tensor | None = None, model_class: str | None = None) -> ServerView:
+    """Rebuild the model of ``spec`` (an image classifier or a perception network; ``model_class``:
+    a user's own perception class, see :func:`leaklab.models.perception.perception_class`) and load
     ``state`` (parameters and buffers) into it, strictly."""
-    model = build_perception_net(spec) if isinstance(spec, PerceptionSpec) else build_model(spec)
+    model = build_perception_net(spec, model_class=model_class) if isinstance(spec, PerceptionSpec) \
+        else build_model(spec)
     own = model.state_dict()
     problems = [k for k in own if k not in state or tuple(state[k].shape) != tuple(own[k].shape)]
     problems += [k for k in state if k not in own]

@@ -169,12 +169,13 @@ class Job:
     state: dict[str, torch.Tensor]
     update: ClientUpdate
     attack: RoomAttackConfig
+    model_class: str | None = None  # a user's own perception network class ("module:Class")
 
 
 def _attack_one(job: Job) -> RoomReconstruction:
     """Attack one update from the server's view (runs in a worker process, one torch thread)."""
     torch.set_num_threads(1)
-    view = make_view(job.spec, job.state, job.update.metadata)
+    view = make_view(job.spec, job.state, job.update.metadata, model_class=job.model_class)
     return (qgi if job.algorithm == "qgi" else rgi)(view, job.update, job.attack)
 
 

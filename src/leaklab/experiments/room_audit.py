@@ -17,8 +17,10 @@ and the figures in ``OUT/figures/``. The defaults finish within about ten minute
 cores; ``full=True`` is the paper-scale protocol (48 samples from every layout, S1 and S2, the exact
 and the paper mode); ``quick=True`` is a seconds-long version for tests.
 
-``cases=DIR`` attacks a user's own saved updates instead: room case folders written by
-:func:`leaklab.rl.capture.capture_rooms` (or in that format); they are scored when their
+``run_cases`` attacks a user's own saved updates instead: room case folders written by
+:func:`leaklab.rl.capture.capture_rooms` (or in that format), of leaklab's perception network or of the
+user's own network class (``model_class="module:Class"``, called with the spec, following the module
+layout of :func:`leaklab.models.perception.check_contract`); they are scored when their
 ``truth.safetensors`` is present.
 """
 
@@ -171,9 +173,11 @@ def _algorithm(loss: str) -> str:
 
 
 def run_cases(out: Path, cases_dir: Path, attack: RoomAttackConfig, workers: int = 0,
-              progress: ProgressFn | None = None) -> dict[str, Any]:
+              progress: ProgressFn | None = None, model_class: str | None = None) -> dict[str, Any]:
     """Attack a user's saved room cases (every sub-folder of ``cases_dir`` with a ``view.json``) as
-    they are, score them when their truth is present, and write ``out`` like :func:`run`."""
+    they are, score them when their truth is present, and write ``out`` like :func:`run`.
+    ``model_class`` ("module:Class") is the user's own perception network the cases belong to; it
+    must follow :func:`leaklab.models.perception.check_contract`."""
     from leaklab.rl.cases import load_room_case, load_room_truth
 
     room_attack.check_out(out)
@@ -185,9 +189,10 @@ def run_cases(out: Path, cases_dir: Path, attack: RoomAttackConfig, workers: int
         raise LeaklabError(f"--cases {cases_dir}: no room case folders (with {VIEW_FILE}) found; write them "
                            "with leaklab.rl.capture.capture_rooms")
     start = time.perf_counter()
-    cases = [load_room_case(f) for f in folders]
+    cases = [load_room_case(f, model_class) for f in folders]
     jobs = [room_attack.Job(_algorithm(c.view.metadata.loss), c.view.spec,
-                            {k: v.detach().clone() for k, v in c.view.model.state_dict().items()}, c.update, attack)
+                            {k: v.detach().clone() for k, v in c.view.model.state_dict().items()}, c.update, attack,
+                            model_class)
             for c in cases]
     rows: list[dict[str, Any]] = []
     truths, pictures = [], []
@@ -217,7 +222,7 @@ def run_cases(out: Path, cases_dir: Path, attack: RoomAttackConfig, workers: int
             summary.update(room_attack.summarise(scored, max(r["iterations"] for r in scored),
                                                  sum(r["seconds"] for r in scored)))
         results = {"format": "leaklab.audit", "format_version": 2, "kind": "room-cases",
-                   "cases_dir": str(cases_dir), "attack": attack.model_dump(mode="json"), "summary": summary,
+                   "cases_dir": str(cases_dir), "model_class": model_class, "attack": attack.model_dump(mode="json"), "summary": summary,
                    "cases": rows, "versions": versions(), "device": describe(torch.device("cpu"))}
         write_json(tmp / RESULTS_FILE, results)
         _write_cases_report(tmp, results, truths, pictures)

@@ -20,11 +20,14 @@ last module is the output Linear with bias).
 
 from __future__ import annotations
 
+import importlib
 from typing import Literal
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 from torch import nn
+
+from leaklab.errors import LeaklabError
 
 SETTING_CHANNELS = {"S1": 4, "S2": 1}
 ARCH_NAMES = ("small", "deep")
@@ -94,11 +97,54 @@ class PerceptionNet(nn.Module):
         return self.head(torch.cat([self.conv(images), self.box(box)], dim=1))
 
 
-def build_perception_net(spec: PerceptionSpec, seed: int | None = None) -> PerceptionNet:
-    """Instantiate the network of ``spec`` (PyTorch's default initialisation; ``seed`` fixes it)."""
+def check_contract(net: nn.Module, where: str) -> nn.Module:
+    """Raise :class:`LeaklabError` unless ``net`` has the module layout this module's docstring
+    describes (``conv`` ending in Flatten, ``box`` starting with a Linear layer with bias, ``head``
+    of Linear layers ending in one with bias): the layers the room attacks read."""
+    def linear(m: nn.Module) -> bool:
+        return isinstance(m, nn.Linear) and m.bias is not None
+
+    ok = (isinstance(getattr(net, "conv", None), nn.Sequential) and isinstance(net.conv[-1], nn.Flatten)
+          and isinstance(getattr(net, "box", None), nn.Sequential) and linear(net.box[0])
+          and isinstance(getattr(net, "head", None), nn.Sequential) and linear(net.head[0])
+          and linear(net.head[-1]))
+    if not ok:
+        raise LeaklabError(f"{where} does not follow the perception-network contract (modules conv ending "
+                           "in Flatten, box starting with Linear, head of Linear layers; see "
+                           "leaklab.models.perception)")
+    return net
+
+
+def conv_feature_count(net: nn.Module) -> int:
+    """How many of ``head.0``'s inputs are the flattened conv features (the rest: the box branch)."""
+    box_out = [m for m in net.box if isinstance(m, nn.Linear)][-1].out_features
+    return net.head[0].in_features - box_out
+
+
+def perception_class(path: str) -> type[nn.Module]:
+    """A user's own perception network class from ``"package.module:Class"``; the class is called
+    with the :class:`PerceptionSpec` and must follow the contract of :func:`check_contract`."""
+    module_name, _, class_name = path.partition(":")
+    if not module_name or not class_name:
+        raise LeaklabError(f"--model-class {path!r} must look like package.module:Class")
+    try:
+        cls = getattr(importlib.import_module(module_name), class_name)
+    except (ImportError, AttributeError) as e:
+        raise LeaklabError(f"--model-class {path!r} cannot be imported ({e}); put its module on PYTHONPATH") from None
+    if not (isinstance(cls, type) and issubclass(cls, nn.Module)):
+        raise LeaklabError(f"--model-class {path!r} is not a torch.nn.Module class")
+    return cls
+
+
+def build_perception_net(spec: PerceptionSpec, seed: int | None = None,
+                         model_class: str | None = None) -> nn.Module:
+    """Instantiate the network of ``spec`` (PyTorch's default initialisation; ``seed`` fixes it),
+    or ``model_class(spec)`` for a user's own class (:func:`perception_class`)."""
     if seed is not None:
         torch.manual_seed(seed)
-    return PerceptionNet(spec)
+    if model_class is None:
+        return PerceptionNet(spec)
+    return check_contract(perception_class(model_class)(spec), model_class)
 
 
 def stack_images(rgb: torch.Tensor | None, depth: torch.Tensor, setting: str) -> torch.Tensor:

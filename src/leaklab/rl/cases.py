@@ -75,13 +75,13 @@ def check_room_truth(truth: dict[str, torch.Tensor], spec: PerceptionSpec, metad
 
 def write_room_case(folder: Path, spec: PerceptionSpec, state: dict[str, torch.Tensor],
                     update: ClientUpdate, truth: dict[str, torch.Tensor],
-                    provenance: dict[str, Any] | None = None) -> None:
+                    provenance: dict[str, Any] | None = None, model_class: str | None = None) -> None:
     """Write one captured round as a case folder (not atomically: wrap it in
     :func:`leaklab.io.atomic_dir`). The update and the truth are validated against the network that
-    ``spec`` and ``state`` rebuild before anything is written."""
+    ``spec`` and ``state`` rebuild (``model_class``: the user's own class) before anything is written."""
     if update.metadata.loss not in ("dqn_mse", "reinforce"):
         raise LeaklabError(f"a room case holds a dqn_mse or reinforce update, not {update.metadata.loss!r}")
-    update.validate_against(make_view(spec, state, update.metadata).model)
+    update.validate_against(make_view(spec, state, update.metadata, model_class=model_class).model)
     check_room_truth(truth, spec, update.metadata)
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
@@ -102,8 +102,9 @@ def write_room_case(folder: Path, spec: PerceptionSpec, state: dict[str, torch.T
                  {"format": TRUTH_FORMAT, "provenance": dumps_json(provenance or {})})
 
 
-def load_room_case(folder: Path) -> RoomCase:
-    """Read and validate the server's files of a room case (never the truth)."""
+def load_room_case(folder: Path, model_class: str | None = None) -> RoomCase:
+    """Read and validate the server's files of a room case (never the truth); ``model_class``: the
+    user's own perception network class the case was captured with ("module:Class")."""
     folder = Path(folder)
     if not folder.is_dir():
         raise LeaklabError(f"room case folder {folder} does not exist; write one with write_room_case")
@@ -119,7 +120,7 @@ def load_room_case(folder: Path) -> RoomCase:
     if defense is not None and not isinstance(defense, str):
         raise LeaklabError(f"{view_path}: defense must be null or a string such as 'gaussian:0.1'")
     state, _ = load_tensors(folder / MODEL_FILE, "model", view_json.get("model_sha256"))
-    view = make_view(spec, state, metadata, capabilities, defense)
+    view = make_view(spec, state, metadata, capabilities, defense, model_class=model_class)
     upd_json = check_format(read_json(upd_path, "update metadata"), upd_path, "update")
     if parse_model(UpdateMetadata, upd_json.get("metadata"), f"{upd_path}: metadata") != metadata:
         raise LeaklabError(f"{upd_path} declares metadata that differs from {view_path}; re-capture the case")

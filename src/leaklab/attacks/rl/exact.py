@@ -29,7 +29,7 @@ from leaklab.attacks.rl.config import RoomAttackConfig
 from leaklab.attacks.rl.images import coupled_tv, gaussian_start
 from leaklab.attacks.rl.network import cosine_loss, gradient_stats, linear_names
 from leaklab.attacks.rl.optim import Progress, adam
-from leaklab.models.perception import PerceptionNet
+from leaklab.models.perception import PerceptionNet, conv_feature_count
 
 
 @dataclass
@@ -47,13 +47,13 @@ def exact_vectors(net: PerceptionNet, grads: dict[str, torch.Tensor]) -> ExactSt
          ("box.0", "head.0", names[-1])}
     last = dict(net.named_modules())[names[-1]]
     outputs = h[names[-1]] @ last.weight.detach().double().T + last.bias.detach().double()
-    return ExactState(box=h["box.0"], features=h["head.0"][:, :net.conv_features],
+    return ExactState(box=h["box.0"], features=h["head.0"][:, :conv_feature_count(net)],
                       last_input=h[names[-1]], outputs=outputs)
 
 
 def feature_error(net: PerceptionNet, grads: dict[str, torch.Tensor]) -> torch.Tensor:
     """``dJ/df = W_head0[:, :F]^T db_head0`` ``[1, F]``: the loss gradient at the conv features."""
-    w = net.head[0].weight.detach()[:, :net.conv_features]
+    w = net.head[0].weight.detach()[:, :conv_feature_count(net)]
     return (grads["head.0.bias"].to(w.dtype) @ w).unsqueeze(0)
 
 

@@ -18,7 +18,7 @@ from leaklab.attacks.rl.config import RoomAttackConfig
 from leaklab.attacks.rl.images import gaussian_start, room_tv
 from leaklab.attacks.rl.network import cosine_loss, gradient_stats, squared_loss, trace
 from leaklab.attacks.rl.optim import Progress, adam
-from leaklab.models.perception import PerceptionNet
+from leaklab.models.perception import PerceptionNet, conv_feature_count
 
 
 @dataclass
@@ -65,7 +65,7 @@ def paper_state(net: PerceptionNet, grads: dict[str, torch.Tensor], errors: torc
     spec, batch = net.spec, errors.shape[0]
     g = torch.Generator().manual_seed(cfg.seed)
     box = torch.randn(batch, spec.box_dim, generator=g).requires_grad_()
-    features = torch.randn(batch, net.conv_features, generator=g).requires_grad_()
+    features = torch.randn(batch, conv_feature_count(net), generator=g).requires_grad_()
     x = gaussian_start((batch, spec.in_channels, spec.image_size, spec.image_size), cfg.seed + 2)
     x.requires_grad_()
     sup = _Supervision(cfg, errors, actions, cfg.seed)

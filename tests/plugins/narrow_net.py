@@ -1,0 +1,24 @@
+"""A user's own perception network: other widths than leaklab's, the same module contract."""
+
+import torch
+from torch import nn
+
+
+class NarrowNet(nn.Module):
+    def __init__(self, spec):
+        super().__init__()
+        self.spec = spec
+        self.conv = nn.Sequential(nn.Conv2d(spec.in_channels, 8, 8, stride=4), nn.ReLU(),
+                                  nn.Conv2d(8, 8, 4, stride=2), nn.ReLU(), nn.Flatten())
+        self.box = nn.Sequential(nn.Linear(spec.box_dim, 16), nn.ReLU())
+        features = 8 * 17 * 17
+        self.head = nn.Sequential(nn.Linear(features + 16, 64), nn.ReLU(), nn.Linear(64, spec.num_actions))
+
+    def forward(self, images, box):
+        return self.head(torch.cat([self.conv(images), self.box(box)], dim=1))
+
+
+class NoHead(nn.Module):
+    def __init__(self, spec):
+        super().__init__()
+        self.conv = nn.Sequential(nn.Flatten())
