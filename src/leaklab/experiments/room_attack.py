@@ -216,6 +216,10 @@ def summarise(rows: list[dict[str, Any]], iterations: int, seconds: float) -> di
         values = [r["metrics"][metric] for r in rows if metric in r["metrics"]]
         if values:
             summary[key] = min(values) if key.endswith("_min") else _mean(values)
+    informative = [r["metrics"]["action"] for r in rows if r["metrics"].get("action_informative") == 1.0]
+    if any("action_informative" in r["metrics"] for r in rows):
+        summary["action_accuracy_nonzero_return"] = _mean(informative)
+        summary["zero_return_samples"] = sum(r["metrics"]["action_informative"] == 0.0 for r in rows)
     summary["samples"] = len(rows)
     summary["layouts"] = len({name for r in rows for name in r["layouts"]})
     summary["iterations"] = iterations

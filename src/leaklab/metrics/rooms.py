@@ -10,7 +10,8 @@
   IoU is undefined and reported as 1 when the recovered box equals it to 1e-3 (under a tenth of a
   pixel at 150 px), else 0. ``box_error``
   is the largest absolute coordinate error.
-* Action: 1.0 when correct. Q-values: percentage errors ``ε(x) = 100 |x_rec − x| / |x|`` of the
+* Action: 1.0 when correct. RGI: ``action_informative`` is 0 when the true return is exactly 0; then
+  the REINFORCE gradient is the entropy term alone, which does not depend on the action. Q-values: percentage errors ``ε(x) = 100 |x_rec − x| / |x|`` of the
   predicted and target Q-values (QGI). Reward: absolute error (RGI; the return weighting log π).
 """
 
@@ -64,4 +65,6 @@ def room_metrics(rec, truth: Mapping[str, torch.Tensor], setting: str, index: in
         out["q_target_error"] = float(percent_error(rec.q_target[i], truth["q_target"][i]))
     if rec.reward is not None and "reward" in truth:
         out["reward_error"] = float((rec.reward[i].double() - truth["reward"][i].double()).abs())
+        # a zero return leaves no policy-gradient term: the update carries no trace of the action
+        out["action_informative"] = float(float(truth["reward"][index]) != 0.0)
     return out
