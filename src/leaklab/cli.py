@@ -641,7 +641,7 @@ def _image_audit(out: Path, quick: bool, seed: int, progress: Callable[..., None
 # differential-privacy mechanisms (leaklab.privacy)
 
 mechanisms_app = typer.Typer(no_args_is_help=True, help="Differential-privacy mechanisms: their epsilon, "
-                                                        "and an empirical audit of it.")
+                                                        "DP-SGD accounting, and empirical audits.")
 mechanisms_epsilon_app = typer.Typer(no_args_is_help=True, help="The (epsilon, delta) a mechanism claims.")
 mechanisms_account_app = typer.Typer(no_args_is_help=True, help="Privacy accounting of repeated mechanism "
                                                                 "uses (opacus, dp-accounting).")

@@ -1,5 +1,7 @@
-"""Differential privacy: mechanisms with their claimed (epsilon, delta) and an empirical audit of
-those claims. See :mod:`leaklab.privacy.mechanisms` and :mod:`leaklab.privacy.audit`."""
+"""Differential privacy: mechanisms with their claimed (epsilon, delta)
+(:mod:`leaklab.privacy.mechanisms`), privacy accounting of DP-SGD and of composed mechanism uses
+(:mod:`leaklab.privacy.accounting`), DP-SGD for clients and central DP for federated averaging
+(:mod:`leaklab.privacy.dpsgd`), and empirical audits of the claims (:mod:`leaklab.privacy.audit`)."""
 
 from leaklab.privacy.mechanisms import (DirichletMechanism, DiscreteGaussianMechanism, DiscreteLaplaceMechanism,
                                         ExponentialMechanism, GaussianMechanism, LaplaceMechanism,
