@@ -203,7 +203,7 @@ def room_speed(out: Path, quick: bool, samples: int, log) -> dict:
     from leaklab.attacks.rl import RoomAttackConfig
     from leaklab.experiments import room_attack
 
-    workers = room_attack._workers(0, samples)
+    workers = room_attack.worker_count(0, samples)
     result: dict = {
         "benchmark": "room_speed",
         "timestamp": datetime.now(timezone.utc).isoformat(timespec="seconds"),

@@ -34,6 +34,24 @@ def _close(a: list[torch.Tensor], b: list[torch.Tensor], tol: float) -> None:
         assert float((x - y).detach().abs().max()) <= tol * scale
 
 
+def _assert_same_double_backward(ours, ref, gy, x):
+    """``ours`` and ``ref`` (gx, gw, gb) agree, and so do their gradients in ``gy`` and ``x`` under
+    every combination of incoming gradients (a missing gradient must equal a zero one)."""
+    for a, b in zip(ours, ref):
+        assert torch.allclose(a, b, atol=1e-12)
+    ups = (torch.randn_like(x), torch.randn(x.shape[1], dtype=x.dtype), torch.randn(x.shape[1], dtype=x.dtype))
+    for used in [(1, 1, 1), (1, 0, 0), (0, 1, 0), (0, 0, 1)]:
+        def loss(outs):
+            return sum(u * (o * c).sum() for u, o, c in zip(used, outs, ups))
+        g_ours = torch.autograd.grad(loss(ours), (gy, x), retain_graph=True, allow_unused=True)
+        g_ref = torch.autograd.grad(loss(ref), (gy, x), retain_graph=True, allow_unused=True)
+        for a, b in zip(g_ours, g_ref):
+            if b is None or a is None:
+                assert (a is None or float(a.abs().max()) == 0) and (b is None or float(b.abs().max()) == 0)
+            else:
+                assert torch.allclose(a, b, atol=1e-12)
+
+
 @pytest.mark.parametrize("name,width,size", MODELS)
 @pytest.mark.parametrize("batch", [1, 2])
 @pytest.mark.parametrize("train_mode", [True, False])
@@ -94,19 +112,7 @@ def test_batch_norm_double_backward_is_exact_in_float64():
     _, mean, invstd = torch.ops.aten.native_batch_norm(x.detach(), w, None, None, None, True, 0.0, eps)
     ours = _BatchNormBackward.apply(gy, x, w, mean, invstd, eps)
     ref = reference(gy, x)
-    for a, b in zip(ours, ref):
-        assert torch.allclose(a, b, atol=1e-12)
-    ups = (torch.randn_like(x), torch.randn(3, dtype=torch.float64), torch.randn(3, dtype=torch.float64))
-    for used in [(1, 1, 1), (1, 0, 0), (0, 1, 0), (0, 0, 1)]:
-        def loss(outs):
-            return sum(u * (o * c).sum() for u, o, c in zip(used, outs, ups))
-        g_ours = torch.autograd.grad(loss(ours), (gy, x), retain_graph=True, allow_unused=True)
-        g_ref = torch.autograd.grad(loss(ref), (gy, x), retain_graph=True, allow_unused=True)
-        for a, b in zip(g_ours, g_ref):
-            if b is None:
-                assert a is None or float(a.abs().max()) == 0
-            else:
-                assert torch.allclose(a, b, atol=1e-12)
+    _assert_same_double_backward(ours, ref, gy, x)
 
 
 def test_eval_batch_norm_double_backward_is_exact_in_float64():
@@ -123,19 +129,7 @@ def test_eval_batch_norm_double_backward_is_exact_in_float64():
 
     ours = _FrozenBatchNormBackward.apply(gy, x, w, mean, var, eps)
     ref = reference(gy, x)
-    ups = (torch.randn_like(x), torch.randn(3, dtype=torch.float64), torch.randn(3, dtype=torch.float64))
-    for a, b in zip(ours, ref):
-        assert torch.allclose(a, b, atol=1e-12)
-    for used in [(1, 1, 1), (1, 0, 0), (0, 1, 0), (0, 0, 1)]:
-        def loss(outs):
-            return sum(u * (o * c).sum() for u, o, c in zip(used, outs, ups))
-        g_ours = torch.autograd.grad(loss(ours), (gy, x), retain_graph=True, allow_unused=True)
-        g_ref = torch.autograd.grad(loss(ref), (gy, x), retain_graph=True, allow_unused=True)
-        for a, b in zip(g_ours, g_ref):
-            if b is None or a is None:
-                assert (a is None or float(a.abs().max()) == 0) and (b is None or float(b.abs().max()) == 0)
-            else:
-                assert torch.allclose(a, b, atol=1e-12)
+    _assert_same_double_backward(ours, ref, gy, x)
 
 
 def test_make_simulator_chooses_grouped_for_fedsgd_only():

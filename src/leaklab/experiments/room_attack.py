@@ -179,7 +179,8 @@ def _attack_one(job: Job) -> RoomReconstruction:
     return (qgi if job.algorithm == "qgi" else rgi)(view, job.update, job.attack)
 
 
-def _workers(requested: int, jobs: int) -> int:
+def worker_count(requested: int, jobs: int) -> int:
+    """Processes for ``jobs`` attacks: ``requested``, or one per usable CPU core when 0."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     return max(1, min(requested or cores, jobs))
 
@@ -188,7 +189,7 @@ def run_jobs(jobs: Sequence[Job], workers: int,
              on_result: Callable[[int, RoomReconstruction], None]) -> None:
     """Run every job (in ``workers`` spawned processes when there are several; 0 = one per core)
     and hand each result to ``on_result(index, reconstruction)`` as soon as it is ready, in order."""
-    workers = _workers(workers, len(jobs))
+    workers = worker_count(workers, len(jobs))
     if workers == 1:
         for i, job in enumerate(jobs):
             on_result(i, _attack_one(job))

@@ -40,7 +40,7 @@ from leaklab.device import describe
 from leaklab.errors import LeaklabError
 from leaklab.experiments import room_attack
 from leaklab.experiments.image_attack import versions
-from leaklab.io import RESULTS_FILE, TRUTH_FILE, VIEW_FILE, atomic_dir, write_json
+from leaklab.io import RESULTS_FILE, TRUTH_FILE, VIEW_FILE, atomic_dir, check_out, write_json
 from leaklab.privacy.dpsgd import noise_multiplier_for
 
 ProgressFn = Callable[[str, int, int], None]
@@ -114,7 +114,7 @@ def _cell_configs(config: AuditConfig) -> list[tuple[dict[str, str], room_attack
 
 def run(out: Path, config: AuditConfig, progress: ProgressFn | None = None) -> dict[str, Any]:
     """Run the audit and write ``out`` atomically; returns the results (also ``results.json``)."""
-    room_attack.check_out(out)
+    check_out(out)
     start = time.perf_counter()
     defenses = config.defenses()
     cells = _cell_configs(config)
@@ -180,7 +180,7 @@ def run_cases(out: Path, cases_dir: Path, attack: RoomAttackConfig, workers: int
     must follow :func:`leaklab.models.perception.check_contract`."""
     from leaklab.rl.cases import load_room_case, load_room_truth
 
-    room_attack.check_out(out)
+    check_out(out)
     cases_dir = Path(cases_dir)
     folders = sorted(p for p in cases_dir.iterdir() if (p / VIEW_FILE).is_file()) if cases_dir.is_dir() else []
     if (cases_dir / VIEW_FILE).is_file():

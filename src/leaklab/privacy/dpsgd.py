@@ -276,9 +276,7 @@ def train_private(model: nn.Module, images: torch.Tensor, labels: torch.Tensor, 
     loader = DataLoader(TensorDataset(images, labels), batch_size=config.batch_size,
                         generator=torch.Generator().manual_seed(config.seed))
     q = 1 / len(loader)  # opacus' Poisson sampling rate
-    sigma = config.noise_multiplier
-    if sigma is None:
-        sigma = dpsgd_sigma(q, config.steps, config.target_epsilon, config.delta, config.accountant)
+    sigma = config.noise_for(q, config.steps)
     optimizer = torch.optim.SGD(model.parameters(), lr=config.lr, momentum=config.momentum)
     run = make_private(model, optimizer, loader, clip=config.clip, noise_multiplier=sigma, seed=config.seed)
     try:

@@ -63,12 +63,9 @@ def _probability(name: str, value: float, *, zero_ok: bool = False) -> float:
 
 
 @dataclass
-class LaplaceMechanism:
-    """value + Lap(sensitivity / epsilon): epsilon-DP for an l1-sensitivity (Dwork & Roth Thm 3.6).
-
-    ``scale_factor`` < 1 makes a deliberately *broken* mechanism (the noise is smaller than the
-    claim needs); the audit must catch it. The claimed epsilon stays the one asked for.
-    """
+class _PureMechanism:
+    """The settings of a pure epsilon-DP mechanism calibrated to a sensitivity; ``scale_factor`` < 1
+    breaks it on purpose (less randomness than the claim needs) while the claim stays ``epsilon``."""
 
     epsilon: float
     sensitivity: float = 1.0
@@ -79,6 +76,15 @@ class LaplaceMechanism:
         _positive("epsilon", self.epsilon)
         _positive("sensitivity", self.sensitivity)
         _positive("scale_factor", self.scale_factor)
+
+
+@dataclass
+class LaplaceMechanism(_PureMechanism):
+    """value + Lap(sensitivity / epsilon): epsilon-DP for an l1-sensitivity (Dwork & Roth Thm 3.6).
+
+    ``scale_factor`` < 1 makes a deliberately *broken* mechanism (the noise is smaller than the
+    claim needs); the audit must catch it. The claimed epsilon stays the one asked for.
+    """
 
     @property
     def scale(self) -> float:
@@ -166,23 +172,13 @@ class GaussianMechanism:
 
 
 @dataclass
-class ExponentialMechanism:
+class ExponentialMechanism(_PureMechanism):
     """Pick candidate r with probability proportional to exp(epsilon u(r) / (2 sensitivity)).
 
     ``value`` is the vector of utility scores u(D, r) of the candidates on the data; the sensitivity
     bounds |u(D, r) - u(D', r)| over neighbours D, D' and all r. epsilon-DP (Dwork & Roth Thm 3.10;
     McSherry & Talwar 2007). The output is the index of the chosen candidate.
     """
-
-    epsilon: float
-    sensitivity: float = 1.0
-    scale_factor: float = 1.0
-    delta: float = 0.0
-
-    def __post_init__(self) -> None:
-        _positive("epsilon", self.epsilon)
-        _positive("sensitivity", self.sensitivity)
-        _positive("scale_factor", self.scale_factor)
 
     def log_probabilities(self, scores: Any) -> np.ndarray:
         u = np.asarray(scores, dtype=float)
