@@ -323,19 +323,21 @@ def _attack(out: Path, case: Path | None, method: str, config, seed: int | None,
 SettingOpt = Annotated[str, typer.Option("--setting", help="S1 (RGB + depth + box) | S2 (depth + box)")]
 ModeOpt = Annotated[str, typer.Option("--mode", help="exact (leaklab's closed-form recovery, then the images) "
                                       "| paper (section IV as written)")]
-ArchOpt = Annotated[str, typer.Option("--arch", help="small | deep: the perception network")]
+ArchOpt = Annotated[str, typer.Option("--arch", help="small | deep | stacked: the perception network (small and deep: one conv stream per modality; stacked: RGB-D in one stream)")]
 SamplesOpt = Annotated[int, typer.Option("--samples", help="private transitions, one client update each")]
 LayoutsOpt = Annotated[Optional[str], typer.Option("--layouts", help="client rooms: a count (the first N) "
                                                    "or comma-separated names (default all)")]
 IterationsOpt = Annotated[Optional[int], typer.Option("--iterations", help="image-stage iterations "
                                                       "(default: the mode's)")]
+DeviceOpt = Annotated[str, typer.Option("--device", help="cpu | cuda[:N]: where the attacks run "
+                                         "(on cuda the worker processes share the GPU)")]
 RoomDefenseOpt = Annotated[Optional[str], typer.Option("--defense", help="defense chain the clients apply, "
                                                        "e.g. clip:1,gaussian:0.5 (default none)")]
 
 
 def _room_attack(algorithm: str, setting: str, mode: str, arch: str, samples: int, layouts: str | None,
                  seed: int, iterations: int | None, batch_size: int, train_steps: int, defense: str | None,
-                 workers: int, out: Path) -> None:
+                 workers: int, device: str, out: Path) -> None:
     from leaklab.attacks.rl import RoomAttackConfig
     from leaklab.experiments import room_attack
 
@@ -344,7 +346,7 @@ def _room_attack(algorithm: str, setting: str, mode: str, arch: str, samples: in
     config = room_attack.RoomRunConfig(algorithm=algorithm, setting=setting, arch=arch, samples=samples,
                                        layouts=room_attack.layouts_arg(layouts), batch_size=batch_size,
                                        train_steps=train_steps, defense=defense, attack=attack,
-                                       workers=workers, seed=seed)
+                                       workers=workers, device=device, seed=seed)
     with _progress() as progress:
         results = room_attack.run(config, out, progress=progress)
     s = results["summary"]
@@ -374,9 +376,10 @@ def _room_command(algorithm: str, doc: str) -> Callable:
                                                  "before the round (0: initialised network)")] = 0,
         defense: RoomDefenseOpt = None,
         workers: Annotated[int, typer.Option("--workers", help="attack processes (0: one per core)")] = 0,
+        device: DeviceOpt = "cpu",
     ) -> None:
         _room_attack(algorithm, setting, mode, arch, samples, layouts, seed, iterations, batch_size,
-                     train_steps, defense, workers, out)
+                     train_steps, defense, workers, device, out)
 
     command.__doc__ = doc
     return _guard(command)
@@ -483,6 +486,9 @@ def reproduce_room_table1(
     iterations: IterationsOpt = None, arch: ArchOpt = "small",
     seed: Annotated[int, typer.Option("--seed")] = 0,
     workers: Annotated[int, typer.Option("--workers", help="attack processes (0: one per core)")] = 0,
+    device: DeviceOpt = "cpu",
+    cells: Annotated[Optional[str], typer.Option("--cells", help="comma-separated subset of qgi-S1, "
+                                                 "qgi-S2, rgi-S1, rgi-S2 (default all)")] = None,
     out: Annotated[Optional[Path], typer.Option("--out", help="(default runs/<id>-room-table1)")] = None,
     update_docs: UpdateDocsOpt = False,
 ) -> None:
@@ -493,7 +499,8 @@ def reproduce_room_table1(
     chosen = layouts_arg(layouts)
     _room_table("room-table1", out, update_docs, lambda o, p: room_tables.table1(
         o, mode=mode, samples=samples, layouts=chosen, iterations=iterations, arch=arch, seed=seed,
-        workers=workers, progress=p))
+        workers=workers, device=device, progress=p,
+        **({"cells": tuple(c.strip() for c in cells.split(",") if c.strip())} if cells else {})))
 
 
 @reproduce_app.command("room-table2")
@@ -502,6 +509,7 @@ def reproduce_room_table2(
     samples: RoomSamplesOpt = 48, layouts: LayoutsOpt = None, iterations: IterationsOpt = None,
     arch: ArchOpt = "small", seed: Annotated[int, typer.Option("--seed")] = 0,
     workers: Annotated[int, typer.Option("--workers", help="attack processes (0: one per core)")] = 0,
+    device: DeviceOpt = "cpu",
     out: Annotated[Optional[Path], typer.Option("--out", help="(default runs/<id>-room-table2)")] = None,
     update_docs: UpdateDocsOpt = False,
 ) -> None:
@@ -512,7 +520,7 @@ def reproduce_room_table2(
     chosen = layouts_arg(layouts)
     _room_table("room-table2", out, update_docs, lambda o, p: room_tables.table2(
         o, samples=samples, layouts=chosen, iterations=iterations, arch=arch, seed=seed, workers=workers,
-        progress=p))
+        device=device, progress=p))
 
 
 @reproduce_app.command("inversion-checks")

@@ -69,7 +69,7 @@ class RoomRunConfig(BaseModel):
 
     algorithm: Literal["qgi", "rgi"] = "qgi"
     setting: Literal["S1", "S2"] = "S2"
-    arch: Literal["small", "deep"] = "small"
+    arch: Literal["small", "deep", "stacked"] = "small"
     samples: int = Field(default=48, ge=1, le=10_000)
     layouts: tuple[str, ...] | None = Field(default=None, description="client rooms; None: all")
     batch_size: int = Field(default=1, ge=1, le=2)
@@ -79,6 +79,8 @@ class RoomRunConfig(BaseModel):
     entropy_weight: float = Field(default=0.01, ge=0, description="alpha of eq. 4 (RGI clients)")
     gamma: float = Field(default=0.99, ge=0, le=1)
     workers: int = Field(default=0, ge=0, description="attack processes; 0: one per CPU core")
+    device: str = Field(default="cpu", pattern=r"^(cpu|cuda(:\d+)?)$",
+                        description="where the attacks run: cpu, or cuda[:N] (the workers share the GPU)")
     seed: int = 0
 
     @field_validator("layouts")
@@ -170,13 +172,22 @@ class Job:
     update: ClientUpdate
     attack: RoomAttackConfig
     model_class: str | None = None  # a user's own perception network class ("module:Class")
+    device: str = "cpu"
+
+
+def check_device(device: str) -> None:
+    """Refuse a CUDA device this machine does not have, in one line, before any work."""
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise LeaklabError(f"--device {device}: no CUDA GPU is available here (use --device cpu)")
 
 
 def _attack_one(job: Job) -> RoomReconstruction:
-    """Attack one update from the server's view (runs in a worker process, one torch thread)."""
+    """Attack one update from the server's view (runs in a worker process, one torch thread) on
+    ``job.device``; the reconstruction comes back on the CPU."""
     torch.set_num_threads(1)
     view = make_view(job.spec, job.state, job.update.metadata, model_class=job.model_class)
-    return (qgi if job.algorithm == "qgi" else rgi)(view, job.update, job.attack)
+    view.model.to(job.device)
+    return (qgi if job.algorithm == "qgi" else rgi)(view, job.update, job.attack).to("cpu")
 
 
 def worker_count(requested: int, jobs: int) -> int:
@@ -260,10 +271,12 @@ def image_grid_png(setting: str, truths: list[torch.Tensor], recs: list[torch.Te
 def run(config: RoomRunConfig, out: Path, progress: ProgressFn | None = None) -> dict[str, Any]:
     """Capture, attack, score; write ``out`` atomically and return the results dict."""
     check_out(out)  # before the capture: never spend minutes and then refuse the folder
+    check_device(config.device)
     start = time.perf_counter()
     state, clean = capture_samples(config)
     samples = defend(clean, config.defense, config.seed)
-    jobs = [Job(config.algorithm, config.spec, state, s.update, config.attack) for s in samples]
+    jobs = [Job(config.algorithm, config.spec, state, s.update, config.attack, device=config.device)
+            for s in samples]
     rows: list[dict[str, Any]] = []
     truths, recs, captions = [], [], []
     seconds_attacking = [0.0]

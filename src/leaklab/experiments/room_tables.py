@@ -70,13 +70,13 @@ DOCS = Path("docs/reproductions.md")
 
 def _cell_config(algorithm: str, setting: str, attack: dict[str, Any], samples: int,
                  layouts: tuple[str, ...] | None, iterations: int | None, arch: str, seed: int,
-                 workers: int) -> room_attack.RoomRunConfig:
+                 workers: int, device: str) -> room_attack.RoomRunConfig:
     fields = dict(attack, seed=seed)
     if iterations is not None:
         fields["iterations"] = iterations
     return room_attack.RoomRunConfig(algorithm=algorithm, setting=setting, arch=arch, samples=samples,
                                      layouts=layouts, attack=RoomAttackConfig(**fields), workers=workers,
-                                     seed=seed)
+                                     device=device, seed=seed)
 
 
 def _run_cells(out: Path, cells: dict[str, room_attack.RoomRunConfig],
@@ -108,25 +108,31 @@ def _fmt(value: Any, digits: int = 2) -> str:
 
 def table1(out: Path, mode: str = "paper", samples: int = 48, layouts: tuple[str, ...] | None = None,
            iterations: int | None = None, arch: str = "small", seed: int = 0, workers: int = 0,
+           device: str = "cpu", cells: tuple[str, ...] = TABLE1_CELLS,
            progress: ProgressFn | None = None) -> dict[str, Any]:
-    """Table I (and the vector metrics of V-A) in ``mode``; returns and writes the results."""
+    """Table I (and the vector metrics of V-A) in ``mode`` for ``cells`` (``qgi-S1`` ...; default
+    all four); returns and writes the results."""
     if mode not in ("paper", "exact"):
         raise LeaklabError(f"--mode {mode!r}: choose paper or exact")
+    unknown = [c for c in cells if c not in TABLE1_CELLS]
+    if unknown or not cells:
+        raise LeaklabError(f"--cells: {', '.join(unknown) or 'none given'}; choose from {', '.join(TABLE1_CELLS)}")
     cells = {name: _cell_config(name.split("-")[0], name.split("-")[1], {"mode": mode}, samples, layouts,
-                                iterations, arch, seed, workers) for name in TABLE1_CELLS}
+                                iterations, arch, seed, workers, device) for name in cells}
     results = _run_cells(Path(out), cells, progress)
     table = {name: {k: r["summary"].get(k) for k in METRICS_TABLE1 + VECTORS +
                     ("rgb_psnr_baseline_mean", "depth_psnr_baseline_mean", "rgb_psnr_raw_mean",
                      "depth_psnr_raw_mean", "iterations", "seconds_per_sample", "samples", "layouts")}
              for name, r in results.items()}
+    first = table[next(iter(cells))]
     lines = [f"Mode `{mode}`, `{arch}` network, {samples} samples per cell, "
-             f"{table[TABLE1_CELLS[0]]['layouts']} layouts, {table[TABLE1_CELLS[0]]['iterations']} "
+             f"{first['layouts']} layouts, {first['iterations']} "
              "iterations. Ours (paper) for PSNR (dB) / SSIM with paper normalisation; baseline = "
              "constant image at the true mean; raw = without normalisation.", "",
              "| attack | setting | RGB PSNR | RGB SSIM | depth PSNR | depth SSIM | RGB baseline / raw | "
              "depth baseline / raw | box IoU mean (min) | action | ε(Q̂) % | ε(Q) % | reward error | s/sample |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
-    for name in TABLE1_CELLS:
+    for name in cells:
         t, p = table[name], PAPER_TABLE1[name]
 
         def both(key: str) -> str:
@@ -143,14 +149,16 @@ def table1(out: Path, mode: str = "paper", samples: int = 48, layouts: tuple[str
             f"{_fmt(t.get('q_target_err_mean'))} | {_fmt(t.get('reward_abs_err_mean'))} | "
             f"{_fmt(t.get('seconds_per_sample'), 1)} |")
     lines += ["", f"Published vector metrics (section V-A): {PAPER_VECTORS}."]
-    return _finish(Path(out), "room-table1", mode, arch, table, PAPER_TABLE1, "\n".join(lines))
+    subset = "" if tuple(cells) == TABLE1_CELLS else "-" + "-".join(cells)
+    return _finish(Path(out), "room-table1", mode, arch, table, PAPER_TABLE1, "\n".join(lines), subset)
 
 
 def table2(out: Path, samples: int = 48, layouts: tuple[str, ...] | None = None,
            iterations: int | None = None, arch: str = "small", seed: int = 0, workers: int = 0,
-           progress: ProgressFn | None = None) -> dict[str, Any]:
+           device: str = "cpu", progress: ProgressFn | None = None) -> dict[str, Any]:
     """Table II and Fig. 4 (QGI S1, paper mode) with the exact mode beside them."""
-    cells = {name: _cell_config(alg, setting, attack, samples, layouts, iterations, arch, seed, workers)
+    cells = {name: _cell_config(alg, setting, attack, samples, layouts, iterations, arch, seed, workers,
+                                device)
              for name, (alg, setting, attack, _) in TABLE2_CELLS.items()}
     results = _run_cells(Path(out), cells, progress)
     table = {name: {k: r["summary"].get(k) for k in METRICS_TABLE1 + VECTORS +
@@ -174,10 +182,10 @@ def table2(out: Path, samples: int = 48, layouts: tuple[str, ...] | None = None,
     return _finish(Path(out), "room-table2", "paper", arch, table, PAPER_TABLE2, "\n".join(lines))
 
 
-def _finish(out: Path, name: str, mode: str, arch: str, table: dict, paper: dict, markdown: str
-            ) -> dict[str, Any]:
+def _finish(out: Path, name: str, mode: str, arch: str, table: dict, paper: dict, markdown: str,
+            subset: str = "") -> dict[str, Any]:
     results = {"format": "leaklab.reproduction", "experiment": name, "mode": mode, "arch": arch,
-               "section": f"{name}-{mode}-{arch}", "table": table, "paper": paper, "markdown": markdown}
+               "section": f"{name}-{mode}-{arch}{subset}", "table": table, "paper": paper, "markdown": markdown}
     write_json(out / RESULTS_FILE, results)
     write_bytes(out / "table.md", (markdown + "\n").encode("utf-8"))
     return results

@@ -13,9 +13,14 @@ Inputs (the contract every RL module of leaklab shares):
 * ``box``: ``[B, 4]`` the target's bounding box ``(x1, y1, x2, y2)`` in [-1, 1] image coordinates.
 
 Module names are part of the contract (attacks address layers by them): ``conv`` (the image
-branch, ending in ``Flatten``), ``box`` (the coordinate branch; ``box.0`` is the Linear layer whose
+branch: a module from ``images`` to flat features ``[B, F]``), ``box`` (the coordinate branch; ``box.0`` is the Linear layer whose
 input is the box) and ``head`` (the fused linear layers; ``head.0`` takes ``cat(conv, box)`` and the
 last module is the output Linear with bias).
+
+Architectures (``--arch``; the paper fixes none of them): ``small`` (default) gives each modality
+its own stream of three convolutions (RGB and depth are different signals; S2 has the depth stream
+only), ``deep`` does the same with five convolutions and pooling per stream, ``stacked`` feeds RGB-D
+as four channels to one small stream. For S2 ``small`` and ``stacked`` are the same network.
 """
 
 from __future__ import annotations
@@ -30,7 +35,7 @@ from torch import nn
 from leaklab.errors import LeaklabError
 
 SETTING_CHANNELS = {"S1": 4, "S2": 1}
-ARCH_NAMES = ("small", "deep")
+ARCH_NAMES = ("small", "deep", "stacked")
 
 
 class PerceptionSpec(BaseModel):
@@ -39,7 +44,7 @@ class PerceptionSpec(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     setting: Literal["S1", "S2"] = "S2"
-    arch: Literal["small", "deep"] = "small"
+    arch: Literal["small", "deep", "stacked"] = "small"
     num_actions: int = Field(default=7, gt=1)
     image_size: int = Field(default=150, ge=32, le=512)
     box_dim: int = Field(default=4, gt=0)
@@ -71,6 +76,23 @@ def _conv_deep(c: int) -> nn.Sequential:
     )
 
 
+class ModalityStreams(nn.Module):
+    """One convolution stream per image modality, flattened features concatenated (RGB first):
+    ``depth`` always, ``rgb`` in setting S1 (the depth stream is built first, so an S2 network's
+    weights do not depend on whether an RGB stream exists)."""
+
+    def __init__(self, setting: str, stream):
+        super().__init__()
+        self.depth = stream(1)
+        if setting == "S1":
+            self.rgb = stream(3)
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        if not hasattr(self, "rgb"):
+            return self.depth(images)
+        return torch.cat([self.rgb(images[:, :3]), self.depth(images[:, 3:])], dim=1)
+
+
 class PerceptionNet(nn.Module):
     """Conv branch for the images, linear branch for the box, fused linear head to the actions."""
 
@@ -78,12 +100,12 @@ class PerceptionNet(nn.Module):
         super().__init__()
         self.spec = spec
         c = spec.in_channels
-        if spec.arch == "small":
-            self.conv = _conv_small(c)
+        if spec.arch in ("small", "stacked"):
+            self.conv = _conv_small(c) if spec.arch == "stacked" else ModalityStreams(spec.setting, _conv_small)
             self.box = nn.Sequential(nn.Linear(spec.box_dim, 32), nn.ReLU())
             box_features = 32
         else:
-            self.conv = _conv_deep(c)
+            self.conv = ModalityStreams(spec.setting, _conv_deep)
             self.box = nn.Sequential(nn.Linear(spec.box_dim, 64), nn.ReLU(),
                                      nn.Linear(64, 64), nn.ReLU())
             box_features = 64
@@ -99,18 +121,18 @@ class PerceptionNet(nn.Module):
 
 def check_contract(net: nn.Module, where: str) -> nn.Module:
     """Raise :class:`LeaklabError` unless ``net`` has the module layout this module's docstring
-    describes (``conv`` ending in Flatten, ``box`` starting with a Linear layer with bias, ``head``
-    of Linear layers ending in one with bias): the layers the room attacks read."""
+    describes (a ``conv`` module, ``box`` starting with a Linear layer with bias, ``head`` of Linear
+    layers ending in one with bias): the layers the room attacks read."""
     def linear(m: nn.Module) -> bool:
         return isinstance(m, nn.Linear) and m.bias is not None
 
-    ok = (isinstance(getattr(net, "conv", None), nn.Sequential) and isinstance(net.conv[-1], nn.Flatten)
+    ok = (isinstance(getattr(net, "conv", None), nn.Module)
           and isinstance(getattr(net, "box", None), nn.Sequential) and linear(net.box[0])
           and isinstance(getattr(net, "head", None), nn.Sequential) and linear(net.head[0])
           and linear(net.head[-1]))
     if not ok:
-        raise LeaklabError(f"{where} does not follow the perception-network contract (modules conv ending "
-                           "in Flatten, box starting with Linear, head of Linear layers; see "
+        raise LeaklabError(f"{where} does not follow the perception-network contract (modules conv "
+                           "from images to flat features, box starting with Linear, head of Linear layers; see "
                            "leaklab.models.perception)")
     return net
 

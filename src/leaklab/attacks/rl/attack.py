@@ -42,7 +42,8 @@ def _check(view: ServerView, update: ClientUpdate, loss: str, max_batch: int, cf
     if cfg.objective != "error_direction" and (loss != "dqn_mse" or cfg.mode != "paper"):
         raise LeaklabError("the dlg/inverting ablations are QGI paper-mode objectives (Table II)")
     update.validate_against(view.model)
-    grads = {k: v.detach().float() for k, v in update.tensors.items()}
+    device = next(view.model.parameters()).device
+    grads = {k: v.detach().float().to(device) for k, v in update.tensors.items()}
     return view.model, grads, meta.batch_size
 
 
@@ -115,7 +116,7 @@ def rgi(view: ServerView, update: ClientUpdate, config: RoomAttackConfig | None 
     if float(gb.abs().max()) == 0.0:
         raise LeaklabError("the last bias gradient is all zero; no action or reward can be read")
     box, images, last_input, _, iterations, exact = _images_and_state(
-        net, grads, gb.unsqueeze(0), torch.zeros(1, dtype=torch.long), cfg, progress, batch)
+        net, grads, gb.unsqueeze(0), torch.zeros(1, dtype=torch.long, device=gb.device), cfg, progress, batch)
     probs = torch.softmax(_outputs(net, last_input), 1)
     action, reward = reinforce_action_reward(gb, probs[0], view.metadata.entropy_weight)
     if cfg.mode == "exact":

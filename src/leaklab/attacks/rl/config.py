@@ -15,7 +15,7 @@ error with the target Q-value (and, with ``action="optimised"``, the action) opt
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
 from typing import Literal
 
 import torch
@@ -62,3 +62,8 @@ class RoomReconstruction:
     probs: torch.Tensor | None = None
     reward: torch.Tensor | None = None
     exact: tuple[str, ...] = ()
+
+    def to(self, device: torch.device | str) -> "RoomReconstruction":
+        """The same reconstruction with every tensor on ``device``."""
+        return replace(self, **{f.name: getattr(self, f.name).to(device) for f in fields(self)
+                                if isinstance(getattr(self, f.name), torch.Tensor)})

@@ -6,8 +6,8 @@ box (input of ``box.0``), the convolutional features ``f`` (first part of ``head
 last layer's input, hence ``Q̂ = W_last h + b_last`` exactly. The error at the features is known too:
 ``g_f = (W_head0^T db_head0)[:F]``.
 
-The images minimise ``w_f ||conv(x) − f||^2 / ||f||^2 + λ_t TV(x)`` (channel-coupled TV,
-:func:`leaklab.attacks.rl.images.coupled_tv`) from IV-A's Gaussian start with
+The images minimise ``w_f ||conv(x) − f||^2 / ||f||^2 + λ_t TV(x)`` (TV pooled over each modality's channels,
+:func:`leaklab.attacks.rl.images.modality_tv`) from IV-A's Gaussian start with
 Adam and cosine annealing, pixels clamped to [0, 1]; ``λ_t`` decays geometrically from ``tv_weight``
 to ``tv_final`` (a strong prior first removes the start's noise, a weak one last stops biasing the
 edges). Optionally (``gradient_weight``) the error-direction surrogate of eq. 6 moves to the
@@ -26,7 +26,7 @@ import torch
 
 from leaklab.attacks.inversion.analytic import linear_input
 from leaklab.attacks.rl.config import RoomAttackConfig
-from leaklab.attacks.rl.images import coupled_tv, gaussian_start
+from leaklab.attacks.rl.images import modality_tv, gaussian_start
 from leaklab.attacks.rl.network import cosine_loss, gradient_stats, linear_names
 from leaklab.attacks.rl.optim import Progress, adam
 from leaklab.models.perception import PerceptionNet, conv_feature_count
@@ -61,7 +61,8 @@ def exact_images(net: PerceptionNet, grads: dict[str, torch.Tensor], features: t
                  cfg: RoomAttackConfig, progress: Progress | None) -> torch.Tensor:
     """Images whose conv features and conv gradients match the exactly known ones."""
     spec = net.spec
-    x = gaussian_start((1, spec.in_channels, spec.image_size, spec.image_size), cfg.seed).requires_grad_()
+    x = gaussian_start((1, spec.in_channels, spec.image_size, spec.image_size), cfg.seed)
+    x = x.to(features.device).requires_grad_()
     f = features.float()
     f_norm = (f * f).sum().clamp_min(1e-30)
     g_f = feature_error(net, grads)
@@ -69,7 +70,7 @@ def exact_images(net: PerceptionNet, grads: dict[str, torch.Tensor], features: t
     def loss(done: float) -> torch.Tensor:
         out = net.conv(x)
         match = ((out - f) ** 2).sum() / f_norm
-        total = cfg.feature_weight * match + cfg.tv_weight * (cfg.tv_final / cfg.tv_weight) ** done * coupled_tv(x)
+        total = cfg.feature_weight * match + cfg.tv_weight * (cfg.tv_final / cfg.tv_weight) ** done * modality_tv(x)
         if cfg.gradient_weight:
             dot, sq, ref = gradient_stats(net, grads, (g_f * out).sum(), [], conv_params=True)
             total = total + cfg.gradient_weight * cosine_loss(dot, sq, ref)

@@ -3,10 +3,10 @@
 * :func:`room_tv`: seed 000 IV-A's ``TV(s_i) + TV(s_d)``, each image's own total variation (leaklab's
   anisotropic TV, :func:`leaklab.attacks.inversion.priors.total_variation`), summed over the batch
   (paper mode).
-* :func:`coupled_tv`: anisotropic total variation whose differences pool all channels, RGB and
-  depth, so edges are shared across them (exact mode; on real S1 frames, 3 frames and 1,500 steps,
-  it lifts the gain over the constant baseline from +1.7 to +2.4 dB on RGB and +3.7 to +6.6 dB on
-  depth against :func:`room_tv`).
+* :func:`modality_tv`: exact mode's prior, anisotropic total variation whose differences pool the
+  channels of one modality (:func:`coupled_tv` of R, G, B; depth on its own). On 4 real S1 frames,
+  1,500 steps, the per-modality ``small`` network: depth 38.1 dB raw against 35.8 dB when RGB and
+  depth share the pooled differences (RGB 22.7 dB either way).
 * :func:`gaussian_start`: IV-A's Gaussian initialisation.
 """
 
@@ -32,6 +32,14 @@ def coupled_tv(x: torch.Tensor) -> torch.Tensor:
     dy = x[..., 1:, :] - x[..., :-1, :]
     pooled = lambda d: torch.sqrt((d * d).sum(1) + 1e-12).flatten(1).mean(1)  # noqa: E731
     return (pooled(dx) + pooled(dy)).sum()
+
+
+def modality_tv(x: torch.Tensor) -> torch.Tensor:
+    """:func:`coupled_tv` of the RGB channels plus that of depth for S1 ``[B, 4, H, W]``; of depth
+    alone for S2 ``[B, 1, H, W]``."""
+    if x.shape[1] == 4:
+        return coupled_tv(x[:, :3]) + coupled_tv(x[:, 3:])
+    return coupled_tv(x)
 
 
 def gaussian_start(shape: tuple[int, ...], seed: int) -> torch.Tensor:

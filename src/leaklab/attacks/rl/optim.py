@@ -17,7 +17,7 @@ def adam(params: list[torch.Tensor], loss: Callable[[float], torch.Tensor], iter
     last loss value."""
     optimiser = torch.optim.Adam(params, lr=lr)
     schedule = torch.optim.lr_scheduler.CosineAnnealingLR(optimiser, T_max=iterations, eta_min=0.0)
-    value = float("nan")
+    value = torch.tensor(float("nan"))
     for it in range(iterations):
         optimiser.zero_grad(set_to_none=True)
         out = loss(it / iterations)
@@ -29,7 +29,7 @@ def adam(params: list[torch.Tensor], loss: Callable[[float], torch.Tensor], iter
         with torch.no_grad():
             for p in clamp:
                 p.clamp_(0, 1)
-        value = float(out.detach())
+        value = out.detach()  # no host sync per step: it would stall a GPU
         if progress and ((it + 1) % 50 == 0 or it + 1 == iterations):
-            progress(it + 1, value)
-    return value
+            progress(it + 1, float(value))
+    return float(value)

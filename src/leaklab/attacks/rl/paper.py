@@ -37,8 +37,8 @@ class _Supervision:
     def __init__(self, cfg: RoomAttackConfig, errors: torch.Tensor, actions: torch.Tensor, seed: int):
         g = torch.Generator().manual_seed(seed + 1)
         self.cfg, self.errors, self.actions = cfg, errors.float(), actions
-        self.q = torch.randn(len(actions), generator=g).requires_grad_()
-        self.logits = torch.randn(errors.shape, generator=g).requires_grad_()
+        self.q = torch.randn(len(actions), generator=g).to(errors.device).requires_grad_()
+        self.logits = torch.randn(errors.shape, generator=g).to(errors.device).requires_grad_()
         self.params = [] if cfg.objective == "error_direction" else \
             [self.q] + ([self.logits] if cfg.action == "optimised" else [])
 
@@ -62,12 +62,12 @@ class _Supervision:
 def paper_state(net: PerceptionNet, grads: dict[str, torch.Tensor], errors: torch.Tensor,
                 actions: torch.Tensor, cfg: RoomAttackConfig, progress: Progress | None) -> PaperState:
     """Both stages of IV-A for a batch whose per-sample error directions are ``errors`` ``[B, A]``."""
-    spec, batch = net.spec, errors.shape[0]
-    g = torch.Generator().manual_seed(cfg.seed)
-    box = torch.randn(batch, spec.box_dim, generator=g).requires_grad_()
-    features = torch.randn(batch, conv_feature_count(net), generator=g).requires_grad_()
+    spec, batch, device = net.spec, errors.shape[0], errors.device
+    g = torch.Generator().manual_seed(cfg.seed)  # drawn on the CPU: the same start on every device
+    box = torch.randn(batch, spec.box_dim, generator=g).to(device).requires_grad_()
+    features = torch.randn(batch, conv_feature_count(net), generator=g).to(device).requires_grad_()
     x = gaussian_start((batch, spec.in_channels, spec.image_size, spec.image_size), cfg.seed + 2)
-    x.requires_grad_()
+    x = x.to(device).requires_grad_()
     sup = _Supervision(cfg, errors, actions, cfg.seed)
 
     def image_loss(b: torch.Tensor) -> torch.Tensor:

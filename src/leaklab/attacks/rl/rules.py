@@ -29,7 +29,7 @@ def dqn_actions(grad_b: torch.Tensor, batch: int) -> torch.Tensor:
 def error_directions(grad_b: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
     """Per-sample error direction ``[B, A]`` whose sum is ``g_b`` (eq. 6): sample ``b`` carries
     ``g_b[a_b] e_{a_b}``; samples sharing an action split its entry equally."""
-    e = torch.zeros(len(actions), grad_b.numel(), dtype=grad_b.dtype)
+    e = torch.zeros(len(actions), grad_b.numel(), dtype=grad_b.dtype, device=grad_b.device)
     counts = torch.bincount(actions, minlength=grad_b.numel()).to(grad_b.dtype)
     for i, a in enumerate(actions.tolist()):
         e[i, a] = grad_b[a] / counts[a]
@@ -64,8 +64,8 @@ def reinforce_action_reward(grad_b: torch.Tensor, probs: torch.Tensor, alpha: fl
     ratio of the two (least squares over the entries). One sample: ``probs`` is ``[A]``. A zero
     return leaves no policy-gradient part, so the update carries no trace of the action then."""
     pg = grad_b - entropy_bias_gradient(probs, alpha, 1)
-    units = probs.unsqueeze(0) - torch.eye(probs.numel(), dtype=probs.dtype)  # row a: p − e_a
+    units = probs.unsqueeze(0) - torch.eye(probs.numel(), dtype=probs.dtype, device=probs.device)  # p − e_a
     cos = (units @ pg).abs() / (units.norm(dim=1) * pg.norm() + 1e-300)
     action = int(cos.argmax())
     u = units[action]
-    return torch.tensor([action]), ((pg @ u) / (u @ u)).reshape(1)
+    return torch.tensor([action], device=probs.device), ((pg @ u) / (u @ u)).reshape(1)

@@ -1,0 +1,80 @@
+"""The perception network's architectures (seed 000, section III) and the run-time device options."""
+
+import pytest
+import torch
+from torch import nn
+
+from leaklab.attacks.rl.config import RoomReconstruction
+from leaklab.errors import LeaklabError
+from leaklab.experiments import room_attack, room_tables
+from leaklab.models.perception import (ARCH_NAMES, PerceptionSpec, build_perception_net, check_contract,
+                                       conv_feature_count)
+
+
+def _images(setting, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.rand(2, PerceptionSpec(setting=setting).in_channels, 150, 150, generator=g)
+
+
+def test_s2_small_is_the_stacked_network():
+    a = build_perception_net(PerceptionSpec(setting="S2", arch="small"), seed=3)
+    b = build_perception_net(PerceptionSpec(setting="S2", arch="stacked"), seed=3)
+    x, box = _images("S2"), torch.rand(2, 4)
+    assert torch.equal(a(x, box), b(x, box))
+
+
+@pytest.mark.parametrize("arch", ["small", "deep"])
+def test_s1_streams_see_one_modality_each(arch):
+    s1 = build_perception_net(PerceptionSpec(setting="S1", arch=arch), seed=5)
+    s2 = build_perception_net(PerceptionSpec(setting="S2", arch=arch), seed=5)
+    x = _images("S1")
+    f = s1.conv(x)
+    depth_part = f[:, -s2.conv_features:]
+    # the depth stream is built first: the same weights as the S2 network of the same seed
+    assert torch.equal(depth_part, s2.conv(x[:, 3:]))
+    changed = x.clone()
+    changed[:, :3] = torch.rand_like(changed[:, :3])
+    g = s1.conv(changed)
+    assert torch.equal(g[:, -s2.conv_features:], depth_part)
+    assert not torch.equal(g[:, :-s2.conv_features], f[:, :-s2.conv_features])
+
+
+@pytest.mark.parametrize("arch", ARCH_NAMES)
+@pytest.mark.parametrize("setting", ["S1", "S2"])
+def test_feature_count_matches_the_conv_output(setting, arch):
+    net = build_perception_net(PerceptionSpec(setting=setting, arch=arch), seed=0)
+    assert net.conv(_images(setting)[:1]).shape[1] == conv_feature_count(net) == net.conv_features
+
+
+def test_contract_accepts_any_conv_module_and_refuses_a_missing_head():
+    net = build_perception_net(PerceptionSpec(setting="S1"), seed=0)
+    assert not isinstance(net.conv, nn.Sequential)
+    assert check_contract(net, "small") is net
+    del net.head
+    with pytest.raises(LeaklabError, match="contract"):
+        check_contract(net, "headless")
+
+
+def test_device_option_is_checked():
+    with pytest.raises(ValueError, match="device"):
+        room_attack.RoomRunConfig(device="gpu")
+    assert room_attack.RoomRunConfig(device="cuda:1").device == "cuda:1"
+    if not torch.cuda.is_available():
+        with pytest.raises(LeaklabError, match="no CUDA GPU"):
+            room_attack.check_device("cuda")
+    room_attack.check_device("cpu")
+
+
+def test_reconstruction_moves_every_tensor():
+    rec = RoomReconstruction(images=torch.zeros(1, 1, 4, 4, dtype=torch.float64), box=torch.zeros(1, 4),
+                             action=torch.zeros(1, dtype=torch.long), iterations=1, seconds=0.0,
+                             reward=torch.ones(1), exact=("box",))
+    moved = rec.to("cpu")
+    assert moved.images.dtype == torch.float64 and moved.reward is not None and moved.q_pred is None
+    assert moved.exact == ("box",) and moved.iterations == 1
+
+
+def test_unknown_table_cells_are_refused(tmp_path):
+    with pytest.raises(LeaklabError, match="--cells"):
+        room_tables.table1(tmp_path, mode="exact", samples=1, cells=("qgi-S3",))
+    assert not any(tmp_path.iterdir())
