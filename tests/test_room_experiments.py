@@ -183,3 +183,14 @@ def test_bad_model_class_is_refused(tmp_path, cls, words):
                   cases)
     out = tmp_path / "audit"
     assert_user_error(invoke("audit", "--cases", cases, "--model-class", cls, "--out", out), out, *words)
+
+
+def test_saved_table_cells_are_reused_whatever_the_worker_count():
+    from leaklab.experiments.room_attack import RoomRunConfig
+    from leaklab.experiments.room_tables import _same_cell
+
+    config = RoomRunConfig(samples=2, workers=2)
+    saved = RoomRunConfig(samples=2, workers=16).model_dump(mode="json")
+    assert _same_cell(saved, config)
+    assert not _same_cell(RoomRunConfig(samples=3, workers=2).model_dump(mode="json"), config)
+    assert not _same_cell(None, config)

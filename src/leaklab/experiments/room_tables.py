@@ -79,6 +79,14 @@ def _cell_config(algorithm: str, setting: str, attack: dict[str, Any], samples: 
                                      device=device, seed=seed)
 
 
+def _same_cell(saved: Any, config: room_attack.RoomRunConfig) -> bool:
+    """Whether a saved cell ran ``config``; the worker count does not change a cell's numbers."""
+    if not isinstance(saved, dict):
+        return False
+    mine = config.model_dump(mode="json")
+    return {k: v for k, v in saved.items() if k != "workers"} == {k: v for k, v in mine.items() if k != "workers"}
+
+
 def _run_cells(out: Path, cells: dict[str, room_attack.RoomRunConfig],
                progress: ProgressFn | None) -> dict[str, dict[str, Any]]:
     results = {}
@@ -87,7 +95,7 @@ def _run_cells(out: Path, cells: dict[str, room_attack.RoomRunConfig],
         done = folder / RESULTS_FILE
         if done.exists():
             previous = read_json(done, "room-table cell")
-            if previous.get("config") == config.model_dump(mode="json"):
+            if _same_cell(previous.get("config"), config):
                 results[name] = previous
                 continue
         if progress:
