@@ -127,7 +127,9 @@ def test_eval_batch_norm_double_backward_is_exact_in_float64():
         xh = (x - mean.view(1, -1, 1, 1)) * r
         return gy * w.view(1, -1, 1, 1) * r, (gy * xh).sum((0, 2, 3)), gy.sum((0, 2, 3))
 
-    ours = _FrozenBatchNormBackward.apply(gy, x, w, mean, var, eps)
+    _, saved_mean, saved_invstd = torch.ops.aten.native_batch_norm(x.detach(), w, None, mean, var,
+                                                                   False, 0.0, eps)
+    ours = _FrozenBatchNormBackward.apply(gy, x, w, mean, var, saved_mean, saved_invstd, eps)
     ref = reference(gy, x)
     _assert_same_double_backward(ours, ref, gy, x)
 

@@ -237,22 +237,25 @@ class _FrozenBatchNorm(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, weight, bias, running_mean, running_var, eps, state):
-        ctx.save_for_backward(x, weight, running_mean, running_var)
+        # the kernel's saved statistics (empty in eval mode) go to its backward: CUDA's requires them
+        y, saved_mean, saved_invstd = torch.ops.aten.native_batch_norm(
+            x, weight, bias, running_mean, running_var, False, 0.0, eps)
+        ctx.save_for_backward(x, weight, running_mean, running_var, saved_mean, saved_invstd)
         ctx.conf = (eps, state)
-        return torch.ops.aten.native_batch_norm(x, weight, bias, running_mean, running_var,
-                                                False, 0.0, eps)[0]
+        return y
 
     @staticmethod
     def backward(ctx, gy):
-        x, weight, running_mean, running_var = ctx.saved_tensors
+        x, weight, running_mean, running_var, saved_mean, saved_invstd = ctx.saved_tensors
         eps, state = ctx.conf
         if torch.is_grad_enabled():
             gx, gw, gb = _FrozenBatchNormBackward.apply(gy, x, weight.detach(), running_mean,
-                                                        running_var, eps)
+                                                        running_var, saved_mean, saved_invstd, eps)
         else:
             mask = [ctx.needs_input_grad[0], state.param_grads, state.param_grads]
             gx, gw, gb = torch.ops.aten.native_batch_norm_backward(
-                gy, x, weight.detach(), running_mean, running_var, None, None, False, eps, mask)
+                gy, x, weight.detach(), running_mean, running_var, saved_mean, saved_invstd, False,
+                eps, mask)
         if not state.param_grads:
             gw = gb = None
         return gx, gw, gb, None, None, None, None
@@ -263,11 +266,12 @@ class _FrozenBatchNormBackward(torch.autograd.Function):
     ``xh = (x - mean) r``: ``d gy = w r A + xh a + b``, ``d x = gy r a``."""
 
     @staticmethod
-    def forward(ctx, gy, x, weight, running_mean, running_var, eps):
+    def forward(ctx, gy, x, weight, running_mean, running_var, saved_mean, saved_invstd, eps):
         ctx.save_for_backward(gy, x, weight, running_mean, running_var)
         ctx.eps = eps
         return torch.ops.aten.native_batch_norm_backward(
-            gy, x, weight, running_mean, running_var, None, None, False, eps, [True, True, True])
+            gy, x, weight, running_mean, running_var, saved_mean, saved_invstd, False, eps,
+            [True, True, True])
 
     @staticmethod
     @torch.autograd.function.once_differentiable
@@ -282,7 +286,7 @@ class _FrozenBatchNormBackward(torch.autograd.Function):
             d_gy.addcmul_(ggx.to(dtype), _per_channel(weight.to(dtype) * r))
         d_x = gy.to(dtype) * _per_channel(alpha) if ggw is not None else None
         return (d_gy.to(gy.dtype), d_x.to(x.dtype) if d_x is not None else None,
-                None, None, None, None)
+                None, None, None, None, None, None)
 
 
 class _Float32(torch.autograd.Function):
