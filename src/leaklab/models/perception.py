@@ -13,8 +13,8 @@ Inputs (the contract every RL module of leaklab shares):
 * ``box``: ``[B, 4]`` the target's bounding box ``(x1, y1, x2, y2)`` in [-1, 1] image coordinates.
 
 Module names are part of the contract (attacks address layers by them): ``conv`` (the image
-branch: a module from ``images`` to flat features ``[B, F]``), ``box`` (the coordinate branch; ``box.0`` is the Linear layer whose
-input is the box) and ``head`` (the fused linear layers; ``head.0`` takes ``cat(conv, box)`` and the
+branch: a module from ``images`` to flat features ``[B, F]``), ``box`` (the coordinate branch;
+``box.0`` is the Linear layer whose input is the box) and ``head`` (the fused linear layers; ``head.0`` takes ``cat(conv, box)`` and the
 last module is the output Linear with bias).
 
 Architectures (``--arch``; the paper fixes none of them): ``small`` (default) gives each modality
@@ -132,8 +132,8 @@ def check_contract(net: nn.Module, where: str) -> nn.Module:
           and linear(net.head[-1]))
     if not ok:
         raise LeaklabError(f"{where} does not follow the perception-network contract (modules conv "
-                           "from images to flat features, box starting with Linear, head of Linear layers; see "
-                           "leaklab.models.perception)")
+                           "from images to flat features, box starting with Linear, head of Linear "
+                           "layers; see leaklab.models.perception)")
     return net
 
 

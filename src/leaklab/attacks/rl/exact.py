@@ -6,8 +6,8 @@ box (input of ``box.0``), the convolutional features ``f`` (first part of ``head
 last layer's input, hence ``Q̂ = W_last h + b_last`` exactly. The error at the features is known too:
 ``g_f = (W_head0^T db_head0)[:F]``.
 
-The images minimise ``w_f ||conv(x) − f||^2 / ||f||^2 + λ_t TV(x)`` (TV pooled over each modality's channels,
-:func:`leaklab.attacks.rl.images.modality_tv`) from IV-A's Gaussian start with
+The images minimise ``w_f ||conv(x) − f||^2 / ||f||^2 + λ_t TV(x)`` (TV pooled over each
+modality's channels, :func:`leaklab.attacks.rl.images.modality_tv`) from IV-A's Gaussian start with
 Adam and cosine annealing, pixels clamped to [0, 1]; ``λ_t`` decays geometrically from ``tv_weight``
 to ``tv_final`` (a strong prior first removes the start's noise, a weak one last stops biasing the
 edges). Optionally (``gradient_weight``) the error-direction surrogate of eq. 6 moves to the
@@ -70,7 +70,8 @@ def exact_images(net: PerceptionNet, grads: dict[str, torch.Tensor], features: t
     def loss(done: float) -> torch.Tensor:
         out = net.conv(x)
         match = ((out - f) ** 2).sum() / f_norm
-        total = cfg.feature_weight * match + cfg.tv_weight * (cfg.tv_final / cfg.tv_weight) ** done * modality_tv(x)
+        tv_weight = cfg.tv_weight * (cfg.tv_final / cfg.tv_weight) ** done
+        total = cfg.feature_weight * match + tv_weight * modality_tv(x)
         if cfg.gradient_weight:
             dot, sq, ref = gradient_stats(net, grads, (g_f * out).sum(), [], conv_params=True)
             total = total + cfg.gradient_weight * cosine_loss(dot, sq, ref)

@@ -3,7 +3,8 @@
 For a Linear layer ``z = W h + b`` the gradient of any objective over a batch is
 ``dW = sum_b delta_b h_b^T`` and ``db = sum_b delta_b`` with ``delta_b = dJ/dz_b``. Its inner product
 with an observed gradient ``G`` is ``sum_b delta_b^T G h_b`` and its squared norm
-``sum_{b,b'} (delta_b . delta_b') (h_b . h_b')``: head.0's 256 x (F + 32) weight gradient (F = 7,200 or 14,400 conv features) is never formed.
+``sum_{b,b'} (delta_b . delta_b') (h_b . h_b')``: head.0's 256 x (F + 32) weight gradient (F = 7,200
+or 14,400 conv features) is never formed.
 Convolution weight gradients are small and come from autograd. Both feed the cosine loss of seed
 000 eq. 5 and the squared-error loss of DLG (Table II).
 """
