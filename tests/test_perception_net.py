@@ -5,6 +5,7 @@ import torch
 from torch import nn
 
 from leaklab.attacks.rl.config import RoomReconstruction
+from leaklab.device import require_device
 from leaklab.errors import LeaklabError
 from leaklab.experiments import room_attack, room_tables
 from leaklab.models.perception import (ARCH_NAMES, PerceptionSpec, build_perception_net, check_contract,
@@ -61,8 +62,8 @@ def test_device_option_is_checked():
     assert room_attack.RoomRunConfig(device="cuda:1").device == "cuda:1"
     if not torch.cuda.is_available():
         with pytest.raises(LeaklabError, match="no CUDA GPU"):
-            room_attack.check_device("cuda")
-    room_attack.check_device("cpu")
+            require_device("cuda")
+    require_device("cpu")
 
 
 def test_reconstruction_moves_every_tensor():

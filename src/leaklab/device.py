@@ -6,6 +6,8 @@ import os
 
 import torch
 
+from leaklab.errors import LeaklabError
+
 
 def default_device() -> torch.device:
     """CUDA when a GPU is present (or ``LEAKLAB_DEVICE`` names one), else the CPU."""
@@ -13,6 +15,15 @@ def default_device() -> torch.device:
     if name:
         return torch.device(name)
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def require_device(name: str) -> None:
+    """Refuse, in one line and before any work, a CUDA device this machine does not have. (The room
+    attacks take their device from ``--device`` and default to the CPU: their single-sample
+    optimisations are bound by kernel launches, and worker processes sharing one GPU ran slower than
+    as many CPU cores; measured in docs/reproductions.md.)"""
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise LeaklabError(f"--device {name}: no CUDA GPU is available here (use --device cpu)")
 
 
 def describe(device: torch.device) -> str:

@@ -31,7 +31,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from leaklab.attacks.rl import RoomAttackConfig, RoomReconstruction, qgi, rgi
 from leaklab.defenses import parse_defense
-from leaklab.device import describe
+from leaklab.device import describe, require_device
 from leaklab.errors import LeaklabError
 from leaklab.experiments.image_attack import versions
 from leaklab.io import RESULTS_FILE, atomic_dir, check_out, write_json
@@ -175,12 +175,6 @@ class Job:
     device: str = "cpu"
 
 
-def check_device(device: str) -> None:
-    """Refuse a CUDA device this machine does not have, in one line, before any work."""
-    if device.startswith("cuda") and not torch.cuda.is_available():
-        raise LeaklabError(f"--device {device}: no CUDA GPU is available here (use --device cpu)")
-
-
 def _attack_one(job: Job) -> RoomReconstruction:
     """Attack one update from the server's view (runs in a worker process, one torch thread) on
     ``job.device``; the reconstruction comes back on the CPU."""
@@ -271,7 +265,7 @@ def image_grid_png(setting: str, truths: list[torch.Tensor], recs: list[torch.Te
 def run(config: RoomRunConfig, out: Path, progress: ProgressFn | None = None) -> dict[str, Any]:
     """Capture, attack, score; write ``out`` atomically and return the results dict."""
     check_out(out)  # before the capture: never spend minutes and then refuse the folder
-    check_device(config.device)
+    require_device(config.device)
     start = time.perf_counter()
     state, clean = capture_samples(config)
     samples = defend(clean, config.defense, config.seed)
@@ -308,7 +302,7 @@ def run(config: RoomRunConfig, out: Path, progress: ProgressFn | None = None) ->
         summary["wall_seconds"] = wall
         results = {"format": "leaklab.room_attack", "format_version": 1,
                    "config": config.model_dump(mode="json"), "summary": summary, "samples": rows,
-                   "versions": versions(), "device": describe(torch.device("cpu"))}
+                   "versions": versions(), "device": describe(torch.device(config.device))}
         write_json(tmp / RESULTS_FILE, results)
         title = (f"{config.algorithm.upper()} {config.setting}, {config.attack.mode} mode, "
                  f"{config.arch} network" + (f", defense {config.defense}" if config.defense else ""))

@@ -116,7 +116,8 @@ def rgi(view: ServerView, update: ClientUpdate, config: RoomAttackConfig | None 
     if float(gb.abs().max()) == 0.0:
         raise LeaklabError("the last bias gradient is all zero; no action or reward can be read")
     box, images, last_input, _, iterations, exact = _images_and_state(
-        net, grads, gb.unsqueeze(0), torch.zeros(1, dtype=torch.long, device=gb.device), cfg, progress, batch)
+        net, grads, gb.unsqueeze(0), torch.zeros(1, dtype=torch.long, device=gb.device), cfg, progress,
+        batch)
     probs = torch.softmax(_outputs(net, last_input), 1)
     action, reward = reinforce_action_reward(gb, probs[0], view.metadata.entropy_weight)
     if cfg.mode == "exact":

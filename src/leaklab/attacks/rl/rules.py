@@ -64,7 +64,8 @@ def reinforce_action_reward(grad_b: torch.Tensor, probs: torch.Tensor, alpha: fl
     ratio of the two (least squares over the entries). One sample: ``probs`` is ``[A]``. A zero
     return leaves no policy-gradient part, so the update carries no trace of the action then."""
     pg = grad_b - entropy_bias_gradient(probs, alpha, 1)
-    units = probs.unsqueeze(0) - torch.eye(probs.numel(), dtype=probs.dtype, device=probs.device)  # p − e_a
+    eye = torch.eye(probs.numel(), dtype=probs.dtype, device=probs.device)
+    units = probs.unsqueeze(0) - eye  # row a: p − e_a
     cos = (units @ pg).abs() / (units.norm(dim=1) * pg.norm() + 1e-300)
     action = int(cos.argmax())
     u = units[action]
