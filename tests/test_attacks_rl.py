@@ -21,7 +21,8 @@ def smooth_images(batch, channels, seed):
     return F.interpolate(low, size=(150, 150), mode="bicubic", align_corners=False).clamp(0, 1)
 
 
-def client(setting="S2", arch="small", loss="dqn_mse", batch=1, actions=(3, 5), seed=0):
+def client(setting="S2", arch="small", loss="dqn_mse", batch=1, actions=(3, 5), seed=0,
+           returns=(1.3, -0.8)):
     spec = PerceptionSpec(setting=setting, arch=arch)
     net = build_perception_net(spec, seed=seed)
     x = smooth_images(batch, spec.in_channels, seed + 10)
@@ -35,7 +36,7 @@ def client(setting="S2", arch="small", loss="dqn_mse", batch=1, actions=(3, 5), 
         truth.update(q_pred=out.detach().gather(1, a.view(-1, 1)).squeeze(1), q_target=q)
         meta = UpdateMetadata(batch_size=batch, loss="dqn_mse")
     else:
-        r = torch.tensor([1.3, -0.8])[:batch]
+        r = torch.tensor(returns)[:batch]
         value = reinforce_loss(out, a, r, 0.01)
         truth.update(reward=r, probs=torch.softmax(out.detach(), 1))
         meta = UpdateMetadata(batch_size=batch, loss="reinforce", entropy_weight=0.01)
@@ -61,6 +62,16 @@ def test_rgi_exact_recovers_probs_action_and_reward():
     m = room_metrics(rec, truth, "S2")
     assert m["action"] == 1.0 and m["reward_error"] < 1e-5 and m["box_iou"] > 0.9999
     assert torch.allclose(rec.probs.float(), truth["probs"], atol=1e-6)
+
+
+def test_rgi_says_when_the_action_is_not_in_the_update():
+    rec = rgi(*client(loss="reinforce")[:2], RoomAttackConfig(iterations=2))
+    assert rec.action_identified.tolist() == [True]
+    view, update, truth = client(loss="reinforce", returns=(0.0, 0.0))
+    rec = rgi(view, update, RoomAttackConfig(iterations=2))
+    assert rec.action_identified.tolist() == [False]  # the entropy term alone: no trace of the action
+    m = room_metrics(rec, truth, "S2")
+    assert m["action_identified"] == 0.0 and m["action_informative"] == 0.0 and m["reward_error"] < 1e-6
 
 
 def test_paper_mode_rules_recover_the_action():

@@ -361,6 +361,8 @@ def _room_attack(algorithm: str, setting: str, mode: str, arch: str, samples: in
         parts.append(f"Q error {s['q_pred_err_mean']:.3g}% / target {s['q_target_err_mean']:.3g}%")
     if s.get("reward_abs_err_mean") is not None:
         parts.append(f"reward error {s['reward_abs_err_mean']:.3g}")
+    if s.get("action_identified_share") is not None:
+        parts.append(f"action identifiable in {100 * s['action_identified_share']:.0f}% (a zero return hides it)")
     parts.append(f"{s['samples']} sample(s) from {s['layouts']} room(s), {s['seconds_per_sample']:.1f} s each")
     typer.echo(f"wrote {out}: " + "; ".join(parts))
 

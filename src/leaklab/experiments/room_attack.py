@@ -58,7 +58,7 @@ SUMMARY_KEYS = {
     "depth_ssim_baseline_mean": "depth_paper_ssim_baseline",
     "iou_mean": "box_iou", "iou_min": "box_iou", "action_accuracy": "action",
     "q_pred_err_mean": "q_pred_error", "q_target_err_mean": "q_target_error",
-    "reward_abs_err_mean": "reward_error",
+    "reward_abs_err_mean": "reward_error", "action_identified_share": "action_identified",
 }
 
 

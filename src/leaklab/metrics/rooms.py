@@ -67,4 +67,6 @@ def room_metrics(rec, truth: Mapping[str, torch.Tensor], setting: str, index: in
         out["reward_error"] = float((rec.reward[i].double() - truth["reward"][i].double()).abs())
         # a zero return leaves no policy-gradient term: the update carries no trace of the action
         out["action_informative"] = float(float(truth["reward"][index]) != 0.0)
+    if rec.action_identified is not None:
+        out["action_identified"] = float(bool(rec.action_identified[index]))
     return out

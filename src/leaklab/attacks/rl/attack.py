@@ -119,9 +119,9 @@ def rgi(view: ServerView, update: ClientUpdate, config: RoomAttackConfig | None 
         net, grads, gb.unsqueeze(0), torch.zeros(1, dtype=torch.long, device=gb.device), cfg, progress,
         batch)
     probs = torch.softmax(_outputs(net, last_input), 1)
-    action, reward = reinforce_action_reward(gb, probs[0], view.metadata.entropy_weight)
+    action, reward, identified = reinforce_action_reward(gb, probs[0], view.metadata.entropy_weight)
     if cfg.mode == "exact":
         exact += ("probs", "action", "reward")
     return RoomReconstruction(images=images.clamp(0, 1), box=box.float(), action=action,
                               iterations=iterations, seconds=time.perf_counter() - start,
-                              probs=probs, reward=reward, exact=exact)
+                              probs=probs, reward=reward, action_identified=identified, exact=exact)

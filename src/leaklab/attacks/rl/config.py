@@ -49,7 +49,9 @@ class RoomReconstruction:
     ``images`` are the network's image input in pixel units ``[B, C, 150, 150]`` clipped to [0, 1]
     (S1: RGB then depth; S2: depth); ``box`` is ``[B, 4]`` in the network's box frame. QGI fills
     ``q_pred`` (the predicted Q-value of the taken action) and ``q_target``; RGI fills ``probs``
-    ``[B, A]`` and ``reward``. ``exact`` names what the mode recovered in closed form.
+    ``[B, A]``, ``reward`` and ``action_identified`` (False where the update holds no trace of the
+    action: a zero return; ``action`` is then a guess). ``exact`` names what the mode recovered in
+    closed form.
     """
 
     images: torch.Tensor
@@ -61,6 +63,7 @@ class RoomReconstruction:
     q_target: torch.Tensor | None = None
     probs: torch.Tensor | None = None
     reward: torch.Tensor | None = None
+    action_identified: torch.Tensor | None = None
     exact: tuple[str, ...] = ()
 
     def to(self, device: torch.device | str) -> "RoomReconstruction":

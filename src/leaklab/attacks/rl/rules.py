@@ -57,16 +57,27 @@ def entropy_bias_gradient(probs: torch.Tensor, alpha: float, batch: int) -> torc
     return alpha * probs * (log_p + h) / batch
 
 
+IDENTIFIABLE = 1e-3  # policy-gradient part / entropy part below which the action is not in the update
+
+
 def reinforce_action_reward(grad_b: torch.Tensor, probs: torch.Tensor, alpha: float
-                            ) -> tuple[torch.Tensor, torch.Tensor]:
+                            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Eq. 8 removes the entropy part; the action is the one whose policy-gradient direction
     ``p − e_a`` (reward 1) is parallel to the rest (enumeration), and eq. 9 gives the reward as the
-    ratio of the two (least squares over the entries). One sample: ``probs`` is ``[A]``. A zero
-    return leaves no policy-gradient part, so the update carries no trace of the action then."""
-    pg = grad_b - entropy_bias_gradient(probs, alpha, 1)
+    ratio of the two (least squares over the entries). One sample: ``probs`` is ``[A]``.
+
+    A zero return leaves no policy-gradient part, so the update carries no trace of the action: the
+    third value says whether the action was identifiable, ``||pg|| > IDENTIFIABLE ||entropy part||``.
+    Measured on 48 ViZDoom samples (S2, exact mode): the ratio is 1e-6 to 4e-6 for the 18 zero
+    returns (the error of the recovered probabilities) and 2.8e3 and more for returns of 0.5 and
+    more (about 5,500 per unit of return), so the threshold sits three decades from each."""
+    entropy = entropy_bias_gradient(probs, alpha, 1)
+    pg = grad_b - entropy
     eye = torch.eye(probs.numel(), dtype=probs.dtype, device=probs.device)
     units = probs.unsqueeze(0) - eye  # row a: p − e_a
     cos = (units @ pg).abs() / (units.norm(dim=1) * pg.norm() + 1e-300)
     action = int(cos.argmax())
     u = units[action]
-    return torch.tensor([action], device=probs.device), ((pg @ u) / (u @ u)).reshape(1)
+    identified = bool(pg.norm() > IDENTIFIABLE * entropy.norm())
+    return (torch.tensor([action], device=probs.device), ((pg @ u) / (u @ u)).reshape(1),
+            torch.tensor([identified], device=probs.device))
