@@ -106,6 +106,8 @@ def test_audit_attacks_saved_room_cases(tmp_path):
     res = json.loads((out / "results.json").read_text())
     assert res["summary"]["cases"] == 2 and res["summary"]["scored"] == 2
     assert all(c["algorithm"] == "rgi" for c in res["cases"])
+    # the attack's own verdict on the action agrees with the truth: a zero return hides it
+    assert all(c["action_identified"] == [c["metrics"]["action_informative"] == 1.0] for c in res["cases"])
     assert res["summary"]["iou_min"] > 0.999
     assert "data:image/png;base64," in (out / "report.html").read_text()
 

@@ -203,6 +203,8 @@ def run_cases(out: Path, cases_dir: Path, attack: RoomAttackConfig, workers: int
                                "setting": case.view.spec.setting, "defense": case.update.defense,
                                "iterations": rec.iterations, "seconds": rec.seconds,
                                "action": rec.action.tolist(), "box": rec.box.tolist()}
+        if rec.action_identified is not None:  # RGI: False where a zero return hid the action
+            row["action_identified"] = rec.action_identified.tolist()
         if (case.folder / TRUTH_FILE).is_file():
             truth, provenance = load_room_truth(case.folder, case)
             sample = room_attack.Sample(i, list(provenance.get("layouts", [])), case.update, truth)
@@ -229,6 +231,20 @@ def run_cases(out: Path, cases_dir: Path, attack: RoomAttackConfig, workers: int
     return results
 
 
+def _action_share(summary: dict[str, Any]) -> str:
+    """Action accuracy, with RGI's share of updates that held the action at all."""
+    text = f"{100 * summary['action_accuracy']:.0f}%"
+    if summary.get("action_identified_share") is not None:
+        text += f" (in the update: {100 * summary['action_identified_share']:.0f}%)"
+    return text
+
+
+def _action_text(row: dict[str, Any]) -> str:
+    """The recovered action(s) of a case row, marked where the update did not hold them."""
+    known = row.get("action_identified", [True] * len(row["action"]))
+    return ", ".join(str(a) if k else f"{a} (guess: not in the update)" for a, k in zip(row["action"], known))
+
+
 def _write_cases_report(folder: Path, results: dict[str, Any], truths, pictures) -> None:
     from leaklab.report.html import Figure, Section, Table, render_report
     from leaklab.report.plots import image_grid
@@ -241,7 +257,7 @@ def _write_cases_report(folder: Path, results: dict[str, Any], truths, pictures)
     columns = ["case", "attack", "setting", "defense", "action", "box IoU", "depth PSNR (dB)", "depth baseline",
                "RGB PSNR (dB)", "RGB baseline", "s"]
     table = Table(columns=columns, rows=[
-        [r["case"], r["algorithm"].upper(), r["setting"], r["defense"] or "none", r["action"],
+        [r["case"], r["algorithm"].upper(), r["setting"], r["defense"] or "none", _action_text(r),
          r.get("metrics", {}).get("box_iou"), r.get("metrics", {}).get("depth_paper_psnr"),
          r.get("metrics", {}).get("depth_paper_psnr_baseline"), r.get("metrics", {}).get("rgb_paper_psnr"),
          r.get("metrics", {}).get("rgb_paper_psnr_baseline"), r["seconds"]] for r in results["cases"]],
@@ -300,7 +316,7 @@ def _write_report(folder: Path, results: dict[str, Any], cells, defenses, truths
                            else f"{s.get('reward_abs_err_mean', math.nan):.3g}")
             table_rows.append([label, s.get("rgb_psnr_mean"), s.get("rgb_psnr_baseline_mean"), s.get("rgb_ssim_mean"),
                                s.get("depth_psnr_mean"), s.get("depth_psnr_baseline_mean"), s.get("depth_ssim_mean"),
-                               s.get("iou_mean"), f"{100 * s['action_accuracy']:.0f}%", supervision,
+                               s.get("iou_mean"), _action_share(s), supervision,
                                s.get("seconds_per_sample")])
         table = Table(columns=["defense", "RGB PSNR (dB)", "RGB baseline", "RGB SSIM", "depth PSNR (dB)",
                                "depth baseline", "depth SSIM", "box IoU", "action", "target Q error / reward error",
