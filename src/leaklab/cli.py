@@ -356,13 +356,11 @@ def _room_attack(algorithm: str, setting: str, mode: str, arch: str, samples: in
         if s.get(f"{image}_psnr_mean") is not None:
             parts.append(f"{image} PSNR {s[f'{image}_psnr_mean']:.2f} dB (baseline "
                          f"{s[f'{image}_psnr_baseline_mean']:.2f}), SSIM {s[f'{image}_ssim_mean']:.3f}")
-    parts.append(f"box IoU {s['iou_mean']:.4f}, action {100 * s['action_accuracy']:.0f}%")
+    parts.append(f"box IoU {s['iou_mean']:.4f}, action {room_attack.action_share(s)}")
     if s.get("q_target_err_mean") is not None:
         parts.append(f"Q error {s['q_pred_err_mean']:.3g}% / target {s['q_target_err_mean']:.3g}%")
     if s.get("reward_abs_err_mean") is not None:
         parts.append(f"reward error {s['reward_abs_err_mean']:.3g}")
-    if s.get("action_identified_share") is not None:
-        parts.append(f"action identifiable in {100 * s['action_identified_share']:.0f}% (a zero return hides it)")
     parts.append(f"{s['samples']} sample(s) from {s['layouts']} room(s), {s['seconds_per_sample']:.1f} s each")
     typer.echo(f"wrote {out}: " + "; ".join(parts))
 
@@ -609,7 +607,7 @@ def audit(
             _image_audit(out, quick, seed, progress)
             return
         from leaklab.attacks.rl import RoomAttackConfig
-        from leaklab.experiments import room_audit
+        from leaklab.experiments import room_attack, room_audit
 
         if cases is not None:
             if quick or full:
@@ -634,7 +632,7 @@ def audit(
         images = ", ".join(f"{im} PSNR {s[f'{im}_psnr_mean']:.2f} dB (baseline {s[f'{im}_psnr_baseline_mean']:.2f})"
                            for im in ("rgb", "depth") if s.get(f"{im}_psnr_mean") is not None)
         typer.echo(f"  {cell['algorithm'].upper()} {cell['setting']} {cell['mode']:5s} {cell['defense']:18s} "
-                   f"{images}, box IoU {s['iou_mean']:.3f}, action {100 * s['action_accuracy']:.0f}%")
+                   f"{images}, box IoU {s['iou_mean']:.3f}, action {room_attack.action_share(s)}")
 
 
 def _image_audit(out: Path, quick: bool, seed: int, progress: Callable[..., None]) -> None:

@@ -233,6 +233,15 @@ def summarise(rows: list[dict[str, Any]], iterations: int, seconds: float) -> di
     return summary
 
 
+def action_share(summary: dict[str, Any]) -> str:
+    """Action accuracy, with RGI's share of updates that had a policy-gradient part at all (the rest:
+    a zero return, whose update holds no trace of the action; under noise any residual counts)."""
+    text = f"{100 * summary['action_accuracy']:.0f}%"
+    if summary.get("action_identified_share") is not None:
+        text += f" (policy-gradient part found: {100 * summary['action_identified_share']:.0f}%)"
+    return text
+
+
 def score(sample: Sample, rec: RoomReconstruction, setting: str) -> dict[str, Any]:
     """The per-sample row of ``results.json``: section V metrics against the client's truth."""
     return {"index": sample.index, "layouts": sample.layouts,

@@ -231,14 +231,6 @@ def run_cases(out: Path, cases_dir: Path, attack: RoomAttackConfig, workers: int
     return results
 
 
-def _action_share(summary: dict[str, Any]) -> str:
-    """Action accuracy, with RGI's share of updates that held the action at all."""
-    text = f"{100 * summary['action_accuracy']:.0f}%"
-    if summary.get("action_identified_share") is not None:
-        text += f" (in the update: {100 * summary['action_identified_share']:.0f}%)"
-    return text
-
-
 def _action_text(row: dict[str, Any]) -> str:
     """The recovered action(s) of a case row, marked where the update did not hold them."""
     known = row.get("action_identified", [True] * len(row["action"]))
@@ -316,7 +308,7 @@ def _write_report(folder: Path, results: dict[str, Any], cells, defenses, truths
                            else f"{s.get('reward_abs_err_mean', math.nan):.3g}")
             table_rows.append([label, s.get("rgb_psnr_mean"), s.get("rgb_psnr_baseline_mean"), s.get("rgb_ssim_mean"),
                                s.get("depth_psnr_mean"), s.get("depth_psnr_baseline_mean"), s.get("depth_ssim_mean"),
-                               s.get("iou_mean"), _action_share(s), supervision,
+                               s.get("iou_mean"), room_attack.action_share(s), supervision,
                                s.get("seconds_per_sample")])
         table = Table(columns=["defense", "RGB PSNR (dB)", "RGB baseline", "RGB SSIM", "depth PSNR (dB)",
                                "depth baseline", "depth SSIM", "box IoU", "action", "target Q error / reward error",

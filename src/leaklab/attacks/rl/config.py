@@ -49,8 +49,9 @@ class RoomReconstruction:
     ``images`` are the network's image input in pixel units ``[B, C, 150, 150]`` clipped to [0, 1]
     (S1: RGB then depth; S2: depth); ``box`` is ``[B, 4]`` in the network's box frame. QGI fills
     ``q_pred`` (the predicted Q-value of the taken action) and ``q_target``; RGI fills ``probs``
-    ``[B, A]``, ``reward`` and ``action_identified`` (False where the update holds no trace of the
-    action: a zero return; ``action`` is then a guess). ``exact`` names what the mode recovered in
+    ``[B, A]``, ``reward`` and ``action_identified`` (False where the update has no policy-gradient
+    part, a zero return, so holds no trace of the action: ``action`` is then a guess; on a noised
+    update the noise passes for such a part). ``exact`` names what the mode recovered in
     closed form.
     """
 
