@@ -347,6 +347,23 @@ def parse_model(model_cls, value: Any, what: str):
         raise LeaklabError(validation_message(e, what)) from None
 
 
+def view_parts(view_json: dict[str, Any], view_path: Path, spec_class) -> tuple[Any, UpdateMetadata,
+                                                                                Capabilities, str | None]:
+    """The validated ``(spec, metadata, capabilities, defense)`` of a case's ``view.json`` (image or
+    room case; ``spec_class`` is the model spec's class); the defense chain's names are checked."""
+    spec = parse_model(spec_class, view_json.get("model"), f"{view_path}: model")
+    metadata = parse_model(UpdateMetadata, view_json.get("metadata"), f"{view_path}: metadata")
+    capabilities = parse_model(Capabilities, view_json.get("capabilities", {}), f"{view_path}: capabilities")
+    defense = view_json.get("defense")
+    if defense is not None and not isinstance(defense, str):
+        raise LeaklabError(f"{view_path}: defense must be null or a string such as 'prune:0.5,gaussian:0.1'")
+    if defense is not None:
+        from leaklab.defenses import parse_defense
+
+        defense = parse_defense(defense).spec  # validates the names
+    return spec, metadata, capabilities, defense
+
+
 def load_case(folder: Path) -> Case:
     """Read and validate the server's files of a case folder (never the truth)."""
     folder = Path(folder)
@@ -357,17 +374,7 @@ def load_case(folder: Path) -> Case:
     if view_json.get("model_type") == "perception":
         raise LeaklabError(f"{folder} is a room case (a perception network's RL update); attack it with "
                            f"`leaklab audit --cases {folder}`")
-    spec = parse_model(ModelSpec, view_json.get("model"), f"{view_path}: model")
-    metadata = parse_model(UpdateMetadata, view_json.get("metadata"), f"{view_path}: metadata")
-    capabilities = parse_model(Capabilities, view_json.get("capabilities", {}), f"{view_path}: capabilities")
-    defense = view_json.get("defense")
-    if defense is not None and not isinstance(defense, str):
-        raise LeaklabError(f"{view_path}: defense must be a string such as 'prune:0.5,gaussian:0.1'")
-    if defense is not None:
-        from leaklab.defenses import parse_defense
-
-        defense = parse_defense(defense).spec  # validates the names
-
+    spec, metadata, capabilities, defense = view_parts(view_json, view_path, ModelSpec)
     state, _ = load_tensors(folder / str(view_json.get("model_file") or MODEL_FILE), "model",
                             view_json.get("model_sha256"))
     view = make_view(spec, state, metadata, capabilities, defense)

@@ -22,7 +22,7 @@ import torch
 from leaklab.errors import LeaklabError
 from leaklab.io import (FORMAT_VERSION, MODEL_FILE, TRUTH_FILE, UPDATE_FILE, UPDATE_JSON, VIEW_FILE,
                         check_format, dumps_json, load_tensors, parse_model, read_json, save_tensors,
-                        write_json)
+                        view_parts, write_json)
 from leaklab.models import PerceptionSpec
 from leaklab.threat import Capabilities, ClientUpdate, ServerView, UpdateMetadata, make_view
 
@@ -113,12 +113,7 @@ def load_room_case(folder: Path, model_class: str | None = None) -> RoomCase:
     if view_json.get("model_type") != MODEL_TYPE:
         raise LeaklabError(f"{view_path} is an image-classification case, not a room case; read it with "
                            "leaklab.io.load_case")
-    spec = parse_model(PerceptionSpec, view_json.get("model"), f"{view_path}: model")
-    metadata = parse_model(UpdateMetadata, view_json.get("metadata"), f"{view_path}: metadata")
-    capabilities = parse_model(Capabilities, view_json.get("capabilities", {}), f"{view_path}: capabilities")
-    defense = view_json.get("defense")
-    if defense is not None and not isinstance(defense, str):
-        raise LeaklabError(f"{view_path}: defense must be null or a string such as 'gaussian:0.1'")
+    spec, metadata, capabilities, defense = view_parts(view_json, view_path, PerceptionSpec)
     state, _ = load_tensors(folder / MODEL_FILE, "model", view_json.get("model_sha256"))
     view = make_view(spec, state, metadata, capabilities, defense, model_class=model_class)
     upd_json = check_format(read_json(upd_path, "update metadata"), upd_path, "update")
