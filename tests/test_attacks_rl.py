@@ -6,6 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from leaklab.attacks.rl import RoomAttackConfig, qgi, rgi
+from leaklab.attacks.rl.exact import exact_streams, exact_vectors, feature_error
 from leaklab.attacks.rl.network import cosine_loss, gradient_stats, trace
 from leaklab.errors import LeaklabError
 from leaklab.metrics import constant_baseline, psnr
@@ -113,6 +114,33 @@ def test_short_exact_image_stage_beats_the_constant_baseline():
     rec = qgi(view, update, RoomAttackConfig(iterations=300))
     gain = psnr(rec.images, truth["images"]) - psnr(constant_baseline(truth["images"]), truth["images"])
     assert float(gain) > 5
+
+
+@pytest.mark.parametrize("setting,arch,names", [
+    ("S1", "small", ["conv.rgb.4.weight", "conv.depth.4.weight"]), ("S2", "small", ["conv.depth.4.weight"]),
+    ("S1", "stacked", ["conv.4.weight"]), ("S1", "deep", [])])
+def test_last_convolution_gradients_are_exact_at_the_true_images(setting, arch, names):
+    view, update, truth = client(setting=setting, arch=arch)
+    net, grads = view.model, {k: v.float() for k, v in update.tensors.items()}
+    streams = exact_streams(net)
+    assert [s.weight_name for s in streams] == names
+    features = exact_vectors(net, grads).features.float()
+    g_f = feature_error(net, grads)
+    for s in streams:
+        z = s.pre_features(truth["images"])
+        assert torch.allclose(z.relu(), features[:, s.offset:s.offset + s.size], atol=1e-5)
+        err = (g_f * (features > 0))[:, s.offset:s.offset + s.size]
+        rec, = torch.autograd.grad((err * z).sum(), s.last.weight)
+        assert torch.allclose(rec, grads[s.weight_name], rtol=1e-3, atol=1e-6 * float(rec.abs().max()))
+
+
+def test_last_convolution_gradient_term_helps_the_image_stage():
+    view, update, truth = client()
+    gains = []
+    for weight in (0.0, 1.0):
+        rec = qgi(view, update, RoomAttackConfig(iterations=300, gradient_weight=weight))
+        gains.append(float(psnr(rec.images, truth["images"]) - psnr(constant_baseline(truth["images"]), truth["images"])))
+    assert gains[1] > gains[0] + 1
 
 
 @pytest.mark.parametrize("objective,action", [("dlg", "optimised"), ("inverting", "rule")])

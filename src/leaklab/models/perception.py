@@ -87,10 +87,14 @@ class ModalityStreams(nn.Module):
         if setting == "S1":
             self.rgb = stream(3)
 
-    def forward(self, images: torch.Tensor) -> torch.Tensor:
+    def streams(self) -> list[tuple[str, nn.Module, slice]]:
+        """``(name, stream, channels of images it reads)`` in the order of the features."""
         if not hasattr(self, "rgb"):
-            return self.depth(images)
-        return torch.cat([self.rgb(images[:, :3]), self.depth(images[:, 3:])], dim=1)
+            return [("depth", self.depth, slice(0, 1))]
+        return [("rgb", self.rgb, slice(0, 3)), ("depth", self.depth, slice(3, 4))]
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        return torch.cat([stream(images[:, c]) for _, stream, c in self.streams()], dim=1)
 
 
 class PerceptionNet(nn.Module):
