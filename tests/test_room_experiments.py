@@ -196,3 +196,16 @@ def test_saved_table_cells_are_reused_whatever_the_worker_count():
     assert _same_cell(saved, config)
     assert not _same_cell(RoomRunConfig(samples=3, workers=2).model_dump(mode="json"), config)
     assert not _same_cell(None, config)
+
+
+def test_exact_mode_settings_do_not_invalidate_saved_paper_cells():
+    from leaklab.attacks.rl import RoomAttackConfig
+    from leaklab.experiments.room_attack import RoomRunConfig
+    from leaklab.experiments.room_tables import _same_cell
+
+    def run(**attack):
+        return RoomRunConfig(samples=2, attack=RoomAttackConfig(**attack))
+
+    assert _same_cell(run(mode="paper", gradient_weight=0.0).model_dump(mode="json"), run(mode="paper"))
+    assert not _same_cell(run(mode="exact", gradient_weight=0.0).model_dump(mode="json"), run(mode="exact"))
+    assert not _same_cell(run(mode="paper", tv_weight=0.2).model_dump(mode="json"), run(mode="paper"))

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from leaklab.attacks.rl import RoomAttackConfig
+from leaklab.attacks.rl.config import EXACT_ONLY
 from leaklab.errors import LeaklabError
 from leaklab.experiments import room_attack
 from leaklab.io import RESULTS_FILE, read_json, write_bytes, write_json
@@ -80,11 +81,18 @@ def _cell_config(algorithm: str, setting: str, attack: dict[str, Any], samples: 
 
 
 def _same_cell(saved: Any, config: room_attack.RoomRunConfig) -> bool:
-    """Whether a saved cell ran ``config``; the worker count does not change a cell's numbers."""
+    """Whether a saved cell ran ``config``; the worker count does not change a cell's numbers, nor do
+    exact-mode settings change a paper-mode cell's."""
     if not isinstance(saved, dict):
         return False
-    mine = config.model_dump(mode="json")
-    return {k: v for k, v in saved.items() if k != "workers"} == {k: v for k, v in mine.items() if k != "workers"}
+
+    def computation(run: dict[str, Any]) -> dict[str, Any]:
+        attack = run.get("attack")
+        if isinstance(attack, dict) and attack.get("mode") == "paper":
+            run = {**run, "attack": {k: v for k, v in attack.items() if k not in EXACT_ONLY}}
+        return {k: v for k, v in run.items() if k != "workers"}
+
+    return computation(saved) == computation(config.model_dump(mode="json"))
 
 
 def _run_cells(out: Path, cells: dict[str, room_attack.RoomRunConfig],

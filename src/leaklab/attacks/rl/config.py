@@ -22,6 +22,9 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 
+EXACT_ONLY = ("tv_final", "feature_weight", "gradient_weight")  # fields the paper mode never reads
+
+
 class RoomAttackConfig(BaseModel):
     """Every field has a working default; ``iterations`` counts image-stage (stage 2) steps."""
 
