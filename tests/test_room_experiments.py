@@ -209,3 +209,6 @@ def test_exact_mode_settings_do_not_invalidate_saved_paper_cells():
     assert _same_cell(run(mode="paper", gradient_weight=0.0).model_dump(mode="json"), run(mode="paper"))
     assert not _same_cell(run(mode="exact", gradient_weight=0.0).model_dump(mode="json"), run(mode="exact"))
     assert not _same_cell(run(mode="paper", tv_weight=0.2).model_dump(mode="json"), run(mode="paper"))
+    before_device = {k: v for k, v in run(mode="paper").model_dump(mode="json").items() if k != "device"}
+    assert _same_cell(before_device, run(mode="paper"))
+    assert not _same_cell(before_device, run(mode="paper").model_copy(update={"device": "cuda"}))

@@ -87,6 +87,7 @@ def _same_cell(saved: Any, config: room_attack.RoomRunConfig) -> bool:
         return False
 
     def computation(run: dict[str, Any]) -> dict[str, Any]:
+        run = {"device": "cpu", **run}  # cells saved before --device existed ran on the CPU
         attack = run.get("attack")
         if isinstance(attack, dict) and attack.get("mode") == "paper":
             run = {**run, "attack": {k: v for k, v in attack.items() if k not in EXACT_ONLY}}
