@@ -79,3 +79,15 @@ def test_unknown_table_cells_are_refused(tmp_path):
     with pytest.raises(LeaklabError, match="--cells"):
         room_tables.table1(tmp_path, mode="exact", samples=1, cells=("qgi-S3",))
     assert not any(tmp_path.iterdir())
+
+
+def test_architecture_digest_tells_networks_apart_without_touching_the_random_state():
+    from leaklab.models.perception import architecture_digest
+
+    torch.manual_seed(3)
+    before = torch.get_rng_state()
+    s1 = {arch: architecture_digest(PerceptionSpec(setting="S1", arch=arch)) for arch in ("small", "deep", "stacked")}
+    assert torch.equal(torch.get_rng_state(), before)
+    assert len(set(s1.values())) == 3
+    assert architecture_digest(PerceptionSpec(setting="S2")) != s1["small"]
+    assert architecture_digest(PerceptionSpec(setting="S1")) == s1["small"]

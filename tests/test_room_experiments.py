@@ -187,15 +187,30 @@ def test_bad_model_class_is_refused(tmp_path, cls, words):
     assert_user_error(invoke("audit", "--cases", cases, "--model-class", cls, "--out", out), out, *words)
 
 
+def saved_cell(config):
+    """What ``room_attack.run`` writes about a cell's computation."""
+    from leaklab.models.perception import architecture_digest
+    return {"config": config.model_dump(mode="json"), "network": architecture_digest(config.spec)}
+
+
 def test_saved_table_cells_are_reused_whatever_the_worker_count():
     from leaklab.experiments.room_attack import RoomRunConfig
     from leaklab.experiments.room_tables import _same_cell
 
     config = RoomRunConfig(samples=2, workers=2)
-    saved = RoomRunConfig(samples=2, workers=16).model_dump(mode="json")
-    assert _same_cell(saved, config)
-    assert not _same_cell(RoomRunConfig(samples=3, workers=2).model_dump(mode="json"), config)
+    assert _same_cell(saved_cell(RoomRunConfig(samples=2, workers=16)), config)
+    assert not _same_cell(saved_cell(RoomRunConfig(samples=3, workers=2)), config)
     assert not _same_cell(None, config)
+
+
+def test_saved_cells_of_another_network_or_of_unknown_network_are_not_reused():
+    from leaklab.experiments.room_attack import RoomRunConfig
+    from leaklab.experiments.room_tables import _same_cell
+
+    config = RoomRunConfig(setting="S1", samples=2)
+    other = saved_cell(RoomRunConfig(setting="S1", arch="stacked", samples=2))
+    assert not _same_cell({**other, "config": config.model_dump(mode="json")}, config)
+    assert not _same_cell({"config": config.model_dump(mode="json")}, config)  # written before digests
 
 
 def test_exact_mode_settings_do_not_invalidate_saved_paper_cells():
@@ -206,9 +221,10 @@ def test_exact_mode_settings_do_not_invalidate_saved_paper_cells():
     def run(**attack):
         return RoomRunConfig(samples=2, attack=RoomAttackConfig(**attack))
 
-    assert _same_cell(run(mode="paper", gradient_weight=0.0).model_dump(mode="json"), run(mode="paper"))
-    assert not _same_cell(run(mode="exact", gradient_weight=0.0).model_dump(mode="json"), run(mode="exact"))
-    assert not _same_cell(run(mode="paper", tv_weight=0.2).model_dump(mode="json"), run(mode="paper"))
-    before_device = {k: v for k, v in run(mode="paper").model_dump(mode="json").items() if k != "device"}
+    assert _same_cell(saved_cell(run(mode="paper", gradient_weight=0.0)), run(mode="paper"))
+    assert not _same_cell(saved_cell(run(mode="exact", gradient_weight=0.0)), run(mode="exact"))
+    assert not _same_cell(saved_cell(run(mode="paper", tv_weight=0.2)), run(mode="paper"))
+    before_device = saved_cell(run(mode="paper"))
+    before_device["config"].pop("device")
     assert _same_cell(before_device, run(mode="paper"))
     assert not _same_cell(before_device, run(mode="paper").model_copy(update={"device": "cuda"}))

@@ -37,6 +37,7 @@ from leaklab.experiments.image_attack import versions
 from leaklab.io import RESULTS_FILE, atomic_dir, check_out, write_json
 from leaklab.metrics.rooms import room_metrics
 from leaklab.models import PerceptionSpec
+from leaklab.models.perception import architecture_digest
 from leaklab.rl.capture import (collect_transitions, dqn_client_update, partly_trained_net,
                                 reinforce_client_update, target_copy)
 from leaklab.rl.envs import LAYOUTS
@@ -310,7 +311,8 @@ def run(config: RoomRunConfig, out: Path, progress: ProgressFn | None = None) ->
         summary = summarise(rows, iterations, seconds_attacking[0])
         summary["wall_seconds"] = wall
         results = {"format": "leaklab.room_attack", "format_version": 1,
-                   "config": config.model_dump(mode="json"), "summary": summary, "samples": rows,
+                   "config": config.model_dump(mode="json"), "network": architecture_digest(config.spec),
+                   "summary": summary, "samples": rows,
                    "versions": versions(), "device": describe(torch.device(config.device))}
         write_json(tmp / RESULTS_FILE, results)
         title = (f"{config.algorithm.upper()} {config.setting}, {config.attack.mode} mode, "

@@ -9,7 +9,7 @@
   separate multimodal optimisation -- and, beside them, leaklab's exact mode.
 
 Every cell is one :func:`leaklab.experiments.room_attack.run` written to ``OUT/cells/NAME``; a rerun
-skips finished cells. ``OUT/results.json`` holds the table with the published numbers beside ours and
+skips finished cells that ran the same computation on the same network architecture (:func:`_same_cell`). ``OUT/results.json`` holds the table with the published numbers beside ours and
 ``OUT/table.md`` the same as Markdown; ``update_docs`` puts that Markdown into the marked section of
 ``docs/reproductions.md``.
 
@@ -30,6 +30,7 @@ from leaklab.attacks.rl.config import EXACT_ONLY
 from leaklab.errors import LeaklabError
 from leaklab.experiments import room_attack
 from leaklab.io import RESULTS_FILE, read_json, write_bytes, write_json
+from leaklab.models.perception import architecture_digest
 
 ProgressFn = Callable[[str, int, int], None]
 
@@ -81,9 +82,10 @@ def _cell_config(algorithm: str, setting: str, attack: dict[str, Any], samples: 
 
 
 def _same_cell(saved: Any, config: room_attack.RoomRunConfig) -> bool:
-    """Whether a saved cell ran ``config``; the worker count does not change a cell's numbers, nor do
-    exact-mode settings change a paper-mode cell's."""
-    if not isinstance(saved, dict):
+    """Whether saved cell results ran ``config`` on the same network architecture (results written
+    before leaklab recorded it never count: the default network has changed between versions); the
+    worker count does not change a cell's numbers, nor do exact-mode settings a paper-mode cell's."""
+    if not isinstance(saved, dict) or not isinstance(saved.get("config"), dict):
         return False
 
     def computation(run: dict[str, Any]) -> dict[str, Any]:
@@ -93,7 +95,8 @@ def _same_cell(saved: Any, config: room_attack.RoomRunConfig) -> bool:
             run = {**run, "attack": {k: v for k, v in attack.items() if k not in EXACT_ONLY}}
         return {k: v for k, v in run.items() if k != "workers"}
 
-    return computation(saved) == computation(config.model_dump(mode="json"))
+    return (saved.get("network") == architecture_digest(config.spec)
+            and computation(saved["config"]) == computation(config.model_dump(mode="json")))
 
 
 def _run_cells(out: Path, cells: dict[str, room_attack.RoomRunConfig],
@@ -104,7 +107,7 @@ def _run_cells(out: Path, cells: dict[str, room_attack.RoomRunConfig],
         done = folder / RESULTS_FILE
         if done.exists():
             previous = read_json(done, "room-table cell")
-            if _same_cell(previous.get("config"), config):
+            if _same_cell(previous, config):
                 results[name] = previous
                 continue
         if progress:
