@@ -6,7 +6,8 @@ import torch
 import torch.nn.functional as F
 
 from leaklab.attacks.rl import RoomAttackConfig, qgi, rgi
-from leaklab.attacks.rl.exact import exact_streams, exact_vectors, feature_error
+from leaklab.attacks.inversion.analytic import rank_one_residual
+from leaklab.attacks.rl.exact import exact_streams, exact_vectors, feature_error, untouched
 from leaklab.attacks.rl.network import cosine_loss, gradient_stats, trace
 from leaklab.errors import LeaklabError
 from leaklab.metrics import constant_baseline, psnr
@@ -132,6 +133,16 @@ def test_last_convolution_gradients_are_exact_at_the_true_images(setting, arch, 
         err = (g_f * (features > 0))[:, s.offset:s.offset + s.size]
         rec, = torch.autograd.grad((err * z).sum(), s.last.weight)
         assert torch.allclose(rec, grads[s.weight_name], rtol=1e-3, atol=1e-6 * float(rec.abs().max()))
+
+
+def test_last_convolution_term_only_on_untouched_updates():
+    _, update, _ = client()
+    grads = {k: v.float() for k, v in update.tensors.items()}
+    assert untouched(grads)
+    g = torch.Generator().manual_seed(0)
+    noised = {k: v + 1e-7 * torch.randn(v.shape, generator=g) for k, v in grads.items()}
+    assert not untouched(noised)
+    assert rank_one_residual(grads["head.0.weight"], grads["head.0.bias"]) < 1e-6
 
 
 def test_last_convolution_gradient_term_helps_the_image_stage():
