@@ -11,7 +11,7 @@ frame, so no attack with the same prior and optimiser should score above it. ``-
 over the pre-ReLU output instead, which the network never passes on. Scores are Y-channel PSNR beside
 the constant baseline on the frames of ``leaklab attack qgi --setting S1`` (same samples, same seed).
 
-    .venv/bin/python analysis/rgb_ceiling.py --samples 48 --layouts 12 --target update --out runs/rgb-ceiling-update.json
+    .venv/bin/python analysis/rgb_ceiling.py --target update --out runs/rgb-ceiling-update.json
 """
 
 from __future__ import annotations

@@ -9,7 +9,8 @@
   separate multimodal optimisation -- and, beside them, leaklab's exact mode.
 
 Every cell is one :func:`leaklab.experiments.room_attack.run` written to ``OUT/cells/NAME``; a rerun
-skips finished cells that ran the same computation on the same network architecture (:func:`_same_cell`). ``OUT/results.json`` holds the table with the published numbers beside ours and
+skips finished cells that ran the same computation on the same network architecture
+(:func:`_same_cell`). ``OUT/results.json`` holds the table with the published numbers beside ours and
 ``OUT/table.md`` the same as Markdown; ``update_docs`` puts that Markdown into the marked section of
 ``docs/reproductions.md``.
 
@@ -89,7 +90,6 @@ def _same_cell(saved: Any, config: room_attack.RoomRunConfig) -> bool:
         return False
 
     def computation(run: dict[str, Any]) -> dict[str, Any]:
-        run = {"device": "cpu", **run}  # cells saved before --device existed ran on the CPU
         attack = run.get("attack")
         if isinstance(attack, dict) and attack.get("mode") == "paper":
             run = {**run, "attack": {k: v for k, v in attack.items() if k not in EXACT_ONLY}}

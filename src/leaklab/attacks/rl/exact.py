@@ -22,9 +22,9 @@ the ramp). It is used only on an untouched update (:func:`untouched`): it matche
 gradient entry by entry, and even Gaussian noise of σ = 1e-7 turns it against the images (S2, 4
 frames: depth below the constant baseline on 3). On 8 real S1 frames, 2,000 steps, full weight
 throughout: RGB +1.4 dB and depth +5.3 dB raw over the feature match alone (4 of them with the ramp:
-the same within 0.2 dB). Matching earlier
-layers too diverges (their errors pass the ReLU masks of the current, wrong images: RGB and depth fell
-below the constant baseline on 2 frames, even from a good start).
+the same within 0.2 dB). Matching earlier layers too diverges (their errors pass the ReLU masks of
+the current, wrong images: RGB and depth fell below the constant baseline on 2 frames, even from a
+good start).
 """
 
 from __future__ import annotations
