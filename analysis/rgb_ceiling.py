@@ -26,7 +26,7 @@ import torch
 from torch.nn.grad import conv2d_weight
 
 from leaklab.attacks.rl.config import RoomAttackConfig
-from leaklab.attacks.rl.exact import feature_error
+from leaklab.attacks.rl.exact import exact_streams, feature_error
 from leaklab.attacks.rl.images import coupled_tv, gaussian_start
 from leaklab.attacks.rl.optim import adam
 from leaklab.experiments.room_attack import RoomRunConfig, capture_samples, layouts_arg
@@ -57,7 +57,8 @@ def oracle_rgb(layer: torch.nn.Conv2d, rgb: torch.Tensor, target: str, cfg: Room
 
 def first_layer_error(net: torch.nn.Module, grads: dict[str, torch.Tensor], rgb: torch.Tensor) -> torch.Tensor:
     """``dJ/dz1`` of the RGB stream's first convolution at the true frame (the client's error)."""
-    g_f = feature_error(net, grads)[:, :net.conv.rgb(rgb).shape[1]]
+    rgb_stream = exact_streams(net)[0]  # RGB comes first in the features
+    g_f = feature_error(net, grads)[:, rgb_stream.offset:rgb_stream.offset + rgb_stream.size]
     stream = net.conv.rgb
     z1 = stream[0](rgb).requires_grad_()
     out = stream[1:](z1)

@@ -14,13 +14,14 @@ Inputs (the contract every RL module of leaklab shares):
 
 Module names are part of the contract (attacks address layers by them): ``conv`` (the image
 branch: a module from ``images`` to flat features ``[B, F]``), ``box`` (the coordinate branch;
-``box.0`` is the Linear layer whose input is the box) and ``head`` (the fused linear layers; ``head.0`` takes ``cat(conv, box)`` and the
-last module is the output Linear with bias).
+``box.0`` is the Linear layer whose input is the box) and ``head`` (the fused linear layers;
+``head.0`` takes ``cat(conv, box)`` and the last module is the output Linear with bias).
 
 Architectures (``--arch``; the paper fixes none of them): ``small`` (default) gives each modality
 its own stream of three convolutions (RGB and depth are different signals; S2 has the depth stream
 only), ``deep`` does the same with five convolutions and pooling per stream, ``stacked`` feeds RGB-D
-as four channels to one small stream. For S2 ``small`` and ``stacked`` are the same network.
+as four channels to one small stream. For S2 ``small`` and ``stacked`` compute the same function
+(one depth stream; only the parameter names differ: ``conv.depth.0`` against ``conv.0``).
 """
 
 from __future__ import annotations
