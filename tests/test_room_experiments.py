@@ -117,6 +117,12 @@ def test_audit_refuses_conflicting_options(tmp_path):
     assert_user_error(invoke("audit", "--quick", "--full", "--out", out), out, "--quick", "--full")
     assert_user_error(invoke("audit", "--cases", tmp_path, "--out", out), out, "no room case")
     assert_user_error(invoke("audit", "--kind", "robots", "--out", out), out, "--kind")
+    assert_user_error(invoke("audit", "--quick", "--device", "tpu", "--out", out), out, "--device", "cpu or cuda")
+    assert_user_error(invoke("audit", "--kind", "images", "--device", "cuda", "--out", out), out, "--device")
+    assert_user_error(invoke("attack", "qgi", "--device", "cuda:x", "--out", out), out, "--device", "cpu or cuda")
+    if not torch.cuda.is_available():
+        assert_user_error(invoke("audit", "--quick", "--device", "cuda", "--out", out), out, "no CUDA")
+        assert_user_error(invoke("audit", "--cases", tmp_path, "--device", "cuda:1", "--out", out), out, "no CUDA")
 
 
 def test_room_table1_runs_and_updates_a_docs_section(tmp_path):

@@ -340,8 +340,10 @@ def _room_attack(algorithm: str, setting: str, mode: str, arch: str, samples: in
                  seed: int, iterations: int | None, batch_size: int, train_steps: int, defense: str | None,
                  workers: int, device: str, out: Path) -> None:
     from leaklab.attacks.rl import RoomAttackConfig
+    from leaklab.device import require_device
     from leaklab.experiments import room_attack
 
+    require_device(device)  # before the configs: one plain line for a bad name
     attack = RoomAttackConfig(mode=mode, seed=seed,
                               **({"iterations": iterations} if iterations is not None else {}))
     config = room_attack.RoomRunConfig(algorithm=algorithm, setting=setting, arch=arch, samples=samples,
@@ -591,6 +593,7 @@ def audit(
     kind: Annotated[str, typer.Option("--kind", help="rooms (federated RL, the default) | images "
                                       "(image classifiers, DLG)")] = "rooms",
     workers: Annotated[int, typer.Option("--workers", help="attack processes (0: one per core)")] = 0,
+    device: DeviceOpt = "cpu",
     seed: Annotated[int, typer.Option("--seed")] = 0,
 ) -> None:
     """The leakage audit: robots' private rooms through their federated DQN/REINFORCE updates, with
@@ -602,19 +605,21 @@ def audit(
     out = out or new_run_dir("audit")
     with _progress() as progress:
         if kind == "images":
-            if full or cases or iterations:
-                raise LeaklabError("--full, --cases and --iterations belong to --kind rooms")
+            if full or cases or iterations or device != "cpu":
+                raise LeaklabError("--full, --cases, --iterations and --device belong to --kind rooms")
             _image_audit(out, quick, seed, progress)
             return
         from leaklab.attacks.rl import RoomAttackConfig
+        from leaklab.device import require_device
         from leaklab.experiments import room_attack, room_audit
 
+        require_device(device)  # before the configs: one plain line for a bad name
         if cases is not None:
             if quick or full:
                 raise LeaklabError("--cases attacks the saved updates as they are; drop --quick/--full")
             attack = RoomAttackConfig(mode=mode, seed=seed, **({"iterations": iterations} if iterations else {}))
             results = room_audit.run_cases(out, cases, attack, workers=workers, progress=progress,
-                                           model_class=model_class)
+                                           model_class=model_class, device=device)
             typer.echo(f"wrote {out / 'report.html'}: {results['summary']['cases']} case(s), "
                        f"{results['summary']['scored']} scored")
             return
@@ -622,6 +627,7 @@ def audit(
             raise LeaklabError("--model-class belongs to --cases (your saved updates of your network)")
         config = room_audit.default_config(quick=quick, full=full, seed=seed)
         overrides = {k: v for k, v in (("iterations", iterations), ("workers", workers or None)) if v}
+        overrides["device"] = device
         if mode != "exact" and not full:
             overrides["modes"] = (mode,)
         config = room_audit.AuditConfig(**{**config.model_dump(), **overrides})

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 
 import torch
 
@@ -17,11 +18,16 @@ def default_device() -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
+DEVICE_PATTERN = r"^(cpu|cuda(:\d+)?)$"  # the room attacks' --device values
+
+
 def require_device(name: str) -> None:
-    """Refuse, in one line and before any work, a CUDA device this machine does not have. (The room
-    attacks take their device from ``--device`` and default to the CPU: their single-sample
-    optimisations are bound by kernel launches, and worker processes sharing one GPU ran slower than
-    as many CPU cores; measured in docs/reproductions.md.)"""
+    """Refuse, in one line and before any work, a device name other than ``cpu`` or ``cuda[:N]`` and a
+    CUDA device this machine does not have. (The room attacks take their device from ``--device`` and
+    default to the CPU: their single-sample optimisations are bound by kernel launches, and worker
+    processes sharing one GPU ran slower than as many CPU cores; measured in docs/reproductions.md.)"""
+    if not re.fullmatch(DEVICE_PATTERN, name):
+        raise LeaklabError(f"--device {name!r}: choose cpu or cuda[:N]")
     if name.startswith("cuda") and not torch.cuda.is_available():
         raise LeaklabError(f"--device {name}: no CUDA GPU is available here (use --device cpu)")
 

@@ -31,7 +31,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from leaklab.attacks.rl import RoomAttackConfig, RoomReconstruction, qgi, rgi
 from leaklab.defenses import parse_defense
-from leaklab.device import describe, require_device
+from leaklab.device import DEVICE_PATTERN, describe, require_device
 from leaklab.errors import LeaklabError
 from leaklab.experiments.image_attack import versions
 from leaklab.io import RESULTS_FILE, atomic_dir, check_out, write_json
@@ -80,7 +80,7 @@ class RoomRunConfig(BaseModel):
     entropy_weight: float = Field(default=0.01, ge=0, description="alpha of eq. 4 (RGI clients)")
     gamma: float = Field(default=0.99, ge=0, le=1)
     workers: int = Field(default=0, ge=0, description="attack processes; 0: one per CPU core")
-    device: str = Field(default="cpu", pattern=r"^(cpu|cuda(:\d+)?)$",
+    device: str = Field(default="cpu", pattern=DEVICE_PATTERN,
                         description="where the attacks run: cpu, or cuda[:N] (the workers share the GPU)")
     seed: int = 0
 

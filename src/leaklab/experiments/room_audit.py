@@ -36,7 +36,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 from leaklab.attacks.rl import RoomAttackConfig
-from leaklab.device import describe
+from leaklab.device import DEVICE_PATTERN, describe, require_device
 from leaklab.errors import LeaklabError
 from leaklab.experiments import room_attack
 from leaklab.experiments.image_attack import versions
@@ -69,6 +69,8 @@ class AuditConfig(BaseModel):
     gaussian_sigmas: tuple[float, ...] = (1e-5, 1e-3)
     dp_epsilons: tuple[float, ...] = (8.0, 1.0)
     workers: int = 0
+    device: str = Field(default="cpu", pattern=DEVICE_PATTERN,
+                        description="where the attacks run: cpu, or cuda[:N] (the workers share the GPU)")
     seed: int = 0
 
     def defenses(self) -> list[tuple[str, str | None]]:
@@ -107,7 +109,7 @@ def _cell_configs(config: AuditConfig) -> list[tuple[dict[str, str], room_attack
                 run = room_attack.RoomRunConfig(algorithm=algorithm, setting=setting, arch=config.arch,
                                                 samples=config.samples, layouts=layouts,
                                                 attack=RoomAttackConfig(**fields), workers=config.workers,
-                                                seed=config.seed)
+                                                device=config.device, seed=config.seed)
                 cells.append(({"algorithm": algorithm, "setting": setting, "mode": mode}, run))
     return cells
 
@@ -115,6 +117,7 @@ def _cell_configs(config: AuditConfig) -> list[tuple[dict[str, str], room_attack
 def run(out: Path, config: AuditConfig, progress: ProgressFn | None = None) -> dict[str, Any]:
     """Run the audit and write ``out`` atomically; returns the results (also ``results.json``)."""
     check_out(out)
+    require_device(config.device)
     start = time.perf_counter()
     defenses = config.defenses()
     cells = _cell_configs(config)
@@ -126,7 +129,7 @@ def run(out: Path, config: AuditConfig, progress: ProgressFn | None = None) -> d
         for d, (_, chain) in enumerate(defenses):
             for sample in room_attack.defend(clean, chain, config.seed):
                 jobs.append(room_attack.Job(run_config.algorithm, run_config.spec, state, sample.update,
-                                            run_config.attack))
+                                            run_config.attack, device=config.device))
                 where.append((c, d, sample))
     rows: dict[tuple[int, int], list[dict[str, Any]]] = {}
     pictures: dict[tuple[int, int], list[torch.Tensor]] = {}
@@ -158,7 +161,7 @@ def run(out: Path, config: AuditConfig, progress: ProgressFn | None = None) -> d
                    "config": config.model_dump(mode="json"),
                    "summary": {"seconds": time.perf_counter() - start, "samples_attacked": len(jobs),
                                "defenses": [label for label, _ in defenses]},
-                   "cells": results_cells, "versions": versions(), "device": describe(torch.device("cpu"))}
+                   "cells": results_cells, "versions": versions(), "device": describe(torch.device(config.device))}
         write_json(tmp / RESULTS_FILE, results)
         _write_report(tmp, results, cells, defenses, truths, pictures)
     return results
@@ -173,14 +176,17 @@ def _algorithm(loss: str) -> str:
 
 
 def run_cases(out: Path, cases_dir: Path, attack: RoomAttackConfig, workers: int = 0,
-              progress: ProgressFn | None = None, model_class: str | None = None) -> dict[str, Any]:
+              progress: ProgressFn | None = None, model_class: str | None = None,
+              device: str = "cpu") -> dict[str, Any]:
     """Attack a user's saved room cases (every sub-folder of ``cases_dir`` with a ``view.json``) as
     they are, score them when their truth is present, and write ``out`` like :func:`run`.
     ``model_class`` ("module:Class") is the user's own perception network the cases belong to; it
-    must follow :func:`leaklab.models.perception.check_contract`."""
+    must follow :func:`leaklab.models.perception.check_contract`. ``device`` is where the attacks run
+    (``cpu`` or ``cuda[:N]``)."""
     from leaklab.rl.cases import load_room_case, load_room_truth
 
     check_out(out)
+    require_device(device)
     cases_dir = Path(cases_dir)
     folders = sorted(p for p in cases_dir.iterdir() if (p / VIEW_FILE).is_file()) if cases_dir.is_dir() else []
     if (cases_dir / VIEW_FILE).is_file():
@@ -192,7 +198,7 @@ def run_cases(out: Path, cases_dir: Path, attack: RoomAttackConfig, workers: int
     cases = [load_room_case(f, model_class) for f in folders]
     jobs = [room_attack.Job(_algorithm(c.view.metadata.loss), c.view.spec,
                             {k: v.detach().clone() for k, v in c.view.model.state_dict().items()}, c.update, attack,
-                            model_class)
+                            model_class, device)
             for c in cases]
     rows: list[dict[str, Any]] = []
     truths, pictures = [], []
@@ -225,7 +231,7 @@ def run_cases(out: Path, cases_dir: Path, attack: RoomAttackConfig, workers: int
                                                  sum(r["seconds"] for r in scored)))
         results = {"format": "leaklab.audit", "format_version": 2, "kind": "room-cases",
                    "cases_dir": str(cases_dir), "model_class": model_class, "attack": attack.model_dump(mode="json"), "summary": summary,
-                   "cases": rows, "versions": versions(), "device": describe(torch.device("cpu"))}
+                   "cases": rows, "versions": versions(), "device": describe(torch.device(device))}
         write_json(tmp / RESULTS_FILE, results)
         _write_cases_report(tmp, results, truths, pictures)
     return results
