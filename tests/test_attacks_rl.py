@@ -86,6 +86,14 @@ def test_paper_mode_rules_recover_the_action():
     assert rgi(rview, rupdate, cfg).action.tolist() == [2]
 
 
+def test_rgi_paper_step1_reads_the_probabilities_off_the_last_layer():
+    view, update, truth = client(loss="reinforce")
+    rec = rgi(view, update, RoomAttackConfig(mode="paper", iterations=2, stage1_iterations=300))
+    m = room_metrics(rec, truth, "S2")  # stage 1's state, 300 steps from noise, is far from exact
+    assert m["box_iou"] < 0.999
+    assert m["reward_error"] < 1e-5 and torch.allclose(rec.probs.float(), truth["probs"], atol=1e-5)
+
+
 def test_qgi_batch_two_actions_and_last_layer_exact():
     view, update, truth = client(batch=2)
     rec = qgi(view, update, RoomAttackConfig(iterations=2, stage1_iterations=2))

@@ -21,7 +21,7 @@ from leaklab.attacks.rl.config import RoomAttackConfig, RoomReconstruction
 from leaklab.attacks.rl.exact import exact_images, exact_vectors
 from leaklab.attacks.rl.network import trace
 from leaklab.attacks.rl.optim import Progress
-from leaklab.attacks.rl.paper import last_layer_norm_ratio, paper_state
+from leaklab.attacks.rl.paper import last_layer_input, last_layer_norm_ratio, paper_state
 from leaklab.attacks.rl.rules import (dqn_actions, dqn_target_exact, dqn_target_paper,
                                       error_directions, reinforce_action_reward)
 from leaklab.errors import LeaklabError
@@ -118,6 +118,8 @@ def rgi(view: ServerView, update: ClientUpdate, config: RoomAttackConfig | None 
     box, images, last_input, _, iterations, exact = _images_and_state(
         net, grads, gb.unsqueeze(0), torch.zeros(1, dtype=torch.long, device=gb.device), cfg, progress,
         batch)
+    if cfg.mode == "paper":  # IV-D step 1: the probabilities from the last layer alone
+        last_input = last_layer_input(net, grads, gb.unsqueeze(0), cfg)
     probs = torch.softmax(_outputs(net, last_input), 1)
     action, reward, identified = reinforce_action_reward(gb, probs[0], view.metadata.entropy_weight)
     if cfg.mode == "exact":

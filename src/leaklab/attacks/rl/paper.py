@@ -5,7 +5,8 @@ convolutional feature vector that ``head.0`` receives, matching the Linear layer
 optimises the images with the box fixed, matching every gradient, ``L_img = L + λ TV`` (eq. 5).
 Gradients are simulated from the error direction ``J̃ = (∇b_last J)^T F(x)`` (eq. 6) or, for the
 Table II ablations, from the true DQN objective with an optimised target Q-value (and action).
-``multimodal="joint"`` (Fig. 4) optimises box and images in one stage.
+``multimodal="joint"`` (Fig. 4) optimises box and images in one stage. RGI's step 1 (IV-D) is an
+optimisation of its own, on the last linear layer alone (:func:`last_layer_input`).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import torch
 
 from leaklab.attacks.rl.config import RoomAttackConfig
 from leaklab.attacks.rl.images import gaussian_start, room_tv
-from leaklab.attacks.rl.network import cosine_loss, gradient_stats, squared_loss, trace
+from leaklab.attacks.rl.network import cosine_loss, gradient_stats, linear_names, squared_loss, trace
 from leaklab.attacks.rl.optim import Progress, adam
 from leaklab.models.perception import PerceptionNet, conv_feature_count
 
@@ -105,3 +106,27 @@ def last_layer_norm_ratio(net: PerceptionNet, grads: dict[str, torch.Tensor], la
     observed = torch.sqrt((gw[actions] ** 2).sum(1) + gb[actions] ** 2)
     simulated = (2.0 / batch) * torch.sqrt((last_input.double() ** 2).sum(1) + 1)
     return observed / simulated
+
+
+def last_layer_input(net: PerceptionNet, grads: dict[str, torch.Tensor], error: torch.Tensor,
+                     cfg: RoomAttackConfig) -> torch.Tensor:
+    """RGI step 1 (IV-D): "optimization-based gradient inversion on the last linear layer" gives the
+    input ``h`` ``[1, H]`` of the last layer, whose output is the reconstructed probabilities. From a
+    Gaussian start, Adam (``stage1_iterations``, ``stage1_lr``) on the cosine loss (eq. 5) between that
+    layer's gradient of eq. 6's surrogate ``error^T (W h + b)``, ``error [1, A]`` the last bias
+    gradient, and the observed one: its one maximum is the client's ``h``. (Reading ``h`` off the
+    state of stage 1 instead inherits stage 1's local optima: one sample of 48 in S1 kept a reward
+    error of 1.6e-4.)"""
+    names = linear_names(net)
+    last = dict(net.named_modules())[names[-1]]
+    g = torch.Generator().manual_seed(cfg.seed + 3)
+    h = torch.randn(1, last.in_features, generator=g).to(error.device).requires_grad_()
+    error = error.float()
+
+    def loss(_: float) -> torch.Tensor:
+        z = last(h)
+        return cosine_loss(*gradient_stats(net, grads, (error * z).sum(), [(names[-1], h, z)],
+                                           conv_params=False))
+
+    adam([h], loss, cfg.stage1_iterations, cfg.stage1_lr)
+    return h.detach()
