@@ -125,6 +125,14 @@ def test_audit_refuses_conflicting_options(tmp_path):
         assert_user_error(invoke("audit", "--cases", tmp_path, "--device", "cuda:1", "--out", out), out, "no CUDA")
 
 
+def test_room_table1_action_column_separates_zero_returns():
+    from leaklab.experiments.room_tables import _action
+
+    assert _action({"action_accuracy": 1.0}) == "100%"  # QGI
+    rgi = {"action_accuracy": 0.65, "action_accuracy_nonzero_return": 1.0, "samples": 48, "zero_return_samples": 18}
+    assert _action(rgi) == "65% (100% of 30 non-zero returns)"
+
+
 def test_room_table1_runs_and_updates_a_docs_section(tmp_path):
     out = tmp_path / "t1"
     result = invoke("reproduce", "room-table1", "--mode", "exact", "--samples", "1", "--layouts", "1",
