@@ -94,6 +94,22 @@ def test_quick_room_audit_writes_report_with_defenses(tmp_path):
     clean = next(c for c in res["cells"] if c["defense"] == "none" and c["algorithm"] == "qgi")
     assert clean["summary"]["iou_min"] > 0.999
     assert (out / "figures" / "leakage_per_defense.png").read_bytes().startswith(PNG)
+    assert "At a glance" in html and "box leaks" in html  # 3 image steps: the box alone leaks
+
+
+def test_audit_verdicts_in_words():
+    from leaklab.experiments.room_audit import verdicts
+
+    def cell(defense, depth, iou, action):
+        return {"defense": defense, "algorithm": "qgi", "setting": "S2",
+                "summary": {"depth_psnr_mean": depth, "depth_psnr_baseline_mean": 15.0, "iou_mean": iou,
+                            "action_accuracy": action}}
+
+    rows = verdicts({"summary": {"defenses": ["none", "noise", "dp"]},
+                     "cells": [cell("none", 40.0, 1.0, 1.0), cell("noise", 17.0, 0.6, 1.0), cell("dp", 5.0, 0.0, 0.25)]})
+    assert rows[0][5] == "the room leaks: QGI S2 depth +25.0 dB over the baseline"
+    assert rows[1][5] == "images hidden; the target's box leaks (IoU 0.60)"
+    assert rows[2][5] == "no image or box leakage measured" and rows[2][4] == "25%"
 
 
 def test_audit_attacks_saved_room_cases(tmp_path):

@@ -27,6 +27,7 @@ layout of :func:`leaklab.models.perception.check_contract`); they are scored whe
 from __future__ import annotations
 
 import math
+import statistics
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -47,6 +48,8 @@ ProgressFn = Callable[[str, int, int], None]
 REPORT_FILE = "report.html"
 DP_DELTA = 1e-5
 DP_CLIP = 1.0
+IMAGE_LEAK_DB = 3.0  # verdict: images leak when their PSNR beats the no-information baseline by this
+BOX_LEAK_IOU = 0.5  # verdict: the target's box leaks at this mean IoU (the usual detection threshold)
 
 
 def dpsgd_defense(epsilon: float, clip: float = DP_CLIP, delta: float = DP_DELTA) -> str:
@@ -284,6 +287,29 @@ def _leakage_plot(results: dict[str, Any], labels: list[str], path: Path) -> byt
                     title="Leakage per defense: reconstruction PSNR minus the constant-image baseline")
 
 
+def verdicts(results: dict[str, Any]) -> list[list[Any]]:
+    """One row per defense, weakest first: the largest image gain over the constant baseline (and
+    where), the best mean box IoU, QGI's action accuracy, and a verdict in words
+    (:data:`IMAGE_LEAK_DB`, :data:`BOX_LEAK_IOU`)."""
+    rows = []
+    for label in results["summary"]["defenses"]:
+        cells = [c for c in results["cells"] if c["defense"] == label]
+        gains = [(s[f"{im}_psnr_mean"] - s[f"{im}_psnr_baseline_mean"], f"{c['algorithm'].upper()} {c['setting']} {im}")
+                 for c in cells for im in ("rgb", "depth") if (s := c["summary"]).get(f"{im}_psnr_mean") is not None]
+        gain, where = max(gains)
+        iou = max(c["summary"]["iou_mean"] for c in cells)
+        actions = [c["summary"]["action_accuracy"] for c in cells if c["algorithm"] == "qgi"]
+        action = statistics.fmean(actions) if actions else None
+        if gain >= IMAGE_LEAK_DB:
+            verdict = f"the room leaks: {where} {gain:+.1f} dB over the baseline"
+        elif iou >= BOX_LEAK_IOU:
+            verdict = f"images hidden; the target's box leaks (IoU {iou:.2f})"
+        else:
+            verdict = "no image or box leakage measured"
+        rows.append([label, gain, where, iou, None if action is None else f"{100 * action:.0f}%", verdict])
+    return rows
+
+
 def _write_report(folder: Path, results: dict[str, Any], cells, defenses, truths, pictures) -> None:
     from leaklab.report.html import Figure, Section, Table, render_report
     from leaklab.report.plots import image_grid
@@ -291,7 +317,12 @@ def _write_report(folder: Path, results: dict[str, Any], cells, defenses, truths
     labels = [label for label, _ in defenses]
     plot = _leakage_plot(results, labels, folder / "figures" / "leakage_per_defense.png")
     by = {(c["algorithm"], c["setting"], c["mode"], c["defense"]): c for c in results["cells"]}
-    sections = []
+    glance = Table(columns=["defense", "largest image gain (dB)", "where", "box IoU (best)", "action (QGI)",
+                            "verdict"], rows=verdicts(results),
+                   caption=f"Image gain: reconstruction PSNR minus the constant-image baseline; the room "
+                           f"leaks at {IMAGE_LEAK_DB:g} dB or more, the box at a mean IoU of {BOX_LEAK_IOU:g} "
+                           f"or more. Chance for the action is 1 in 7.")
+    sections = [Section(title="At a glance", tables=[glance])]
     for c, (meta, run_config) in enumerate(cells):
         rows = []
         captions: list[list[str] | None] = []
