@@ -94,7 +94,7 @@ def test_quick_room_audit_writes_report_with_defenses(tmp_path):
     clean = next(c for c in res["cells"] if c["defense"] == "none" and c["algorithm"] == "qgi")
     assert clean["summary"]["iou_min"] > 0.999
     assert (out / "figures" / "leakage_per_defense.png").read_bytes().startswith(PNG)
-    assert "At a glance" in html and "box leaks" in html  # 3 image steps: the box alone leaks
+    assert "At a glance" in html and "leaks the target&#39;s box" in html  # 3 image steps: not the room
 
 
 def test_audit_verdicts_in_words():
@@ -107,9 +107,10 @@ def test_audit_verdicts_in_words():
 
     rows = verdicts({"summary": {"defenses": ["none", "noise", "dp"]},
                      "cells": [cell("none", 40.0, 1.0, 1.0), cell("noise", 17.0, 0.6, 1.0), cell("dp", 5.0, 0.0, 0.25)]})
-    assert rows[0][5] == "the room leaks: QGI S2 depth +25.0 dB over the baseline"
-    assert rows[1][5] == "images hidden; the target's box leaks (IoU 0.60)"
-    assert rows[2][5] == "no image or box leakage measured" and rows[2][4] == "25%"
+    assert rows[0][5] == ("leaks the room (QGI S2 depth +25.0 dB over the baseline), the target's box "
+                          "(IoU 1.00), the action (100%)")
+    assert rows[1][5] == "leaks the target's box (IoU 0.60), the action (100%)"
+    assert rows[2][5] == "nothing measured leaks" and rows[2][4] == "25%"
 
 
 def test_audit_attacks_saved_room_cases(tmp_path):

@@ -50,6 +50,7 @@ DP_DELTA = 1e-5
 DP_CLIP = 1.0
 IMAGE_LEAK_DB = 3.0  # verdict: images leak when their PSNR beats the no-information baseline by this
 BOX_LEAK_IOU = 0.5  # verdict: the target's box leaks at this mean IoU (the usual detection threshold)
+ACTION_LEAK = 0.5  # verdict: QGI's action leaks at this accuracy (chance: 1 in 7)
 
 
 def dpsgd_defense(epsilon: float, clip: float = DP_CLIP, delta: float = DP_DELTA) -> str:
@@ -289,8 +290,8 @@ def _leakage_plot(results: dict[str, Any], labels: list[str], path: Path) -> byt
 
 def verdicts(results: dict[str, Any]) -> list[list[Any]]:
     """One row per defense, weakest first: the largest image gain over the constant baseline (and
-    where), the best mean box IoU, QGI's action accuracy, and a verdict in words
-    (:data:`IMAGE_LEAK_DB`, :data:`BOX_LEAK_IOU`)."""
+    where), the best mean box IoU, QGI's action accuracy, and a verdict in words naming what leaks
+    (:data:`IMAGE_LEAK_DB`, :data:`BOX_LEAK_IOU`, :data:`ACTION_LEAK`)."""
     rows = []
     for label in results["summary"]["defenses"]:
         cells = [c for c in results["cells"] if c["defense"] == label]
@@ -300,12 +301,10 @@ def verdicts(results: dict[str, Any]) -> list[list[Any]]:
         iou = max(c["summary"]["iou_mean"] for c in cells)
         actions = [c["summary"]["action_accuracy"] for c in cells if c["algorithm"] == "qgi"]
         action = statistics.fmean(actions) if actions else None
-        if gain >= IMAGE_LEAK_DB:
-            verdict = f"the room leaks: {where} {gain:+.1f} dB over the baseline"
-        elif iou >= BOX_LEAK_IOU:
-            verdict = f"images hidden; the target's box leaks (IoU {iou:.2f})"
-        else:
-            verdict = "no image or box leakage measured"
+        leaks = [f"the room ({where} {gain:+.1f} dB over the baseline)"] if gain >= IMAGE_LEAK_DB else []
+        leaks += [f"the target's box (IoU {iou:.2f})"] if iou >= BOX_LEAK_IOU else []
+        leaks += [f"the action ({100 * action:.0f}%)"] if action is not None and action >= ACTION_LEAK else []
+        verdict = "leaks " + ", ".join(leaks) if leaks else "nothing measured leaks"
         rows.append([label, gain, where, iou, None if action is None else f"{100 * action:.0f}%", verdict])
     return rows
 
@@ -321,7 +320,8 @@ def _write_report(folder: Path, results: dict[str, Any], cells, defenses, truths
                             "verdict"], rows=verdicts(results),
                    caption=f"Image gain: reconstruction PSNR minus the constant-image baseline; the room "
                            f"leaks at {IMAGE_LEAK_DB:g} dB or more, the box at a mean IoU of {BOX_LEAK_IOU:g} "
-                           f"or more. Chance for the action is 1 in 7.")
+                           f"or more, the action at an accuracy of {100 * ACTION_LEAK:.0f}% or more "
+                           f"(chance: 1 in 7).")
     sections = [Section(title="At a glance", tables=[glance])]
     for c, (meta, run_config) in enumerate(cells):
         rows = []
