@@ -133,7 +133,7 @@ def run(out: Path, config: AuditConfig, progress: ProgressFn | None = None) -> d
         for d, (_, chain) in enumerate(defenses):
             for sample in room_attack.defend(clean, chain, config.seed):
                 jobs.append(room_attack.Job(run_config.algorithm, run_config.spec, state, sample.update,
-                                            run_config.attack, device=config.device))
+                                            run_config.attack, device=run_config.device))
                 where.append((c, d, sample))
     rows: dict[tuple[int, int], list[dict[str, Any]]] = {}
     pictures: dict[tuple[int, int], list[torch.Tensor]] = {}
