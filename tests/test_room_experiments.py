@@ -256,3 +256,22 @@ def test_exact_mode_settings_do_not_invalidate_saved_paper_cells():
     assert not _same_cell(saved_cell(run(mode="exact", gradient_weight=0.0)), run(mode="exact"))
     assert not _same_cell(saved_cell(run(mode="paper", tv_weight=0.2)), run(mode="paper"))
     assert not _same_cell(saved_cell(run(mode="paper")), run(mode="paper").model_copy(update={"device": "cuda"}))
+
+
+def test_attacks_in_this_process_leave_its_torch_thread_count_alone():
+    from leaklab.attacks.rl import RoomAttackConfig
+    from leaklab.experiments import room_attack
+
+    attack = RoomAttackConfig(mode="exact", iterations=2)
+    config = room_attack.RoomRunConfig(algorithm="qgi", setting="S2", samples=1, layouts=("e1m1-stalactite",),
+                                       attack=attack)
+    state, clean = room_attack.capture_samples(config)
+    jobs = [room_attack.Job("qgi", config.spec, state, clean[0].update, attack)]
+    results = []
+    torch.set_num_threads(2)
+    try:
+        room_attack.run_jobs(jobs, 1, lambda i, rec: results.append(rec))  # one worker: in this process
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(1)
+    assert len(results) == 1 and results[0].iterations == 2

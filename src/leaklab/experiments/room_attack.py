@@ -196,13 +196,13 @@ def run_jobs(jobs: Sequence[Job], workers: int,
     """Run every job (in ``workers`` spawned processes when there are several; 0 = one per core)
     and hand each result to ``on_result(index, reconstruction)`` as soon as it is ready, in order."""
     workers = worker_count(workers, len(jobs))
-    if workers == 1:
-        for i, job in enumerate(jobs):
-            on_result(i, _attack_one(job))
-        return
-    threads = torch.get_num_threads()
-    context = multiprocessing.get_context("spawn")
+    threads = torch.get_num_threads()  # one worker runs in this process: its thread count is restored
     try:
+        if workers == 1:
+            for i, job in enumerate(jobs):
+                on_result(i, _attack_one(job))
+            return
+        context = multiprocessing.get_context("spawn")
         with ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
             futures = [pool.submit(_attack_one, job) for job in jobs]
             for i, future in enumerate(futures):
