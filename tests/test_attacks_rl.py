@@ -11,7 +11,7 @@ from leaklab.attacks.rl.exact import exact_streams, exact_vectors, feature_error
 from leaklab.attacks.rl.network import cosine_loss, gradient_stats, trace
 from leaklab.errors import LeaklabError
 from leaklab.metrics import constant_baseline, psnr
-from leaklab.metrics.rooms import room_metrics
+from leaklab.metrics.rooms import matched_first, room_metrics
 from leaklab.models.perception import PerceptionSpec, build_perception_net
 from leaklab.rl.losses import dqn_loss, reinforce_loss
 from leaklab.threat import ClientUpdate, UpdateMetadata, make_view
@@ -68,10 +68,11 @@ def test_rgi_exact_recovers_probs_action_and_reward():
 
 def test_rgi_says_when_the_action_is_not_in_the_update():
     rec = rgi(*client(loss="reinforce")[:2], RoomAttackConfig(iterations=2))
-    assert rec.action_identified.tolist() == [True]
+    assert rec.action_identified.tolist() == [True] and "action" in rec.exact
     view, update, truth = client(loss="reinforce", returns=(0.0, 0.0))
     rec = rgi(view, update, RoomAttackConfig(iterations=2))
     assert rec.action_identified.tolist() == [False]  # the entropy term alone: no trace of the action
+    assert "action" not in rec.exact and {"probs", "reward"} <= set(rec.exact)
     m = room_metrics(rec, truth, "S2")
     assert m["action_identified"] == 0.0 and m["action_informative"] == 0.0 and m["reward_error"] < 1e-6
 
@@ -179,9 +180,43 @@ def test_bad_updates_are_refused():
     view, update, _ = client(loss="reinforce", batch=2)
     with pytest.raises(LeaklabError, match="batch size"):
         rgi(view, update)
-    view, update, _ = client()
+    view, update, _ = client(loss="reinforce")
     with pytest.raises(LeaklabError, match="ablations"):
-        qgi(view, update, RoomAttackConfig(objective="dlg"))
+        rgi(view, update, RoomAttackConfig(mode="paper", objective="dlg"))
+
+
+@pytest.mark.parametrize("fields", [{"objective": "dlg"}, {"multimodal": "joint"},
+                                    {"mode": "paper", "action": "optimised"}, {"seed": -1}])
+def test_attack_settings_that_would_be_ignored_are_refused(fields):
+    with pytest.raises(ValueError):
+        RoomAttackConfig(**fields)
+    RoomAttackConfig(mode="paper", objective="dlg", action="optimised", multimodal="joint")
+
+
+def test_exact_mode_without_tv_prior():
+    view, update, truth = client()
+    rec = qgi(view, update, RoomAttackConfig(iterations=3, tv_weight=0.0))
+    assert rec.iterations == 3 and torch.isfinite(rec.images).all()
+
+
+def test_a_batch_is_scored_sample_by_sample_whatever_the_order_of_the_reconstruction():
+    view, update, truth = client(batch=2)
+    rec = qgi(view, update, RoomAttackConfig(iterations=1, stage1_iterations=1))
+    swap = torch.tensor([1, 0])  # the truth, in the other order: every sample recovered exactly
+    rec.images, rec.box, rec.action = truth["images"][swap], truth["box"][swap], truth["action"][swap]
+    rec.q_pred, rec.q_target = truth["q_pred"][swap], truth["q_target"][swap]
+    m = room_metrics(rec, truth, "S2")
+    assert m["action"] == 1.0 and m["box_iou"] == 1.0 and m["depth_raw_psnr"] > 100
+    assert m["q_pred_error"] == 0.0 and m["q_target_error"] == 0.0
+    rec.action = truth["action"][swap].flip(0)  # both actions wrong, the rest right
+    assert room_metrics(rec, truth, "S2")["action"] == 0.0
+    half = truth["images"][swap].clone()
+    half[0] = 1 - half[0]  # sample 1 reconstructed badly, sample 0 exactly: the mean of the two
+    rec.images = half
+    m = room_metrics(rec, truth, "S2")
+    bad = float(psnr(half[:1], truth["images"][1:]))
+    assert m["depth_raw_psnr"] == pytest.approx((float(psnr(truth["images"][:1], truth["images"][:1])) + bad) / 2)
+    assert matched_first(rec.images, truth["images"]).equal(truth["images"][:1])
 
 
 def test_room_metrics_of_the_truth_and_paper_scaling():

@@ -35,7 +35,7 @@ from leaklab.device import DEVICE_PATTERN, describe, require_device
 from leaklab.errors import LeaklabError
 from leaklab.experiments.image_attack import versions
 from leaklab.io import RESULTS_FILE, atomic_dir, check_out, write_json
-from leaklab.metrics.rooms import room_metrics
+from leaklab.metrics.rooms import matched_first, room_metrics
 from leaklab.models import PerceptionSpec
 from leaklab.models.perception import architecture_digest
 from leaklab.rl.capture import (collect_transitions, dqn_client_update, partly_trained_net,
@@ -82,7 +82,7 @@ class RoomRunConfig(BaseModel):
     workers: int = Field(default=0, ge=0, description="attack processes; 0: one per CPU core")
     device: str = Field(default="cpu", pattern=DEVICE_PATTERN,
                         description="where the attacks run: cpu, or cuda[:N] (the workers share the GPU)")
-    seed: int = 0
+    seed: int = Field(default=0, ge=0)
 
     @field_validator("layouts")
     @classmethod
@@ -297,7 +297,7 @@ def run(config: RoomRunConfig, out: Path, progress: ProgressFn | None = None) ->
             log.flush()
             if len(truths) < GRID_SAMPLES:
                 truths.append(sample.truth["images"][:1])
-                recs.append(rec.images[:1].detach().float().clamp(0, 1))
+                recs.append(matched_first(rec.images, sample.truth["images"]))
                 captions.append(f"{metrics['depth_paper_psnr']:.1f} dB")
             if progress:
                 progress(f"{config.algorithm} {config.setting}", len(rows), len(samples))

@@ -42,6 +42,7 @@ from leaklab.errors import LeaklabError
 from leaklab.experiments import room_attack
 from leaklab.experiments.image_attack import versions
 from leaklab.io import RESULTS_FILE, TRUTH_FILE, VIEW_FILE, atomic_dir, check_out, write_json
+from leaklab.metrics.rooms import matched_first
 from leaklab.privacy.dpsgd import noise_multiplier_for
 
 ProgressFn = Callable[[str, int, int], None]
@@ -75,7 +76,7 @@ class AuditConfig(BaseModel):
     workers: int = 0
     device: str = Field(default="cpu", pattern=DEVICE_PATTERN,
                         description="where the attacks run: cpu, or cuda[:N] (the workers share the GPU)")
-    seed: int = 0
+    seed: int = Field(default=0, ge=0)
 
     def defenses(self) -> list[tuple[str, str | None]]:
         """(label, defense chain) from the weakest to the strongest."""
@@ -145,7 +146,7 @@ def run(out: Path, config: AuditConfig, progress: ProgressFn | None = None) -> d
         setting = cells[c][1].setting
         rows.setdefault((c, d), []).append(room_attack.score(sample, rec, setting))
         seconds[(c, d)] = seconds.get((c, d), 0.0) + rec.seconds
-        pictures.setdefault((c, d), []).append(rec.images[:1].detach().float().clamp(0, 1))
+        pictures.setdefault((c, d), []).append(matched_first(rec.images, sample.truth["images"]))
         if d == 0:
             truths.setdefault(c, []).append(sample.truth["images"][:1])
         if progress:
@@ -221,7 +222,7 @@ def run_cases(out: Path, cases_dir: Path, attack: RoomAttackConfig, workers: int
             scored = room_attack.score(sample, rec, case.view.spec.setting)
             row.update(metrics=scored["metrics"], layouts=scored["layouts"])
             truths.append(truth["images"][:1, -1:])
-            pictures.append(rec.images[:1, -1:].detach().float().clamp(0, 1))
+            pictures.append(matched_first(rec.images, truth["images"])[:, -1:])
         rows.append(row)
         if progress:
             progress("audit", i + 1, len(jobs))

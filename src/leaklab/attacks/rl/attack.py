@@ -39,8 +39,8 @@ def _check(view: ServerView, update: ClientUpdate, loss: str, max_batch: int, cf
                            f"{meta.kind} with loss {meta.loss!r} (use {'rgi' if loss == 'dqn_mse' else 'qgi'}?)")
     if meta.batch_size > max_batch:
         raise LeaklabError(f"batch size {meta.batch_size} is not supported; this attack handles at most {max_batch}")
-    if cfg.objective != "error_direction" and (loss != "dqn_mse" or cfg.mode != "paper"):
-        raise LeaklabError("the dlg/inverting ablations are QGI paper-mode objectives (Table II)")
+    if cfg.objective != "error_direction" and loss != "dqn_mse":
+        raise LeaklabError("the dlg/inverting ablations are QGI objectives (Table II)")
     update.validate_against(view.model)
     device = next(view.model.parameters()).device
     grads = {k: v.detach().float().to(device) for k, v in update.tensors.items()}
@@ -122,8 +122,8 @@ def rgi(view: ServerView, update: ClientUpdate, config: RoomAttackConfig | None 
         last_input = last_layer_input(net, grads, gb.unsqueeze(0), cfg)
     probs = torch.softmax(_outputs(net, last_input), 1)
     action, reward, identified = reinforce_action_reward(gb, probs[0], view.metadata.entropy_weight)
-    if cfg.mode == "exact":
-        exact += ("probs", "action", "reward")
+    if cfg.mode == "exact":  # the action only where the update has a policy-gradient part
+        exact += ("probs", "reward") + (("action",) if bool(identified.all()) else ())
     return RoomReconstruction(images=images.clamp(0, 1), box=box.float(), action=action,
                               iterations=iterations, seconds=time.perf_counter() - start,
                               probs=probs, reward=reward, action_identified=identified, exact=exact)

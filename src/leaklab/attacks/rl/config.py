@@ -19,7 +19,7 @@ from dataclasses import dataclass, fields, replace
 from typing import Literal
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 
 EXACT_ONLY = ("tv_final", "feature_weight", "gradient_weight")  # fields the paper mode never reads
@@ -42,7 +42,18 @@ class RoomAttackConfig(BaseModel):
     objective: Literal["error_direction", "dlg", "inverting"] = "error_direction"
     action: Literal["rule", "optimised"] = "rule"
     multimodal: Literal["separate", "joint"] = "separate"
-    seed: int = 0
+    seed: int = Field(default=0, ge=0)
+
+    @model_validator(mode="after")
+    def _ablations_where_they_apply(self) -> "RoomAttackConfig":
+        if self.mode == "exact" and (self.objective, self.action, self.multimodal) != \
+                ("error_direction", "rule", "separate"):
+            raise ValueError("objective, action and multimodal are paper-mode ablations (section V-C); "
+                             "exact mode takes the defaults")
+        if self.objective == "error_direction" and self.action == "optimised":
+            raise ValueError("action='optimised' needs objective 'dlg' or 'inverting': the error "
+                             "direction (eq. 6) takes the action from the rule")
+        return self
 
 
 @dataclass

@@ -47,7 +47,6 @@ class ExactState:
     box: torch.Tensor  # [1, 4]
     features: torch.Tensor  # [1, F]
     last_input: torch.Tensor  # [1, H]
-    outputs: torch.Tensor  # [1, A] = W_last h + b_last (float64)
 
 
 def exact_vectors(net: PerceptionNet, grads: dict[str, torch.Tensor]) -> ExactState:
@@ -55,10 +54,8 @@ def exact_vectors(net: PerceptionNet, grads: dict[str, torch.Tensor]) -> ExactSt
     names = linear_names(net)
     h = {n: linear_input(grads[f"{n}.weight"], grads[f"{n}.bias"]).unsqueeze(0) for n in
          ("box.0", "head.0", names[-1])}
-    last = dict(net.named_modules())[names[-1]]
-    outputs = h[names[-1]] @ last.weight.detach().double().T + last.bias.detach().double()
     return ExactState(box=h["box.0"], features=h["head.0"][:, :conv_feature_count(net)],
-                      last_input=h[names[-1]], outputs=outputs)
+                      last_input=h[names[-1]])
 
 
 def feature_error(net: PerceptionNet, grads: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -137,7 +134,7 @@ def exact_images(net: PerceptionNet, grads: dict[str, torch.Tensor], features: t
     errors = [(g_f * (f > 0))[:, s.offset:s.offset + s.size] for s in streams]
 
     def loss(done: float) -> torch.Tensor:
-        tv_weight = cfg.tv_weight * (cfg.tv_final / cfg.tv_weight) ** done
+        tv_weight = cfg.tv_weight * (cfg.tv_final / cfg.tv_weight) ** done if cfg.tv_weight else 0.0
         total = tv_weight * modality_tv(x)
         ramp = cfg.gradient_weight * done  # off at the noisy start, where it stalls the descent
         if not streams:
