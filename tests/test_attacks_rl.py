@@ -199,6 +199,22 @@ def test_exact_mode_without_tv_prior():
     assert rec.iterations == 3 and torch.isfinite(rec.images).all()
 
 
+@pytest.mark.parametrize("zeroed,mode", [("head.0.bias", "exact"), ("head.2.bias", "exact"),
+                                         ("head.2.bias", "paper")])
+def test_an_update_without_the_gradients_an_attack_reads_yields_nothing_not_an_error(zeroed, mode):
+    cfg = RoomAttackConfig(mode=mode, iterations=2, stage1_iterations=2)
+    for loss, attack in (("dqn_mse", qgi), ("reinforce", rgi)):
+        view, update, truth = client(loss=loss)
+        update.tensors[zeroed] = torch.zeros_like(update.tensors[zeroed])  # e.g. pruned away
+        rec = attack(view, update, cfg)
+        assert rec.no_signal and rec.exact == () and rec.iterations == 0
+        m = room_metrics(rec, truth, "S2")
+        assert m["depth_raw_psnr"] < m["depth_raw_psnr_baseline"] and m["box_iou"] < 0.5
+        assert m.get("q_target_error", 100.0) == 100.0
+    view, update, truth = client()
+    assert not qgi(view, update, cfg).no_signal
+
+
 def test_a_batch_is_scored_sample_by_sample_whatever_the_order_of_the_reconstruction():
     view, update, truth = client(batch=2)
     rec = qgi(view, update, RoomAttackConfig(iterations=1, stage1_iterations=1))

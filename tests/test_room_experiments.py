@@ -275,3 +275,12 @@ def test_attacks_in_this_process_leave_its_torch_thread_count_alone():
     finally:
         torch.set_num_threads(1)
     assert len(results) == 1 and results[0].iterations == 2
+
+
+def test_a_defense_that_prunes_every_bias_gradient_is_scored_not_fatal(tmp_path):
+    out = tmp_path / "pruned"
+    result = invoke("attack", "qgi", "--defense", "topk:0.9999", "--samples", "1", "--layouts", "1", *FAST,
+                    "--out", out)
+    assert result.exit_code == 0, result.output
+    row = json.loads((out / "samples.jsonl").read_text().splitlines()[0])
+    assert row["no_signal"] is True and row["exact"] == [] and row["metrics"]["q_target_error"] == 100.0

@@ -8,3 +8,8 @@ prints that line and exits with code 2; no traceback is shown for such errors.
 
 class LeaklabError(ValueError):
     """A user-facing error: one line naming the problem and how to fix it."""
+
+
+class NoSignal(LeaklabError):
+    """The update lacks a gradient an attack step reads (an all-zero bias gradient, e.g. after a
+    pruning defense): the room attacks then report that they recovered nothing instead of failing."""

@@ -245,9 +245,12 @@ def action_share(summary: dict[str, Any]) -> str:
 
 def score(sample: Sample, rec: RoomReconstruction, setting: str) -> dict[str, Any]:
     """The per-sample row of ``results.json``: section V metrics against the client's truth."""
-    return {"index": sample.index, "layouts": sample.layouts,
-            "metrics": room_metrics(rec, sample.truth, setting), "iterations": rec.iterations,
-            "seconds": rec.seconds, "exact": list(rec.exact)}
+    row = {"index": sample.index, "layouts": sample.layouts,
+           "metrics": room_metrics(rec, sample.truth, setting), "iterations": rec.iterations,
+           "seconds": rec.seconds, "exact": list(rec.exact)}
+    if rec.no_signal:
+        row["no_signal"] = True
+    return row
 
 
 def _grid_rows(setting: str, truths: list[torch.Tensor], recs: list[torch.Tensor]):

@@ -216,6 +216,8 @@ def run_cases(out: Path, cases_dir: Path, attack: RoomAttackConfig, workers: int
                                "action": rec.action.tolist(), "box": rec.box.tolist()}
         if rec.action_identified is not None:  # RGI: False where a zero return hid the action
             row["action_identified"] = rec.action_identified.tolist()
+        if rec.no_signal:
+            row["no_signal"] = True
         if (case.folder / TRUTH_FILE).is_file():
             truth, provenance = load_room_truth(case.folder, case)
             sample = room_attack.Sample(i, list(provenance.get("layouts", [])), case.update, truth)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from leaklab.errors import LeaklabError
+from leaklab.errors import LeaklabError, NoSignal
 from leaklab.models import Normalize
 from leaklab.threat import ClientUpdate, ServerView
 
@@ -21,7 +21,7 @@ def linear_input(weight_grad: torch.Tensor, bias_grad: torch.Tensor) -> torch.Te
     w, b = weight_grad.double(), bias_grad.double()
     denom = (b * b).sum()
     if denom <= 0:
-        raise LeaklabError("the bias gradient is all zero; the layer's input cannot be recovered")
+        raise NoSignal("the bias gradient is all zero; the layer's input cannot be recovered")
     return (b @ w) / denom
 
 

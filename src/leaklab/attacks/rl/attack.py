@@ -19,12 +19,13 @@ import torch
 
 from leaklab.attacks.rl.config import RoomAttackConfig, RoomReconstruction
 from leaklab.attacks.rl.exact import exact_images, exact_vectors
+from leaklab.attacks.rl.images import gaussian_start
 from leaklab.attacks.rl.network import trace
 from leaklab.attacks.rl.optim import Progress
 from leaklab.attacks.rl.paper import last_layer_input, last_layer_norm_ratio, paper_state
 from leaklab.attacks.rl.rules import (dqn_actions, dqn_target_exact, dqn_target_paper,
                                       error_directions, reinforce_action_reward)
-from leaklab.errors import LeaklabError
+from leaklab.errors import LeaklabError, NoSignal
 from leaklab.models.perception import PerceptionNet, PerceptionSpec
 from leaklab.threat import ClientUpdate, ServerView
 
@@ -74,11 +75,36 @@ def _images_and_state(net, grads, errors, actions, cfg, progress, batch):
     return st.box, st.images, last_input, st, st.iterations, ()
 
 
+def _nothing(net: PerceptionNet, batch: int, cfg: RoomAttackConfig, algorithm: str) -> RoomReconstruction:
+    """What the server holds when the update lacks a gradient the attack reads (:class:`NoSignal`):
+    the image stage's start, a zero box, action 0, zero Q-values or reward and uniform
+    probabilities; nothing exact. Scored like any reconstruction, it shows that nothing leaked."""
+    spec = net.spec
+    zeros = torch.zeros(batch, dtype=torch.float64)
+    common = dict(images=gaussian_start((batch, spec.in_channels, spec.image_size, spec.image_size), cfg.seed),
+                  box=torch.zeros(batch, spec.box_dim), action=torch.zeros(batch, dtype=torch.long),
+                  iterations=0, seconds=0.0, no_signal=True)
+    if algorithm == "qgi":
+        rec = RoomReconstruction(**common, q_pred=zeros, q_target=zeros.clone())
+    else:
+        rec = RoomReconstruction(**common, probs=torch.full((batch, spec.num_actions), 1 / spec.num_actions),
+                                 reward=zeros, action_identified=torch.zeros(batch, dtype=torch.bool))
+    return rec.to(next(net.parameters()).device)
+
+
 def qgi(view: ServerView, update: ClientUpdate, config: RoomAttackConfig | None = None,
         progress: Progress | None = None) -> RoomReconstruction:
     """Deep Q-learning Gradient Inversion of one FedSGD update of the DQN loss (batch 1 or 2)."""
     cfg = config or RoomAttackConfig()
     net, grads, batch = _check(view, update, "dqn_mse", 2, cfg)
+    try:
+        return _qgi(net, grads, batch, cfg, progress)
+    except NoSignal:
+        return _nothing(net, batch, cfg, "qgi")
+
+
+def _qgi(net: PerceptionNet, grads: dict[str, torch.Tensor], batch: int, cfg: RoomAttackConfig,
+         progress: Progress | None) -> RoomReconstruction:
     start = time.perf_counter()
     gb = _last_bias(net, grads)
     actions = dqn_actions(gb, batch)
@@ -111,17 +137,25 @@ def rgi(view: ServerView, update: ClientUpdate, config: RoomAttackConfig | None 
     """REINFORCE Gradient Inversion of one single-sample FedSGD update of the REINFORCE loss."""
     cfg = config or RoomAttackConfig()
     net, grads, batch = _check(view, update, "reinforce", 1, cfg)
+    try:
+        return _rgi(net, grads, batch, cfg, view.metadata.entropy_weight, progress)
+    except NoSignal:
+        return _nothing(net, batch, cfg, "rgi")
+
+
+def _rgi(net: PerceptionNet, grads: dict[str, torch.Tensor], batch: int, cfg: RoomAttackConfig,
+         entropy_weight: float, progress: Progress | None) -> RoomReconstruction:
     start = time.perf_counter()
     gb = _last_bias(net, grads)
     if float(gb.abs().max()) == 0.0:
-        raise LeaklabError("the last bias gradient is all zero; no action or reward can be read")
+        raise NoSignal("the last bias gradient is all zero; no action or reward can be read")
     box, images, last_input, _, iterations, exact = _images_and_state(
         net, grads, gb.unsqueeze(0), torch.zeros(1, dtype=torch.long, device=gb.device), cfg, progress,
         batch)
     if cfg.mode == "paper":  # IV-D step 1: the probabilities from the last layer alone
         last_input = last_layer_input(net, grads, gb.unsqueeze(0), cfg)
     probs = torch.softmax(_outputs(net, last_input), 1)
-    action, reward, identified = reinforce_action_reward(gb, probs[0], view.metadata.entropy_weight)
+    action, reward, identified = reinforce_action_reward(gb, probs[0], entropy_weight)
     if cfg.mode == "exact":  # the action only where the update has a policy-gradient part
         exact += ("probs", "reward") + (("action",) if bool(identified.all()) else ())
     return RoomReconstruction(images=images.clamp(0, 1), box=box.float(), action=action,

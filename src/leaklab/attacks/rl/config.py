@@ -66,7 +66,8 @@ class RoomReconstruction:
     ``[B, A]``, ``reward`` and ``action_identified`` (False where the update has no policy-gradient
     part, a zero return, so holds no trace of the action: ``action`` is then a guess; on a noised
     update the noise passes for such a part). ``exact`` names what the mode recovered in
-    closed form.
+    closed form. ``no_signal``: the update lacked a gradient the attack reads (an all-zero bias
+    gradient, e.g. after pruning), so the reconstruction is the attack's no-information start.
     """
 
     images: torch.Tensor
@@ -80,6 +81,7 @@ class RoomReconstruction:
     reward: torch.Tensor | None = None
     action_identified: torch.Tensor | None = None
     exact: tuple[str, ...] = ()
+    no_signal: bool = False  # the update lacked a gradient the attack reads: nothing was recovered
 
     def to(self, device: torch.device | str) -> "RoomReconstruction":
         """The same reconstruction with every tensor on ``device``."""

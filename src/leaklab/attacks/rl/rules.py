@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from leaklab.errors import LeaklabError
+from leaklab.errors import NoSignal
 
 
 def dqn_actions(grad_b: torch.Tensor, batch: int) -> torch.Tensor:
@@ -17,7 +17,7 @@ def dqn_actions(grad_b: torch.Tensor, batch: int) -> torch.Tensor:
     order of the samples is not identifiable), else the same action twice."""
     mag = grad_b.abs()
     if float(mag.max()) == 0.0:
-        raise LeaklabError("the last bias gradient is all zero (predicted Q equals the target); "
+        raise NoSignal("the last bias gradient is all zero (predicted Q equals the target); "
                            "no action or target can be read from this update")
     top = torch.topk(mag, 2).indices
     if batch == 1:
