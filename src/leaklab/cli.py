@@ -54,7 +54,7 @@ _OPTION_NAMES = {"priors": "--prior/--tv"}
 
 
 def _option_name(loc: tuple) -> str:
-    field = str(loc[0]) if loc else "value"
+    field = str(loc[0])
     return _OPTION_NAMES.get(field, "--" + field.replace("_", "-"))
 
 
@@ -62,9 +62,11 @@ def _validation_line(error: ValidationError) -> str:
     first = error.errors()[0]
     msg = str(first.get("msg", "invalid value")).replace("\n", " ")
     msg = msg.removeprefix("Value error, ")
+    if not first.get("loc"):  # a rule across several options (a model validator)
+        return msg
     got = first.get("input")
     shown = f" (got {got!r})" if got is not None and not isinstance(got, (dict, list)) else ""
-    return f"invalid {_option_name(first.get('loc', ()))}{shown}: {msg}"
+    return f"invalid {_option_name(first['loc'])}{shown}: {msg}"
 
 
 def _fail(message: str) -> None:
@@ -588,7 +590,8 @@ def audit(
                                                   "(folders written by leaklab.rl.capture) instead")] = None,
     model_class: Annotated[Optional[str], typer.Option("--model-class", help="with --cases: your own "
                                                        "perception network, package.module:Class")] = None,
-    mode: Annotated[str, typer.Option("--mode", help="exact | paper")] = "exact",
+    mode: Annotated[Optional[str], typer.Option("--mode", help="exact | paper (default exact; --full "
+                                                "runs both)")] = None,
     iterations: IterationsOpt = None,
     kind: Annotated[str, typer.Option("--kind", help="rooms (federated RL, the default) | images "
                                       "(image classifiers, DLG)")] = "rooms",
@@ -605,8 +608,9 @@ def audit(
     out = out or new_run_dir("audit")
     with _progress() as progress:
         if kind == "images":
-            if full or cases or iterations or device != "cpu":
-                raise LeaklabError("--full, --cases, --iterations and --device belong to --kind rooms")
+            if full or cases or iterations is not None or device != "cpu" or mode is not None or workers:
+                raise LeaklabError("--full, --cases, --mode, --iterations, --workers and --device belong to "
+                                   "--kind rooms")
             _image_audit(out, quick, seed, progress)
             return
         from leaklab.attacks.rl import RoomAttackConfig
@@ -617,7 +621,8 @@ def audit(
         if cases is not None:
             if quick or full:
                 raise LeaklabError("--cases attacks the saved updates as they are; drop --quick/--full")
-            attack = RoomAttackConfig(mode=mode, seed=seed, **({"iterations": iterations} if iterations else {}))
+            attack = RoomAttackConfig(mode=mode or "exact", seed=seed,
+                                      **({"iterations": iterations} if iterations is not None else {}))
             results = room_audit.run_cases(out, cases, attack, workers=workers, progress=progress,
                                            model_class=model_class, device=device)
             typer.echo(f"wrote {out / 'report.html'}: {results['summary']['cases']} case(s), "
@@ -625,10 +630,12 @@ def audit(
             return
         if model_class is not None:
             raise LeaklabError("--model-class belongs to --cases (your saved updates of your network)")
+        if full and mode is not None:
+            raise LeaklabError("--full runs exact and paper mode; drop --mode")
         config = room_audit.default_config(quick=quick, full=full, seed=seed)
-        overrides = {k: v for k, v in (("iterations", iterations), ("workers", workers or None)) if v}
+        overrides = {k: v for k, v in (("iterations", iterations), ("workers", workers or None)) if v is not None}
         overrides["device"] = device
-        if mode != "exact" and not full:
+        if mode is not None and not full:
             overrides["modes"] = (mode,)
         config = room_audit.AuditConfig(**{**config.model_dump(), **overrides})
         results = room_audit.run(out, config, progress=progress)

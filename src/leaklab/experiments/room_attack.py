@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from leaklab.attacks.rl import RoomAttackConfig, RoomReconstruction, qgi, rgi
 from leaklab.defenses import parse_defense
@@ -102,6 +102,12 @@ class RoomRunConfig(BaseModel):
             return None
         parse_defense(value)  # raises with a message naming the bad part
         return value
+
+    @model_validator(mode="after")
+    def _rgi_reads_one_sample(self) -> "RoomRunConfig":
+        if self.algorithm == "rgi" and self.batch_size != 1:
+            raise ValueError("RGI attacks single-sample REINFORCE updates (seed 000 IV-D): batch_size 1")
+        return self
 
     @property
     def spec(self) -> PerceptionSpec:
