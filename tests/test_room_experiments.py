@@ -129,6 +129,22 @@ def test_audit_attacks_saved_room_cases(tmp_path):
     assert "data:image/png;base64," in (out / "report.html").read_text()
 
 
+def test_audit_of_cases_checks_every_truth_before_attacking(tmp_path):
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    cases = tmp_path / "cases"
+    capture_rooms(RoomCaptureConfig(algorithm="dqn", spec=PerceptionSpec(setting="S2"), samples=2,
+                                    layouts=("e1m1-stalactite",)), cases)
+    last = sorted(p for p in cases.iterdir() if p.is_dir())[-1] / "truth.safetensors"
+    with safe_open(str(last), "pt") as f:
+        tensors, meta = {k: f.get_tensor(k) for k in f.keys()}, f.metadata()
+    save_file(tensors, str(last), metadata={**meta, "provenance": "[1, 2]"})
+    out = tmp_path / "audit"
+    assert_user_error(invoke("audit", "--cases", cases, "--iterations", "3", "--workers", "1", "--out", out),
+                      out, "provenance")
+
+
 def test_audit_refuses_conflicting_options(tmp_path):
     out = tmp_path / "a"
     assert_user_error(invoke("audit", "--quick", "--full", "--out", out), out, "--quick", "--full")

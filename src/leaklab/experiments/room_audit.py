@@ -201,6 +201,8 @@ def run_cases(out: Path, cases_dir: Path, attack: RoomAttackConfig, workers: int
                            "with leaklab.rl.capture.capture_rooms")
     start = time.perf_counter()
     cases = [load_room_case(f, model_class) for f in folders]
+    # every truth is read and checked before any attack runs: a bad file fails in seconds
+    truth_of = {i: load_room_truth(c.folder, c) for i, c in enumerate(cases) if (c.folder / TRUTH_FILE).is_file()}
     jobs = [room_attack.Job(_algorithm(c.view.metadata.loss), c.view.spec,
                             {k: v.detach().clone() for k, v in c.view.model.state_dict().items()}, c.update, attack,
                             model_class, device)
@@ -218,8 +220,8 @@ def run_cases(out: Path, cases_dir: Path, attack: RoomAttackConfig, workers: int
             row["action_identified"] = rec.action_identified.tolist()
         if rec.no_signal:
             row["no_signal"] = True
-        if (case.folder / TRUTH_FILE).is_file():
-            truth, provenance = load_room_truth(case.folder, case)
+        if i in truth_of:
+            truth, provenance = truth_of[i]
             sample = room_attack.Sample(i, list(provenance.get("layouts", [])), case.update, truth)
             scored = room_attack.score(sample, rec, case.view.spec.setting)
             row.update(metrics=scored["metrics"], layouts=scored["layouts"])

@@ -145,4 +145,6 @@ def load_room_truth(folder: Path, case: RoomCase | None = None,
         provenance = json.loads(meta.get("provenance", "{}"))
     except json.JSONDecodeError:
         raise LeaklabError(f"{path}: provenance is not valid JSON; re-capture the case") from None
+    if not isinstance(provenance, dict):
+        raise LeaklabError(f"{path}: provenance is not a JSON object; re-capture the case")
     return tensors, provenance
