@@ -64,17 +64,17 @@ def gradient_stats(net: PerceptionNet, observed: dict[str, torch.Tensor], surrog
     grads = torch.autograd.grad(surrogate, convs + [z for _, _, z in linear], create_graph=True)
     dot = surrogate.new_zeros(())
     sq = surrogate.new_zeros(())
-    ref = 0.0
+    ref = surrogate.new_zeros((), dtype=torch.float64)  # summed in float64 on the device: no host sync
     for name, g in zip(names, grads[:len(convs)]):
         o = observed[f"conv.{name}"]
-        dot, sq, ref = dot + (g * o).sum(), sq + (g * g).sum(), ref + float((o * o).sum())
+        dot, sq, ref = dot + (g * o).sum(), sq + (g * g).sum(), ref + (o * o).sum().double()
     for (name, h, _), delta in zip(linear, grads[len(convs):]):
         gw, gb = observed[f"{name}.weight"], observed[f"{name}.bias"]
         db = delta.sum(0)
         dot = dot + ((delta @ gw) * h).sum() + (db * gb).sum()
         sq = sq + ((delta @ delta.T) * (h @ h.T)).sum() + (db * db).sum()
-        ref += float((gw * gw).sum() + (gb * gb).sum())
-    return dot, sq, surrogate.new_tensor(ref)
+        ref = ref + ((gw * gw).sum() + (gb * gb).sum()).double()
+    return dot, sq, ref.to(surrogate.dtype)
 
 
 def cosine_loss(dot: torch.Tensor, sq: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
