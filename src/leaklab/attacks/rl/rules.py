@@ -50,11 +50,11 @@ def dqn_target_paper(q_pred: torch.Tensor, grad_b: torch.Tensor, actions: torch.
     return q_pred - n * norm_ratio
 
 
-def entropy_bias_gradient(probs: torch.Tensor, alpha: float, batch: int) -> torch.Tensor:
-    """``d(−α H(softmax(z)))/dz / B = α p (log p + H) / B``: the entropy part of eq. 4's gradient."""
+def entropy_bias_gradient(probs: torch.Tensor, alpha: float) -> torch.Tensor:
+    """``d(−α H(softmax(z)))/dz = α p (log p + H)``: the entropy part of eq. 4's gradient (one sample)."""
     log_p = probs.clamp_min(1e-300).log()
     h = -(probs * log_p).sum(-1, keepdim=True)
-    return alpha * probs * (log_p + h) / batch
+    return alpha * probs * (log_p + h)
 
 
 IDENTIFIABLE = 1e-3  # policy-gradient part / entropy part below which the action is not in the update
@@ -71,7 +71,7 @@ def reinforce_action_reward(grad_b: torch.Tensor, probs: torch.Tensor, alpha: fl
     Measured on 48 ViZDoom samples (S2, exact mode): the ratio is 1e-6 to 4e-6 for the 18 zero
     returns (the error of the recovered probabilities) and 2.8e3 and more for returns of 0.5 and
     more (about 5,500 per unit of return), so the threshold sits three decades from each."""
-    entropy = entropy_bias_gradient(probs, alpha, 1)
+    entropy = entropy_bias_gradient(probs, alpha)
     pg = grad_b - entropy
     eye = torch.eye(probs.numel(), dtype=probs.dtype, device=probs.device)
     units = probs.unsqueeze(0) - eye  # row a: p − e_a
