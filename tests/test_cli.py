@@ -144,6 +144,17 @@ def test_yaml_config_file_with_override(case, tmp_path):
     assert (inv["objective"], inv["iterations"], inv["lr"]) == ("l1", 2, 0.05)
 
 
+def test_out_never_replaces_the_case_it_reads(case, tmp_path):
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(case, run / "case")
+    for out in (run, run / "case"):
+        result = invoke("attack", "inversion", "--case", run / "case", *FAST, "--out", out)
+        assert result.exit_code == 2 and "would replace the input" in result.stderr, result.output
+        assert (run / "case" / "view.json").is_file()
+
+
 # ---------------------------------------------------------------------------- bad input
 
 def test_truncated_update_file(case, tmp_path):

@@ -127,6 +127,9 @@ def test_audit_attacks_saved_room_cases(tmp_path):
     assert all(c["action_identified"] == [c["metrics"]["action_informative"] == 1.0] for c in res["cases"])
     assert res["summary"]["iou_min"] > 0.999
     assert "data:image/png;base64," in (out / "report.html").read_text()
+    result = invoke("audit", "--cases", cases, "--iterations", "3", "--workers", "1", "--out", cases)
+    assert result.exit_code == 2 and "would replace the input" in result.stderr
+    assert len([p for p in cases.iterdir() if p.is_dir()]) == 2
 
 
 def test_audit_of_cases_checks_every_truth_before_attacking(tmp_path):

@@ -217,9 +217,14 @@ def _replaceable(out: Path) -> bool:
     return not entries or any((out / m).exists() for m in _OUTPUT_MARKERS)
 
 
-def check_out(out: Path) -> Path:
-    """Refuse an ``--out`` that exists and is not an earlier leaklab output (never clobber user files)."""
+def check_out(out: Path, inputs: Sequence[Path] = ()) -> Path:
+    """Refuse an ``--out`` that exists and is not an earlier leaklab output (never clobber user files),
+    or that is or holds one of the command's ``inputs`` (replacing it would delete them)."""
     out = Path(out)
+    for given in inputs:
+        given = Path(given).absolute()
+        if given == out.absolute() or out.absolute() in given.parents:
+            raise LeaklabError(f"--out {out} would replace the input {given}; choose another folder")
     if not _replaceable(out):
         kind = "a file" if out.is_file() else "a folder that leaklab did not write"
         raise LeaklabError(f"--out {out} is {kind}; choose a new folder (leaklab replaces only its own "
@@ -228,13 +233,14 @@ def check_out(out: Path) -> Path:
 
 
 @contextlib.contextmanager
-def atomic_dir(out: Path) -> Iterator[Path]:
+def atomic_dir(out: Path, inputs: Sequence[Path] = ()) -> Iterator[Path]:
     """Yield a fresh temporary folder inside ``out``'s parent; on success it becomes ``out``.
 
     On any error (or Ctrl-C) the temporary folder is removed and ``out`` is left as it was. An
-    existing ``out`` is replaced only when it is empty or holds earlier leaklab output.
+    existing ``out`` is replaced only when it is empty or holds earlier leaklab output, and never
+    when it is or holds one of ``inputs`` (:func:`check_out`).
     """
-    out = check_out(Path(out)).absolute()
+    out = check_out(Path(out), inputs).absolute()
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".partial", dir=out.parent))
     os.chmod(tmp, 0o777 & ~_UMASK)

@@ -265,7 +265,7 @@ def run(case_dir: Path, out: Path, method: Method = "inversion", config: Inversi
     case = load_case(case_dir)
     if method == "inversion" and config is None:
         config = InversionConfig()
-    with atomic_dir(out) as tmp:
+    with atomic_dir(out, inputs=[case_dir]) as tmp:
         return _attack_and_write(case, str(Path(case_dir)), tmp, method, config, progress)
 
 

@@ -190,7 +190,7 @@ def run_cases(out: Path, cases_dir: Path, attack: RoomAttackConfig, workers: int
     (``cpu`` or ``cuda[:N]``)."""
     from leaklab.rl.cases import load_room_case, load_room_truth
 
-    check_out(out)
+    check_out(out, inputs=[cases_dir])
     require_device(device)
     cases_dir = Path(cases_dir)
     folders = sorted(p for p in cases_dir.iterdir() if (p / VIEW_FILE).is_file()) if cases_dir.is_dir() else []
@@ -231,7 +231,7 @@ def run_cases(out: Path, cases_dir: Path, attack: RoomAttackConfig, workers: int
         if progress:
             progress("audit", i + 1, len(jobs))
 
-    with atomic_dir(out) as tmp:
+    with atomic_dir(out, inputs=[cases_dir]) as tmp:
         room_attack.run_jobs(jobs, workers, on_result)
         scored = [r for r in rows if "metrics" in r]
         summary = {"seconds": time.perf_counter() - start, "cases": len(rows), "scored": len(scored)}
