@@ -163,6 +163,20 @@ def test_discrete_gaussian_matches_its_pmf():
     assert draws.var() == pytest.approx(float((ys ** 2 * w).sum()), rel=0.05)
 
 
+def test_rounding_to_the_grid_moves_neighbours_at_most_the_effective_sensitivity():
+    from fractions import Fraction
+
+    # ties round up: 0.5 and 1.5 (one unit apart) land one unit apart, as the noise scale assumes
+    assert M._quantize(np.array([0.5, 1.5, -0.5, 2.5]), Fraction(1)).tolist() == [1, 2, 0, 3]
+    rng = np.random.default_rng(0)
+    g, s = Fraction(1, 4), Fraction(3, 5)
+    bound = M._effective_sensitivity(s, g)
+    a = rng.uniform(-5, 5, 2000)
+    for b in (a + float(s), a - float(s), a + float(s) / 2):
+        moved = np.abs(M._quantize(a, g) - M._quantize(b, g)).astype(int)
+        assert moved.max() <= bound
+
+
 def test_discrete_mechanisms_release_integers_or_the_grid():
     lap = M.DiscreteLaplaceMechanism(1.0, sensitivity=1)
     out = lap.sample(np.array([3, 5]), random.Random(0))

@@ -496,8 +496,10 @@ def _quantize(value: Any, granularity: Fraction | None) -> np.ndarray:
         if not np.issubdtype(v.dtype, np.integer) and not np.all(np.mod(v, 1) == 0):
             raise LeaklabError("discrete noise takes integer values; give a granularity to round to")
         return np.vectorize(int, otypes=[object])(v)
-    g = float(granularity)
-    return np.vectorize(lambda x: int(round(float(x) / g)), otypes=[object])(v)
+    # round half up, in exact arithmetic: floor(x / g + 1/2) moves by at most ceil(|a - b| / g)
+    # between two inputs (Python's round() sends halves to even: 0.5 -> 0, 1.5 -> 2, two units apart)
+    half = Fraction(1, 2)
+    return np.vectorize(lambda x: math.floor(Fraction(float(x)) / granularity + half), otypes=[object])(v)
 
 
 def _unquantize(n: Any, granularity: Fraction | None) -> np.ndarray:
