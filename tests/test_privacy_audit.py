@@ -106,3 +106,15 @@ def test_dpsgd_canary_audit_holds_for_dpsgd_and_catches_halved_noise():
     assert broken.epsilon_lower_bound > broken.claimed_epsilon
     subsampled = audit_dpsgd(0.1, 1.0, 20, 1e-5, canaries=2000, runs=10, seed=1)
     assert subsampled.epsilon_lower_bound <= subsampled.claimed_epsilon
+
+
+def test_dpsgd_audit_claims_the_rate_the_trainings_realise_and_checks_confidence():
+    from leaklab.privacy.audit import audit_dpsgd, canary_batch
+
+    assert canary_batch(0.7, 1000) == (350, 0.5)  # opacus: 1 / ceil(500 / 350) batches per epoch
+    assert canary_batch(0.1, 2000) == (100, 0.1) and canary_batch(1.0, 2000) == (1000, 1.0)
+    result = audit_dpsgd(0.7, 2.0, 1, canaries=20, runs=1)
+    assert result.details["sample_rate"] == 0.5
+    assert result.claimed_epsilon == pytest.approx(audit_dpsgd(0.5, 2.0, 1, canaries=20, runs=1).claimed_epsilon)
+    with pytest.raises(LeaklabError, match="confidence"):
+        audit_dpsgd(1.0, 2.0, 1, canaries=20, runs=1, confidence=1.5)

@@ -37,7 +37,7 @@ from leaklab.errors import LeaklabError
 from leaklab.privacy import mechanisms as mech
 
 __all__ = ["AuditCase", "AuditResult", "clopper_pearson", "epsilon_lower_bound", "audit", "audit_case",
-           "MECHANISMS", "audit_dpsgd", "dpsgd_canary_scores"]
+           "MECHANISMS", "audit_dpsgd", "canary_batch", "dpsgd_canary_scores"]
 
 MECHANISMS = ("laplace", "gaussian", "exponential", "randomized-response", "dirichlet")
 
@@ -166,13 +166,17 @@ def epsilon_lower_bound(scores_a: np.ndarray, scores_b: np.ndarray, delta: float
             "fnr_upper": float(rates[1, 0]), "threshold": threshold, "direction": direction, "form": form}
 
 
+def _check_confidence(confidence: float) -> None:
+    if not 0 < confidence < 1:
+        raise LeaklabError(f"confidence must lie in (0, 1) (got {confidence})")
+
+
 def audit(case: AuditCase, runs: int = 100_000, seed: int = 0, confidence: float = 0.95,
           test: str = "split") -> AuditResult:
     """Audit one case: ``runs`` runs on each input; ``test``: split or scan (epsilon_lower_bound)."""
     if runs < 4:
         raise LeaklabError(f"--runs must be at least 4 (got {runs})")
-    if not 0 < confidence < 1:
-        raise LeaklabError(f"confidence must lie in (0, 1) (got {confidence})")
+    _check_confidence(confidence)
     rng = np.random.default_rng(seed)
     scores_a, scores_b = case.sample_scores(runs, rng)
     found = epsilon_lower_bound(scores_a, scores_b, case.claimed_delta, confidence, test=test)
@@ -304,7 +308,7 @@ def dpsgd_canary_scores(q: float, noise_multiplier: float, steps: int, *, canari
     if runs < 1:
         raise LeaklabError(f"the canary audit needs at least one run (got {runs})")
     half = canaries // 2
-    batch = max(1, round(q * half))
+    batch = canary_batch(q, canaries)[0]
     out_scores, in_scores = [], []
     for r in range(runs):
         g = torch.Generator().manual_seed(seed * 1_000_003 + r)
@@ -324,17 +328,29 @@ def dpsgd_canary_scores(q: float, noise_multiplier: float, steps: int, *, canari
     return np.concatenate(out_scores), np.concatenate(in_scores)
 
 
+def canary_batch(q: float, canaries: int) -> tuple[int, float]:
+    """The batch size the canary trainings use for sampling rate ``q`` over half of ``canaries``, and
+    the rate opacus then realises (one over the number of batches, ``1 / ceil(half / batch)``): the
+    rate the claim must be computed at (``q`` = 0.7 over 1,000 canaries runs at 0.5)."""
+    half = canaries // 2
+    batch = max(1, round(q * half))
+    return batch, 1 / math.ceil(half / batch)
+
+
 def audit_dpsgd(q: float, noise_multiplier: float, steps: int, delta: float = 1e-5, *, canaries: int = 1000,
                 runs: int = 10, seed: int = 0, confidence: float = 0.95, test: str = "split",
                 broken: bool = False, accountant: str | None = None) -> AuditResult:
     """Empirical lower bound on the epsilon of DP-SGD training from gradient canaries
     (:func:`dpsgd_canary_scores`), against the epsilon the accountant claims for (``q``,
-    ``noise_multiplier``, ``steps``, ``delta``). ``broken=True`` trains with half the noise and keeps
+    ``noise_multiplier``, ``steps``, ``delta``), ``q`` taken as the rate the trainings realise
+    (:func:`canary_batch`; ``details["sample_rate"]``). ``broken=True`` trains with half the noise and keeps
     the claim. The final-model, summed-score adversary is weak when ``q < 1``: tight bounds need
     q = 1 (Nasr et al. 2023, Sec. 5)."""
     from leaklab.privacy.accounting import DEFAULT_ACCOUNTANT, dpsgd_epsilon
 
-    claimed = dpsgd_epsilon(q, noise_multiplier, steps, delta, accountant or DEFAULT_ACCOUNTANT)
+    _check_confidence(confidence)
+    rate = canary_batch(q, canaries)[1]  # what the trainings realise, which the claim is about
+    claimed = dpsgd_epsilon(rate, noise_multiplier, steps, delta, accountant or DEFAULT_ACCOUNTANT)
     trained = noise_multiplier * (0.5 if broken else 1.0)
     out_scores, in_scores = dpsgd_canary_scores(q, trained, steps, canaries=canaries, runs=runs, seed=seed)
     found = epsilon_lower_bound(out_scores, in_scores, delta, confidence, test=test)
@@ -342,6 +358,7 @@ def audit_dpsgd(q: float, noise_multiplier: float, steps: int, delta: float = 1e
                        epsilon_lower_bound=found["epsilon_lower_bound"], confidence=confidence,
                        runs=out_scores.size, fpr_upper=found["fpr_upper"], fnr_upper=found["fnr_upper"],
                        threshold=found["threshold"],
-                       details={"q": q, "noise_multiplier": noise_multiplier, "steps": steps, "canaries": canaries,
+                       details={"q": q, "sample_rate": rate, "noise_multiplier": noise_multiplier,
+                                "steps": steps, "canaries": canaries,
                                 "training_runs": runs, "broken": broken, "trained_noise_multiplier": trained,
                                 "accountant": accountant or DEFAULT_ACCOUNTANT, "test": test})
