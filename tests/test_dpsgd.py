@@ -52,16 +52,18 @@ def test_noise_multiplier_for_one_release_is_the_analytic_gaussian():
 def test_central_dp_clips_each_client_and_accounts_rounds():
     updates = [[torch.tensor([3.0, 4.0])], [torch.tensor([0.3, 0.4])], [torch.tensor([0.0, -10.0])]]
     dp = CentralDP(clip=1.0, noise_multiplier=0.0, sample_rate=0.1)
-    mean = dp.aggregate(updates, torch.Generator())[0]
+    mean = dp.aggregate(updates, torch.Generator(), expected_clients=3)[0]
     assert torch.allclose(mean, torch.tensor([0.6 + 0.3, 0.8 + 0.4 - 1.0]) / 3)
     assert dp.aggregate(updates, torch.Generator(), expected_clients=6)[0] == pytest.approx(mean * 0.5)
     noisy = CentralDP(clip=2.0, noise_multiplier=1.5, sample_rate=0.1)
     zeros = [[torch.zeros(100_000)] for _ in range(4)]
-    out = noisy.aggregate(zeros, torch.Generator().manual_seed(0))[0]
+    out = noisy.aggregate(zeros, torch.Generator().manual_seed(0), expected_clients=4)[0]
     assert float(out.std()) == pytest.approx(1.5 * 2.0 / 4, rel=0.02)  # sigma C at the sum, / clients
     for _ in range(9):
-        noisy.aggregate(zeros, torch.Generator())
+        noisy.aggregate(zeros, torch.Generator(), expected_clients=4)
     assert noisy.rounds == 10
+    with pytest.raises(LeaklabError, match="expected_clients"):
+        noisy.aggregate(zeros, torch.Generator(), expected_clients=0)
     assert noisy.epsilon(1e-5, "rdp") == pytest.approx(dpsgd_epsilon(0.1, 1.5, 10, 1e-5, "rdp"))
     assert CentralDP(1.0, 1.0).epsilon(1e-5) == 0.0
 

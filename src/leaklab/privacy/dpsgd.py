@@ -104,16 +104,19 @@ class CentralDP:
     rounds: int = 0
 
     def aggregate(self, updates: Sequence[Sequence[torch.Tensor]], generator: torch.Generator,
-                  expected_clients: float | None = None) -> list[torch.Tensor]:
-        """(sum of the clipped updates + noise) / ``expected_clients`` (default: the number of
-        updates; McMahan et al. divide by the expected count, which does not depend on the data)."""
+                  expected_clients: float) -> list[torch.Tensor]:
+        """(sum of the clipped updates + noise) / ``expected_clients``: McMahan et al. divide by the
+        expected count (sample rate × population), which does not depend on the data; dividing by the
+        realised count would, and would void the guarantee of :meth:`epsilon`."""
         if not updates:
             raise LeaklabError("central DP aggregation needs at least one client update")
+        if not expected_clients > 0:
+            raise LeaklabError(f"expected_clients must be positive (got {expected_clients})")
         clipped = [Clip(self.clip).apply(list(u)) for u in updates]
         total = [torch.stack(parts).sum(0) for parts in zip(*clipped)]
         noised = Gaussian(self.noise_multiplier * self.clip).apply(total, generator)
         self.rounds += 1
-        return [t / (expected_clients or len(updates)) for t in noised]
+        return [t / expected_clients for t in noised]
 
     def epsilon(self, delta: float, accountant: str = DEFAULT_ACCOUNTANT) -> float:
         """Client-level epsilon after the rounds so far (0 before the first)."""
