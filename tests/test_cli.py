@@ -142,6 +142,10 @@ def test_yaml_config_file_with_override(case, tmp_path):
                   "--out", out).exit_code == 0
     inv = json.loads((out / "results.json").read_text())["config"]["inversion"]
     assert (inv["objective"], inv["iterations"], inv["lr"]) == ("l1", 2, 0.05)
+    cfg.write_text("1: 2\n")  # a key that is no option name
+    bad = tmp_path / "bad"
+    assert_user_error(invoke("attack", "inversion", "--case", case, "--config", cfg, "--out", bad), bad,
+                      "mapping of option names")
 
 
 def test_out_never_replaces_the_case_it_reads(case, tmp_path):

@@ -486,6 +486,6 @@ def read_config(path: Path) -> dict[str, Any]:
         data = read_json(path, "config")
     if data is None:
         return {}
-    if not isinstance(data, dict):
+    if not isinstance(data, dict) or not all(isinstance(k, str) for k in data):
         raise LeaklabError(f"config file {path} must hold a mapping of option names to values")
     return data

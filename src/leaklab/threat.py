@@ -11,7 +11,6 @@ An attack is a function of ``(ServerView, ClientUpdate, config)`` only; ground t
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
@@ -153,7 +152,3 @@ def make_view(spec: ModelSpec | PerceptionSpec, state: dict[str, torch.Tensor], 
     return ServerView(spec=spec, model=model, metadata=metadata, capabilities=capabilities,
                       defense=defense if capabilities.knows_defense else None,
                       labels=labels if capabilities.knows_labels else None)
-
-
-def parameter_count(model: nn.Module) -> int:
-    return sum(math.prod(p.shape) for p in model.parameters() if p.requires_grad)
