@@ -164,6 +164,23 @@ def test_known_labels_are_part_of_the_view(tmp_path):
     assert torch.equal(case.view_for(0).labels, cap.labels[0])
 
 
+def test_the_defense_the_server_reads_is_the_views(tmp_path, tiny_capture):
+
+    from leaklab.io import write_case
+    from leaklab.threat import Capabilities
+
+    cap = tiny_capture
+    for knows, expected in ((True, "gaussian:0.01"), (False, None)):
+        folder = tmp_path / f"c{knows}"
+        write_case(folder, cap.spec, cap.state, cap.metadata, Capabilities(knows_defense=knows), cap.defense,
+                   cap.updates, cap.labels)
+        assert json.loads((folder / UPDATE_JSON).read_text())["defense"] == expected
+        meta = json.loads((folder / UPDATE_JSON).read_text())
+        meta["defense"] = "prune:0.9"  # whatever update.json claims, the view's chain is what counts
+        (folder / UPDATE_JSON).write_text(json.dumps(meta))
+        assert all(u.defense == expected for u in load_case(folder).updates)
+
+
 def test_missing_truth_is_none(case_dir):
     (case_dir / "truth.safetensors").unlink()
     assert load_truth(case_dir) is None

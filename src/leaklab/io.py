@@ -313,7 +313,8 @@ def write_case(folder: Path, spec: ModelSpec, state: dict[str, torch.Tensor],
     update_sha = save_tensors(folder / UPDATE_FILE, tensors, {"format": "leaklab.update"})
     write_json(folder / UPDATE_JSON, {
         "format": "leaklab.update", "format_version": FORMAT_VERSION,
-        "metadata": metadata.model_dump(mode="json"), "defense": defense,
+        "metadata": metadata.model_dump(mode="json"),
+        "defense": defense if capabilities.knows_defense else None,
         "tensor_file": UPDATE_FILE, "sha256": update_sha, "count": len(entries),
         "updates": entries,
     })
@@ -412,7 +413,7 @@ def load_case(folder: Path) -> Case:
                 raise LeaklabError(f"update tensor {prefix}{name} has dtype {t.dtype}; updates are "
                                    "floating-point tensors")
         update = ClientUpdate(metadata=upd_meta, tensors={k: v.float() for k, v in own.items()},
-                              defense=upd_json.get("defense"))
+                              defense=defense)  # the view's, validated (update.json repeats it)
         try:
             update.validate_against(view.model)
         except LeaklabError as e:

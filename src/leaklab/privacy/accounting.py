@@ -46,7 +46,8 @@ _MAX_SIGMA = 1e4
 _MIN_SIGMA = 1e-3
 
 
-def _check_dpsgd(q: float, sigma: float, steps: int, delta: float) -> None:
+def check_dpsgd_args(q: float, sigma: float, steps: int, delta: float) -> None:
+    """Raise :class:`LeaklabError` unless DP-SGD's (q, sigma, steps, delta) are in range."""
     if not (0 < q <= 1):
         raise LeaklabError(f"the sampling rate q must lie in (0, 1] (got {q!r})")
     if not (sigma > 0 and math.isfinite(sigma)):
@@ -109,7 +110,7 @@ def compose(events: Iterable[dpa.DpEvent], delta: float, accountant: str = "pld"
 def dpsgd_epsilon(q: float, sigma: float, steps: int, delta: float, accountant: str = DEFAULT_ACCOUNTANT) -> float:
     """Epsilon of DP-SGD with sampling rate ``q``, noise multiplier ``sigma`` (noise std / clipping
     norm) after ``steps`` steps, at ``delta``, by the named accountant (module docstring)."""
-    _check_dpsgd(q, sigma, steps, delta)
+    check_dpsgd_args(q, sigma, steps, delta)
     name = _check_accountant(accountant)
     if name == "pld":
         return compose([subsampled_gaussian(q, sigma, steps)], delta, "pld")
@@ -133,7 +134,7 @@ def dpsgd_sigma(q: float, steps: int, epsilon: float, delta: float, accountant: 
     method on log sigma (epsilon decreases with sigma)."""
     if not (epsilon > 0 and math.isfinite(epsilon)):
         raise LeaklabError(f"the target epsilon must be a positive number (got {epsilon!r})")
-    _check_dpsgd(q, 1.0, steps, delta)
+    check_dpsgd_args(q, 1.0, steps, delta)
     _check_accountant(accountant)
 
     def gap(log_sigma: float) -> float:

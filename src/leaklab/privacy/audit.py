@@ -346,9 +346,10 @@ def audit_dpsgd(q: float, noise_multiplier: float, steps: int, delta: float = 1e
     (:func:`canary_batch`; ``details["sample_rate"]``). ``broken=True`` trains with half the noise and keeps
     the claim. The final-model, summed-score adversary is weak when ``q < 1``: tight bounds need
     q = 1 (Nasr et al. 2023, Sec. 5)."""
-    from leaklab.privacy.accounting import DEFAULT_ACCOUNTANT, dpsgd_epsilon
+    from leaklab.privacy.accounting import DEFAULT_ACCOUNTANT, check_dpsgd_args, dpsgd_epsilon
 
     _check_confidence(confidence)
+    check_dpsgd_args(q, noise_multiplier, steps, delta)  # before q is turned into the realised rate
     rate = canary_batch(q, canaries)[1]  # what the trainings realise, which the claim is about
     claimed = dpsgd_epsilon(rate, noise_multiplier, steps, delta, accountant or DEFAULT_ACCOUNTANT)
     trained = noise_multiplier * (0.5 if broken else 1.0)

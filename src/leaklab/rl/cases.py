@@ -123,7 +123,7 @@ def load_room_case(folder: Path, model_class: str | None = None) -> RoomCase:
     if upd_json.get("count") != 1 or any(not k.startswith("u0/") for k in tensors):
         raise LeaklabError(f"{upd_path}: a room case holds exactly one update (prefix u0/); re-capture it")
     update = ClientUpdate(metadata=metadata, tensors={k[3:]: v for k, v in tensors.items()},
-                          defense=upd_json.get("defense"))
+                          defense=defense)  # the view's, validated (update.json repeats it)
     try:
         update.validate_against(view.model)
     except LeaklabError as e:
