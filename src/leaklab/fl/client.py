@@ -54,7 +54,8 @@ def fedavg_update(model: nn.Module, images: torch.Tensor, labels: torch.Tensor, 
     :func:`fedsgd_update`.
 
     ``privacy``: the steps are DP-SGD steps instead (:func:`leaklab.privacy.dpsgd.train_private`:
-    Poisson mini-batches of expected size ``local_batch_size``, each sample's gradient clipped,
+    Poisson mini-batches at rate 1 / ceil(batch / ``local_batch_size``), so of expected size at most
+    ``local_batch_size``, each sample's gradient clipped,
     Gaussian noise seeded by ``seed``); the update's ``privacy`` holds the epsilon spent on the batch."""
     _check_batch(model, images, labels)
     meta = UpdateMetadata(kind="fedavg", batch_size=len(images), local_steps=local_steps,

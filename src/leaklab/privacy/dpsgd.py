@@ -191,8 +191,10 @@ class PrivateTraining:
 def make_private(model: nn.Module, optimizer: torch.optim.Optimizer, data_loader: DataLoader, *,
                  clip: float, noise_multiplier: float, seed: int | None = None) -> PrivateTraining:
     """Wrap a training's model, optimizer and data loader for DP-SGD with opacus (flat per-sample
-    clipping to ``clip``, noise multiplier ``noise_multiplier``, Poisson sampling at rate
-    batch size / dataset size). ``seed`` fixes the noise; the batches follow the loader's generator."""
+    clipping to ``clip``, noise multiplier ``noise_multiplier``, Poisson sampling at opacus' rate
+    1 / len(data_loader) = 1 / ceil(dataset size / batch size), so the expected batch is the dataset
+    size times that, at most the loader's batch size). ``seed`` fixes the noise; the batches follow
+    the loader's generator."""
     from opacus import PrivacyEngine
 
     _check_clip_noise(clip, noise_multiplier)
@@ -260,7 +262,8 @@ class DPSGDConfig(DPConfig):
     """A DP-SGD training of a classifier (:func:`train_private`): the privacy settings, Poisson
     batches, steps and the SGD optimiser."""
 
-    batch_size: int = Field(default=256, ge=1, description="expected batch size (Poisson sampling)")
+    batch_size: int = Field(default=256, ge=1, description="loader batch size; Poisson sampling at rate "
+                            "1 / ceil(dataset size / batch_size)")
     steps: int = Field(default=500, ge=1)
     lr: float = Field(default=0.5, gt=0)
     momentum: float = Field(default=0.0, ge=0, lt=1)
