@@ -85,3 +85,9 @@ def test_chains_without_density_refuse_log_prob():
 def test_bad_defense_specs_are_clear_errors(bad):
     with pytest.raises(LeaklabError):
         parse_defense(bad)
+
+
+def test_the_recorded_spec_reads_back_as_exactly_what_was_applied():
+    chain = parse_defense("clip:1.2345678901,gaussian:0.0123456789,laplace:3e-07")
+    assert chain.spec == "clip:1.2345678901,gaussian:0.0123456789,laplace:3e-07"
+    assert parse_defense(chain.spec).spec == chain.spec

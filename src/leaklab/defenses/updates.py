@@ -46,6 +46,10 @@ class Defense(ABC):
         """The ``name:parameter`` form of this step."""
 
 
+def _number(x: float) -> str:
+    """``x`` as the shortest text that reads back as the same float (a spec names what was applied)."""
+    return repr(float(x))
+
 @dataclass(frozen=True)
 class Gaussian(Defense):
     """Adds ``N(0, sigma^2)`` to every entry (with clipping first, the DP-SGD mechanism)."""
@@ -59,7 +63,7 @@ class Gaussian(Defense):
 
     @property
     def spec(self):
-        return f"gaussian:{self.sigma:g}"
+        return f"gaussian:{_number(self.sigma)}"
 
 
 @dataclass(frozen=True)
@@ -79,7 +83,7 @@ class Laplace(Defense):
 
     @property
     def spec(self):
-        return f"laplace:{self.b:g}"
+        return f"laplace:{_number(self.b)}"
 
 
 @dataclass(frozen=True)
@@ -95,7 +99,7 @@ class Prune(Defense):
 
     @property
     def spec(self):
-        return f"prune:{self.p:g}"
+        return f"prune:{_number(self.p)}"
 
 
 def _flat(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
@@ -127,7 +131,7 @@ class TopK(Defense):
 
     @property
     def spec(self):
-        return f"topk:{self.p:g}"
+        return f"topk:{_number(self.p)}"
 
 
 @dataclass(frozen=True)
@@ -144,7 +148,7 @@ class Clip(Defense):
 
     @property
     def spec(self):
-        return f"clip:{self.c:g}"
+        return f"clip:{_number(self.c)}"
 
 
 _DETERMINISTIC = (TopK, Clip)
