@@ -131,6 +131,11 @@ def test_gymnasium_make_builds_the_env_at_another_image_size():
         assert env.observation_space.contains(obs) and info["layout"] == "map18-column"
     finally:
         env.close()
+    env = gymnasium.make(ENV_ID, image_size=64, max_steps=5)  # the registered default room
+    try:
+        assert env.reset(seed=0)[1]["layout"] == next(iter(LAYOUTS))
+    finally:
+        env.close()
 
 
 def test_bad_arguments_raise_leaklab_errors(env):

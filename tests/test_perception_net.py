@@ -91,3 +91,12 @@ def test_architecture_digest_tells_networks_apart_without_touching_the_random_st
     assert len(set(s1.values())) == 3
     assert architecture_digest(PerceptionSpec(setting="S2")) != s1["small"]
     assert architecture_digest(PerceptionSpec(setting="S1")) == s1["small"]
+
+
+@pytest.mark.parametrize("arch", ARCH_NAMES)
+def test_every_architecture_builds_at_the_smallest_allowed_image_size(arch):
+    spec = PerceptionSpec(setting="S1", arch=arch, image_size=36)
+    net = build_perception_net(spec, seed=0)
+    assert net(torch.rand(1, 4, 36, 36), torch.zeros(1, 4)).shape == (1, 7)
+    with pytest.raises(ValueError):
+        PerceptionSpec(setting="S1", arch=arch, image_size=35)

@@ -41,6 +41,12 @@ def test_bar_plot_with_baselines_and_gaps():
     assert data.startswith(PNG)
 
 
+def test_bar_plot_labels_are_shown_as_written():
+    # '$' pairs would be parsed as (here invalid) math, a leading '_' would hide the legend entry
+    data = bar_plot([r"bad $\frac$", "_hidden"], {r"cost $\frac$": [1.0, 2.0], "_private": [3.0, 4.0]})
+    assert data.startswith(b"\x89PNG")
+
+
 def test_render_report_embeds_figures_and_escapes(tmp_path):
     png = bar_plot(["a"], {"s": [1.0]})
     html = render_report(tmp_path / "r.html", "Audit <1>", summary=[("seconds", 1.23456), ("ok", True)],

@@ -48,7 +48,7 @@ class PerceptionSpec(BaseModel):
     setting: Literal["S1", "S2"] = "S2"
     arch: Literal["small", "deep", "stacked"] = "small"
     num_actions: int = Field(default=7, gt=1)
-    image_size: int = Field(default=150, ge=32, le=512)
+    image_size: int = Field(default=150, ge=36, le=512)  # small/stacked: 36 -> 8 -> 3 -> 1
     box_dim: int = Field(default=4, gt=0)
 
     @property

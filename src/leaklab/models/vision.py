@@ -45,7 +45,7 @@ def _conv_bn_relu(cin: int, cout: int) -> list[nn.Module]:
 
 
 class ConvNet(nn.Module):
-    """The ConvNet of Geiping et al. (2020), seed 001 Table 4: eight 3x3 conv+BN+ReLU blocks with
+    """The ConvNet of Geiping et al. (2020), seed 001 Table 4: nine 3x3 conv+BN+ReLU blocks with
     widths (1, 2, 2, 4, 4, 4 | 4, 4, 4) x ``width``, two 3x3 max-pools, one linear layer."""
 
     def __init__(self, num_classes: int, in_channels: int, image_size: int,

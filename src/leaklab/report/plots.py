@@ -84,6 +84,13 @@ def image_grid(rows: Sequence[tuple[str, torch.Tensor]], path: Path | None = Non
     return data
 
 
+def _plain(label: str) -> str:
+    """``label`` shown as written: matplotlib reads ``$...$`` as math (and fails on bad math) and
+    drops legend entries that start with ``_``."""
+    label = str(label).replace("$", r"\$")
+    return " " + label if label.startswith("_") else label
+
+
 def bar_plot(groups: Sequence[str], series: dict[str, Sequence[float | None]],
              path: Path | None = None, ylabel: str = "PSNR (dB)", title: str | None = None,
              baselines: dict[str, float | None] | None = None) -> bytes:
@@ -97,17 +104,17 @@ def bar_plot(groups: Sequence[str], series: dict[str, Sequence[float | None]],
     for j, (name, values) in enumerate(series.items()):
         xs = [g + (j - (k - 1) / 2) * width for g in range(len(groups))]
         heights = [float("nan") if v is None else float(v) for v in values]
-        bars = ax.bar(xs, [0 if math.isnan(h) else h for h in heights], width, label=name)
+        bars = ax.bar(xs, [0 if math.isnan(h) else h for h in heights], width, label=_plain(name))
         ref = (baselines or {}).get(name)
         if ref is not None:
             ax.axhline(float(ref), color=bars.patches[0].get_facecolor() if bars.patches else None,
-                       linestyle="--", linewidth=1.2, label=f"{name}: baseline")
+                       linestyle="--", linewidth=1.2, label=_plain(f"{name}: baseline"))
         for bar, h in zip(bars, heights):
             if not math.isnan(h):
                 ax.annotate(f"{h:.1f}", (bar.get_x() + bar.get_width() / 2, h), ha="center",
                             va="bottom", fontsize=7)
     ax.set_xticks(range(len(groups)))
-    ax.set_xticklabels(groups, fontsize=8)
+    ax.set_xticklabels([_plain(g) for g in groups], fontsize=8)
     ax.set_ylabel(ylabel)
     if title:
         ax.set_title(title, fontsize=10)

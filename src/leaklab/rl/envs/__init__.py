@@ -12,6 +12,7 @@ from leaklab.rl.envs.layouts import LAYOUTS, Layout
 ENV_ID = "leaklab/ActivePerception-v0"
 
 if ENV_ID not in gymnasium.registry:
-    gymnasium.register(id=ENV_ID, entry_point="leaklab.rl.envs.active_perception:ActivePerceptionEnv")
+    gymnasium.register(id=ENV_ID, entry_point="leaklab.rl.envs.active_perception:ActivePerceptionEnv",
+                       kwargs={"layout": next(iter(LAYOUTS))})  # gymnasium.make(ENV_ID, layout=...) for another
 
 __all__ = ["ACTIONS", "ENV_ID", "LAYOUTS", "ActivePerceptionEnv", "Layout"]

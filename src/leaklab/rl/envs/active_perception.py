@@ -38,6 +38,7 @@ The paper's AI2-THOR rooms are replaced by the ViZDoom rooms of :mod:`.layouts`.
 
 import functools
 import math
+import os
 import tempfile
 from pathlib import Path
 
@@ -67,7 +68,7 @@ STEP_HEIGHT = 24.0
 WARMUP_TICS = 8  # the engine ignores turning during the first 7 tics of a map
 
 # the engine writes its settings file on close; keep it out of the working directory
-_ENGINE_CONFIG = Path(tempfile.gettempdir()) / "leaklab-vizdoom.ini"
+_ENGINE_CONFIG = Path(tempfile.gettempdir()) / f"leaklab-vizdoom-{os.getuid()}.ini"  # one per user
 _RESOLUTIONS = {120: "RES_160X120", 150: "RES_200X150", 192: "RES_256X192", 240: "RES_320X240",
                 300: "RES_400X300", 384: "RES_512X384", 480: "RES_640X480"}
 _SOLID_CATEGORIES = {"Decoration", "Vegetation", "LightSource", "Hazard"}
