@@ -197,3 +197,20 @@ def test_private_fedavg_client_spends_epsilon_and_leaves_the_model():
     with pytest.raises(LeaklabError, match="train mode"):
         fedavg_update(model, batch.images, batch.labels, local_lr=0.1, local_steps=1, train_mode=False,
                       privacy=privacy)
+
+
+@pytest.mark.parametrize("train,config", [
+    (train_dqn, DQNConfig(spec=SPEC, layouts=ROOMS, steps=40, learning_starts=5, batch_size=4, buffer_size=40,
+                          max_episode_steps=20,
+                          privacy=DPConfig(noise_multiplier=1.0))),
+    (train_reinforce, ReinforceConfig(spec=SPEC, layouts=ROOMS, steps=30, max_episode_steps=15,
+                                      privacy=DPConfig(noise_multiplier=1.0)))])
+def test_a_private_training_that_fails_leaves_the_callers_network_without_hooks(train, config):
+    net = build_perception_net(SPEC, seed=0)
+
+    def interrupt(*_):
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        train(config, progress=interrupt, net=net)
+    assert not any(module._forward_hooks or module._backward_hooks for module in net.modules())
