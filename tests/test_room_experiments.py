@@ -11,6 +11,7 @@ import torch
 from typer.testing import CliRunner
 
 from leaklab.cli import app
+from leaklab.errors import LeaklabError
 from leaklab.experiments.room_attack import SUMMARY_KEYS, layouts_arg
 from leaklab.rl.capture import RoomCaptureConfig, capture_rooms
 from leaklab.models import PerceptionSpec
@@ -189,6 +190,18 @@ def test_room_table1_runs_and_updates_a_docs_section(tmp_path):
     update_docs("room-table1", "TABLE B", "leaklab y", docs)
     text = docs.read_text()
     assert "keep me" in text and "TABLE B" in text and "TABLE A" not in text and text.count(":start -->") == 1
+    # a lone or repeated marker is refused, never used to replace text outside the section
+    for broken in ("<!-- room-table1:start -->\nkeep me\n",
+                   text + "\nquoting <!-- room-table1:start --> here\n",
+                   "<!-- room-table1:end -->\nkeep me\n<!-- room-table1:start -->\n"):
+        docs.write_text(broken)
+        with pytest.raises(LeaklabError, match="markers"):
+            update_docs("room-table1", "TABLE C", "leaklab z", docs)
+        assert docs.read_text() == broken
+    with pytest.raises(LeaklabError, match="not found"):
+        update_docs("room-table1", "TABLE C", "leaklab z", tmp_path / "missing.md")
+    smoke = invoke("reproduce", "room-table1", "--samples", "1", "--update-docs", "--out", tmp_path / "s")
+    assert_user_error(smoke, tmp_path / "s", "--update-docs")
 
 
 def test_env_contact_sheet(tmp_path):

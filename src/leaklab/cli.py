@@ -462,13 +462,24 @@ def reproduce_bayes_table2(
                     typer.echo(f"  {dataset:8s} {defense_name:26s} step {step}: {cells}")
 
 
-def _room_table(name: str, out: Path | None, update_docs: bool, run: Callable[[Path, Any], dict]) -> None:
+PUBLISHED_SAMPLES = 48  # the acceptance protocol of the tables in docs/reproductions.md
+
+
+def _room_table(name: str, out: Path | None, update_docs: bool, samples: int,
+                run: Callable[[Path, Any], dict]) -> None:
     import shlex
 
     from leaklab.experiments import room_tables
-    from leaklab.io import new_run_dir
+    from leaklab.io import check_out, new_run_dir
 
+    if update_docs and samples < PUBLISHED_SAMPLES:
+        raise LeaklabError(f"--update-docs replaces a published table ({PUBLISHED_SAMPLES} samples per cell or "
+                           f"more); run {samples} samples without it")
+    if update_docs and not room_tables.DOCS.is_file():
+        raise LeaklabError(f"{room_tables.DOCS} not found; run --update-docs from the repository root")
     out = out or new_run_dir(name)
+    if not (Path(out) / "cells").is_dir():  # an interrupted run's folder: its finished cells are reused
+        check_out(out)
     # Not atomic on purpose: every finished cell is kept and a rerun resumes.
     with _progress() as progress:
         result = run(out, progress)
@@ -502,7 +513,7 @@ def reproduce_room_table1(
     from leaklab.experiments.room_attack import layouts_arg
 
     chosen = layouts_arg(layouts)
-    _room_table("room-table1", out, update_docs, lambda o, p: room_tables.table1(
+    _room_table("room-table1", out, update_docs, samples, lambda o, p: room_tables.table1(
         o, mode=mode, samples=samples, layouts=chosen, iterations=iterations, arch=arch, seed=seed,
         workers=workers, device=device, progress=p,
         **({"cells": tuple(c.strip() for c in cells.split(",") if c.strip())} if cells else {})))
@@ -523,7 +534,7 @@ def reproduce_room_table2(
     from leaklab.experiments.room_attack import layouts_arg
 
     chosen = layouts_arg(layouts)
-    _room_table("room-table2", out, update_docs, lambda o, p: room_tables.table2(
+    _room_table("room-table2", out, update_docs, samples, lambda o, p: room_tables.table2(
         o, samples=samples, layouts=chosen, iterations=iterations, arch=arch, seed=seed, workers=workers,
         device=device, progress=p))
 

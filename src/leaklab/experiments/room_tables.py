@@ -21,7 +21,6 @@ simulators.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -224,11 +223,21 @@ def _finish(out: Path, name: str, mode: str, arch: str, table: dict, paper: dict
 
 def update_docs(name: str, markdown: str, command: str, docs: Path = DOCS) -> Path:
     """Put ``markdown`` (and the command that made it) between the ``<!-- NAME:start -->`` and
-    ``<!-- NAME:end -->`` markers of ``docs`` (appended with the markers when they are missing)."""
-    text = docs.read_text() if docs.exists() else "# Reproductions: the papers' numbers beside ours\n"
+    ``<!-- NAME:end -->`` lines of ``docs``, or append the section when neither marker is there.
+    Anything else (a lone marker, markers out of order or repeated, no docs file) is refused, so a
+    run can never overwrite text outside its own section."""
+    if not docs.is_file():
+        raise LeaklabError(f"{docs} not found; run --update-docs from the repository root")
+    text = docs.read_text()
     start, end = f"<!-- {name}:start -->", f"<!-- {name}:end -->"
     body = f"{start}\nCommand: `{command}`\n\n{markdown}\n{end}"
-    pattern = re.compile(re.escape(start) + ".*?" + re.escape(end), re.S)
-    text = pattern.sub(lambda _: body, text) if pattern.search(text) else text.rstrip("\n") + "\n\n" + body + "\n"
+    starts, ends = text.count(start), text.count(end)
+    if starts == ends == 0:
+        text = text.rstrip("\n") + "\n\n" + body + "\n"
+    elif starts == ends == 1 and text.index(start) < text.index(end):
+        text = text[:text.index(start)] + body + text[text.index(end) + len(end):]
+    else:
+        raise LeaklabError(f"{docs}: the markers of section {name!r} are not one start before one end "
+                           f"({starts} start, {ends} end); mend them by hand, then rerun")
     write_bytes(docs, text.encode("utf-8"))
     return docs
