@@ -28,15 +28,6 @@ app = typer.Typer(name="leaklab", no_args_is_help=True, add_completion=False,
                        "attack them, and report how much they leak.")
 
 
-@app.callback()
-def _main(threads: Annotated[Optional[int], typer.Option(
-        "--threads", min=1, help="torch threads for this run (default: LEAKLAB_THREADS or 1)")] = None) -> None:
-    """A laboratory for privacy leakage in federated learning."""
-    from leaklab.device import configure_threads
-
-    configure_threads(threads)
-
-
 attack_app = typer.Typer(no_args_is_help=True, help="Attack captured client updates.")
 reproduce_app = typer.Typer(no_args_is_help=True, help="Reproduce published tables.")
 app.add_typer(attack_app, name="attack")
@@ -97,10 +88,21 @@ def _guard(fn: Callable) -> Callable:
         except ValidationError as e:
             _fail(_validation_line(e))
         except KeyboardInterrupt:
-            typer.echo("error: interrupted; nothing was written to --out", err=True)
+            typer.echo("error: interrupted; --out holds no partial results (the reproduce commands "
+                       "keep their finished cells, and a rerun resumes)", err=True)
             raise typer.Exit(130) from None
 
     return wrapper
+
+
+@app.callback()
+@_guard
+def _main(threads: Annotated[Optional[int], typer.Option(
+        "--threads", min=1, help="torch threads for this run (default: LEAKLAB_THREADS or 1)")] = None) -> None:
+    """A laboratory for privacy leakage in federated learning."""
+    from leaklab.device import configure_threads
+
+    configure_threads(threads)
 
 
 @contextmanager
@@ -544,7 +546,8 @@ def reproduce_room_table2(
 def reproduce_inversion_checks(
     checks: Annotated[Optional[list[str]], typer.Option("--checks", help="dlg, idlg, analytic, ig "
                                                         "(repeatable or comma-separated; default all)")] = None,
-    images: Annotated[Optional[int], typer.Option("--images", help="images per check")] = None,
+    images: Annotated[Optional[int], typer.Option("--images", help="images of the dlg and analytic checks "
+                                                  "(ig: at most 3; idlg always 50, 5 with --quick)")] = None,
     quick: Annotated[bool, typer.Option("--quick", help="a small, fast version (tests)")] = False,
     out: Annotated[Optional[Path], typer.Option("--out", help="(default runs/<id>-inversion-checks)")] = None,
 ) -> None:

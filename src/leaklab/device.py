@@ -47,8 +47,11 @@ def configure_threads(threads: int | None = None) -> int:
     shared the machine, and independent samples parallelise better across processes. One thread also
     keeps results bit-identical from run to run.
     """
-    chosen = threads or int(os.environ.get("LEAKLAB_THREADS", "1"))
+    given = os.environ.get("LEAKLAB_THREADS", "1")
+    if threads is None and not (given.isdigit() and int(given) >= 1):
+        raise LeaklabError(f"LEAKLAB_THREADS={given!r}: give a whole number of threads, at least 1")
+    chosen = threads or int(given)
     if chosen < 1:
-        raise ValueError("the thread count must be at least 1")
+        raise LeaklabError("the thread count must be at least 1")
     torch.set_num_threads(chosen)
     return chosen

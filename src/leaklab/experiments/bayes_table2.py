@@ -66,6 +66,7 @@ from leaklab.defenses import parse_defense
 from leaklab.device import describe
 from leaklab.errors import LeaklabError
 from leaklab.fl import fedsgd_update
+from leaklab.io import check_out
 from leaklab.metrics import constant_baseline, psnr
 from leaklab.models import ModelSpec, build_model
 from leaklab.threat import Capabilities, make_view
@@ -424,6 +425,8 @@ def run(out: Path, quick: bool = False, datasets: list[str] | None = None,
         raise LeaklabError("training steps must be non-negative")
     if not steps or not defense_keys or not datasets:
         raise LeaklabError("nothing to run: give at least one dataset, defense and step")
+    if not (out / "cells").is_dir():  # an earlier run's folder: its finished cells are reused
+        check_out(out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "cells").mkdir(exist_ok=True)
 
@@ -567,36 +570,3 @@ def run(out: Path, quick: bool = False, datasets: list[str] | None = None,
     _write_json(out / "results.json", result)
     _plot(out / "table2.png", table, paper, datasets, defense_keys, steps)
     return result
-
-
-def render_markdown(result: dict) -> str:
-    """The measured table beside the published one, as Markdown (for docs/reproductions.md)."""
-    lines = []
-    steps = [str(s) for s in result["settings"]["steps"]]
-    head = " | ".join(f"{a} s{st}" for st in steps for a in ATTACKS)
-    lines.append(f"| dataset | defense | {head} |")
-    lines.append("|---|---|" + "---|" * (len(steps) * len(ATTACKS)))
-    for ds, by_def in result["table"].items():
-        for d, by_step in by_def.items():
-            cells = []
-            for st in steps:
-                row = by_step[st]
-                best = max(row.values())
-                for a in ATTACKS:
-                    ours = f"**{row[a]:.2f}**" if row[a] == best else f"{row[a]:.2f}"
-                    ref = result["paper"].get(ds, {}).get(d, {}).get(st, {}).get(a)
-                    cells.append(ours + (f" ({ref:.2f})" if ref is not None else ""))
-            lines.append(f"| {ds} | {d} | " + " | ".join(cells) + " |")
-    lines.append("")
-    lines.append("| dataset | defense | step | Bayes - best other (ours) | paired SE | images Bayes wins (> 0.01 dB) | "
-                 "best other | paper |")
-    lines.append("|---|---|---|---|---|---|---|---|")
-    for ds, by_def in result["bayes_advantage"].items():
-        for d, by_step in by_def.items():
-            for st, adv in by_step.items():
-                ref = result["paper_bayes_advantage_db"].get(ds, {}).get(d, {}).get(st)
-                se = "" if adv["paired_se_db"] is None else f"{adv['paired_se_db']:.2f}"
-                lines.append(f"| {ds} | {d} | {st} | {adv['db']:+.2f} | {se} | "
-                             f"{adv['bayes_wins_images']}/{adv['images']} | {adv['best_other']} | "
-                             + ("" if ref is None else f"{ref:+.2f}") + " |")
-    return "\n".join(lines) + "\n"

@@ -20,7 +20,6 @@ per-channel mean).
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -29,7 +28,9 @@ import torch
 
 from leaklab.attacks.inversion import InversionConfig, invert, recover_input, recover_labels
 from leaklab.data import load_images
+from leaklab.errors import LeaklabError
 from leaklab.fl import fedsgd_update
+from leaklab.io import RESULTS_FILE, check_out, write_json
 from leaklab.metrics import constant_baseline, psnr
 from leaklab.models import ModelSpec, build_model
 from leaklab.threat import make_view
@@ -104,7 +105,10 @@ def run(out: Path, quick: bool = False, checks: list[str] | None = None, images:
         progress: Progress | None = None) -> dict:
     """Run the checks (all but the slow ``ig_batch_stats`` by default), write ``out/results.json``."""
     checks = checks or ["dlg", "idlg", "analytic", "ig"]
-    n = images or (1 if quick else 5)
+    if images is not None and images < 1:
+        raise LeaklabError(f"--images must be at least 1 (got {images})")
+    n = images if images is not None else (1 if quick else 5)
+    check_out(out)
     dlg_cfg = DLG_CONFIG.model_copy(update={"iterations": 20}) if quick else DLG_CONFIG
     ig_cfg = IG_CONFIG.model_copy(update={"iterations": 20}) if quick else IG_CONFIG
     jobs = {"dlg": lambda: check_dlg(n, dlg_cfg), "idlg": lambda: check_idlg(5 if quick else 50),
@@ -117,7 +121,7 @@ def run(out: Path, quick: bool = False, checks: list[str] | None = None, images:
             progress(name, i, len(checks))
         start = time.perf_counter()
         results["checks"][name] = {**jobs[name](), "wall_seconds": time.perf_counter() - start}
-        (out / "results.json").write_text(json.dumps(results, indent=2))
+        write_json(out / RESULTS_FILE, results)  # after each check: complete or not there
     if progress:
         progress("done", len(checks), len(checks))
     return results
