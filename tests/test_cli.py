@@ -286,7 +286,7 @@ def test_reproduce_bayes_table2_is_wired(monkeypatch, tmp_path):
     assert "bayes 20.00" in result.stdout
 
 
-def test_reproduce_commands_and_threads_setting_fail_with_one_line(tmp_path, monkeypatch):
+def test_reproduce_commands_and_threads_setting_fail_with_one_line(case, tmp_path, monkeypatch):
     afile = tmp_path / "afile"
     afile.write_text("mine")
     for cmd in (["reproduce", "inversion-checks", "--quick"], ["reproduce", "bayes-table2", "--quick"]):
@@ -294,5 +294,6 @@ def test_reproduce_commands_and_threads_setting_fail_with_one_line(tmp_path, mon
         assert result.exit_code == 2 and result.stderr.startswith("error: --out") and afile.read_text() == "mine"
     out = tmp_path / "ic"
     assert_user_error(invoke("reproduce", "inversion-checks", "--images", "0", "--out", out), out, "--images")
+    assert_user_error(invoke("attack", "analytic", "--case", case, "--seed", "3", "--out", out), out, "--seed")
     monkeypatch.setenv("LEAKLAB_THREADS", "abc")
     assert_user_error(invoke("reproduce", "inversion-checks", "--quick", "--out", out), out, "LEAKLAB_THREADS")

@@ -157,6 +157,8 @@ def test_audit_refuses_conflicting_options(tmp_path):
     assert_user_error(invoke("audit", "--quick", "--device", "tpu", "--out", out), out, "--device", "cpu or cuda")
     assert_user_error(invoke("audit", "--kind", "images", "--device", "cuda", "--out", out), out, "--device")
     assert_user_error(invoke("audit", "--kind", "images", "--mode", "paper", "--out", out), out, "--mode")
+    assert_user_error(invoke("audit", "--kind", "images", "--model-class", "a.b:C", "--out", out), out,
+                      "--model-class")
     assert_user_error(invoke("audit", "--full", "--mode", "paper", "--out", out), out, "--mode")
     assert_user_error(invoke("audit", "--quick", "--iterations", "0", "--out", out), out, "--iterations")
     assert_user_error(invoke("attack", "rgi", "--batch-size", "2", "--out", out), out, "batch_size 1")

@@ -298,6 +298,8 @@ def attack_analytic(
 ) -> None:
     """Exact recovery of the input of a first fully connected layer (MLP, one image per update)."""
     capture_fields = _capture_fields(locals())
+    if case is not None and seed is not None:
+        raise LeaklabError("--seed is the one-shot capture's seed; the analytic attack of --case draws nothing")
     _attack(out, case, "analytic", None, seed, capture_fields)
 
 
@@ -622,9 +624,10 @@ def audit(
     out = out or new_run_dir("audit")
     with _progress() as progress:
         if kind == "images":
-            if full or cases or iterations is not None or device != "cpu" or mode is not None or workers:
-                raise LeaklabError("--full, --cases, --mode, --iterations, --workers and --device belong to "
-                                   "--kind rooms")
+            if full or cases or model_class or iterations is not None or device != "cpu" or mode is not None \
+                    or workers:
+                raise LeaklabError("--full, --cases, --model-class, --mode, --iterations, --workers and --device "
+                                   "belong to --kind rooms")
             _image_audit(out, quick, seed, progress)
             return
         from leaklab.attacks.rl import RoomAttackConfig
