@@ -207,7 +207,7 @@ def room_speed(out: Path, quick: bool, samples: int, log) -> dict:
     result: dict = {
         "benchmark": "room_speed",
         "timestamp": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "quick": quick, "cpu": _cpu_model(), "torch": torch.__version__, "workers": workers,
+        "quick": quick, "device": "cpu", "cpu": _cpu_model(), "torch": torch.__version__, "workers": workers,
         "threads_per_worker": 1, "load_average_before": _load(), "targets": ROOM_TARGETS, "settings": {}}
     for setting in ("S2", "S1"):
         attack = RoomAttackConfig(mode="exact", **({"iterations": 5} if quick else {}))
