@@ -137,6 +137,20 @@ class TrainHistory:
 
 
 @contextlib.contextmanager
+def released(rooms: Rooms, private: Any | None) -> Iterator[None]:
+    """Close ``rooms`` when the training ends; if it fails, also remove opacus' hooks from the
+    network (``private``: the run's private agent or None), so a caller's ``net=`` comes back clean."""
+    try:
+        yield
+    except BaseException:
+        if private is not None:
+            private.model.remove_hooks()
+        raise
+    finally:
+        rooms.close()
+
+
+@contextlib.contextmanager
 def reporter(progress: bool | ProgressFn | None, total: int, label: str) -> Iterator[ProgressFn]:
     """A progress function: ``progress`` itself, a rich progress bar (``True``) or nothing."""
     if progress is None or progress is False:

@@ -22,7 +22,7 @@ from torch import nn
 from leaklab.errors import LeaklabError
 from leaklab.models import PerceptionNet, build_perception_net
 from leaklab.rl.agents.common import (AgentConfig, ProgressFn, Rooms, TrainHistory, check_net,
-                                      observation_tensors, reporter)
+                                      observation_tensors, released, reporter)
 from leaklab.rl.agents.private import PrivateAgent, make_private_agent
 from leaklab.rl.agents.replay import ReplayBuffer
 from leaklab.rl.losses import dqn_loss
@@ -100,41 +100,34 @@ def train_dqn(config: DQNConfig, progress: bool | ProgressFn | None = None,
     history = TrainHistory()
     start = time.perf_counter()
     obs = None
-    try:
-        with reporter(progress, config.steps, "DQN") as report:
-            for step in range(config.steps):
-                if obs is None:
-                    layout, reset_seed = rooms.draw(rng)
-                    env = rooms.env(layout)
-                    raw, _ = env.reset(seed=reset_seed)
-                    obs = observation_tensors(raw, spec.setting)
-                    ep_return, ep_len = 0.0, 0
-                action = epsilon_greedy(net, *obs, config.epsilon(step), rng)
-                raw, reward, terminated, truncated, _ = env.step(action)
-                next_obs = observation_tensors(raw, spec.setting)
-                buffer.add(obs[0], obs[1], action, float(reward), next_obs[0], next_obs[1], terminated)
-                ep_return, ep_len, obs = ep_return + float(reward), ep_len + 1, next_obs
-                history.env_steps += 1
+    with released(rooms, private), reporter(progress, config.steps, "DQN") as report:
+        for step in range(config.steps):
+            if obs is None:
+                layout, reset_seed = rooms.draw(rng)
+                env = rooms.env(layout)
+                raw, _ = env.reset(seed=reset_seed)
+                obs = observation_tensors(raw, spec.setting)
+                ep_return, ep_len = 0.0, 0
+            action = epsilon_greedy(net, *obs, config.epsilon(step), rng)
+            raw, reward, terminated, truncated, _ = env.step(action)
+            next_obs = observation_tensors(raw, spec.setting)
+            buffer.add(obs[0], obs[1], action, float(reward), next_obs[0], next_obs[1], terminated)
+            ep_return, ep_len, obs = ep_return + float(reward), ep_len + 1, next_obs
+            history.env_steps += 1
 
-                if step >= config.learning_starts and len(buffer) >= config.batch_size and \
-                        step % config.train_every == 0:
-                    batch = buffer.sample_poisson(private.sample_rate, rng) if private else \
-                        buffer.sample(config.batch_size, rng)
-                    history.losses.append(_update(model, target, optimizer, batch, config, private))
-                    history.updates += 1
-                if (step + 1) % config.target_sync == 0:
-                    target.load_state_dict(net.state_dict())
-                if terminated or truncated:
-                    history.end_episode(ep_return, ep_len, layout)
-                    report(step + 1, config.steps, {"episode": len(history.returns), "return": ep_return,
-                                                    "layout": layout})
-                    obs = None
-    except BaseException:
-        if private:  # a caller's network keeps no opacus hooks
-            private.model.remove_hooks()
-        raise
-    finally:
-        rooms.close()
+            if step >= config.learning_starts and len(buffer) >= config.batch_size and \
+                    step % config.train_every == 0:
+                batch = buffer.sample_poisson(private.sample_rate, rng) if private else \
+                    buffer.sample(config.batch_size, rng)
+                history.losses.append(_update(model, target, optimizer, batch, config, private))
+                history.updates += 1
+            if (step + 1) % config.target_sync == 0:
+                target.load_state_dict(net.state_dict())
+            if terminated or truncated:
+                history.end_episode(ep_return, ep_len, layout)
+                report(step + 1, config.steps, {"episode": len(history.returns), "return": ep_return,
+                                                "layout": layout})
+                obs = None
     if private:
         history.privacy = private.finish(history.updates, history.updates)
     history.seconds = time.perf_counter() - start

@@ -19,7 +19,7 @@ from pydantic import Field
 
 from leaklab.models import PerceptionNet, build_perception_net
 from leaklab.rl.agents.common import (AgentConfig, ProgressFn, Rooms, TrainHistory, check_net,
-                                      observation_tensors, reporter)
+                                      observation_tensors, released, reporter)
 from leaklab.rl.agents.private import make_private_agent
 from leaklab.rl.losses import reinforce_loss
 
@@ -70,43 +70,36 @@ def train_reinforce(config: ReinforceConfig, progress: bool | ProgressFn | None 
     rooms = Rooms(config.layouts, spec.image_size, config.max_episode_steps)
     history = TrainHistory()
     start = time.perf_counter()
-    try:
-        with reporter(progress, config.steps, "REINFORCE") as report:
-            while history.env_steps < config.steps:
-                layout, reset_seed = rooms.draw(rng)
-                env = rooms.env(layout)
-                raw, _ = env.reset(seed=reset_seed)
-                images, boxes, actions, rewards = [], [], [], []
-                done = False
-                while not done:
-                    obs = observation_tensors(raw, spec.setting)
-                    action = sample_action(net, *obs, generator)
-                    raw, reward, terminated, truncated, _ = env.step(action)
-                    images.append(obs[0])
-                    boxes.append(obs[1])
-                    actions.append(action)
-                    rewards.append(float(reward))
-                    done = terminated or truncated
-                history.env_steps += len(rewards)
-                loss = reinforce_loss(model(torch.stack(images), torch.stack(boxes)), torch.tensor(actions),
-                                      discounted_returns(rewards, config.gamma), config.entropy_weight)
-                if private:
-                    private.step(loss)
-                else:
-                    optimizer.zero_grad(set_to_none=True)
-                    loss.backward()
-                    optimizer.step()
-                history.losses.append(float(loss.detach()))
-                history.updates += 1
-                history.end_episode(sum(rewards), len(rewards), layout)
-                report(min(history.env_steps, config.steps), config.steps,
-                       {"episode": len(history.returns), "return": history.returns[-1], "layout": layout})
-    except BaseException:
-        if private:  # a caller's network keeps no opacus hooks
-            private.model.remove_hooks()
-        raise
-    finally:
-        rooms.close()
+    with released(rooms, private), reporter(progress, config.steps, "REINFORCE") as report:
+        while history.env_steps < config.steps:
+            layout, reset_seed = rooms.draw(rng)
+            env = rooms.env(layout)
+            raw, _ = env.reset(seed=reset_seed)
+            images, boxes, actions, rewards = [], [], [], []
+            done = False
+            while not done:
+                obs = observation_tensors(raw, spec.setting)
+                action = sample_action(net, *obs, generator)
+                raw, reward, terminated, truncated, _ = env.step(action)
+                images.append(obs[0])
+                boxes.append(obs[1])
+                actions.append(action)
+                rewards.append(float(reward))
+                done = terminated or truncated
+            history.env_steps += len(rewards)
+            loss = reinforce_loss(model(torch.stack(images), torch.stack(boxes)), torch.tensor(actions),
+                                  discounted_returns(rewards, config.gamma), config.entropy_weight)
+            if private:
+                private.step(loss)
+            else:
+                optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                optimizer.step()
+            history.losses.append(float(loss.detach()))
+            history.updates += 1
+            history.end_episode(sum(rewards), len(rewards), layout)
+            report(min(history.env_steps, config.steps), config.steps,
+                   {"episode": len(history.returns), "return": history.returns[-1], "layout": layout})
     if private:
         history.privacy = private.finish(history.updates, min(history.updates, 1))
     history.seconds = time.perf_counter() - start
