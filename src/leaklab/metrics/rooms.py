@@ -21,10 +21,9 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from statistics import fmean
 
 import torch
-
-from statistics import fmean
 
 from leaklab.metrics.image import constant_baseline, match_order, psnr, ssim
 from leaklab.metrics.vectors import box_iou, percent_error
