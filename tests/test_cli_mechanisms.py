@@ -65,7 +65,8 @@ def test_audit_dirichlet_json():
 
 
 @pytest.mark.parametrize("args,words", [
-    (["audit", "--mechanism", "snapping", "--epsilon", "1"], ["unknown mechanism"]),
+    (["audit", "--mechanism", "snapping", "--epsilon", "1"], ["unknown mechanism", "dpsgd"]),
+    (["audit", "--mechanism", "laplace", "--epsilon", "1", "--canaries", "10"], ["--canaries", "dpsgd"]),
     (["audit", "--mechanism", "laplace"], ["--epsilon"]),
     (["audit", "--mechanism", "laplace", "--epsilon", "-1"], ["--epsilon"]),
     (["audit", "--mechanism", "laplace", "--epsilon", "1", "--eta", "0.1"], ["--eta", "dirichlet"]),

@@ -771,28 +771,32 @@ def mechanisms_audit(
     q: Annotated[Optional[float], typer.Option("--q", help="dpsgd sampling rate, in (0, 1]")] = None,
     sigma: Annotated[Optional[float], typer.Option("--sigma", help="dpsgd noise multiplier")] = None,
     steps: Annotated[Optional[int], typer.Option("--steps", help="dpsgd training steps")] = None,
-    canaries: Annotated[int, typer.Option("--canaries", help="dpsgd gradient canaries per training run "
-                                          "(even)")] = 1000,
+    canaries: Annotated[Optional[int], typer.Option("--canaries", help="dpsgd gradient canaries per "
+                                                    "training run (even; default 1000)")] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Empirical lower bound on epsilon from runs on two neighbouring inputs (Clopper-Pearson); dpsgd:
     from gradient canaries in opacus DP-SGD trainings."""
-    from leaklab.privacy.audit import audit, audit_case, audit_dpsgd
+    from leaklab.privacy.audit import MECHANISMS, audit, audit_case, audit_dpsgd
 
     name = mechanism.lower().replace("_", "-")
-    dpsgd = {"--q": q, "--sigma": sigma, "--steps": steps}
+    dpsgd = {"--q": q, "--sigma": sigma, "--steps": steps, "--canaries": canaries}
     if name == "dpsgd":
         others = {"--epsilon": epsilon, "--k": k, "--eta": eta, "--eta-bar": eta_bar, "--b": b, "--w": w}
         if any(v is not None for v in others.values()):
             given = ", ".join(o for o, v in others.items() if v is not None)
             raise LeaklabError(f"--mechanism dpsgd takes no {given}: its epsilon follows from --q, --sigma, "
                                "--steps and --delta")
-        if any(v is None for v in dpsgd.values()):
-            raise LeaklabError(f"--mechanism dpsgd needs {', '.join(o for o, v in dpsgd.items() if v is None)}")
-        result = audit_dpsgd(q, sigma, steps, 1e-5 if delta is None else delta, canaries=canaries,
+        missing = [o for o, v in dpsgd.items() if v is None and o != "--canaries"]
+        if missing:
+            raise LeaklabError(f"--mechanism dpsgd needs {', '.join(missing)}")
+        result = audit_dpsgd(q, sigma, steps, 1e-5 if delta is None else delta,
+                             canaries=1000 if canaries is None else canaries,
                              runs=10 if runs is None else runs, seed=seed, confidence=confidence, test=test,
                              broken=broken)
     else:
+        if name not in (*MECHANISMS, "rr"):
+            raise LeaklabError(f"unknown mechanism {mechanism!r}; choose from {', '.join(MECHANISMS)}, dpsgd")
         if any(v is not None for v in dpsgd.values()):
             raise LeaklabError(f"{', '.join(o for o, v in dpsgd.items() if v is not None)}: only for "
                                "--mechanism dpsgd")
