@@ -198,6 +198,8 @@ def _capture_config(seed: int | None, **fields: Any):
     from leaklab.experiments.capture import CaptureConfig
 
     given = {k: v for k, v in fields.items() if v is not None}
+    if "local_lr" in given and given.get("update", "fedsgd") == "fedsgd":
+        raise LeaklabError("--local-lr applies to FedAvg updates; add --update fedavg")
     if seed is not None:
         given["seed"] = seed
     return CaptureConfig(**given)
