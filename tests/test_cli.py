@@ -237,6 +237,7 @@ def test_num_images_not_a_multiple_of_batch_size(tmp_path):
     result = invoke("capture", *TINY[:-2], "--num-images", "3", "--batch-size", "2", "--out", out)
     assert_user_error(result, out, "multiple")
     assert_user_error(invoke("capture", *TINY, "--local-lr", "0.5", "--out", out), out, "--local-lr", "fedavg")
+    assert_user_error(invoke("capture", *TINY, "--width", "8", "--out", out), out, "lenet", "width")
 
 
 def test_missing_case_and_mixed_forms(case, tmp_path):

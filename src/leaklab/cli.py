@@ -164,7 +164,8 @@ ImageSeedOpt = Annotated[Optional[int], typer.Option("--image-seed", help="which
 SizeOpt = Annotated[Optional[int], typer.Option("--image-size", help="pixels per side (default 32)",
                                                 rich_help_panel=CAPTURE)]
 WidthOpt = Annotated[Optional[int], typer.Option("--width", help="model width (convnet 64, resnet18 64, "
-                                                 "mlp 500 by default)", rich_help_panel=CAPTURE)]
+                                                 "mlp 500, cnn 32 by default; lenet has none)",
+                                                 rich_help_panel=CAPTURE)]
 DefenseOpt = Annotated[Optional[str], typer.Option("--defense",
                                                    help="defense chain, e.g. prune:0.5,gaussian:0.1 "
                                                         "(gaussian:σ laplace:b prune:p topk:p clip:c) "

@@ -43,6 +43,8 @@ def build_model(spec: ModelSpec, seed: int | None = None) -> nn.Module:
     common = dict(num_classes=spec.num_classes, in_channels=spec.in_channels,
                   image_size=spec.image_size, mean=spec.mean, std=spec.std)
     if spec.name == "lenet":
+        if spec.width is not None:
+            raise LeaklabError("lenet is DLG's fixed network; it takes no width")
         return LeNetDLG(**common)
     if spec.name == "convnet":
         if spec.image_size < 9:
