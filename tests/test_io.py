@@ -10,7 +10,7 @@ import torch
 
 from leaklab.errors import LeaklabError
 from leaklab.experiments.capture import CaptureConfig, capture, write
-from leaklab.io import (UPDATE_FILE, UPDATE_JSON, VIEW_FILE, atomic_dir, load_case, load_tensors,
+from leaklab.io import (UPDATE_FILE, UPDATE_JSON, VIEW_FILE, atomic_dir, check_out, load_case, load_tensors,
                         load_truth, new_run_dir, read_config, read_json, save_tensors, sha256_file,
                         write_json)
 
@@ -126,6 +126,9 @@ def test_atomic_dir_replaces_only_leaklab_output(tmp_path):
         with atomic_dir(mine):
             pass
     assert (mine / "thesis.tex").read_text() == "precious"
+    interrupted = tmp_path / "table"  # a reproduction stopped after some cells: resumable output
+    (interrupted / "cells" / "qgi-S2").mkdir(parents=True)
+    assert check_out(interrupted) == interrupted
 
 
 def test_new_run_dir_is_unique(tmp_path):

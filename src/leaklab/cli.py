@@ -477,7 +477,7 @@ def _room_table(name: str, out: Path | None, update_docs: bool, samples: int,
     import shlex
 
     from leaklab.experiments import room_tables
-    from leaklab.io import check_out, new_run_dir
+    from leaklab.io import new_run_dir
 
     if update_docs and samples < PUBLISHED_SAMPLES:
         raise LeaklabError(f"--update-docs replaces a published table ({PUBLISHED_SAMPLES} samples per cell or "
@@ -485,8 +485,6 @@ def _room_table(name: str, out: Path | None, update_docs: bool, samples: int,
     if update_docs and not room_tables.DOCS.is_file():
         raise LeaklabError(f"{room_tables.DOCS} not found; run --update-docs from the repository root")
     out = out or new_run_dir(name)
-    if not (Path(out) / "cells").is_dir():  # an interrupted run's folder: its finished cells are reused
-        check_out(out)
     # Not atomic on purpose: every finished cell is kept and a rerun resumes.
     with _progress() as progress:
         result = run(out, progress)

@@ -52,8 +52,10 @@ TRUTH_FILE = "truth.safetensors"
 RESULTS_FILE = "results.json"
 RECONSTRUCTIONS_FILE = "reconstructions.safetensors"
 
-# Files whose presence marks a folder as leaklab output, which a new run may replace.
-_OUTPUT_MARKERS = (VIEW_FILE, RESULTS_FILE)
+# Entries whose presence marks a folder as leaklab output, which a new run may replace (or resume):
+# a case's view, a results file, or the finished cells of an interrupted table reproduction.
+CELLS_DIR = "cells"
+_OUTPUT_MARKERS = (VIEW_FILE, RESULTS_FILE, CELLS_DIR)
 
 
 # --------------------------------------------------------------------------------------------

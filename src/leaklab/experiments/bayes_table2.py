@@ -66,7 +66,7 @@ from leaklab.defenses import parse_defense
 from leaklab.device import describe
 from leaklab.errors import LeaklabError
 from leaklab.fl import fedsgd_update
-from leaklab.io import check_out
+from leaklab.io import CELLS_DIR, check_out
 from leaklab.metrics import constant_baseline, psnr
 from leaklab.models import ModelSpec, build_model
 from leaklab.threat import Capabilities, make_view
@@ -425,10 +425,9 @@ def run(out: Path, quick: bool = False, datasets: list[str] | None = None,
         raise LeaklabError("training steps must be non-negative")
     if not steps or not defense_keys or not datasets:
         raise LeaklabError("nothing to run: give at least one dataset, defense and step")
-    if not (out / "cells").is_dir():  # an earlier run's folder: its finished cells are reused
-        check_out(out)
+    check_out(out)  # a user's file or folder is refused; an earlier run's cells are resumed
     out.mkdir(parents=True, exist_ok=True)
-    (out / "cells").mkdir(exist_ok=True)
+    (out / CELLS_DIR).mkdir(exist_ok=True)
 
     # Work order: step 0 with pruning first (the cells the paper's claim rests on), then the rest.
     cells = [(ds, d, st, a) for st in steps for d in defense_keys for ds in datasets for a in ATTACKS]
@@ -447,7 +446,7 @@ def run(out: Path, quick: bool = False, datasets: list[str] | None = None,
     results: dict[tuple, dict] = {}
     for ds, d, st, attack in cells:
         key = _cell_key(ds, d, st, attack)
-        path = out / "cells" / f"{key}.json"
+        path = out / CELLS_DIR / f"{key}.json"
         used = {k: v for k, v in settings.items() if st > 0 or k not in TRAIN_FIELDS}
         cell_fp = _fingerprint({"settings": used, "seed": seed, "cell": [ds, d, st, attack]})
         if path.exists():
@@ -477,7 +476,7 @@ def run(out: Path, quick: bool = False, datasets: list[str] | None = None,
             done += scale.tune_images
             report(label)
 
-        tuner = _Tuner(out / "cells" / f"{key}.tune.jsonl",
+        tuner = _Tuner(out / CELLS_DIR / f"{key}.tune.jsonl",
                        _fingerprint({"settings": {k: v for k, v in tune_settings.items()
                                                   if st > 0 or k not in TRAIN_FIELDS},
                                      "seed": seed, "cell": [ds, d, st, attack]}),

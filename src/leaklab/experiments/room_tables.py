@@ -29,7 +29,7 @@ from leaklab.attacks.rl import RoomAttackConfig
 from leaklab.attacks.rl.config import EXACT_ONLY
 from leaklab.errors import LeaklabError
 from leaklab.experiments import room_attack
-from leaklab.io import RESULTS_FILE, read_json, write_bytes, write_json
+from leaklab.io import CELLS_DIR, RESULTS_FILE, check_out, read_json, write_bytes, write_json
 from leaklab.models.perception import architecture_digest
 
 ProgressFn = Callable[[str, int, int], None]
@@ -100,9 +100,10 @@ def _same_cell(saved: Any, config: room_attack.RoomRunConfig) -> bool:
 
 def _run_cells(out: Path, cells: dict[str, room_attack.RoomRunConfig],
                progress: ProgressFn | None) -> dict[str, dict[str, Any]]:
+    check_out(out)  # before any work: a user's file or folder is refused, an earlier run's cells resumed
     results = {}
     for i, (name, config) in enumerate(cells.items()):
-        folder = out / "cells" / name
+        folder = out / CELLS_DIR / name
         done = folder / RESULTS_FILE
         if done.exists():
             previous = read_json(done, "room-table cell")
