@@ -1,11 +1,13 @@
 """The perception network's architectures (seed 000, section III) and the run-time device options."""
 
+import os
+
 import pytest
 import torch
 from torch import nn
 
 from leaklab.attacks.rl.config import RoomReconstruction
-from leaklab.device import require_device
+from leaklab.device import repeatable, require_device
 from leaklab.errors import LeaklabError
 from leaklab.experiments import room_attack, room_tables
 from leaklab.models.perception import (ARCH_NAMES, PerceptionSpec, build_perception_net, check_contract,
@@ -64,6 +66,26 @@ def test_device_option_is_checked():
         with pytest.raises(LeaklabError, match="no CUDA GPU"):
             require_device("cuda")
     require_device("cpu")
+
+
+def test_cuda_attacks_run_with_deterministic_algorithms_and_restore_the_settings(monkeypatch):
+    monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", "")  # recorded, so the test's own setting is undone
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG")
+    assert not torch.are_deterministic_algorithms_enabled()
+    with repeatable("cpu"):  # the CPU's single-threaded kernels repeat already: nothing to change
+        assert not torch.are_deterministic_algorithms_enabled()
+    assert "CUBLAS_WORKSPACE_CONFIG" not in os.environ
+    torch.backends.cudnn.benchmark = True
+    try:
+        with pytest.raises(RuntimeError, match="inside"):
+            with repeatable("cuda:0"):  # only flags are set: no GPU needed to check them
+                assert torch.are_deterministic_algorithms_enabled()
+                assert not torch.backends.cudnn.benchmark
+                assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8"
+                raise RuntimeError("inside")
+        assert not torch.are_deterministic_algorithms_enabled() and torch.backends.cudnn.benchmark
+    finally:
+        torch.backends.cudnn.benchmark = False
 
 
 def test_reconstruction_moves_every_tensor():

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import torch
 
@@ -30,6 +32,28 @@ def require_device(name: str) -> None:
         raise LeaklabError(f"--device {name!r}: choose cpu or cuda[:N]")
     if name.startswith("cuda") and not torch.cuda.is_available():
         raise LeaklabError(f"--device {name}: no CUDA GPU is available here (use --device cpu)")
+
+
+@contextmanager
+def repeatable(device: torch.device | str) -> Iterator[None]:
+    """Within the block, CUDA work on ``device`` gives the same numbers for the same seed: torch's
+    deterministic algorithms (cuDNN's included; an operation without one raises) and cuBLAS's fixed
+    workspace. Nothing changes on the CPU, whose single-threaded kernels already repeat bit for bit.
+    On the lent H100 (torch 2.11) two runs of the same room attack differed by up to 0.17 dB without
+    it; measured in docs/reproductions.md. The previous settings come back on exit."""
+    if torch.device(device).type != "cuda":
+        yield
+        return
+    # cuBLAS reads it when its handle is created: the attack's worker sets it before any CUDA work
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    before = (torch.are_deterministic_algorithms_enabled(), torch.backends.cudnn.benchmark)
+    torch.use_deterministic_algorithms(True)
+    torch.backends.cudnn.benchmark = False
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(before[0])
+        torch.backends.cudnn.benchmark = before[1]
 
 
 def describe(device: torch.device) -> str:

@@ -31,7 +31,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from leaklab.attacks.rl import RoomAttackConfig, RoomReconstruction, qgi, rgi
 from leaklab.defenses import parse_defense
-from leaklab.device import DEVICE_PATTERN, describe, require_device
+from leaklab.device import DEVICE_PATTERN, describe, repeatable, require_device
 from leaklab.errors import LeaklabError
 from leaklab.experiments.image_attack import versions
 from leaklab.io import RESULTS_FILE, atomic_dir, check_out, write_json
@@ -184,11 +184,13 @@ class Job:
 
 def _attack_one(job: Job) -> RoomReconstruction:
     """Attack one update from the server's view (runs in a worker process, one torch thread) on
-    ``job.device``; the reconstruction comes back on the CPU."""
+    ``job.device``, repeatably on CUDA too (:func:`leaklab.device.repeatable`); the reconstruction
+    comes back on the CPU."""
     torch.set_num_threads(1)
-    view = make_view(job.spec, job.state, job.update.metadata, model_class=job.model_class)
-    view.model.to(job.device)
-    return (qgi if job.algorithm == "qgi" else rgi)(view, job.update, job.attack).to("cpu")
+    with repeatable(job.device):
+        view = make_view(job.spec, job.state, job.update.metadata, model_class=job.model_class)
+        view.model.to(job.device)
+        return (qgi if job.algorithm == "qgi" else rgi)(view, job.update, job.attack).to("cpu")
 
 
 def worker_count(requested: int, jobs: int) -> int:
