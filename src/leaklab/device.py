@@ -39,8 +39,9 @@ def repeatable(device: torch.device | str) -> Iterator[None]:
     """Within the block, CUDA work on ``device`` gives the same numbers for the same seed: torch's
     deterministic algorithms (cuDNN's included; an operation without one raises) and cuBLAS's fixed
     workspace. Nothing changes on the CPU, whose single-threaded kernels already repeat bit for bit.
-    On the lent H100 (torch 2.11) two runs of the same room attack differed by up to 0.17 dB without
-    it; measured in docs/reproductions.md. The previous settings come back on exit."""
+    The room and image attacks run inside it. On the lent H100 (torch 2.11) two runs of the same room
+    attack differed by up to 0.19 dB without it and were identical with it, as were the image attacks
+    on every model; measured in docs/reproductions.md. The previous settings come back on exit."""
     if torch.device(device).type != "cuda":
         yield
         return

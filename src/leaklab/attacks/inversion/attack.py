@@ -18,7 +18,7 @@ from leaklab.attacks.inversion.objectives import Objective
 from leaklab.attacks.inversion.optimize import InversionLoop, Progress
 from leaklab.attacks.inversion.simulate import make_simulator
 from leaklab.defenses import parse_defense
-from leaklab.device import default_device
+from leaklab.device import default_device, repeatable
 from leaklab.errors import LeaklabError
 from leaklab.threat import ClientUpdate, ServerView
 
@@ -64,21 +64,22 @@ def invert(view: ServerView, updates: ClientUpdate | list[ClientUpdate], config:
         raise LeaklabError("known labels belong to one update; attack updates with known labels one at a time")
     defense = parse_defense(view.known_defense() if config.objective == "bayes" else None)
     device = device or default_device()
-    model = view.model.to(device)
+    with repeatable(device):  # the same seed, the same numbers on CUDA too
+        model = view.model.to(device)
 
-    restarts = config.restarts
-    labels = torch.stack([_labels_for(view, u, batch) for u in updates])
-    observed = [torch.stack([t for t in ts for _ in range(restarts)]).to(device)
-                for ts in zip(*(u.ordered(model) for u in updates))]
-    instance_labels = labels.repeat_interleave(restarts, 0)
-    c, s = view.spec.in_channels, view.spec.image_size
-    mean = torch.tensor(view.spec.mean).view(1, 1, c, 1, 1)
-    std = torch.tensor(view.spec.std).view(1, 1, c, 1, 1)
+        restarts = config.restarts
+        labels = torch.stack([_labels_for(view, u, batch) for u in updates])
+        observed = [torch.stack([t for t in ts for _ in range(restarts)]).to(device)
+                    for ts in zip(*(u.ordered(model) for u in updates))]
+        instance_labels = labels.repeat_interleave(restarts, 0)
+        c, s = view.spec.in_channels, view.spec.image_size
+        mean = torch.tensor(view.spec.mean).view(1, 1, c, 1, 1)
+        std = torch.tensor(view.spec.std).view(1, 1, c, 1, 1)
 
-    simulator = make_simulator(model, meta, precision=config.precision)
-    objective = Objective(config.objective, observed, defense, config.layer_weighting)
-    loop = InversionLoop(config, simulator, objective, instance_labels, (batch, c, s, s), mean, std, device)
-    result = loop.run(progress)
+        simulator = make_simulator(model, meta, precision=config.precision)
+        objective = Objective(config.objective, observed, defense, config.layer_weighting)
+        loop = InversionLoop(config, simulator, objective, instance_labels, (batch, c, s, s), mean, std, device)
+        result = loop.run(progress)
 
     out = []
     for i in range(len(updates)):
