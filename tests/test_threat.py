@@ -30,6 +30,19 @@ def test_fedavg_one_step_is_minus_lr_times_gradient():
     assert torch.allclose(d.tensors["fc.weight"], -0.5 * g.tensors["fc.weight"], atol=1e-6)
 
 
+@pytest.mark.parametrize("client", ["fedsgd", "fedavg"])
+@pytest.mark.parametrize("train_mode", [True, False])
+def test_a_client_gives_the_model_back_in_its_mode_and_works_under_no_grad(client, train_mode):
+    model = build_model(SPEC, seed=0).eval()
+    x, y = torch.rand(2, 3, 16, 16), torch.tensor([1, 2])
+    run = {"fedsgd": lambda: fedsgd_update(model, x, y, train_mode=train_mode),
+           "fedavg": lambda: fedavg_update(model, x, y, 0.1, 2, train_mode=train_mode)}[client]
+    with torch.no_grad():  # e.g. a caller evaluating the model around the client's round
+        update = run()
+    assert not model.training  # the caller's eval mode: its forward passes keep the running statistics
+    assert update.tensors["fc.weight"].abs().sum() > 0
+
+
 def test_validation_names_the_problem():
     model = build_model(SPEC, seed=0)
     upd = fedsgd_update(model, torch.rand(1, 3, 16, 16), torch.tensor([0]))

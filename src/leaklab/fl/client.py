@@ -9,6 +9,8 @@ al. 2016) through :func:`leaklab.privacy.dpsgd.train_private` and reports the ep
 from __future__ import annotations
 
 import copy
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import torch
 import torch.nn.functional as F
@@ -26,21 +28,34 @@ def _check_batch(model: nn.Module, images: torch.Tensor, labels: torch.Tensor) -
         raise LeaklabError(f"batch size {len(images)} is outside the supported 1..256")
 
 
+@contextmanager
+def _client_mode(model: nn.Module, train_mode: bool) -> Iterator[None]:
+    """Run the client's computation in ``train_mode`` with autograd on, then give ``model`` back as it
+    came: parameters, buffers and its train/eval flag (also when the computation fails)."""
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    was_training = model.training
+    model.train(train_mode)
+    try:
+        with torch.enable_grad():
+            yield
+    finally:
+        model.load_state_dict(state)
+        model.train(was_training)
+
+
 def fedsgd_update(model: nn.Module, images: torch.Tensor, labels: torch.Tensor,
                   train_mode: bool = True) -> ClientUpdate:
     """The gradient of the mean cross-entropy of ``model`` on the batch, per parameter.
 
     ``train_mode=True``: BatchNorm normalises with the batch's statistics (the client trains).
     ``train_mode=False``: BatchNorm uses the running statistics the server sent with the model (breaching's
-    default when the server provides public buffers). Either way the model's buffers are left untouched.
+    default when the server provides public buffers). Either way ``model`` comes back as it was
+    (parameters, buffers, train/eval flag).
     """
     _check_batch(model, images, labels)
-    state = {k: v.clone() for k, v in model.state_dict().items()}
-    model.train(train_mode)
     params = [p for p in model.parameters() if p.requires_grad]
-    loss = F.cross_entropy(model(images), labels)
-    grads = torch.autograd.grad(loss, params)
-    model.load_state_dict(state)
+    with _client_mode(model, train_mode):
+        grads = torch.autograd.grad(F.cross_entropy(model(images), labels), params)
     names = [n for n, p in model.named_parameters() if p.requires_grad]
     return ClientUpdate(metadata=UpdateMetadata(kind="fedsgd", batch_size=len(images), train_mode=train_mode),
                         tensors={n: g.detach().clone() for n, g in zip(names, grads)})
@@ -63,10 +78,8 @@ def fedavg_update(model: nn.Module, images: torch.Tensor, labels: torch.Tensor, 
     if privacy is not None:
         return _private_fedavg(model, images, labels, meta, privacy, seed)
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
-    state = {k: v.clone() for k, v in model.state_dict().items()}
-    model.train(train_mode)
     b = meta.minibatch_size
-    with torch.enable_grad():
+    with _client_mode(model, train_mode):
         for step in range(local_steps):
             idx = torch.arange(step * b, step * b + b) % len(images)
             params = [p for p in model.parameters() if p.requires_grad]
@@ -75,9 +88,8 @@ def fedavg_update(model: nn.Module, images: torch.Tensor, labels: torch.Tensor, 
             with torch.no_grad():
                 for p, g in zip(params, grads):
                     p -= local_lr * g
-    delta = {n: (p.detach() - before[n]).clone() for n, p in model.named_parameters()
-             if p.requires_grad}
-    model.load_state_dict(state)
+        delta = {n: (p.detach() - before[n]).clone() for n, p in model.named_parameters()
+                 if p.requires_grad}
     return ClientUpdate(metadata=meta, tensors=delta)
 
 
