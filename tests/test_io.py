@@ -165,6 +165,9 @@ def test_known_labels_are_part_of_the_view(tmp_path):
     case = load_case(tmp_path / "c")
     assert torch.equal(case.labels[0], cap.labels[0])
     assert torch.equal(case.view_for(0).labels, cap.labels[0])
+    _edit_json(tmp_path / "c" / UPDATE_JSON, lambda d: d["updates"][0].update(labels=[True, 0]))
+    with pytest.raises(LeaklabError, match="class indices"):  # a JSON true is not label 1
+        load_case(tmp_path / "c")
 
 
 def test_the_defense_the_server_reads_is_the_views(tmp_path, tiny_capture):
@@ -236,3 +239,95 @@ def test_not_a_case_folder(tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(LeaklabError, match="missing"):
         load_case(tmp_path / "empty")
+
+
+# ---------------------------------------------------------------------------- hostile case folders
+
+def _edit_json(path: Path, change) -> None:
+    data = json.loads(path.read_text())
+    change(data)
+    path.write_text(json.dumps(data))
+
+
+def test_out_through_dotdot_or_a_symlink_is_still_the_input(case_dir):
+    dotted = case_dir.parent / "x" / ".." / case_dir.name
+    (case_dir.parent / "x").mkdir()
+    with pytest.raises(LeaklabError, match="would replace the input"):
+        check_out(dotted, inputs=[case_dir])
+    link = case_dir.parent / "link"
+    link.symlink_to(case_dir)
+    with pytest.raises(LeaklabError, match="would replace the input"):
+        check_out(case_dir, inputs=[link])
+
+
+@pytest.mark.parametrize("name", ["/dev/zero", "../case2/update.safetensors", "", ".."])
+def test_a_case_names_only_files_inside_its_folder(case_dir, name):
+    _edit_json(case_dir / UPDATE_JSON, lambda d: d.update(tensor_file=name))
+    with pytest.raises(LeaklabError, match="plain names inside the case folder"):
+        load_case(case_dir)
+
+
+def test_a_tensor_file_that_is_not_a_regular_file_is_refused(case_dir):
+    import os
+
+    (case_dir / UPDATE_FILE).unlink()
+    os.mkfifo(case_dir / UPDATE_FILE)  # reading it would block forever
+    with pytest.raises(LeaklabError, match="not a regular file"):
+        load_case(case_dir)
+
+
+@pytest.mark.parametrize("text", ['{"a": NaN}', '{"a": [Infinity]}', '{"a": 1e999}', "[" * 100_000 + "]" * 100_000])
+def test_json_with_non_finite_numbers_or_deep_nesting_is_refused(tmp_path, text):
+    (tmp_path / "f.json").write_text(text)
+    with pytest.raises(LeaklabError, match="non-finite|nests too deeply"):
+        read_json(tmp_path / "f.json")
+
+
+def test_a_yaml_config_with_infinity_is_refused(tmp_path):
+    (tmp_path / "c.yaml").write_text("lr: .inf\n")
+    with pytest.raises(LeaklabError, match="non-finite"):
+        read_config(tmp_path / "c.yaml")
+
+
+@pytest.mark.parametrize("version", [True, 0, -3, "1"])
+def test_format_version_must_be_a_whole_number_from_one(case_dir, version):
+    _edit_json(case_dir / VIEW_FILE, lambda d: d.update(format_version=version))
+    with pytest.raises(LeaklabError, match="format version"):
+        load_case(case_dir)
+
+
+def test_updates_that_share_tensors_or_a_wrong_count_are_refused(case_dir):
+    _edit_json(case_dir / UPDATE_JSON, lambda d: d.update(updates=d["updates"] + d["updates"][:1]))
+    with pytest.raises(LeaklabError, match="count"):
+        load_case(case_dir)
+    _edit_json(case_dir / UPDATE_JSON, lambda d: d.update(count=len(d["updates"])))
+    with pytest.raises(LeaklabError, match="share tensors"):
+        load_case(case_dir)
+
+
+def test_truth_with_a_bad_provenance_or_out_of_range_values_is_refused(case_dir, tiny_capture):
+    case = load_case(case_dir)
+    images, labels, _ = load_truth(case_dir, case)
+    for tensors, provenance, match in (
+            ({"images": images, "labels": labels}, "[1, 2]", "not a JSON object"),
+            ({"images": images * 255, "labels": labels}, "{}", r"outside \[0, 1\]"),
+            ({"images": images, "labels": labels + 1000}, "{}", "labels outside"),
+            ({"images": images, "labels": labels.float()}, "{}", "integer labels")):
+        save_tensors(case_dir / "truth.safetensors", tensors, {"format": "leaklab.truth", "provenance": provenance})
+        with pytest.raises(LeaklabError, match=match):
+            load_truth(case_dir, case)
+
+
+def test_an_image_case_with_an_rl_loss_is_refused(case_dir):
+    def rl(d):
+        d["metadata"]["loss"] = "dqn_mse"
+    _edit_json(case_dir / VIEW_FILE, rl)
+    _edit_json(case_dir / UPDATE_JSON, rl)
+    with pytest.raises(LeaklabError, match="cross-entropy"):
+        load_case(case_dir)
+
+
+def test_huge_architectures_are_refused_before_building(case_dir):
+    _edit_json(case_dir / VIEW_FILE, lambda d: d["model"].update(num_classes=10 ** 8))
+    with pytest.raises(LeaklabError, match="num_classes"):
+        load_case(case_dir)

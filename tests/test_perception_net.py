@@ -122,3 +122,26 @@ def test_every_architecture_builds_at_the_smallest_allowed_image_size(arch):
     assert net(torch.rand(1, 4, 36, 36), torch.zeros(1, 4)).shape == (1, 7)
     with pytest.raises(ValueError):
         PerceptionSpec(setting="S1", arch=arch, image_size=35)
+
+
+def test_a_user_class_that_fails_to_import_or_build_is_one_line(tmp_path, monkeypatch):
+    (tmp_path / "broken_net.py").write_text("def broken(:\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(LeaklabError, match="importing its module failed"):
+        build_perception_net(PerceptionSpec(), model_class="broken_net:Net")
+    with pytest.raises(LeaklabError, match="must build from a PerceptionSpec"):
+        build_perception_net(PerceptionSpec(), model_class="torch.nn:Linear")
+
+
+def test_room_truth_out_of_range_is_refused():
+    from leaklab.rl.cases import check_room_truth, truth_shapes
+    from leaklab.threat import UpdateMetadata
+
+    spec, meta = PerceptionSpec(setting="S2", image_size=36), UpdateMetadata(loss="dqn_mse")
+    good = {k: torch.zeros(shape) for k, shape in truth_shapes(spec, meta).items()}
+    good["action"] = torch.zeros(1, dtype=torch.long)
+    check_room_truth(good, spec, meta)
+    for name, scale, match in (("images", 255, r"\[0, 1\]"), ("depth", 255, r"\[0, 1\]"), ("box", 100, r"\[-1, 1\]")):
+        bad = dict(good, **{name: torch.full_like(good[name], 0.5) * scale})
+        with pytest.raises(LeaklabError, match=match):
+            check_room_truth(bad, spec, meta)

@@ -43,6 +43,7 @@ from leaklab.models import ModelSpec
 from leaklab.threat import Capabilities, ClientUpdate, ServerView, UpdateMetadata, make_view
 
 FORMAT_VERSION = 1
+MAX_TENSOR_FILE_BYTES = 16 << 30  # a model or update file larger than this is refused, never read
 
 VIEW_FILE = "view.json"
 MODEL_FILE = "model.safetensors"
@@ -117,10 +118,28 @@ def read_json(path: Path, what: str | None = None) -> Any:
     except (OSError, UnicodeDecodeError) as e:
         raise LeaklabError(f"{what} file {path} cannot be read ({_first_line(e)})") from None
     try:
-        return json.loads(text)
+        data = json.loads(text)
     except json.JSONDecodeError as e:
         raise LeaklabError(f"{what} file {path} is not valid JSON (line {e.lineno}, column {e.colno}: "
                            f"{e.msg}); re-create it") from None
+    except RecursionError:
+        raise LeaklabError(f"{what} file {path} nests too deeply to be a leaklab file; re-create it") from None
+    return _finite(data, f"{what} file {path}")
+
+
+def _finite(data: Any, where: str) -> Any:
+    """``data`` if no number in it is NaN or infinite (JSON's ``NaN``/``Infinity``, ``1e999``, YAML's
+    ``.inf``), else a :class:`LeaklabError`; walked without recursion."""
+    stack = [data]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, float) and not math.isfinite(item):
+            raise LeaklabError(f"{where} holds a non-finite number ({item}); give finite values")
+        if isinstance(item, dict):
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return data
 
 
 def _first_line(e: BaseException) -> str:
@@ -188,6 +207,11 @@ def load_tensors(path: Path, what: str, sha256: str | None = None,
     """
     path = Path(path)
     try:
+        if path.exists() and not path.is_file():
+            raise LeaklabError(f"{what} file {path} is not a regular file; {_missing_hint(path)}")
+        if path.exists() and path.stat().st_size > MAX_TENSOR_FILE_BYTES:
+            raise LeaklabError(f"{what} file {path} is larger than leaklab reads "
+                               f"({MAX_TENSOR_FILE_BYTES >> 30} GiB)")
         data = path.read_bytes()
     except FileNotFoundError:
         raise LeaklabError(f"{what} file {path} is missing; {_missing_hint(path)}") from None
@@ -223,9 +247,9 @@ def check_out(out: Path, inputs: Sequence[Path] = ()) -> Path:
     """Refuse an ``--out`` that exists and is not an earlier leaklab output (never clobber user files),
     or that is or holds one of the command's ``inputs`` (replacing it would delete them)."""
     out = Path(out)
-    for given in inputs:
-        given = Path(given).absolute()
-        if given == out.absolute() or out.absolute() in given.parents:
+    for given in inputs:  # resolved: `a/../b` and symlinks name the same folders
+        given = Path(given).resolve()
+        if given == out.resolve() or out.resolve() in given.parents:
             raise LeaklabError(f"--out {out} would replace the input {given}; choose another folder")
     if not _replaceable(out):
         kind = "a file" if out.is_file() else "a folder that leaklab did not write"
@@ -342,10 +366,21 @@ def check_format(data: Any, path: Path, kind: str) -> dict:
     if fmt != f"leaklab.{kind}":
         raise LeaklabError(f"{path} is not a leaklab {kind} file (format {fmt!r}, expected "
                            f"'leaklab.{kind}')")
-    if not isinstance(version, int) or version > FORMAT_VERSION:
+    if type(version) is not int or version < 1:
+        raise LeaklabError(f"{path} has format version {version!r}; it must be a whole number from 1")
+    if version > FORMAT_VERSION:
         raise LeaklabError(f"{path} has format version {version!r}; this leaklab reads versions up to "
                            f"{FORMAT_VERSION}: upgrade leaklab")
     return data
+
+
+def member_file(folder: Path, name: Any, default: str, where: Path) -> Path:
+    """The file ``name`` (``default`` when absent) that ``where`` names inside the case ``folder``: a
+    plain file name, so a case never makes leaklab read outside its own folder."""
+    name = default if name is None else name
+    if not isinstance(name, str) or not name or name in (".", "..") or "/" in name or "\\" in name:
+        raise LeaklabError(f"{where}: file names must be plain names inside the case folder, not {name!r}")
+    return Path(folder) / name
 
 
 def parse_model(model_cls, value: Any, what: str):
@@ -384,7 +419,10 @@ def load_case(folder: Path) -> Case:
         raise LeaklabError(f"{folder} is a room case (a perception network's RL update); attack it with "
                            f"`leaklab audit --cases {folder}`")
     spec, metadata, capabilities, defense = view_parts(view_json, view_path, ModelSpec)
-    state, _ = load_tensors(folder / str(view_json.get("model_file") or MODEL_FILE), "model",
+    if metadata.loss != "cross_entropy":
+        raise LeaklabError(f"{view_path}: an image case's update comes from the cross-entropy loss, not "
+                           f"{metadata.loss!r}; re-capture the case")
+    state, _ = load_tensors(member_file(folder, view_json.get("model_file"), MODEL_FILE, view_path), "model",
                             view_json.get("model_sha256"))
     view = make_view(spec, state, metadata, capabilities, defense)
 
@@ -397,7 +435,14 @@ def load_case(folder: Path) -> Case:
     entries = upd_json.get("updates")
     if not isinstance(entries, list) or not entries:
         raise LeaklabError(f"{upd_path}: 'updates' must be a non-empty list of {{prefix, labels}}")
-    tensor_file = folder / str(upd_json.get("tensor_file") or UPDATE_FILE)
+    prefixes = [e.get("prefix") if isinstance(e, dict) else None for e in entries]
+    if upd_json.get("count", len(entries)) != len(entries):
+        raise LeaklabError(f"{upd_path}: 'count' is {upd_json.get('count')!r} but {len(entries)} updates are listed")
+    if any(isinstance(a, str) and isinstance(b, str) and b.startswith(a)
+           for i, a in enumerate(prefixes) for j, b in enumerate(prefixes) if i != j):
+        raise LeaklabError(f"{upd_path}: two updates share tensors (a prefix repeats or starts another); "
+                           "re-capture the case")
+    tensor_file = member_file(folder, upd_json.get("tensor_file"), UPDATE_FILE, upd_path)
     tensors, _ = load_tensors(tensor_file, "update", upd_json.get("sha256"))
 
     updates, labels, used = [], [], set()
@@ -424,7 +469,7 @@ def load_case(folder: Path) -> Case:
         y = entry.get("labels")
         if y is not None and capabilities.knows_labels:
             if not isinstance(y, list) or len(y) != metadata.batch_size or \
-                    not all(isinstance(v, int) and 0 <= v < spec.num_classes for v in y):
+                    not all(type(v) is int and 0 <= v < spec.num_classes for v in y):
                 raise LeaklabError(f"{upd_path}: updates[{i}].labels must be {metadata.batch_size} class "
                                    f"indices in 0..{spec.num_classes - 1}")
             labels.append(torch.tensor(y, dtype=torch.long))
@@ -455,8 +500,12 @@ def load_truth(folder: Path, case: Case | None = None,
         raise LeaklabError(f"truth file {path} needs tensors 'images' and 'labels'")
     try:
         provenance = json.loads(meta.get("provenance", "{}"))
-    except json.JSONDecodeError:
-        provenance = {}
+    except (json.JSONDecodeError, RecursionError):
+        raise LeaklabError(f"truth file {path}: provenance is not valid JSON; re-capture the case") from None
+    if not isinstance(provenance, dict):
+        raise LeaklabError(f"truth file {path}: provenance is not a JSON object; re-capture the case")
+    if not images.is_floating_point() or labels.is_floating_point() or labels.dtype == torch.bool:
+        raise LeaklabError(f"truth file {path} needs floating-point images and integer labels")
     if case is not None:
         spec = case.view.spec
         n = len(case.updates) * case.view.metadata.batch_size
@@ -464,8 +513,10 @@ def load_truth(folder: Path, case: Case | None = None,
         if tuple(images.shape) != expected or tuple(labels.shape) != (n,):
             raise LeaklabError(f"truth file {path} holds images {tuple(images.shape)} and labels "
                                f"{tuple(labels.shape)}; the case needs {expected} and ({n},)")
-    if not torch.isfinite(images).all():
-        raise LeaklabError(f"truth file {path} contains NaN or Inf pixels")
+    if not torch.isfinite(images).all() or images.min() < 0 or images.max() > 1:
+        raise LeaklabError(f"truth file {path} holds pixels outside [0, 1] (or NaN/Inf); re-capture the case")
+    if case is not None and len(labels) and (labels.min() < 0 or labels.max() >= case.view.spec.num_classes):
+        raise LeaklabError(f"truth file {path} holds labels outside 0..{case.view.spec.num_classes - 1}")
     return images.float(), labels.long(), provenance
 
 
@@ -482,9 +533,11 @@ def read_config(path: Path) -> dict[str, Any]:
         except (OSError, UnicodeDecodeError) as e:
             raise LeaklabError(f"config file {path} cannot be read ({_first_line(e)})") from None
         try:
-            data = yaml.safe_load(text)
+            data = _finite(yaml.safe_load(text), f"config file {path}")
         except yaml.YAMLError as e:
             raise LeaklabError(f"config file {path} is not valid YAML ({_first_line(e)})") from None
+        except RecursionError:
+            raise LeaklabError(f"config file {path} nests too deeply to be a configuration") from None
     else:
         data = read_json(path, "config")
     if data is None:

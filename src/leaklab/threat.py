@@ -39,7 +39,7 @@ class UpdateMetadata(BaseModel):
 
     kind: Literal["fedsgd", "fedavg"] = "fedsgd"
     batch_size: int = Field(default=1, ge=1, le=4096)
-    local_steps: int = Field(default=1, ge=1)
+    local_steps: int = Field(default=1, ge=1, le=1000)
     local_lr: float = Field(default=0.1, gt=0)
     local_batch_size: int | None = Field(default=None, ge=1)
     loss: Literal["cross_entropy", "dqn_mse", "reinforce"] = "cross_entropy"

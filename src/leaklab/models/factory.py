@@ -20,10 +20,10 @@ class ModelSpec(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     name: Literal["lenet", "convnet", "resnet18", "mlp", "cnn"]
-    num_classes: int = Field(gt=1)
-    in_channels: int = Field(gt=0)
+    num_classes: int = Field(gt=1, le=100_000)
+    in_channels: int = Field(gt=0, le=16)
     image_size: int = Field(ge=8, le=512)
-    width: int | None = Field(default=None, gt=0)
+    width: int | None = Field(default=None, gt=0, le=1024)
     mean: tuple[float, ...]
     std: tuple[float, ...]
 

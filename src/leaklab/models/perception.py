@@ -47,9 +47,9 @@ class PerceptionSpec(BaseModel):
 
     setting: Literal["S1", "S2"] = "S2"
     arch: Literal["small", "deep", "stacked"] = "small"
-    num_actions: int = Field(default=7, gt=1)
+    num_actions: int = Field(default=7, gt=1, le=1024)
     image_size: int = Field(default=150, ge=36, le=512)  # small/stacked: 36 -> 8 -> 3 -> 1
-    box_dim: int = Field(default=4, gt=0)
+    box_dim: int = Field(default=4, gt=0, le=64)
 
     @property
     def in_channels(self) -> int:
@@ -167,6 +167,9 @@ def perception_class(path: str) -> type[nn.Module]:
         cls = getattr(importlib.import_module(module_name), class_name)
     except (ImportError, AttributeError) as e:
         raise LeaklabError(f"--model-class {path!r} cannot be imported ({e}); put its module on PYTHONPATH") from None
+    except Exception as e:  # the user's module fails while importing (syntax error, its own exception)
+        raise LeaklabError(f"--model-class {path!r}: importing its module failed "
+                           f"({type(e).__name__}: {e})") from None
     if not (isinstance(cls, type) and issubclass(cls, nn.Module)):
         raise LeaklabError(f"--model-class {path!r} is not a torch.nn.Module class")
     return cls
@@ -180,7 +183,13 @@ def build_perception_net(spec: PerceptionSpec, seed: int | None = None,
         torch.manual_seed(seed)
     if model_class is None:
         return PerceptionNet(spec)
-    return check_contract(perception_class(model_class)(spec), model_class)
+    cls = perception_class(model_class)
+    try:
+        net = cls(spec)
+    except Exception as e:  # the user's class does not take a PerceptionSpec, or fails building
+        raise LeaklabError(f"--model-class {model_class!r}: {cls.__name__}(spec) failed "
+                           f"({type(e).__name__}: {e}); it must build from a PerceptionSpec") from None
+    return check_contract(net, model_class)
 
 
 def stack_images(rgb: torch.Tensor | None, depth: torch.Tensor, setting: str) -> torch.Tensor:

@@ -56,7 +56,7 @@ def truth_shapes(spec: PerceptionSpec, metadata: UpdateMetadata) -> dict[str, tu
 def check_room_truth(truth: dict[str, torch.Tensor], spec: PerceptionSpec, metadata: UpdateMetadata,
                      where: str = "truth") -> None:
     """Raise :class:`LeaklabError` unless ``truth`` has exactly the tensors of :func:`truth_shapes`,
-    finite, with integer actions of the network's range."""
+    finite, with integer actions of the network's range, images in [0, 1] and the box in [-1, 1]."""
     shapes = truth_shapes(spec, metadata)
     missing, extra = sorted(set(shapes) - set(truth)), sorted(set(truth) - set(shapes))
     if missing or extra:
@@ -71,6 +71,13 @@ def check_room_truth(truth: dict[str, torch.Tensor], spec: PerceptionSpec, metad
     action = truth["action"]
     if action.is_floating_point() or action.min() < 0 or action.max() >= spec.num_actions:
         raise LeaklabError(f"{where}: actions must be integers in 0..{spec.num_actions - 1}")
+    for name in ("images", "depth", "rgb"):  # pixels and normalised depth, as the environment gives them
+        t = truth.get(name)
+        if t is not None and (not t.is_floating_point() or t.min() < 0 or t.max() > 1):
+            raise LeaklabError(f"{where}: tensor {name!r} must hold floating-point values in [0, 1]")
+    box = truth["box"]
+    if not box.is_floating_point() or box.min() < -1 or box.max() > 1:
+        raise LeaklabError(f"{where}: the box must hold floating-point coordinates in [-1, 1]")
 
 
 def write_room_case(folder: Path, spec: PerceptionSpec, state: dict[str, torch.Tensor],
@@ -114,6 +121,9 @@ def load_room_case(folder: Path, model_class: str | None = None) -> RoomCase:
         raise LeaklabError(f"{view_path} is an image-classification case, not a room case; read it with "
                            "leaklab.io.load_case")
     spec, metadata, capabilities, defense = view_parts(view_json, view_path, PerceptionSpec)
+    if metadata.loss not in ("dqn_mse", "reinforce"):
+        raise LeaklabError(f"{view_path}: a room case's update comes from a DQN ('dqn_mse') or REINFORCE "
+                           f"('reinforce') loss, not {metadata.loss!r}; re-capture the case")
     state, _ = load_tensors(folder / MODEL_FILE, "model", view_json.get("model_sha256"))
     view = make_view(spec, state, metadata, capabilities, defense, model_class=model_class)
     upd_json = check_format(read_json(upd_path, "update metadata"), upd_path, "update")
@@ -122,6 +132,8 @@ def load_room_case(folder: Path, model_class: str | None = None) -> RoomCase:
     tensors, _ = load_tensors(folder / UPDATE_FILE, "update", upd_json.get("sha256"))
     if upd_json.get("count") != 1 or any(not k.startswith("u0/") for k in tensors):
         raise LeaklabError(f"{upd_path}: a room case holds exactly one update (prefix u0/); re-capture it")
+    if any(not t.is_floating_point() for t in tensors.values()):
+        raise LeaklabError(f"{folder / UPDATE_FILE}: update tensors must be floating-point; re-capture the case")
     update = ClientUpdate(metadata=metadata, tensors={k[3:]: v for k, v in tensors.items()},
                           defense=defense)  # the view's, validated (update.json repeats it)
     try:
@@ -143,8 +155,11 @@ def load_room_truth(folder: Path, case: RoomCase | None = None,
         check_room_truth(tensors, case.view.spec, case.view.metadata, where=str(path))
     try:
         provenance = json.loads(meta.get("provenance", "{}"))
-    except json.JSONDecodeError:
+    except (json.JSONDecodeError, RecursionError):
         raise LeaklabError(f"{path}: provenance is not valid JSON; re-capture the case") from None
     if not isinstance(provenance, dict):
         raise LeaklabError(f"{path}: provenance is not a JSON object; re-capture the case")
+    layouts = provenance.get("layouts", [])
+    if not isinstance(layouts, list) or not all(isinstance(x, str) for x in layouts):
+        raise LeaklabError(f"{path}: provenance 'layouts' must be a list of room names; re-capture the case")
     return tensors, provenance
