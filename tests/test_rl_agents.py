@@ -153,6 +153,10 @@ def test_agent_checkpoint_round_trip(tmp_path):
                  {"format": "leaklab.agent", "spec": PerceptionSpec(setting="S2").model_dump_json()})
     with pytest.raises(LeaklabError, match="does not fit"):
         load_agent(tmp_path / "bad.safetensors")
+    save_tensors(tmp_path / "deep.safetensors", net.state_dict(),
+                 {"format": "leaklab.agent", "spec": "[" * 100_000 + "]" * 100_000})
+    with pytest.raises(LeaklabError, match="not valid JSON"):
+        load_agent(tmp_path / "deep.safetensors")
     (tmp_path / "cut.safetensors").write_bytes((tmp_path / "agent.safetensors").read_bytes()[:500])
     with pytest.raises(LeaklabError, match="corrupt"):
         load_agent(tmp_path / "cut.safetensors")

@@ -33,7 +33,7 @@ def load_agent(path: Path) -> tuple[PerceptionSpec, PerceptionNet]:
                            "save one with save_agent or `leaklab train`")
     try:
         spec = PerceptionSpec.model_validate(json.loads(meta.get("spec", "")))
-    except json.JSONDecodeError:
+    except (json.JSONDecodeError, RecursionError):
         raise LeaklabError(f"{path}: the agent's spec is not valid JSON; save the agent again") from None
     except ValidationError as e:
         raise LeaklabError(validation_message(e, f"{path}: spec")) from None
