@@ -1,9 +1,14 @@
 """Image reconstruction metrics.
 
 Conventions: images are float tensors (N, C, H, W) with pixel values in [0, 1]; reconstructions are
-clipped to [0, 1] before scoring. PSNR uses a data range of 1: ``10 log10(1 / MSE)`` per image. SSIM is
-the Gaussian-window SSIM of Wang et al. (2004) (window 11, sigma 1.5, K1 = 0.01, K2 = 0.03, data
-range 1), averaged over channels, via torchmetrics. ``channel="y"`` scores the luma Y of YCbCr
+clipped to [0, 1] before scoring. PSNR uses a data range of 1: ``10 log10(1 / MSE)`` per image, at most
+300 dB (an exact reconstruction). SSIM is the Gaussian-window SSIM of Wang et al. (2004) (window 11,
+sigma 1.5, K1 = 0.01, K2 = 0.03, data range 1) as torchmetrics computes it: the images are padded by
+reflection and the SSIM map is averaged over every pixel, the 5-pixel border included (Wang's code and
+scikit-image average only the interior the window fits in). The border makes the two differ: on 32-pixel
+photos by up to 0.10 for a 2-pixel shift, on 150-pixel room reconstructions by 0.003-0.013 on average
+(measured in docs/reproductions.md); every SSIM leaklab publishes is torchmetrics'. Averaged over channels.
+``channel="y"`` scores the luma Y of YCbCr
 (ITU-R BT.601, studio swing as MATLAB's ``rgb2ycbcr``: ``Y = (16 + 65.481 R + 128.553 G + 24.966 B) / 255``),
 as super-resolution and seed 000 do; single-channel images are scored as they are.
 """
@@ -37,18 +42,16 @@ def _prepare(recon: torch.Tensor, truth: torch.Tensor, channel: str) -> tuple[to
 
 
 def psnr(recon: torch.Tensor, truth: torch.Tensor, channel: str = "rgb") -> torch.Tensor:
-    """Per-image PSNR in dB, shape (N,). An exact reconstruction is capped by float64 precision."""
+    """Per-image PSNR in dB, shape (N,); an exact reconstruction scores 300 dB."""
     recon, truth = _prepare(recon, truth, channel)
     mse = ((recon - truth) ** 2).flatten(1).mean(1).clamp_min(1e-30)
     return 10 * torch.log10(1.0 / mse)
 
 
 def ssim(recon: torch.Tensor, truth: torch.Tensor, channel: str = "rgb") -> torch.Tensor:
-    """Per-image SSIM, shape (N,)."""
+    """Per-image SSIM, shape (N,), with torchmetrics' reflected border (module docstring)."""
     recon, truth = _prepare(recon, truth, channel)
-    k = 11 if min(truth.shape[-2:]) >= 11 else (min(truth.shape[-2:]) // 2) * 2 - 1
-    return structural_similarity_index_measure(recon, truth, data_range=1.0, kernel_size=k,
-                                               reduction="none")
+    return structural_similarity_index_measure(recon, truth, data_range=1.0, reduction="none")
 
 
 def constant_baseline(truth: torch.Tensor) -> torch.Tensor:
