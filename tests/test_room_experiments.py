@@ -52,6 +52,19 @@ def test_attack_qgi_writes_the_results_contract(tmp_path):
     assert s["iou_min"] > 0.999 and s["action_accuracy"] == 1.0 and s["q_target_err_mean"] < 0.01
     assert (out / "reconstructions.png").read_bytes().startswith(PNG)
     assert len((out / "samples.jsonl").read_text().splitlines()) == 2
+    # the reconstructions themselves, re-scored: the rows' metrics come back from the saved tensors
+    from leaklab.io import load_tensors
+    from leaklab.metrics.image import psnr
+    from leaklab.experiments.room_attack import RoomRunConfig, capture_samples, layouts_arg
+
+    recs, meta = load_tensors(out / "reconstructions.safetensors", "reconstructions")
+    assert meta["format"] == "leaklab.room_reconstructions"
+    assert recs["images"].shape == (2, 4, 150, 150) and recs["box"].shape == (2, 4)
+    assert set(recs) == {"images", "box", "action", "q_pred", "q_target"}
+    _, samples = capture_samples(RoomRunConfig(setting="S1", samples=2, layouts=layouts_arg("2")))
+    for i, sample in enumerate(samples):
+        depth = psnr(recs["images"][i:i + 1, 3:], sample.truth["images"][:, 3:].float())
+        assert abs(float(depth) - res["samples"][i]["metrics"]["depth_raw_psnr"]) < 1e-6
 
 
 def test_attack_rgi_reports_the_reward_error_and_is_deterministic(tmp_path):

@@ -34,7 +34,7 @@ from leaklab.defenses import parse_defense
 from leaklab.device import DEVICE_PATTERN, describe, repeatable, require_device
 from leaklab.errors import LeaklabError
 from leaklab.experiments.image_attack import versions
-from leaklab.io import RESULTS_FILE, atomic_dir, check_out, write_json
+from leaklab.io import RECONSTRUCTIONS_FILE, RESULTS_FILE, atomic_dir, check_out, save_tensors, write_json
 from leaklab.metrics.rooms import matched_first, room_metrics
 from leaklab.models import PerceptionSpec
 from leaklab.models.perception import architecture_digest
@@ -283,6 +283,21 @@ def image_grid_png(setting: str, truths: list[torch.Tensor], recs: list[torch.Te
     return image_grid(rows, path, captions=caps, max_cols=GRID_SAMPLES, title=title)
 
 
+def reconstruction_tensors(recovered: Sequence[RoomReconstruction]) -> dict[str, torch.Tensor]:
+    """The reconstructions of a run as tensors, one row per attacked sample in sample order (each
+    update's ``B`` samples in the attack's order): ``images`` float32 ``[N*B, C, S, S]``, ``box``,
+    ``action`` and every other per-sample tensor all of them carry (``q_pred``, ``q_target``, ``probs``,
+    ``reward``)."""
+    names = ("images", "box", "action", "q_pred", "q_target", "probs", "reward")
+    out = {}
+    for name in names:
+        parts = [getattr(rec, name) for rec in recovered]
+        if parts and all(p is not None for p in parts):
+            joined = torch.cat([p.detach().cpu() for p in parts])
+            out[name] = joined.long() if name == "action" else joined.float()
+    return out
+
+
 def run(config: RoomRunConfig, out: Path, progress: ProgressFn | None = None) -> dict[str, Any]:
     """Capture, attack, score; write ``out`` atomically and return the results dict."""
     check_out(out)  # before the capture: never spend minutes and then refuse the folder
@@ -294,6 +309,7 @@ def run(config: RoomRunConfig, out: Path, progress: ProgressFn | None = None) ->
             for s in samples]
     rows: list[dict[str, Any]] = []
     truths, recs, captions = [], [], []
+    recovered: list[RoomReconstruction] = []
     seconds_attacking = [0.0]
     with atomic_dir(out) as tmp:
         log = (tmp / SAMPLES_FILE).open("w")
@@ -303,6 +319,7 @@ def run(config: RoomRunConfig, out: Path, progress: ProgressFn | None = None) ->
             row = score(sample, rec, config.setting)
             metrics = row["metrics"]
             rows.append(row)
+            recovered.append(rec)
             seconds_attacking[0] += rec.seconds
             log.write(json.dumps(row) + "\n")
             log.flush()
@@ -326,6 +343,8 @@ def run(config: RoomRunConfig, out: Path, progress: ProgressFn | None = None) ->
                    "summary": summary, "samples": rows,
                    "versions": versions(), "device": describe(torch.device(config.device))}
         write_json(tmp / RESULTS_FILE, results)
+        save_tensors(tmp / RECONSTRUCTIONS_FILE, reconstruction_tensors(recovered),
+                     {"format": "leaklab.room_reconstructions"})
         title = (f"{config.algorithm.upper()} {config.setting}, {config.attack.mode} mode, "
                  f"{config.arch} network" + (f", defense {config.defense}" if config.defense else ""))
         image_grid_png(config.setting, truths, recs, title, tmp / PNG_FILE, captions)
