@@ -93,6 +93,9 @@ def test_room_case_refuses_bad_input(tmp_path):
     write_json(tmp_path / "ok" / "view.json", {**view, "defense": "shuffle:0.5"})
     with pytest.raises(LeaklabError, match="unknown defense"):
         load_room_case(tmp_path / "ok")
+    write_json(tmp_path / "ok" / "view.json", {**view, "model_file": "../ok2/model.safetensors"})
+    with pytest.raises(LeaklabError, match="plain names inside the case folder"):
+        load_room_case(tmp_path / "ok")
     write_json(tmp_path / "ok" / "view.json", view)
     data = bytearray((tmp_path / "ok" / "update.safetensors").read_bytes())
     data[-3] ^= 0xFF

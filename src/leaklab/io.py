@@ -207,11 +207,12 @@ def load_tensors(path: Path, what: str, sha256: str | None = None,
     """
     path = Path(path)
     try:
-        if path.exists() and not path.is_file():
-            raise LeaklabError(f"{what} file {path} is not a regular file; {_missing_hint(path)}")
-        if path.exists() and path.stat().st_size > MAX_TENSOR_FILE_BYTES:
-            raise LeaklabError(f"{what} file {path} is larger than leaklab reads "
-                               f"({MAX_TENSOR_FILE_BYTES >> 30} GiB)")
+        if path.exists():  # a missing file is the FileNotFoundError below
+            if not path.is_file():
+                raise LeaklabError(f"{what} file {path} is not a regular file; {_missing_hint(path)}")
+            if path.stat().st_size > MAX_TENSOR_FILE_BYTES:
+                raise LeaklabError(f"{what} file {path} is larger than leaklab reads "
+                                   f"({MAX_TENSOR_FILE_BYTES >> 30} GiB)")
         data = path.read_bytes()
     except FileNotFoundError:
         raise LeaklabError(f"{what} file {path} is missing; {_missing_hint(path)}") from None
@@ -485,6 +486,17 @@ def load_case(folder: Path) -> Case:
     return Case(view=view, updates=updates, labels=labels, folder=folder)
 
 
+def truth_provenance(metadata: dict[str, str], path: Path) -> dict[str, Any]:
+    """The provenance a truth file records in its metadata (a JSON object; ``{}`` when absent)."""
+    try:
+        provenance = json.loads(metadata.get("provenance", "{}"))
+    except (json.JSONDecodeError, RecursionError):
+        raise LeaklabError(f"truth file {path}: provenance is not valid JSON; re-capture the case") from None
+    if not isinstance(provenance, dict):
+        raise LeaklabError(f"truth file {path}: provenance is not a JSON object; re-capture the case")
+    return _finite(provenance, f"truth file {path}: provenance")
+
+
 def load_truth(folder: Path, case: Case | None = None,
                ) -> tuple[torch.Tensor, torch.Tensor, dict[str, Any]] | None:
     """The client's truth of a case (images, labels, provenance), or None when the file is absent.
@@ -498,12 +510,7 @@ def load_truth(folder: Path, case: Case | None = None,
     images, labels = tensors.get("images"), tensors.get("labels")
     if images is None or labels is None:
         raise LeaklabError(f"truth file {path} needs tensors 'images' and 'labels'")
-    try:
-        provenance = json.loads(meta.get("provenance", "{}"))
-    except (json.JSONDecodeError, RecursionError):
-        raise LeaklabError(f"truth file {path}: provenance is not valid JSON; re-capture the case") from None
-    if not isinstance(provenance, dict):
-        raise LeaklabError(f"truth file {path}: provenance is not a JSON object; re-capture the case")
+    provenance = truth_provenance(meta, path)
     if not images.is_floating_point() or labels.is_floating_point() or labels.dtype == torch.bool:
         raise LeaklabError(f"truth file {path} needs floating-point images and integer labels")
     if case is not None:

@@ -12,7 +12,6 @@ REINFORCE: the return ``R`` that weights ``log π(a|s)``) and ``q_pred``/``q_tar
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,8 +20,8 @@ import torch
 
 from leaklab.errors import LeaklabError
 from leaklab.io import (FORMAT_VERSION, MODEL_FILE, TRUTH_FILE, UPDATE_FILE, UPDATE_JSON, VIEW_FILE,
-                        check_format, dumps_json, load_tensors, parse_model, read_json, save_tensors,
-                        view_parts, write_json)
+                        check_format, dumps_json, load_tensors, member_file, parse_model, read_json,
+                        save_tensors, truth_provenance, view_parts, write_json)
 from leaklab.models import PerceptionSpec
 from leaklab.threat import Capabilities, ClientUpdate, ServerView, UpdateMetadata, make_view
 
@@ -124,22 +123,24 @@ def load_room_case(folder: Path, model_class: str | None = None) -> RoomCase:
     if metadata.loss not in ("dqn_mse", "reinforce"):
         raise LeaklabError(f"{view_path}: a room case's update comes from a DQN ('dqn_mse') or REINFORCE "
                            f"('reinforce') loss, not {metadata.loss!r}; re-capture the case")
-    state, _ = load_tensors(folder / MODEL_FILE, "model", view_json.get("model_sha256"))
+    state, _ = load_tensors(member_file(folder, view_json.get("model_file"), MODEL_FILE, view_path), "model",
+                            view_json.get("model_sha256"))
     view = make_view(spec, state, metadata, capabilities, defense, model_class=model_class)
     upd_json = check_format(read_json(upd_path, "update metadata"), upd_path, "update")
     if parse_model(UpdateMetadata, upd_json.get("metadata"), f"{upd_path}: metadata") != metadata:
         raise LeaklabError(f"{upd_path} declares metadata that differs from {view_path}; re-capture the case")
-    tensors, _ = load_tensors(folder / UPDATE_FILE, "update", upd_json.get("sha256"))
+    tensor_file = member_file(folder, upd_json.get("tensor_file"), UPDATE_FILE, upd_path)
+    tensors, _ = load_tensors(tensor_file, "update", upd_json.get("sha256"))
     if upd_json.get("count") != 1 or any(not k.startswith("u0/") for k in tensors):
         raise LeaklabError(f"{upd_path}: a room case holds exactly one update (prefix u0/); re-capture it")
     if any(not t.is_floating_point() for t in tensors.values()):
-        raise LeaklabError(f"{folder / UPDATE_FILE}: update tensors must be floating-point; re-capture the case")
+        raise LeaklabError(f"{tensor_file}: update tensors must be floating-point; re-capture the case")
     update = ClientUpdate(metadata=metadata, tensors={k[3:]: v for k, v in tensors.items()},
                           defense=defense)  # the view's, validated (update.json repeats it)
     try:
         update.validate_against(view.model)
     except LeaklabError as e:
-        raise LeaklabError(f"{folder / UPDATE_FILE}: {e}") from None
+        raise LeaklabError(f"{tensor_file}: {e}") from None
     return RoomCase(view=view, update=update, folder=folder)
 
 
@@ -153,12 +154,7 @@ def load_room_truth(folder: Path, case: RoomCase | None = None,
         raise LeaklabError(f"{path} is not the truth of a room case (format {meta.get('format')!r})")
     if case is not None:
         check_room_truth(tensors, case.view.spec, case.view.metadata, where=str(path))
-    try:
-        provenance = json.loads(meta.get("provenance", "{}"))
-    except (json.JSONDecodeError, RecursionError):
-        raise LeaklabError(f"{path}: provenance is not valid JSON; re-capture the case") from None
-    if not isinstance(provenance, dict):
-        raise LeaklabError(f"{path}: provenance is not a JSON object; re-capture the case")
+    provenance = truth_provenance(meta, path)
     layouts = provenance.get("layouts", [])
     if not isinstance(layouts, list) or not all(isinstance(x, str) for x in layouts):
         raise LeaklabError(f"{path}: provenance 'layouts' must be a list of room names; re-capture the case")
