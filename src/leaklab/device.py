@@ -41,7 +41,7 @@ def repeatable(device: torch.device | str) -> Iterator[None]:
     workspace. Nothing changes on the CPU, whose single-threaded kernels already repeat bit for bit.
     The room and image attacks run inside it. On the lent H100 (torch 2.11) two runs of the same room
     attack differed by up to 0.19 dB without it and were identical with it, as were the image attacks
-    on every model; measured in docs/reproductions.md. The previous settings come back on exit."""
+    on LeNet, ConvNet, ResNet-18 and the CNN; measured in docs/reproductions.md. The previous settings come back on exit."""
     if torch.device(device).type != "cuda":
         yield
         return
