@@ -86,6 +86,7 @@ def test_attack_rgi_reports_the_reward_error_and_is_deterministic(tmp_path):
     (["--defense", "blur:2"], ["blur"]),
     (["--mode", "fast"], ["--mode"]),
     (["--samples", "0"], ["--samples"]),
+    (["--mode", "paper", "--no-layerwise"], ["--no-layerwise", "paper mode"]),
 ])
 def test_attack_qgi_refuses_bad_input_without_output(tmp_path, args, words):
     out = tmp_path / "bad"
@@ -271,8 +272,10 @@ def test_bad_model_class_is_refused(tmp_path, cls, words):
 
 def saved_cell(config):
     """What ``room_attack.run`` writes about a cell's computation."""
+    from leaklab.attacks.rl.config import METHOD_VERSION
     from leaklab.models.perception import architecture_digest
-    return {"config": config.model_dump(mode="json"), "network": architecture_digest(config.spec)}
+    return {"config": config.model_dump(mode="json"), "network": architecture_digest(config.spec),
+            "method_version": METHOD_VERSION[config.attack.mode]}
 
 
 def test_saved_table_cells_are_reused_whatever_the_worker_count():
@@ -293,6 +296,18 @@ def test_saved_cells_of_another_network_or_of_unknown_network_are_not_reused():
     other = saved_cell(RoomRunConfig(setting="S1", arch="stacked", samples=2))
     assert not _same_cell({**other, "config": config.model_dump(mode="json")}, config)
     assert not _same_cell({"config": config.model_dump(mode="json")}, config)  # written before digests
+
+
+def test_saved_cells_of_an_earlier_method_are_not_reused():
+    from leaklab.attacks.rl import RoomAttackConfig
+    from leaklab.experiments.room_attack import RoomRunConfig
+    from leaklab.experiments.room_tables import _same_cell
+
+    exact, paper = RoomRunConfig(samples=2), RoomRunConfig(samples=2, attack=RoomAttackConfig(mode="paper"))
+    before = lambda config: {k: v for k, v in saved_cell(config).items() if k != "method_version"}  # noqa: E731
+    assert not _same_cell(before(exact), exact)  # exact mode has changed since (the layerwise stage)
+    assert not _same_cell({**saved_cell(exact), "method_version": 1}, exact)
+    assert _same_cell(before(paper), paper)  # paper mode has not
 
 
 def test_exact_mode_settings_do_not_invalidate_saved_paper_cells():

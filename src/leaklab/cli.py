@@ -347,13 +347,15 @@ RoomDefenseOpt = Annotated[Optional[str], typer.Option("--defense", help="defens
 
 def _room_attack(algorithm: str, setting: str, mode: str, arch: str, samples: int, layouts: str | None,
                  seed: int, iterations: int | None, batch_size: int, train_steps: int, defense: str | None,
-                 workers: int, device: str, out: Path) -> None:
+                 workers: int, device: str, layerwise: bool, out: Path) -> None:
     from leaklab.attacks.rl import RoomAttackConfig
     from leaklab.device import require_device
     from leaklab.experiments import room_attack
 
     require_device(device)  # before the configs: one plain line for a bad name
-    attack = RoomAttackConfig(mode=mode, seed=seed,
+    if not layerwise and mode != "exact":
+        raise LeaklabError("--no-layerwise switches off a stage of exact mode; paper mode has none")
+    attack = RoomAttackConfig(mode=mode, seed=seed, layerwise=layerwise,
                               **({"iterations": iterations} if iterations is not None else {}))
     config = room_attack.RoomRunConfig(algorithm=algorithm, setting=setting, arch=arch, samples=samples,
                                        layouts=room_attack.layouts_arg(layouts), batch_size=batch_size,
@@ -389,9 +391,12 @@ def _room_command(algorithm: str, doc: str) -> Callable:
         defense: RoomDefenseOpt = None,
         workers: Annotated[int, typer.Option("--workers", help="attack processes (0: one per core)")] = 0,
         device: DeviceOpt = "cpu",
+        layerwise: Annotated[bool, typer.Option("--layerwise/--no-layerwise", help="exact mode: recover "
+                                                "each conv stream's penultimate activations exactly and "
+                                                "match them (default on)")] = True,
     ) -> None:
         _room_attack(algorithm, setting, mode, arch, samples, layouts, seed, iterations, batch_size,
-                     train_steps, defense, workers, device, out)
+                     train_steps, defense, workers, device, layerwise, out)
 
     command.__doc__ = doc
     return _guard(command)

@@ -30,6 +30,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from leaklab.attacks.rl import RoomAttackConfig, RoomReconstruction, qgi, rgi
+from leaklab.attacks.rl.config import METHOD_VERSION
 from leaklab.defenses import parse_defense
 from leaklab.device import DEVICE_PATTERN, describe, repeatable, require_device
 from leaklab.errors import LeaklabError
@@ -340,7 +341,7 @@ def run(config: RoomRunConfig, out: Path, progress: ProgressFn | None = None) ->
         summary["wall_seconds"] = wall
         results = {"format": "leaklab.room_attack", "format_version": 1,
                    "config": config.model_dump(mode="json"), "network": architecture_digest(config.spec),
-                   "summary": summary, "samples": rows,
+                   "method_version": METHOD_VERSION[config.attack.mode], "summary": summary, "samples": rows,
                    "versions": versions(), "device": describe(torch.device(config.device))}
         write_json(tmp / RESULTS_FILE, results)
         save_tensors(tmp / RECONSTRUCTIONS_FILE, reconstruction_tensors(recovered),

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from leaklab.attacks.rl import RoomAttackConfig
-from leaklab.attacks.rl.config import EXACT_ONLY
+from leaklab.attacks.rl.config import EXACT_ONLY, METHOD_VERSION
 from leaklab.errors import LeaklabError
 from leaklab.experiments import room_attack
 from leaklab.io import CELLS_DIR, RESULTS_FILE, check_out, read_json, write_bytes, write_json
@@ -83,8 +83,9 @@ def _cell_config(algorithm: str, setting: str, attack: dict[str, Any], samples: 
 
 def _same_cell(saved: Any, config: room_attack.RoomRunConfig) -> bool:
     """Whether saved cell results ran ``config`` on the same network architecture (results written
-    before leaklab recorded it never count: the default network has changed between versions); the
-    worker count does not change a cell's numbers, nor do exact-mode settings a paper-mode cell's."""
+    before leaklab recorded it never count) with the same method
+    (:data:`~leaklab.attacks.rl.config.METHOD_VERSION`); the worker count does not change a cell's numbers, nor do
+    exact-mode settings a paper-mode cell's."""
     if not isinstance(saved, dict) or not isinstance(saved.get("config"), dict):
         return False
 
@@ -95,6 +96,7 @@ def _same_cell(saved: Any, config: room_attack.RoomRunConfig) -> bool:
         return {k: v for k, v in run.items() if k != "workers"}
 
     return (saved.get("network") == architecture_digest(config.spec)
+            and saved.get("method_version", 1) == METHOD_VERSION[config.attack.mode]
             and computation(saved["config"]) == computation(config.model_dump(mode="json")))
 
 

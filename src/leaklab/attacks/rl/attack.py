@@ -67,8 +67,8 @@ def _images_and_state(net, grads, errors, actions, cfg, progress, batch):
     """``(box, images, last-layer input, paper state or None, iterations, exact names)``."""
     if cfg.mode == "exact" and batch == 1:
         st = exact_vectors(net, grads)
-        images = exact_images(net, grads, st.features, cfg, progress)
-        return st.box, images, st.last_input, None, cfg.iterations, ("box", "features")
+        images, activations = exact_images(net, grads, st.features, cfg, progress)
+        return st.box, images, st.last_input, None, cfg.iterations, ("box", "features", *activations)
     st = paper_state(net, grads, errors, actions, cfg, progress)
     with torch.no_grad():
         last_input = trace(net, st.features, st.box).linear[-1][1]

@@ -22,7 +22,11 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 
-EXACT_ONLY = ("tv_final", "feature_weight", "gradient_weight")  # fields the paper mode never reads
+EXACT_ONLY = ("tv_final", "feature_weight", "gradient_weight", "layerwise")  # fields the paper mode never reads
+# Per mode, raised whenever a change alters what the room attacks compute for the same configuration,
+# so that ``leaklab reproduce`` does not reuse results of an earlier method; results that record none
+# are version 1 (exact mode's 2: the layerwise stage).
+METHOD_VERSION = {"exact": 2, "paper": 1}
 
 
 class RoomAttackConfig(BaseModel):
@@ -39,6 +43,8 @@ class RoomAttackConfig(BaseModel):
     tv_final: float = Field(default=0.003, gt=0, description="exact mode: λ decays geometrically to this")
     feature_weight: float = Field(default=1.0, ge=0, description="exact mode: weight of the feature match")
     gradient_weight: float = Field(default=1.0, ge=0, description="exact mode: weight of the last-convolution gradient match")
+    layerwise: bool = Field(default=True, description="exact mode: recover each stream's penultimate "
+                            "activations exactly and match them and the convolution before")
     objective: Literal["error_direction", "dlg", "inverting"] = "error_direction"
     action: Literal["rule", "optimised"] = "rule"
     multimodal: Literal["separate", "joint"] = "separate"
