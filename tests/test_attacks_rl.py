@@ -200,7 +200,7 @@ def test_layerwise_stage_recovers_the_activations_and_helps():
         rec = qgi(view, update, RoomAttackConfig(iterations=1000, layerwise=layerwise))
         assert ("depth activations" in rec.exact) == layerwise
         gains[layerwise] = float(psnr(rec.images, x) - psnr(constant_baseline(x), x))
-    assert gains[True] > gains[False] + 2  # measured 28.1 against 23.2 dB over the constant image
+    assert gains[True] > gains[False] + 2  # measured 27.5 against 23.2 dB over the constant image
 
 
 @pytest.mark.parametrize("objective,action", [("dlg", "optimised"), ("inverting", "rule")])

@@ -33,12 +33,14 @@ starting support); where that succeeds, the error at the convolution before is e
 convolution's error through its transpose and the recovered activations' ReLU), and the rest of the
 run matches those activations and that convolution's weight gradient (8,192 equations on its input
 for ``small``'s RGB stream) instead of the features and the last convolution's gradient, from the
-current images, with the TV decay restarted at ``RESTART_TV`` of ``tv_weight`` and the gradient term
-ramped again. On 8 real S1 frames (session 8 probe, 500 + 1,500 steps against 2,000 of stage 1
-alone): RGB +6.63 dB over the constant baseline against +5.25 (better on all 8), depth +32.7 against
-+28.5 (7 of 8 better, one 5.0 dB worse). Runs under ``LAYERWISE_ITERATIONS`` skip it: a quarter of
-300 steps leaves too rough a start (smooth synthetic S2 room: 8.4 dB over the baseline with it
-against 13.1 without; 28.1 against 23.2 at 1,000 steps).
+current images, with the TV decay and the gradient ramp started again. Restarting TV at 0.3 of
+``tv_weight`` instead sent depth below the constant baseline on 2 of 48 S1 frames (-1.6 dB; +22.6
+and +14.6 with the full restart, +18.1 and +12.4 without the stage). On 5 S1 frames (session 8,
+500 + 1,500 steps against 2,000 of stage 1 alone): RGB +6.48 dB over the constant baseline against
++4.84, depth +23.7 against +20.4, better on every frame in both; docs/reproductions.md has the 48.
+Runs under ``LAYERWISE_ITERATIONS`` skip it: a quarter of 300 steps leaves too rough a start (smooth
+synthetic S2 room, with the decay restarted at 0.3: 8.4 dB over the baseline with it against 13.1
+without; 28.1 against 23.2 at 1,000 steps).
 """
 
 from __future__ import annotations
@@ -159,13 +161,12 @@ def untouched(grads: dict[str, torch.Tensor]) -> bool:
     return rank_one_residual(grads["head.0.weight"], grads["head.0.bias"]) <= UNTOUCHED
 
 
-RESTART_TV = 0.3  # the layerwise stage restarts the TV decay at this fraction of ``tv_weight``
 LAYERWISE_ITERATIONS = 1000  # shorter runs skip the layerwise stage (module docstring)
 
 
-def _tv(cfg: RoomAttackConfig, start: float, done: float) -> float:
-    """The TV weight decaying geometrically from ``start`` to ``tv_final`` over the run."""
-    return start * (cfg.tv_final / start) ** done if start else 0.0
+def _tv(cfg: RoomAttackConfig, done: float) -> float:
+    """The TV weight decaying geometrically from ``tv_weight`` to ``tv_final`` over a stage."""
+    return cfg.tv_weight * (cfg.tv_final / cfg.tv_weight) ** done if cfg.tv_weight else 0.0
 
 
 def _feature_terms(s: Stream, x: torch.Tensor, error: torch.Tensor, ref: torch.Tensor
@@ -216,7 +217,7 @@ def exact_images(net: PerceptionNet, grads: dict[str, torch.Tensor], features: t
     first = cfg.iterations // 4 if deeper else cfg.iterations
 
     def stage1(done: float) -> torch.Tensor:
-        total = _tv(cfg, cfg.tv_weight, done) * modality_tv(x)
+        total = _tv(cfg, done) * modality_tv(x)
         if not streams:
             return total + cfg.feature_weight * ((net.conv(x) - f) ** 2).sum() / f_norm
         parts = []
@@ -245,7 +246,7 @@ def exact_images(net: PerceptionNet, grads: dict[str, torch.Tensor], features: t
             recovered.append(None)
 
     def stage2(done: float) -> torch.Tensor:
-        total = _tv(cfg, RESTART_TV * cfg.tv_weight, done) * modality_tv(x)
+        total = _tv(cfg, done) * modality_tv(x)
         ramp = cfg.gradient_weight * done
         for s, err, known in zip(streams, errors, recovered):
             if known is None:
