@@ -18,15 +18,15 @@ On a superset of the true support a full-rank system has the true activations as
 solution; a support that still misses entries leaves a residual or compensates with negative
 entries, so a solution is taken only when its relative residual is under :data:`EXACT` and no entry
 is below ``-NEGATIVE`` of the largest (session 8, 48 S1 frames: one RGB stream stopped at a residual
-of 6.0e-7, under a looser 1e-6, with 4.8e-4 error and an entry at -1.1e-3 of the largest, and its
+of 6.0-6.7e-7, under a looser 1e-6, with 4.7-4.8e-4 error and an entry at -1.1e-3 of the largest; its
 frame's RGB fell to 2.5 dB *below* the constant baseline; with the true activations it gained 8.1
 dB). When bordering loses a pivot (the support has grown past what the systems determine), the
 support is pruned to its positive entries and factorised afresh (at most :data:`REBUILDS` times);
 otherwise ``None``. From the image after exact mode's first 500 steps, on the 4 streams of the two
 hardest of those frames: at most 9.6e-6 relative error against the true activations, 3-22 s per
 stream on one core (the Cholesky factor of 5,500-8,000 unknowns and its bordered updates are the
-cost); the same solver stopping at a residual of 1e-6 had recovered 8 streams of 4 other frames to
-at most 4.5e-6 in 3-10 s. Session 7's solver (L-BFGS, then conjugate gradients on the support)
+cost); the same solver stopping at a residual of 1e-6 had recovered 6 streams of 3 other frames to
+at most 2e-6 in 3-10 s. Session 7's solver (L-BFGS, then conjugate gradients on the support)
 reached that accuracy in 8-39 s.
 """
 
