@@ -47,5 +47,7 @@ def test_match_order_inverts_a_permutation():
 
 def test_box_iou_and_percent_error_and_cosine():
     assert math.isclose(float(box_iou(torch.tensor([0, 0, 2, 2.]), torch.tensor([1, 1, 3, 3.]))[0]), 1 / 7)
-    assert float(percent_error(torch.tensor(1.01), torch.tensor(1.0))) - 1.0 < 1e-9
+    assert abs(float(percent_error(torch.tensor(1.01, dtype=torch.float64), torch.tensor(1.0))) - 1.0) < 1e-9
+    both_zero, off_zero = percent_error(torch.tensor([0.0, 1.0]), torch.tensor([0.0, 0.0]))
+    assert float(both_zero) == 0.0 and math.isinf(float(off_zero))
     assert math.isclose(cosine_similarity([torch.ones(3)], [torch.ones(3)]), 1.0)

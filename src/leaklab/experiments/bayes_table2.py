@@ -50,7 +50,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import platform
 import time
 import zlib
@@ -66,7 +65,7 @@ from leaklab.defenses import parse_defense
 from leaklab.device import describe
 from leaklab.errors import LeaklabError
 from leaklab.fl import fedsgd_update
-from leaklab.io import CELLS_DIR, check_out
+from leaklab.io import CELLS_DIR, check_out, write_json
 from leaklab.metrics import constant_baseline, psnr
 from leaklab.models import ModelSpec, build_model
 from leaklab.threat import Capabilities, make_view
@@ -160,13 +159,6 @@ def _stable_seed(*parts: object) -> int:
 
 def _fingerprint(obj: object) -> str:
     return f"{zlib.crc32(json.dumps(obj, sort_keys=True).encode()):08x}"
-
-
-def _write_json(path: Path, data: object) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=1, sort_keys=False))
-    os.replace(tmp, path)
 
 
 def _defense_key(name: str) -> str:
@@ -503,7 +495,7 @@ def run(out: Path, quick: bool = False, datasets: list[str] | None = None,
             "paper": paper_value(ds, d, st, attack),
             "seconds": round(time.perf_counter() - t0, 2),
         }
-        _write_json(path, record)
+        write_json(path, record)
         results[(ds, d, st, attack)] = record
         report(f"{ds} {d} step {st} {attack}: {record['psnr_mean']:.2f} dB")
 
@@ -566,6 +558,6 @@ def run(out: Path, quick: bool = False, datasets: list[str] | None = None,
         "seconds": round(time.perf_counter() - started, 1),
         "cell_seconds_total": round(sum(rec.get("seconds", 0.0) for rec in results.values()), 1),
     }
-    _write_json(out / "results.json", result)
+    write_json(out / "results.json", result)
     _plot(out / "table2.png", table, paper, datasets, defense_keys, steps)
     return result

@@ -20,9 +20,11 @@ def box_iou(pred: torch.Tensor, truth: torch.Tensor) -> torch.Tensor:
 
 
 def percent_error(pred: torch.Tensor, truth: torch.Tensor) -> torch.Tensor:
-    """``100 * |pred - truth| / |truth|`` element-wise (infinite where truth is 0 and pred is not)."""
+    """``100 * |pred - truth| / |truth|`` element-wise (infinite where truth is 0 and pred is not, 0
+    where both are 0)."""
     pred, truth = pred.double(), truth.double()
-    return 100 * (pred - truth).abs() / truth.abs()
+    diff = (pred - truth).abs()
+    return torch.where(diff == 0, torch.zeros_like(diff), 100 * diff / truth.abs())
 
 
 def cosine_similarity(a: list[torch.Tensor] | torch.Tensor, b: list[torch.Tensor] | torch.Tensor) -> float:

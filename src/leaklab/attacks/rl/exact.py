@@ -249,10 +249,9 @@ def exact_images(net: PerceptionNet, grads: dict[str, torch.Tensor], features: t
         total = _tv(cfg, done) * modality_tv(x)
         ramp = cfg.gradient_weight * done
         for s, err, known in zip(streams, errors, recovered):
-            if known is None:
+            if known is None:  # stage 1's terms for this stream, its share of the feature match
                 out, mismatch = _feature_terms(s, x, err, grads[s.weight_name])
-                part = f[:, s.offset:s.offset + s.size]
-                match = ((out - part) ** 2).sum() / (part * part).sum().clamp_min(1e-30)
+                match = ((out - f[:, s.offset:s.offset + s.size]) ** 2).sum() / f_norm
             else:
                 match, mismatch = _inner_terms(s, x, known[0], known[1], grads[s.inner_name])
             total = total + cfg.feature_weight * match + ramp * mismatch
