@@ -180,6 +180,7 @@ def test_penultimate_activations_solve_both_systems_exactly(kernel, stride, side
     conv = torch.nn.Conv2d(8, 8, kernel, stride=stride)
     with torch.no_grad():
         pre = torch.randn(1, 8, side, side, dtype=torch.float64)
+        pre.view(-1)[:40:8] = 1e-5 * pre.max()  # tiny activations: their ReLU gates conv_p's error
         a = pre.relu()
         features = F.conv2d(a, conv.weight.double(), conv.bias.double(), stride=stride).relu()
         error = torch.randn(features.shape, dtype=torch.float64) * (features > 0)
@@ -188,6 +189,7 @@ def test_penultimate_activations_solve_both_systems_exactly(kernel, stride, side
         estimate = pre + noise * torch.randn(pre.shape, dtype=torch.float64)
         rec = penultimate_activations(conv, features.float(), error.float(), grad.float(), estimate.float())
         assert rec is not None and float((rec - a).norm() / a.norm()) < 1e-5
+        assert torch.equal(rec > 0, a > 0)
     # without the weight gradient the features alone do not determine the activations
     assert penultimate_activations(conv, features.float(), 0 * error.float(), 0 * grad.float(),
                                    pre.float()) is None

@@ -25,8 +25,9 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 EXACT_ONLY = ("tv_final", "feature_weight", "gradient_weight", "layerwise")  # fields the paper mode never reads
 # Per mode, raised whenever a change alters what the room attacks compute for the same configuration,
 # so that ``leaklab reproduce`` does not reuse results of an earlier method; results that record none
-# are version 1 (exact mode's 2: the layerwise stage).
-METHOD_VERSION = {"exact": 2, "paper": 1}
+# are version 1 (exact mode's 2: the layerwise stage; 3: its activations' zeros read off the solve's
+# noise, and a failed stream keeping stage 1's feature match).
+METHOD_VERSION = {"exact": 3, "paper": 1}
 
 
 class RoomAttackConfig(BaseModel):
