@@ -26,7 +26,7 @@ EXACT_ONLY = ("tv_final", "feature_weight", "gradient_weight", "layerwise")  # f
 # Per mode, raised whenever a change alters what the room attacks compute for the same configuration,
 # so that ``leaklab reproduce`` does not reuse results of an earlier method; results that record none
 # are version 1 (exact mode's 2: the layerwise stage; 3: its activations' zeros read off the solve's
-# noise, and a failed stream keeping stage 1's feature match).
+# noise, up to 6 fresh factorisations in its solve, and a failed stream keeping stage 1's feature match).
 METHOD_VERSION = {"exact": 3, "paper": 1}
 
 

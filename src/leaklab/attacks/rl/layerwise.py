@@ -49,7 +49,8 @@ PIVOT = 1e-9  # smallest squared Cholesky pivot of the Jacobi-scaled normal matr
 SUPPORT = 0.1  # entries whose estimated pre-activation is above -SUPPORT * its std start in the support
 ZERO = 2.0  # recovered entries under this multiple of the most negative one's size are the ReLU's zeros
 ROUNDS = 20
-REBUILDS = 2  # fresh factorisations of a pruned support after a failed bordering
+REBUILDS = 6  # fresh factorisations of a pruned support after a failed bordering (2 left 3 of 48 S2
+# depth streams unsolved in session 8; 6 solves 2 of them to a residual under 5e-8, session 9)
 ADD = 0.1  # each round adds the outside entries pulled up by more than this fraction of the strongest
 
 
