@@ -22,18 +22,20 @@ of 6.0-6.7e-7, under a looser 1e-6, with 4.7-4.8e-4 error and an entry at -1.1e-
 frame's RGB fell to 2.5 dB *below* the constant baseline; with the true activations it gained 8.1
 dB). When bordering loses a pivot (the support has grown past what the systems determine), the
 support is pruned to its positive entries and factorised afresh (at most :data:`REBUILDS` times);
-otherwise ``None``. The entries left at true zeros come out as rounding noise of either sign, so an
-entry counts as a ReLU zero when it is below :data:`ZERO` times the most negative entry's size. The
-split matters although those entries are tiny: the ReLU mask gates the error passed to the layer
-below. A fixed cut at 1e-4 of the largest entry (session 8) zeroed true activations of 6.5e-5 to
-8.5e-5 of it (a bias-only patch), noise being at most 1.2e-6; on 4 S2 frames with such entries the
-adaptive cut lifted depth from 26.4 to 32.9 dB over the constant baseline, on 4 S1 frames RGB from
-+5.39 to +5.72 dB (session 9). From the image after exact mode's first 500 steps, on the 4 streams of the two
+otherwise ``None``. From the image after exact mode's first 500 steps, on the 4 streams of the two
 hardest of those frames: at most 9.6e-6 relative error against the true activations, 3-22 s per
 stream on one core (the Cholesky factor of 5,500-8,000 unknowns and its bordered updates are the
 cost); the same solver stopping at a residual of 1e-6 had recovered 6 streams of 3 other frames to
 at most 2e-6 in 3-10 s. Session 7's solver (L-BFGS, then conjugate gradients on the support)
 reached that accuracy in 8-39 s.
+
+The entries left at true zeros come out as rounding noise of either sign, so an entry counts as a
+ReLU zero when it is below :data:`ZERO` times the most negative entry's size. The split matters
+although those entries are tiny: the ReLU mask gates the error passed to the layer below. A fixed
+cut at 1e-4 of the largest entry (session 8) zeroed true activations of 6.5e-5 to 8.5e-5 of it
+where the noise was at most 1.2e-6; on 4 S2 frames with such entries the noise-based
+cut lifted depth from +26.4 to +32.9 dB over the constant baseline, on 4 S1 frames RGB from +5.39
+to +5.72 dB (session 9).
 """
 
 from __future__ import annotations
