@@ -68,7 +68,7 @@ class AuditConfig(BaseModel):
     settings: tuple[str, ...] = ("S2", "S1")
     modes: tuple[str, ...] = ("exact",)
     arch: str = "small"
-    samples: int = Field(default=4, ge=1)
+    samples: int = Field(default=3, ge=1)
     layouts: tuple[str, ...] | None = Field(default=None, description="None: the first `samples` layouts")
     iterations: int | None = Field(default=None, ge=1, description="image-stage iterations; None: the mode's")
     gaussian_sigmas: tuple[float, ...] = (1e-5, 1e-3)
