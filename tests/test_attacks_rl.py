@@ -227,7 +227,8 @@ def test_bad_updates_are_refused():
 
 
 @pytest.mark.parametrize("fields", [{"objective": "dlg"}, {"multimodal": "joint"},
-                                    {"mode": "paper", "action": "optimised"}, {"seed": -1}])
+                                    {"mode": "paper", "action": "optimised"}, {"seed": -1},
+                                    {"mode": "paper", "layerwise": False}, {"mode": "paper", "tv_final": 0.01}])
 def test_attack_settings_that_would_be_ignored_are_refused(fields):
     with pytest.raises(ValueError):
         RoomAttackConfig(**fields)

@@ -353,8 +353,6 @@ def _room_attack(algorithm: str, setting: str, mode: str, arch: str, samples: in
     from leaklab.experiments import room_attack
 
     require_device(device)  # before the configs: one plain line for a bad name
-    if not layerwise and mode != "exact":
-        raise LeaklabError("--no-layerwise switches off a stage of exact mode; paper mode has none")
     attack = RoomAttackConfig(mode=mode, seed=seed, layerwise=layerwise,
                               **({"iterations": iterations} if iterations is not None else {}))
     config = room_attack.RoomRunConfig(algorithm=algorithm, setting=setting, arch=arch, samples=samples,

@@ -26,8 +26,9 @@ EXACT_ONLY = ("tv_final", "feature_weight", "gradient_weight", "layerwise")  # f
 # Per mode, raised whenever a change alters what the room attacks compute for the same configuration,
 # so that ``leaklab reproduce`` does not reuse results of an earlier method; results that record none
 # are version 1 (exact mode's 2: the layerwise stage; 3: its activations' zeros read off the solve's
-# noise, up to 6 fresh factorisations in its solve, and a failed stream keeping stage 1's feature match).
-METHOD_VERSION = {"exact": 3, "paper": 1}
+# noise, up to 6 fresh factorisations in its solve, and a failed stream keeping stage 1's feature match;
+# 4: stage 1 sums the feature match stream by stream, as a failed stream does, which reorders float sums).
+METHOD_VERSION = {"exact": 4, "paper": 1}
 
 
 class RoomAttackConfig(BaseModel):
@@ -57,6 +58,11 @@ class RoomAttackConfig(BaseModel):
                 ("error_direction", "rule", "separate"):
             raise ValueError("objective, action and multimodal are paper-mode ablations (section V-C); "
                              "exact mode takes the defaults")
+        if self.mode == "paper":
+            tuned = [k for k in EXACT_ONLY if getattr(self, k) != type(self).model_fields[k].default]
+            if tuned:
+                raise ValueError(f"{', '.join(tuned)}: exact-mode settings; paper mode (section IV as "
+                                 "written) does not read them")
         if self.objective == "error_direction" and self.action == "optimised":
             raise ValueError("action='optimised' needs objective 'dlg' or 'inverting': the error "
                              "direction (eq. 6) takes the action from the rule")

@@ -169,13 +169,20 @@ def _tv(cfg: RoomAttackConfig, done: float) -> float:
     return cfg.tv_weight * (cfg.tv_final / cfg.tv_weight) ** done if cfg.tv_weight else 0.0
 
 
-def _feature_terms(s: Stream, x: torch.Tensor, error: torch.Tensor, ref: torch.Tensor
-                   ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Stage 1 for one stream: its features, and the mismatch of the last convolution's weight
-    gradient of ``error^T conv(x)`` against the client's."""
+def _feature_match(out: torch.Tensor, target: torch.Tensor, f_norm: torch.Tensor) -> torch.Tensor:
+    """``||out − target||² / ||f||²``: features (all, or one stream's share) against the exact ones,
+    normalised by all the features' norm so that the streams' shares add up to the whole match."""
+    return ((out - target) ** 2).sum() / f_norm
+
+
+def _feature_terms(s: Stream, x: torch.Tensor, f: torch.Tensor, f_norm: torch.Tensor, error: torch.Tensor,
+                   ref: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Stage 1 for one stream: its share of the feature match, and the mismatch of the last
+    convolution's weight gradient of ``error^T conv(x)`` against the client's."""
     z = s.pre_features(x)
     rec, = torch.autograd.grad((error * z).sum(), s.last.weight, create_graph=True)
-    return z.relu(), ((rec - ref) ** 2).sum() / (ref * ref).sum().clamp_min(1e-30)
+    return (_feature_match(z.relu(), f[:, s.offset:s.offset + s.size], f_norm),
+            ((rec - ref) ** 2).sum() / (ref * ref).sum().clamp_min(1e-30))
 
 
 def _inner_terms(s: Stream, x: torch.Tensor, target: torch.Tensor, error: torch.Tensor, ref: torch.Tensor
@@ -219,13 +226,12 @@ def exact_images(net: PerceptionNet, grads: dict[str, torch.Tensor], features: t
     def stage1(done: float) -> torch.Tensor:
         total = _tv(cfg, done) * modality_tv(x)
         if not streams:
-            return total + cfg.feature_weight * ((net.conv(x) - f) ** 2).sum() / f_norm
-        parts = []
+            return total + cfg.feature_weight * _feature_match(net.conv(x), f, f_norm)
         for s, err in zip(streams, errors):
-            out, mismatch = _feature_terms(s, x, err, grads[s.weight_name])
-            parts.append(out)
-            total = total + cfg.gradient_weight * done * mismatch  # ramped: off at the noisy start
-        return total + cfg.feature_weight * ((torch.cat(parts, dim=1) - f) ** 2).sum() / f_norm
+            match, mismatch = _feature_terms(s, x, f, f_norm, err, grads[s.weight_name])
+            # the gradient term ramps up: off at the noisy start
+            total = total + cfg.feature_weight * match + cfg.gradient_weight * done * mismatch
+        return total
 
     adam([x], stage1, first, cfg.lr, clamp=[x], progress=progress)
     if not deeper:
@@ -249,9 +255,8 @@ def exact_images(net: PerceptionNet, grads: dict[str, torch.Tensor], features: t
         total = _tv(cfg, done) * modality_tv(x)
         ramp = cfg.gradient_weight * done
         for s, err, known in zip(streams, errors, recovered):
-            if known is None:  # stage 1's terms for this stream, its share of the feature match
-                out, mismatch = _feature_terms(s, x, err, grads[s.weight_name])
-                match = ((out - f[:, s.offset:s.offset + s.size]) ** 2).sum() / f_norm
+            if known is None:  # stage 1's terms for this stream
+                match, mismatch = _feature_terms(s, x, f, f_norm, err, grads[s.weight_name])
             else:
                 match, mismatch = _inner_terms(s, x, known[0], known[1], grads[s.inner_name])
             total = total + cfg.feature_weight * match + ramp * mismatch
