@@ -26,10 +26,11 @@ EXACT_ONLY = ("tv_final", "feature_weight", "gradient_weight", "layerwise")  # f
 # Per mode, raised whenever a change alters what the room attacks compute for the same configuration,
 # so that ``leaklab reproduce`` does not reuse results of an earlier method; results that record none
 # are version 1 (exact mode's 2: the layerwise stage; 3: its activations' zeros read off the solve's
-# noise, up to 6 fresh factorisations in its solve, and a failed stream keeping stage 1's feature match).
+# noise, up to 6 fresh factorisations in its solve, and a failed stream keeping stage 1's feature match;
+# 4: up to 12 fresh factorisations in 30 rounds).
 # Summing stage 1's feature match stream by stream (session 10) left every result bit-identical: the
 # images' gradient does not depend on how the loss's terms are grouped.
-METHOD_VERSION = {"exact": 3, "paper": 1}
+METHOD_VERSION = {"exact": 4, "paper": 1}
 
 
 class RoomAttackConfig(BaseModel):

@@ -50,9 +50,10 @@ NEGATIVE = 1e-4  # most negative entry, of the largest, in an exact solution (ro
 PIVOT = 1e-9  # smallest squared Cholesky pivot of the Jacobi-scaled normal matrix taken as determined
 SUPPORT = 0.1  # entries whose estimated pre-activation is above -SUPPORT * its std start in the support
 ZERO = 2.0  # recovered entries under this multiple of the most negative one's size are the ReLU's zeros
-ROUNDS = 20
-REBUILDS = 6  # fresh factorisations of a pruned support after a failed bordering (2 left 3 of 48 S2
-# depth streams unsolved in session 8; 6 solves 2 of them to a residual under 5e-8, session 9)
+ROUNDS = 30  # rounds of the active set, each a bordering or a fresh factorisation
+REBUILDS = 12  # fresh factorisations of a pruned support after a failed bordering (2 left 3 of 48 S2
+# depth streams unsolved in session 8; 6 solved 2 of them to a residual under 5e-8, session 9; the
+# third needs 10 and 23 rounds, its residual falling at each, to 4.9e-8, session 10)
 ADD = 0.1  # each round adds the outside entries pulled up by more than this fraction of the strongest
 
 
