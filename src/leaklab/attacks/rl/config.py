@@ -63,8 +63,9 @@ class RoomAttackConfig(BaseModel):
         if self.mode == "paper":
             tuned = [k for k in EXACT_ONLY if getattr(self, k) != type(self).model_fields[k].default]
             if tuned:
-                raise ValueError(f"{', '.join(tuned)}: exact-mode settings; paper mode (section IV as "
-                                 "written) does not read them")
+                one = len(tuned) == 1
+                raise ValueError(f"{', '.join(tuned)} {'is an exact-mode setting' if one else 'are exact-mode settings'}"
+                                 f"; paper mode (section IV as written) does not read {'it' if one else 'them'}")
         if self.objective == "error_direction" and self.action == "optimised":
             raise ValueError("action='optimised' needs objective 'dlg' or 'inverting': the error "
                              "direction (eq. 6) takes the action from the rule")
