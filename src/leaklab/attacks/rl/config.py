@@ -64,8 +64,9 @@ class RoomAttackConfig(BaseModel):
             tuned = [k for k in EXACT_ONLY if getattr(self, k) != type(self).model_fields[k].default]
             if tuned:
                 one = len(tuned) == 1
-                raise ValueError(f"{', '.join(tuned)} {'is an exact-mode setting' if one else 'are exact-mode settings'}"
-                                 f"; paper mode (section IV as written) does not read {'it' if one else 'them'}")
+                what = ("is an exact-mode setting", "it") if one else ("are exact-mode settings", "them")
+                raise ValueError(f"{', '.join(tuned)} {what[0]}; paper mode (section IV as written) "
+                                 f"does not read {what[1]}")
         if self.objective == "error_direction" and self.action == "optimised":
             raise ValueError("action='optimised' needs objective 'dlg' or 'inverting': the error "
                              "direction (eq. 6) takes the action from the rule")
