@@ -11,7 +11,9 @@ from typer.testing import CliRunner
 
 from leaklab.cli import app
 from leaklab.report.html import Figure, Section, Table, render_report
-from leaklab.report.plots import bar_plot, image_grid
+import pytest
+
+from leaklab.report.plots import bar_plot, image_grid, spread_panels
 
 torch.set_num_threads(1)
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -45,6 +47,33 @@ def test_bar_plot_labels_are_shown_as_written():
     # '$' pairs would be parsed as (here invalid) math, a leading '_' would hide the legend entry
     data = bar_plot([r"bad $\frac$", "_hidden"], {r"cost $\frac$": [1.0, 2.0], "_private": [3.0, 4.0]})
     assert data.startswith(b"\x89PNG")
+
+
+def test_spread_panels_skips_what_it_cannot_draw(tmp_path):
+    panels = {"PSNR": {"joint": [20.0, None, float("nan"), 22.0], "separate": []},
+              "ε(Q) %": {"joint": [0.1, 0.0, -1.0, 1e-5], "separate": [2e-6, 3e-6]}}
+    data = spread_panels(panels, tmp_path / "s.png", title="$x$", log=("ε(Q) %",))
+    assert data.startswith(PNG) and (tmp_path / "s.png").read_bytes() == data
+    with pytest.raises(ValueError, match="at least one panel"):
+        spread_panels({})
+
+
+def test_room_fig4_panels_hold_each_cells_samples(monkeypatch, tmp_path):
+    from leaklab.experiments import room_tables
+    from leaklab.report import plots
+
+    def cell(offset: float) -> dict:
+        return {"samples": [{"metrics": {m: offset + i for m in room_tables.FIG4_PANELS.values()}}
+                            for i in range(3)]}
+
+    results = {"joint": cell(100.0), "error-direction": cell(200.0), "exact": cell(300.0), "dlg-opt": cell(0)}
+    drawn = {}
+    monkeypatch.setattr(plots, "spread_panels", lambda panels, path, **kw: drawn.update(panels) or b"")
+    room_tables.fig4(results, tmp_path / "f.png", 3)
+    assert list(drawn) == list(room_tables.FIG4_PANELS)
+    for series in drawn.values():
+        assert series == {"joint": [100.0, 101.0, 102.0], "separate (QGI)": [200.0, 201.0, 202.0],
+                          "exact mode": [300.0, 301.0, 302.0]}
 
 
 def test_render_report_embeds_figures_and_escapes(tmp_path):

@@ -11,8 +11,8 @@
 Every cell is one :func:`leaklab.experiments.room_attack.run` written to ``OUT/cells/NAME``; a rerun
 skips finished cells that ran the same computation on the same network architecture
 (:func:`_same_cell`). ``OUT/results.json`` holds the table with the published numbers beside ours and
-``OUT/table.md`` the same as Markdown; ``update_docs`` puts that Markdown into the marked section of
-``docs/reproductions.md``.
+``OUT/table.md`` the same as Markdown; Table II also draws Fig. 4 (``OUT/fig4.png``). ``update_docs``
+puts that Markdown into the marked section of ``docs/reproductions.md``.
 
 The published numbers are seed 000's on AI2-THOR (240 samples, 120 layouts, 2x10^4 iterations); ours
 are on ViZDoom rooms with the sample and iteration budget given, so they compare the methods, not the
@@ -68,6 +68,12 @@ METRICS_TABLE1 = ("rgb_psnr_mean", "rgb_ssim_mean", "depth_psnr_mean", "depth_ss
 VECTORS = ("iou_mean", "iou_min", "action_accuracy", "q_pred_err_mean", "q_target_err_mean",
            "reward_abs_err_mean")
 DOCS = Path("docs/reproductions.md")
+FIG4_FILE = "fig4.png"
+# Fig. 4 of seed 000: joint against separate optimisation (QGI), exact mode beside; panel -> sample metric
+FIG4_SERIES = {"joint": "joint", "error-direction": "separate (QGI)", "exact": "exact mode"}
+FIG4_PANELS = {"RGB PSNR (dB)": "rgb_paper_psnr", "RGB SSIM": "rgb_paper_ssim",
+               "depth PSNR (dB)": "depth_paper_psnr", "depth SSIM": "depth_paper_ssim",
+               "box IoU": "box_iou", "ε(Q̂) %": "q_pred_error", "ε(Q) %": "q_target_error"}
 
 
 def _cell_config(algorithm: str, setting: str, attack: dict[str, Any], samples: int,
@@ -212,7 +218,21 @@ def table2(out: Path, samples: int = 48, layouts: tuple[str, ...] | None = None,
                      f"{both('q_target_err_mean')} | {_fmt(100 * t['action_accuracy'], 0)}% | "
                      f"{_fmt(t.get('rgb_psnr_mean'))} / {_fmt(t.get('rgb_ssim_mean'), 3)} | "
                      f"{_fmt(t.get('depth_psnr_mean'))} / {_fmt(t.get('depth_ssim_mean'), 3)} |")
+    fig4(results, Path(out) / FIG4_FILE, samples)
     return _finish(Path(out), "room-table2", "paper", arch, table, PAPER_TABLE2, "\n".join(lines))
+
+
+def fig4(results: dict[str, dict[str, Any]], path: Path, samples: int) -> bytes:
+    """Fig. 4 of seed 000 (V-C): joint against separate multimodal optimisation in QGI, per metric the
+    mean, ± one standard deviation and every sample (the paper reads the joint optimisation's
+    instability off its spread), with leaklab's exact mode beside; the Q errors on a log scale."""
+    from leaklab.report.plots import spread_panels
+
+    panels = {label: {series: [row["metrics"].get(metric) for row in results[name]["samples"]]
+                      for name, series in FIG4_SERIES.items()}
+              for label, metric in FIG4_PANELS.items()}
+    return spread_panels(panels, path, log=("ε(Q̂) %", "ε(Q) %"),
+                         title=f"Fig. 4: joint vs separate optimisation (QGI S1, {samples} samples)")
 
 
 def _finish(out: Path, name: str, mode: str, arch: str, table: dict, paper: dict, markdown: str,

@@ -2,6 +2,6 @@
 (:mod:`leaklab.report.html`, a jinja2 template with the images embedded as base64 PNG)."""
 
 from leaklab.report.html import render_report
-from leaklab.report.plots import bar_plot, image_grid
+from leaklab.report.plots import bar_plot, image_grid, spread_panels
 
-__all__ = ["bar_plot", "image_grid", "render_report"]
+__all__ = ["bar_plot", "image_grid", "render_report", "spread_panels"]

@@ -2,9 +2,10 @@
 
 * :func:`image_grid`: rows of images (e.g. originals above reconstructions), wrapped into blocks of
   ``max_cols`` columns, with an optional caption under each image;
-* :func:`bar_plot`: grouped bars, e.g. mean PSNR per defense with the constant-image baseline.
+* :func:`bar_plot`: grouped bars, e.g. mean PSNR per defense with the constant-image baseline;
+* :func:`spread_panels`: one panel per metric, each series' mean ± standard deviation with its samples.
 
-Both return PNG bytes and, with ``path``, also write the file (atomically).
+All return PNG bytes and, with ``path``, also write the file (atomically).
 """
 
 from __future__ import annotations
@@ -121,6 +122,47 @@ def bar_plot(groups: Sequence[str], series: dict[str, Sequence[float | None]],
     if len(series) > 1 or baselines:
         ax.legend(fontsize=7, loc="best")
     ax.spines[["top", "right"]].set_visible(False)
+    fig.tight_layout()
+    data = _to_png(fig)
+    if path is not None:
+        write_bytes(Path(path), data)
+    return data
+
+
+def spread_panels(panels: dict[str, dict[str, Sequence[float]]], path: Path | None = None,
+                  title: str | None = None, log: Sequence[str] = ()) -> bytes:
+    """One panel per metric (``panels``: metric label -> series name -> per-sample values): a bar at
+    each series' mean, a whisker of ± one standard deviation and the samples as dots, so a reader
+    sees how stable a method is, not only its mean. Panels named in ``log`` use a log scale (their
+    non-positive values are left out there); non-finite values are left out everywhere."""
+    if not panels:
+        raise ValueError("spread_panels needs at least one panel")
+    fig, axes = plt.subplots(1, len(panels), squeeze=False, figsize=(2.1 * len(panels) + 0.6, 3.0),
+                             dpi=100)
+    colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for ax, (label, series) in zip(axes[0], panels.items()):
+        names = list(series)
+        for j, name in enumerate(names):
+            values = [float(v) for v in series[name] if v is not None and math.isfinite(float(v))]
+            if label in log:
+                values = [v for v in values if v > 0]
+            if not values:
+                continue
+            mean = sum(values) / len(values)
+            std = math.sqrt(sum((v - mean) ** 2 for v in values) / len(values))
+            colour = colours[j % len(colours)]
+            ax.bar(j, mean, 0.6, color=colour, alpha=0.45)
+            ax.errorbar(j, mean, yerr=std, color="black", capsize=3, linewidth=1)
+            offsets = [0.22 * ((i % 7) / 3 - 1) for i in range(len(values))]
+            ax.scatter([j + o for o in offsets], values, s=6, color=colour, zorder=3)
+        ax.set_xticks(range(len(names)))
+        ax.set_xticklabels([_plain(n) for n in names], fontsize=7, rotation=30, ha="right")
+        ax.set_title(_plain(label), fontsize=9)
+        if label in log:
+            ax.set_yscale("log")
+        ax.spines[["top", "right"]].set_visible(False)
+    if title:
+        fig.suptitle(_plain(title), fontsize=10)
     fig.tight_layout()
     data = _to_png(fig)
     if path is not None:
