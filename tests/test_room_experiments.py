@@ -50,6 +50,10 @@ def test_attack_qgi_writes_the_results_contract(tmp_path):
     assert s["samples"] == 2 and s["layouts"] == 2 and len(res["samples"]) == 2
     # the exact recovery of the vector parts holds even with 3 image iterations
     assert s["iou_min"] > 0.999 and s["action_accuracy"] == 1.0 and s["q_target_err_mean"] < 0.01
+    # the spread the paper's Table I gives beside each mean: here of the two samples' scores
+    for key, metric in (("rgb_psnr_std", "rgb_paper_psnr"), ("depth_ssim_std", "depth_paper_ssim")):
+        a, b = (row["metrics"][metric] for row in res["samples"])
+        assert s[key] == pytest.approx(abs(a - b) / 2) and s[key] > 0
     assert (out / "reconstructions.png").read_bytes().startswith(PNG)
     assert len((out / "samples.jsonl").read_text().splitlines()) == 2
     # the reconstructions themselves, re-scored: the rows' metrics come back from the saved tensors
@@ -198,6 +202,7 @@ def test_room_table1_runs_and_updates_a_docs_section(tmp_path):
     res = json.loads((out / "results.json").read_text())
     assert set(res["table"]) == {"qgi-S1", "qgi-S2", "rgi-S1", "rgi-S2"}
     assert "(26.46)" in (out / "table.md").read_text()  # the paper's QGI S2 depth PSNR beside ours
+    assert res["paper"]["qgi-S2"]["depth_psnr_std"] == 7.68 and res["table"]["qgi-S2"]["depth_psnr_std"] == 0
     from leaklab.experiments.room_tables import update_docs
 
     docs = tmp_path / "reproductions.md"

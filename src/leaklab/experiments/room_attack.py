@@ -62,6 +62,9 @@ SUMMARY_KEYS = {
     "q_pred_err_mean": "q_pred_error", "q_target_err_mean": "q_target_error",
     "reward_abs_err_mean": "reward_error", "action_identified_share": "action_identified",
 }
+# Seed 000's Table I gives mean ± standard deviation of the images' scores: the spread of ours
+SPREAD_KEYS = {"rgb_psnr_std": "rgb_paper_psnr", "rgb_ssim_std": "rgb_paper_ssim",
+               "depth_psnr_std": "depth_paper_psnr", "depth_ssim_std": "depth_paper_ssim"}
 
 
 class RoomRunConfig(BaseModel):
@@ -226,12 +229,17 @@ def _mean(values: list[float]) -> float | None:
 
 
 def summarise(rows: list[dict[str, Any]], iterations: int, seconds: float) -> dict[str, Any]:
-    """The ``summary`` of ``results.json`` from the per-sample rows."""
+    """The ``summary`` of ``results.json`` from the per-sample rows: means (``SUMMARY_KEYS``; ``_min``: the
+    least) and the images' population standard deviations (``SPREAD_KEYS``)."""
     summary: dict[str, Any] = {}
     for key, metric in SUMMARY_KEYS.items():
         values = [r["metrics"][metric] for r in rows if metric in r["metrics"]]
         if values:
             summary[key] = min(values) if key.endswith("_min") else _mean(values)
+    for key, metric in SPREAD_KEYS.items():
+        finite = [v for r in rows if (v := r["metrics"].get(metric)) is not None and math.isfinite(v)]
+        if finite:
+            summary[key] = statistics.pstdev(finite)
     informative = [r["metrics"]["action"] for r in rows if r["metrics"].get("action_informative") == 1.0]
     if any("action_informative" in r["metrics"] for r in rows):
         summary["action_accuracy_nonzero_return"] = _mean(informative)

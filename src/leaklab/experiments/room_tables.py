@@ -41,6 +41,13 @@ PAPER_TABLE1: dict[str, dict[str, float]] = {
     "rgi-S1": {"rgb_psnr_mean": 17.12, "rgb_ssim_mean": 0.544, "depth_psnr_mean": 18.58, "depth_ssim_mean": 0.581},
     "rgi-S2": {"depth_psnr_mean": 37.21, "depth_ssim_mean": 0.964},
 }
+# its standard deviations, "average" column (results.json only; the Markdown shows the means)
+PAPER_TABLE1_STD: dict[str, dict[str, float]] = {
+    "qgi-S1": {"rgb_psnr_std": 5.86, "rgb_ssim_std": 0.157, "depth_psnr_std": 8.17, "depth_ssim_std": 0.195},
+    "qgi-S2": {"depth_psnr_std": 7.68, "depth_ssim_std": 0.123},
+    "rgi-S1": {"rgb_psnr_std": 5.35, "rgb_ssim_std": 0.176, "depth_psnr_std": 5.94, "depth_ssim_std": 0.166},
+    "rgi-S2": {"depth_psnr_std": 4.84, "depth_ssim_std": 0.022},
+}
 PAPER_VECTORS = "box IoU > 0.9 (mean), action 100%, Q errors < 1.1% (mean), reward error < 1e-6 (mean)"
 
 # Table II of seed 000 (QGI): IoU, eps(Q_pred) %, eps(Q_target) %.
@@ -151,7 +158,8 @@ def table1(out: Path, mode: str = "paper", samples: int = 48, layouts: tuple[str
     table = {name: {k: r["summary"].get(k) for k in METRICS_TABLE1 + VECTORS +
                     ("rgb_psnr_baseline_mean", "depth_psnr_baseline_mean", "rgb_psnr_raw_mean",
                      "depth_psnr_raw_mean", "iterations", "seconds_per_sample", "samples", "layouts",
-                     "action_accuracy_nonzero_return", "zero_return_samples")}
+                     "action_accuracy_nonzero_return", "zero_return_samples")
+                    + tuple(room_attack.SPREAD_KEYS)}
              for name, r in results.items()}
     first = table[next(iter(cells))]
     lines = [f"Mode `{mode}`, `{arch}` network, {samples} samples per cell, "
@@ -179,7 +187,8 @@ def table1(out: Path, mode: str = "paper", samples: int = 48, layouts: tuple[str
             f"{_fmt(t.get('seconds_per_sample'), 1)} |")
     lines += ["", f"Published vector metrics (section V-A): {PAPER_VECTORS}."]
     subset = "" if tuple(cells) == TABLE1_CELLS else "-" + "-".join(cells)
-    return _finish(Path(out), "room-table1", mode, arch, table, PAPER_TABLE1, "\n".join(lines), subset)
+    paper = {name: {**PAPER_TABLE1[name], **PAPER_TABLE1_STD[name]} for name in PAPER_TABLE1}
+    return _finish(Path(out), "room-table1", mode, arch, table, paper, "\n".join(lines), subset)
 
 
 def _action(t: dict[str, Any]) -> str:
