@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import io as _io
 import math
+import statistics
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -148,8 +149,7 @@ def spread_panels(panels: dict[str, dict[str, Sequence[float]]], path: Path | No
                 values = [v for v in values if v > 0]
             if not values:
                 continue
-            mean = sum(values) / len(values)
-            std = math.sqrt(sum((v - mean) ** 2 for v in values) / len(values))
+            mean, std = statistics.fmean(values), statistics.pstdev(values)
             colour = colours[j % len(colours)]
             ax.bar(j, mean, 0.6, color=colour, alpha=0.45)
             ax.errorbar(j, mean, yerr=std, color="black", capsize=3, linewidth=1)
