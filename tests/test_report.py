@@ -6,13 +6,12 @@ import base64
 import json
 import re
 
+import pytest
 import torch
 from typer.testing import CliRunner
 
 from leaklab.cli import app
 from leaklab.report.html import Figure, Section, Table, render_report
-import pytest
-
 from leaklab.report.plots import bar_plot, image_grid, spread_panels
 
 torch.set_num_threads(1)

@@ -223,8 +223,12 @@ def run_jobs(jobs: Sequence[Job], workers: int,
         torch.set_num_threads(threads)
 
 
+def _finite(values: list[float | None]) -> list[float]:
+    return [v for v in values if v is not None and math.isfinite(v)]
+
+
 def _mean(values: list[float]) -> float | None:
-    finite = [v for v in values if v is not None and math.isfinite(v)]
+    finite = _finite(values)
     return statistics.fmean(finite) if finite else None
 
 
@@ -237,7 +241,7 @@ def summarise(rows: list[dict[str, Any]], iterations: int, seconds: float) -> di
         if values:
             summary[key] = min(values) if key.endswith("_min") else _mean(values)
     for key, metric in SPREAD_KEYS.items():
-        finite = [v for r in rows if (v := r["metrics"].get(metric)) is not None and math.isfinite(v)]
+        finite = _finite([r["metrics"].get(metric) for r in rows])
         if finite:
             summary[key] = statistics.pstdev(finite)
     informative = [r["metrics"]["action"] for r in rows if r["metrics"].get("action_informative") == 1.0]
