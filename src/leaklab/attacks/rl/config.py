@@ -30,6 +30,8 @@ EXACT_ONLY = ("tv_final", "feature_weight", "gradient_weight", "layerwise")  # f
 # 4: up to 12 fresh factorisations in 30 rounds).
 # Summing stage 1's feature match stream by stream (session 10) left every result bit-identical: the
 # images' gradient does not depend on how the loss's terms are grouped.
+# The bordered factor kept in blocks (session 12) solves in another order: its float64 activations
+# move by ~1e-14 and came out the same in float32, so all 16 rows of 8 S1 and 8 S2 QGI attacks did.
 METHOD_VERSION = {"exact": 4, "paper": 1}
 
 

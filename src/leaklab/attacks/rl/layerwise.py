@@ -24,10 +24,14 @@ dB). When bordering loses a pivot (the support has grown past what the systems d
 support is pruned to its positive entries and factorised afresh (at most :data:`REBUILDS` times);
 otherwise ``None``. From the image after exact mode's first 500 steps, on the 4 streams of the two
 hardest of those frames: at most 9.6e-6 relative error against the true activations, 3-22 s per
-stream on one core (the Cholesky factor of 5,500-8,000 unknowns and its bordered updates are the
-cost); the same solver stopping at a residual of 1e-6 had recovered 6 streams of 3 other frames to
-at most 2e-6 in 3-10 s. Session 7's solver (L-BFGS, then conjugate gradients on the support)
-reached that accuracy in 8-39 s.
+stream on one core (session 8); the same solver stopping at a residual of 1e-6 had recovered 6
+streams of 3 other frames to at most 2e-6 in 3-10 s. Session 7's solver (L-BFGS, then conjugate
+gradients on the support) reached that accuracy in 8-39 s. The first Cholesky factor (5,500-8,000
+unknowns) is most of the cost once bordering copies nothing (:class:`_BorderedFactor`, session 12):
+the 4 streams of the first two S1 samples of ``leaklab attack qgi`` took 1.7-3.9 s each against
+3.0-9.8 s when the factor was concatenated anew at each bordering and solved by
+``torch.cholesky_solve`` (0.76 s for one right-hand side on 6,000 unknowns, against 0.02 s for two
+triangular solves), with the same activations in float32.
 
 The entries left at true zeros come out as rounding noise of either sign, so an entry counts as a
 ReLU zero when it is below :data:`ZERO` times the most negative entry's size. The split matters
@@ -86,6 +90,46 @@ def _systems(last: nn.Conv2d, features: torch.Tensor, error: torch.Tensor, weigh
     return feat, target / f_norm, m.reshape(out_c * kh * kw, height * width) / g_norm, g / g_norm
 
 
+class _BorderedFactor:
+    """A lower Cholesky factor grown by bordering, kept as its diagonal blocks and the panels left of
+    them: growing it copies nothing (concatenating the dense factor at each bordering took longer
+    than factorising it, and a solve with a view into a larger buffer copies it as well)."""
+
+    def __init__(self, first: torch.Tensor):
+        self.diagonal = [first]
+        self.panels: list[torch.Tensor | None] = [None]  # block j's rows, the columns of blocks < j
+
+    def forward(self, b: torch.Tensor) -> torch.Tensor:
+        """``L^-1 b`` for ``b`` ``[k, r]``."""
+        parts, start = [], 0
+        for d, p in zip(self.diagonal, self.panels):
+            rhs = b[start:start + len(d)]
+            parts.append(torch.linalg.solve_triangular(d, rhs if p is None else rhs - p @ torch.cat(parts),
+                                                       upper=False))
+            start += len(d)
+        return torch.cat(parts)
+
+    def backward(self, y: torch.Tensor) -> torch.Tensor:
+        """``L^-T y`` for ``y`` ``[k, r]``."""
+        sizes = [len(d) for d in self.diagonal]
+        parts = list(torch.split(y, sizes))
+        for j in reversed(range(len(parts))):
+            parts[j] = torch.linalg.solve_triangular(self.diagonal[j].mT, parts[j], upper=True)
+            if self.panels[j] is not None:
+                below = torch.split(self.panels[j].mT @ parts[j], sizes[:j])
+                parts[:j] = [q - r for q, r in zip(parts[:j], below)]
+        return torch.cat(parts)
+
+    def solve(self, b: torch.Tensor) -> torch.Tensor:
+        """``(L L^T)^-1 b``."""
+        return self.backward(self.forward(b))
+
+    def border(self, panel: torch.Tensor, corner: torch.Tensor) -> None:
+        """Append the rows ``[panel, corner]``."""
+        self.panels.append(panel)
+        self.diagonal.append(corner)
+
+
 def penultimate_activations(last: nn.Conv2d, features: torch.Tensor, error: torch.Tensor,
                             weight_grad: torch.Tensor, estimate: torch.Tensor) -> torch.Tensor | None:
     """The activations ``a_p`` ``[1, C, H, W]`` (float64, on ``estimate``'s device) feeding ``last``
@@ -96,32 +140,35 @@ def penultimate_activations(last: nn.Conv2d, features: torch.Tensor, error: torc
     _, in_c, height, width = estimate.shape
     n, plane = in_c * height * width, height * width
     feat, target, m, g = _systems(last, features, error, weight_grad, (in_c, height, width))
-    mtm = torch.from_numpy(m.T @ m)
+    mtm = m.T @ m
     rhs = torch.from_numpy(feat.T @ target + (g @ m).reshape(-1))
 
-    def normal_columns(idx: np.ndarray) -> torch.Tensor:
-        """Columns ``idx`` of the normal matrix ``F^T F + blockdiag(M^T M)``."""
-        cols = torch.from_numpy((feat.T @ feat[:, idx]).toarray())
-        channel, at = np.divmod(idx, plane)
-        for c in np.unique(channel):
-            k = np.nonzero(channel == c)[0]
-            cols[c * plane:(c + 1) * plane, k] += mtm[:, at[k]]
-        return cols
+    def normal_block(rows: np.ndarray, cols: np.ndarray) -> torch.Tensor:
+        """Entries ``(rows, cols)`` of the normal matrix ``F^T F + blockdiag(M^T M)``."""
+        block = (feat[:, rows].T @ feat[:, cols]).toarray()
+        row_channel, row_at = np.divmod(rows, plane)
+        col_channel, col_at = np.divmod(cols, plane)
+        for c in np.intersect1d(row_channel, col_channel):
+            i, k = np.nonzero(row_channel == c)[0], np.nonzero(col_channel == c)[0]
+            block[np.ix_(i, k)] += mtm[np.ix_(row_at[i], col_at[k])]
+        return torch.from_numpy(block)
 
     def residual_and_slope(x: np.ndarray) -> tuple[float, np.ndarray]:
         r_f, r_g = feat @ x - target, x.reshape(in_c, plane) @ m.T - g
         res = np.sqrt(((r_f ** 2).sum() + (r_g ** 2).sum()) / ((target ** 2).sum() + (g ** 2).sum()))
         return float(res), feat.T @ r_f + (r_g @ m).reshape(-1)
 
-    diagonal = np.asarray(feat.multiply(feat).sum(0)).ravel() + np.tile(mtm.diagonal().numpy(), in_c) + 1e-300
+    diagonal = np.asarray(feat.multiply(feat).sum(0)).ravel() + np.tile(mtm.diagonal(), in_c) + 1e-300
 
-    def factorise(idx: np.ndarray) -> tuple[torch.Tensor, torch.Tensor, bool]:
+    def factorise(idx: np.ndarray) -> tuple[_BorderedFactor, torch.Tensor, bool]:
         """The Cholesky factor of the Jacobi-scaled normal matrix on ``idx``, the scale, and whether
         every pivot is above :data:`PIVOT`."""
-        block = normal_columns(idx)[idx]
+        block = normal_block(idx, idx)
         scale = block.diagonal().sqrt().clamp_min(1e-300)
-        factor, info = torch.linalg.cholesky_ex(block / scale[:, None] / scale[None, :])
-        return factor, scale, not info and float(factor.diagonal().min()) ** 2 >= PIVOT
+        block /= scale[:, None]
+        block /= scale[None, :]
+        factor, info = torch.linalg.cholesky_ex(block)
+        return _BorderedFactor(factor), scale, not info and float(factor.diagonal().min()) ** 2 >= PIVOT
 
     pre = estimate.detach().double().cpu().flatten()
     support = np.nonzero((pre > -SUPPORT * pre.std()).numpy())[0]
@@ -137,7 +184,7 @@ def penultimate_activations(last: nn.Conv2d, features: torch.Tensor, error: torc
             support = np.union1d(support[x[support] > 0], added)
             factor, scale, ok = factorise(support)
             continue
-        solved = torch.cholesky_solve((rhs[support] / scale).unsqueeze(1), factor).squeeze(1) / scale
+        solved = factor.solve((rhs[support] / scale).unsqueeze(1)).squeeze(1) / scale
         x = np.zeros(n)
         x[support] = solved.numpy()
         res, slope = residual_and_slope(x)
@@ -148,14 +195,12 @@ def penultimate_activations(last: nn.Conv2d, features: torch.Tensor, error: torc
         added = outside[pull < ADD * pull.min()] if pull.min() < 0 else outside[:0]
         if not len(added):
             return None
-        cols = normal_columns(added)
-        new_scale = cols[added].diagonal().sqrt().clamp_min(1e-300)
-        cross = torch.linalg.solve_triangular(factor, cols[support] / scale[:, None] / new_scale[None, :],
-                                              upper=False)
-        corner, info = torch.linalg.cholesky_ex(cols[added] / new_scale[:, None] / new_scale[None, :]
+        cols = normal_block(np.concatenate([support, added]), added)
+        new_scale = cols[len(support):].diagonal().sqrt().clamp_min(1e-300)
+        cross = factor.forward(cols[:len(support)] / scale[:, None] / new_scale[None, :])
+        corner, info = torch.linalg.cholesky_ex(cols[len(support):] / new_scale[:, None] / new_scale[None, :]
                                                 - cross.T @ cross)
-        factor = torch.cat([torch.cat([factor, torch.zeros(len(support), len(added), dtype=factor.dtype)], 1),
-                            torch.cat([cross.T, corner], 1)])
+        factor.border(cross.T, corner)
         support, scale = np.concatenate([support, added]), torch.cat([scale, new_scale])
         ok = not info and float(corner.diagonal().min()) ** 2 >= PIVOT
     else:
