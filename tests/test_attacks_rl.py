@@ -10,7 +10,7 @@ from leaklab.attacks.rl import RoomAttackConfig, qgi, rgi
 from leaklab.attacks.inversion.analytic import rank_one_residual
 from leaklab.attacks.rl.exact import _inner_error, exact_streams, exact_vectors, feature_error, untouched
 from leaklab.attacks.rl.layerwise import penultimate_activations
-from leaklab.attacks.rl.network import cosine_loss, gradient_stats, trace
+from leaklab.attacks.rl.network import GradientStats, cosine_loss, trace
 from leaklab.errors import LeaklabError
 from leaklab.metrics import constant_baseline, psnr
 from leaklab.metrics.rooms import matched_first, room_metrics
@@ -114,7 +114,7 @@ def test_rank_one_shortcut_equals_materialised_gradient():
     errors = torch.randn(2, 7)
     t = trace(net, net.conv(x), box)
     grads = {k: v.float() for k, v in update.tensors.items()}
-    fast = cosine_loss(*gradient_stats(net, grads, (errors * t.out).sum(), t.linear, conv_params=True))
+    fast = cosine_loss(*GradientStats(net, grads, conv_params=True)((errors * t.out).sum(), t.linear))
     full = torch.autograd.grad((errors * net(x, box)).sum(), list(net.parameters()))
     g = torch.cat([v.flatten() for v in full])
     o = torch.cat([grads[n].flatten() for n, _ in net.named_parameters()])

@@ -53,28 +53,48 @@ def trace(net: PerceptionNet, features: torch.Tensor, box: torch.Tensor) -> Trac
     return Trace(out=out, linear=linear)
 
 
-def gradient_stats(net: PerceptionNet, observed: dict[str, torch.Tensor], surrogate: torch.Tensor,
-                   linear: list[tuple[str, torch.Tensor, torch.Tensor]], conv_params: bool
-                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+class GradientStats:
     """``(<g, G>, ||g||^2, ||G||^2)`` summed over the ``linear`` layers of a :class:`Trace` (and the
-    convolutions when ``conv_params``) for the gradient ``g`` of the scalar ``surrogate``,
-    differentiable in the inputs."""
-    convs = [p for _, p in net.conv.named_parameters()] if conv_params else []
-    names = conv_names(net) if conv_params else []
-    grads = torch.autograd.grad(surrogate, convs + [z for _, _, z in linear], create_graph=True)
-    dot = surrogate.new_zeros(())
-    sq = surrogate.new_zeros(())
-    ref = surrogate.new_zeros((), dtype=torch.float64)  # summed in float64 on the device: no host sync
-    for name, g in zip(names, grads[:len(convs)]):
-        o = observed[f"conv.{name}"]
-        dot, sq, ref = dot + (g * o).sum(), sq + (g * g).sum(), ref + (o * o).sum().double()
-    for (name, h, _), delta in zip(linear, grads[len(convs):]):
-        gw, gb = observed[f"{name}.weight"], observed[f"{name}.bias"]
-        db = delta.sum(0)
-        dot = dot + ((delta @ gw) * h).sum() + (db * gb).sum()
-        sq = sq + ((delta @ delta.T) * (h @ h.T)).sum() + (db * db).sum()
-        ref = ref + ((gw * gw).sum() + (gb * gb).sum()).double()
-    return dot, sq, ref.to(surrogate.dtype)
+    convolutions when ``conv_params``) for the gradient ``g`` of a scalar surrogate, differentiable
+    in the inputs; ``G`` is the client's gradient ``observed``. ``||G||^2`` is summed once per set of
+    layers: recomputing it at every step cost 3 ms on one core for head.0's weight alone, six times
+    the inner product with it."""
+
+    def __init__(self, net: PerceptionNet, observed: dict[str, torch.Tensor], conv_params: bool):
+        self.net, self.observed = net, observed
+        self.names = conv_names(net) if conv_params else []
+        self.convs = [p for _, p in net.conv.named_parameters()] if conv_params else []
+        self._ref: dict[tuple[str, ...], torch.Tensor] = {}
+
+    def _observed_norm(self, linear: list[tuple[str, torch.Tensor, torch.Tensor]], dtype: torch.dtype
+                       ) -> torch.Tensor:
+        key = tuple(name for name, _, _ in linear)
+        if key not in self._ref:
+            o = self.observed
+            ref = torch.zeros((), dtype=torch.float64, device=o[f"{key[0]}.bias"].device)
+            for name in self.names:  # summed in float64 on the device: no host sync
+                g = o[f"conv.{name}"]
+                ref = ref + (g * g).sum().double()
+            for name in key:
+                gw, gb = o[f"{name}.weight"], o[f"{name}.bias"]
+                ref = ref + ((gw * gw).sum() + (gb * gb).sum()).double()
+            self._ref[key] = ref.to(dtype)
+        return self._ref[key]
+
+    def __call__(self, surrogate: torch.Tensor, linear: list[tuple[str, torch.Tensor, torch.Tensor]]
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        grads = torch.autograd.grad(surrogate, self.convs + [z for _, _, z in linear], create_graph=True)
+        dot = surrogate.new_zeros(())
+        sq = surrogate.new_zeros(())
+        for name, g in zip(self.names, grads[:len(self.convs)]):
+            o = self.observed[f"conv.{name}"]
+            dot, sq = dot + (g * o).sum(), sq + (g * g).sum()
+        for (name, h, _), delta in zip(linear, grads[len(self.convs):]):
+            gw, gb = self.observed[f"{name}.weight"], self.observed[f"{name}.bias"]
+            db = delta.sum(0)
+            dot = dot + ((delta @ gw) * h).sum() + (db * gb).sum()
+            sq = sq + ((delta @ delta.T) * (h @ h.T)).sum() + (db * db).sum()
+        return dot, sq, self._observed_norm(linear, surrogate.dtype)
 
 
 def cosine_loss(dot: torch.Tensor, sq: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:

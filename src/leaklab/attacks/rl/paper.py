@@ -17,7 +17,7 @@ import torch
 
 from leaklab.attacks.rl.config import RoomAttackConfig
 from leaklab.attacks.rl.images import gaussian_start, room_tv
-from leaklab.attacks.rl.network import cosine_loss, gradient_stats, linear_names, squared_loss, trace
+from leaklab.attacks.rl.network import GradientStats, cosine_loss, linear_names, squared_loss, trace
 from leaklab.attacks.rl.optim import Progress, adam
 from leaklab.models.perception import PerceptionNet, conv_feature_count
 
@@ -70,11 +70,12 @@ def paper_state(net: PerceptionNet, grads: dict[str, torch.Tensor], errors: torc
     x = gaussian_start((batch, spec.in_channels, spec.image_size, spec.image_size), cfg.seed + 2)
     x = x.to(device).requires_grad_()
     sup = _Supervision(cfg, errors, actions, cfg.seed)
+    all_stats = GradientStats(net, grads, conv_params=True)
+    linear_stats = GradientStats(net, grads, conv_params=False)
 
     def image_loss(b: torch.Tensor) -> torch.Tensor:
         t = trace(net, net.conv(x), b)
-        dot, sq, ref = gradient_stats(net, grads, sup(t.out), t.linear, conv_params=True)
-        return sup.match(dot, sq, ref) + cfg.tv_weight * room_tv(x)
+        return sup.match(*all_stats(sup(t.out), t.linear)) + cfg.tv_weight * room_tv(x)
 
     if cfg.multimodal == "joint":
         adam([box, x] + sup.params, lambda _: image_loss(box), cfg.iterations, cfg.lr, clamp=[x],
@@ -85,7 +86,7 @@ def paper_state(net: PerceptionNet, grads: dict[str, torch.Tensor], errors: torc
     else:
         def vector_loss(_: float) -> torch.Tensor:
             t = trace(net, features, box)
-            return sup.match(*gradient_stats(net, grads, sup(t.out), t.linear, conv_params=False))
+            return sup.match(*linear_stats(sup(t.out), t.linear))
 
         adam([box, features] + sup.params, vector_loss, cfg.stage1_iterations, cfg.stage1_lr)
         fixed = box.detach()
@@ -122,11 +123,11 @@ def last_layer_input(net: PerceptionNet, grads: dict[str, torch.Tensor], error: 
     g = torch.Generator().manual_seed(cfg.seed + 3)
     h = torch.randn(1, last.in_features, generator=g).to(error.device).requires_grad_()
     error = error.float()
+    stats = GradientStats(net, grads, conv_params=False)
 
     def loss(_: float) -> torch.Tensor:
         z = last(h)
-        return cosine_loss(*gradient_stats(net, grads, (error * z).sum(), [(names[-1], h, z)],
-                                           conv_params=False))
+        return cosine_loss(*stats((error * z).sum(), [(names[-1], h, z)]))
 
     adam([h], loss, cfg.stage1_iterations, cfg.stage1_lr)
     return h.detach()
