@@ -193,6 +193,9 @@ def test_penultimate_activations_solve_both_systems_exactly(kernel, stride, side
     # without the weight gradient the features alone do not determine the activations
     assert penultimate_activations(conv, features.float(), 0 * error.float(), 0 * grad.float(),
                                    pre.float()) is None
+    # nor does an estimate that leaves no entry in the support (a constant one)
+    assert penultimate_activations(conv, features.float(), error.float(), grad.float(),
+                                   torch.full(pre.shape, -1.0)) is None
 
 
 def test_layerwise_stage_recovers_the_activations_and_helps():

@@ -168,7 +168,8 @@ def penultimate_activations(last: nn.Conv2d, features: torch.Tensor, error: torc
         block /= scale[:, None]
         block /= scale[None, :]
         factor, info = torch.linalg.cholesky_ex(block)
-        return _BorderedFactor(factor), scale, not info and float(factor.diagonal().min()) ** 2 >= PIVOT
+        determined = len(idx) > 0 and not info and float(factor.diagonal().min()) ** 2 >= PIVOT
+        return _BorderedFactor(factor), scale, determined
 
     pre = estimate.detach().double().cpu().flatten()
     support = np.nonzero((pre > -SUPPORT * pre.std()).numpy())[0]
