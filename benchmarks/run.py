@@ -34,7 +34,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import sys
 import time
 from datetime import datetime, timezone
@@ -48,7 +47,7 @@ from leaklab.attacks.inversion import InversionConfig, invert
 from leaklab.attacks.inversion import attack as attack_module
 from leaklab.attacks.inversion.simulate import UpdateSimulator, make_simulator
 from leaklab.data import load_images
-from leaklab.device import default_device, describe
+from leaklab.device import default_device, describe, processor
 from leaklab.experiments.inversion_checks import IG_CONFIG
 from leaklab.fl import fedsgd_update
 from leaklab.models import ModelSpec, build_model
@@ -56,16 +55,6 @@ from leaklab.threat import make_view
 
 TARGETS = {"single_iterations_per_second": 9.2, "batched_speedup": 3.0}
 ROOM_TARGETS = {"S2_samples_per_minute": 6.0, "S1_samples_per_minute": 1.5}
-
-
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def _load() -> list[float] | None:
@@ -140,7 +129,7 @@ def inversion_speed(out: Path, quick: bool, precisions: list[str], iterations: i
         "timestamp": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "quick": quick,
         "device": describe(device),
-        "cpu": _cpu_model(),
+        "cpu": processor(),
         "torch": torch.__version__,
         "threads": torch.get_num_threads(),
         "load_average_before": _load(),
@@ -207,7 +196,7 @@ def room_speed(out: Path, quick: bool, samples: int, log) -> dict:
     result: dict = {
         "benchmark": "room_speed",
         "timestamp": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "quick": quick, "device": "cpu", "cpu": _cpu_model(), "torch": torch.__version__, "workers": workers,
+        "quick": quick, "device": "cpu", "cpu": processor(), "torch": torch.__version__, "workers": workers,
         "threads_per_worker": 1, "load_average_before": _load(), "targets": ROOM_TARGETS, "settings": {}}
     for setting in ("S2", "S1"):
         attack = RoomAttackConfig(mode="exact", **({"iterations": 5} if quick else {}))

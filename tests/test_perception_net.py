@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 from leaklab.attacks.rl.config import RoomReconstruction
-from leaklab.device import repeatable, require_device
+from leaklab.device import processor, repeatable, require_device
 from leaklab.errors import LeaklabError
 from leaklab.experiments import room_attack, room_tables
 from leaklab.models.perception import (ARCH_NAMES, PerceptionSpec, build_perception_net, check_contract,
@@ -66,6 +66,17 @@ def test_device_option_is_checked():
         with pytest.raises(LeaklabError, match="no CUDA GPU"):
             require_device("cuda")
     require_device("cpu")
+
+
+def test_results_name_the_processor(tmp_path):
+    info = tmp_path / "cpuinfo"
+    first = ("processor\t: 0\nmodel name\t: Some CPU\ncpu family\t: 6\nmodel\t\t: 143\n"
+             "flags\t\t: fpu avx2 avx512f amx_tile\n")
+    info.write_text(first + "\nprocessor\t: 1\nmodel name\t: Other CPU\nflags\t\t: avx2\n")
+    assert processor(info) == "Some CPU (family 6 model 143, amx)"
+    info.write_text("model name\t: Old CPU\nflags\t\t: sse2\n")
+    assert processor(info) == "Old CPU"
+    assert processor(tmp_path / "missing")  # no /proc/cpuinfo: the platform's name, or 'unknown'
 
 
 def test_cuda_attacks_run_with_deterministic_algorithms_and_restore_the_settings(monkeypatch):

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import os
+import platform
 import re
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 import torch
 
@@ -38,10 +40,11 @@ def require_device(name: str) -> None:
 def repeatable(device: torch.device | str) -> Iterator[None]:
     """Within the block, CUDA work on ``device`` gives the same numbers for the same seed: torch's
     deterministic algorithms (cuDNN's included; an operation without one raises) and cuBLAS's fixed
-    workspace. Nothing changes on the CPU, whose single-threaded kernels already repeat bit for bit.
-    The room and image attacks run inside it. On the lent H100 (torch 2.11) two runs of the same room
-    attack differed by up to 0.19 dB without it and were identical with it, as were the image attacks
-    on LeNet, ConvNet, ResNet-18 and the CNN; measured in docs/reproductions.md. The previous settings come back on exit."""
+    workspace. Nothing changes on the CPU, whose single-threaded kernels already repeat bit for bit on
+    one host (not across processors: :func:`processor`). The room and image attacks run inside it. On
+    the lent H100 (torch 2.11) two runs of the same room attack differed by up to 0.19 dB without it
+    and were identical with it, as were the image attacks on LeNet, ConvNet, ResNet-18 and the CNN;
+    measured in docs/reproductions.md. The previous settings come back on exit."""
     if torch.device(device).type != "cuda":
         yield
         return
@@ -57,11 +60,35 @@ def repeatable(device: torch.device | str) -> Iterator[None]:
         torch.backends.cudnn.benchmark = before[1]
 
 
+def processor(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
+    """The CPU as ``/proc/cpuinfo`` names it, with its family, model and widest vector unit, e.g.
+    ``AMD EPYC (family 25 model 17, avx512)``: two hosts of one machine kind sold under one name gave
+    the same attacks different float32 results (exact-mode Table I means up to 0.44 dB apart, session
+    12), so results files say which processor computed them."""
+    fields: dict[str, str] = {}
+    try:
+        for line in cpuinfo.read_text().splitlines():
+            key, _, value = line.partition(":")
+            if not key.strip():
+                break  # the first processor is enough
+            fields.setdefault(key.strip(), value.strip())
+    except OSError:
+        return platform.processor() or "unknown"
+    flags = set(fields.get("flags", "").split())
+    vector = next((unit for flag, unit in (("amx_tile", "amx"), ("avx512f", "avx512"), ("avx2", "avx2"))
+                   if flag in flags), "")
+    model = " ".join(f"{label} {fields[key]}" for key, label in (("cpu family", "family"), ("model", "model"))
+                     if key in fields)
+    details = ", ".join(d for d in (model, vector) if d)
+    name = fields.get("model name") or platform.processor() or "unknown"
+    return f"{name} ({details})" if details else name
+
+
 def describe(device: torch.device) -> str:
     """A human-readable device name for results files and benchmarks."""
     if device.type == "cuda":
         return f"cuda:{torch.cuda.get_device_name(device)}"
-    return f"cpu ({torch.get_num_threads()} threads)"
+    return f"cpu ({torch.get_num_threads()} threads), {processor()}"
 
 
 def configure_threads(threads: int | None = None) -> int:
