@@ -88,7 +88,8 @@ def describe(device: torch.device) -> str:
     """A human-readable device name for results files and benchmarks."""
     if device.type == "cuda":
         return f"cuda:{torch.cuda.get_device_name(device)}"
-    return f"cpu ({torch.get_num_threads()} threads), {processor()}"
+    threads = torch.get_num_threads()
+    return f"cpu ({threads} thread{'' if threads == 1 else 's'}), {processor()}"
 
 
 def configure_threads(threads: int | None = None) -> int:
