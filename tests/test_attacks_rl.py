@@ -8,7 +8,8 @@ from torch.nn.grad import conv2d_weight
 
 from leaklab.attacks.rl import RoomAttackConfig, qgi, rgi
 from leaklab.attacks.inversion.analytic import rank_one_residual
-from leaklab.attacks.rl.exact import _inner_error, exact_streams, exact_vectors, feature_error, untouched
+from leaklab.attacks.rl.exact import (_inner_error, exact_streams, exact_vectors, feature_error, untouched,
+                                     weight_gradient)
 from leaklab.attacks.rl.layerwise import penultimate_activations
 from leaklab.attacks.rl.network import GradientStats, cosine_loss, trace
 from leaklab.errors import LeaklabError
@@ -139,16 +140,15 @@ def test_last_and_inner_convolution_gradients_are_exact_at_the_true_images(setti
     features = exact_vectors(net, grads).features.float()
     g_f = feature_error(net, grads)
     for s in streams:
-        z = s.pre_features(truth["images"])
-        assert torch.allclose(z.relu(), features[:, s.offset:s.offset + s.size], atol=1e-5)
+        a = s.last_input(truth["images"])
+        z = s.last(a)
+        assert torch.allclose(z.flatten(1).relu(), features[:, s.offset:s.offset + s.size], atol=1e-5)
         err = (g_f * (features > 0))[:, s.offset:s.offset + s.size]
-        rec, = torch.autograd.grad((err * z).sum(), s.last.weight)
+        rec = weight_gradient(s.last, a, err.reshape(z.shape))
         assert torch.allclose(rec, grads[s.weight_name], rtol=1e-3, atol=1e-6 * float(rec.abs().max()))
         # one layer down (the layerwise stage): the inner convolution's error from the true activations
         x = truth["images"][:, s.channels]
-        with torch.no_grad():
-            a = s.body(x)
-        rec = conv2d_weight(s.head(x), s.inner.weight.shape, _inner_error(s, a, err), stride=s.inner.stride)
+        rec = weight_gradient(s.inner, s.head(x), _inner_error(s, a.detach(), err))
         ref = grads[s.inner_name]
         assert torch.allclose(rec, ref, rtol=1e-3, atol=1e-5 * float(ref.abs().max()))
 
@@ -172,6 +172,22 @@ def test_last_convolution_gradient_term_helps_the_image_stage():
         gains.append(float(psnr(rec.images, x) - psnr(constant_baseline(x), x)))
         assert "depth activations" not in rec.exact  # 300 iterations: too few for the layerwise stage
     assert gains[1] > gains[0] + 1
+
+
+@pytest.mark.parametrize("stride,padding,dilation,groups", [(1, 0, 1, 1), (2, 1, 1, 1), (1, 2, 2, 2)])
+def test_weight_gradient_is_autograds_for_any_convolution(stride, padding, dilation, groups):
+    """A user's network may pad, dilate or group its convolutions: the attack's weight gradient of
+    ``error^T conv(x)`` must be autograd's, and differentiable in ``x`` like it."""
+    torch.manual_seed(0)
+    conv = torch.nn.Conv2d(4, 6, 3, stride=stride, padding=padding, dilation=dilation, groups=groups)
+    x = torch.randn(1, 4, 11, 11, requires_grad=True)
+    z = conv(x)
+    error = torch.randn(z.shape)
+    ref, = torch.autograd.grad((error * z).sum(), conv.weight, create_graph=True)
+    rec = weight_gradient(conv, x, error)
+    assert torch.allclose(rec, ref, atol=1e-6)
+    (g_ref,), (g_rec,) = (torch.autograd.grad((r ** 2).sum(), x, retain_graph=True) for r in (ref, rec))
+    assert torch.allclose(g_rec, g_ref, atol=1e-5)
 
 
 @pytest.mark.parametrize("kernel,stride,side", [(3, 1, 9), (4, 2, 12)])

@@ -102,9 +102,9 @@ class Stream:
     inner_name: str | None = None
     head: nn.Module | None = None
 
-    def pre_features(self, images: torch.Tensor) -> torch.Tensor:
-        """The stream's flattened features before the ReLU."""
-        return self.last(self.body(images[:, self.channels])).flatten(1)
+    def last_input(self, images: torch.Tensor) -> torch.Tensor:
+        """The input of the stream's last convolution."""
+        return self.body(images[:, self.channels])
 
 
 def _ends_conv_relu_flatten(stream: nn.Module) -> bool:
@@ -175,13 +175,20 @@ def _feature_match(out: torch.Tensor, target: torch.Tensor, f_norm: torch.Tensor
     return ((out - target) ** 2).sum() / f_norm
 
 
+def weight_gradient(conv: nn.Conv2d, inputs: torch.Tensor, error: torch.Tensor) -> torch.Tensor:
+    """``conv``'s weight gradient of ``error^T conv(inputs)``, differentiable in ``inputs``."""
+    return conv2d_weight(inputs, conv.weight.shape, error, stride=conv.stride, padding=conv.padding,
+                         dilation=conv.dilation, groups=conv.groups)
+
+
 def _feature_terms(s: Stream, x: torch.Tensor, f: torch.Tensor, f_norm: torch.Tensor, error: torch.Tensor,
                    ref: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Stage 1 for one stream: its share of the feature match, and the mismatch of the last
     convolution's weight gradient of ``error^T conv(x)`` against the client's."""
-    z = s.pre_features(x)
-    rec, = torch.autograd.grad((error * z).sum(), s.last.weight, create_graph=True)
-    return (_feature_match(z.relu(), f[:, s.offset:s.offset + s.size], f_norm),
+    a = s.last_input(x)
+    z = s.last(a)
+    rec = weight_gradient(s.last, a, error.reshape(z.shape))
+    return (_feature_match(z.flatten(1).relu(), f[:, s.offset:s.offset + s.size], f_norm),
             ((rec - ref) ** 2).sum() / (ref * ref).sum().clamp_min(1e-30))
 
 
@@ -191,7 +198,7 @@ def _inner_terms(s: Stream, x: torch.Tensor, target: torch.Tensor, error: torch.
     recovered ``target``, and of the inner convolution's weight gradient for its exact output error."""
     a = s.head(x[:, s.channels])
     z = s.inner(a)
-    rec = conv2d_weight(a, s.inner.weight.shape, error, stride=s.inner.stride)
+    rec = weight_gradient(s.inner, a, error)
     return (((z.relu() - target) ** 2).sum() / (target * target).sum().clamp_min(1e-30),
             ((rec - ref) ** 2).sum() / (ref * ref).sum().clamp_min(1e-30))
 
