@@ -357,3 +357,17 @@ def test_a_defense_that_prunes_every_bias_gradient_is_scored_not_fatal(tmp_path)
     assert result.exit_code == 0, result.output
     row = json.loads((out / "samples.jsonl").read_text().splitlines()[0])
     assert row["no_signal"] is True and row["exact"] == [] and row["metrics"]["q_target_error"] == 100.0
+
+
+@pytest.mark.parametrize("iterations", [None, 300])
+def test_table2_joint_row_gets_the_separate_rows_step_count(iterations):
+    """Fig. 4 compares joint and separate optimisation at the same number of Adam steps: the separate
+    rows run stage 1 and then ``iterations`` image steps, the joint row their sum in one stage."""
+    from leaklab.experiments.room_tables import table2_cells
+
+    cells = table2_cells(4, None, iterations, "small", 0, 1, "cpu")
+    separate, joint = cells["error-direction"].attack, cells["joint"].attack
+    assert joint.multimodal == "joint" and separate.multimodal == "separate"
+    assert joint.iterations == separate.stage1_iterations + separate.iterations
+    assert separate.iterations == (iterations or 2000)
+    assert all(c.attack.iterations == separate.iterations for n, c in cells.items() if n != "joint")
