@@ -537,7 +537,8 @@ def reproduce_room_table2(
     out: Annotated[Optional[Path], typer.Option("--out", help="(default runs/<id>-room-table2)")] = None,
     update_docs: UpdateDocsOpt = False,
 ) -> None:
-    """Seed 000 Table II and Fig. 4: objectives and joint vs separate optimisation, and exact mode."""
+    """Seed 000 Table II and Fig. 4: objectives and joint vs separate optimisation, and exact mode.
+    The joint row runs stage 1's steps plus --iterations in one stage: the separate rows' total."""
     from leaklab.experiments import room_tables
     from leaklab.experiments.room_attack import layouts_arg
 
