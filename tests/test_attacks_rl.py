@@ -8,10 +8,11 @@ from torch.nn.grad import conv2d_weight
 
 from leaklab.attacks.rl import RoomAttackConfig, qgi, rgi
 from leaklab.attacks.inversion.analytic import rank_one_residual
-from leaklab.attacks.rl.exact import (_inner_error, exact_streams, exact_vectors, feature_error, untouched,
-                                     weight_gradient)
+from leaklab.attacks.rl.exact import (_inner_error, exact_streams, exact_vectors, feature_error,
+                                     separated_vectors, untouched, weight_gradient)
 from leaklab.attacks.rl.layerwise import penultimate_activations
 from leaklab.attacks.rl.network import GradientStats, cosine_loss, trace
+from leaklab.attacks.rl.rules import dqn_actions, error_directions
 from leaklab.errors import LeaklabError
 from leaklab.metrics import constant_baseline, psnr
 from leaklab.metrics.rooms import matched_first, room_metrics
@@ -105,6 +106,37 @@ def test_qgi_batch_two_actions_and_last_layer_exact():
     assert rec.action[order].tolist() == [3, 5]
     assert torch.allclose(rec.q_target[order].float(), truth["q_target"], atol=1e-4)
     assert torch.allclose(rec.q_pred[order].float(), truth["q_pred"], atol=1e-4)
+
+
+@pytest.mark.parametrize("setting,arch", [("S2", "small"), ("S1", "deep")])
+def test_qgi_exact_batch_two_separates_every_linear_input(setting, arch):
+    view, update, truth = client(setting, arch, batch=2)
+    rec = qgi(view, update, RoomAttackConfig(iterations=2, stage1_iterations=2))
+    order = torch.argsort(rec.action)
+    assert rec.action[order].tolist() == [3, 5]
+    assert {"box", "features", "q_target"} <= set(rec.exact)
+    assert (rec.box[order] - truth["box"]).abs().max() < 1e-5
+    assert torch.allclose(rec.q_target[order].float(), truth["q_target"], atol=1e-5)
+    assert rec.images.shape == truth["images"].shape
+    st = separated_vectors(view.model, {k: v.double() for k, v in update.tensors.items()},
+                           error_directions(update.tensors["head.2.bias"].double(), rec.action))
+    with torch.no_grad():
+        features = view.model.conv(truth["images"]).double()
+    assert torch.allclose(st.features[order], features, atol=1e-5 * float(features.abs().max()))
+    assert st.untouched  # the two samples' gradient: the last convolutions' term applies
+    g = torch.Generator().manual_seed(0)
+    noised = {k: v.double() + 1e-5 * torch.randn(v.shape, generator=g, dtype=torch.float64)
+              for k, v in update.tensors.items()}
+    assert not separated_vectors(view.model, noised, error_directions(noised["head.2.bias"], rec.action)).untouched
+
+
+def test_qgi_exact_batch_with_one_action_twice_is_not_separated():
+    view, update, truth = client(batch=2, actions=(3, 3))
+    grads = {k: v.double() for k, v in update.tensors.items()}
+    gb = grads["head.2.bias"]
+    assert separated_vectors(view.model, grads, error_directions(gb, dqn_actions(gb, 2))) is None
+    rec = qgi(view, update, RoomAttackConfig(iterations=2, stage1_iterations=2))
+    assert rec.action.tolist() == [3, 3] and "box" not in rec.exact and rec.iterations == 4
 
 
 def test_rank_one_shortcut_equals_materialised_gradient():

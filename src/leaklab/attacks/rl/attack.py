@@ -4,10 +4,12 @@ What each mode recovers exactly (``RoomReconstruction.exact``):
 
 * exact, batch 1: action, box, Q̂, Q (QGI), probabilities, action, reward (RGI); images by
   optimisation against the exact conv features and gradients (:mod:`leaklab.attacks.rl.exact`).
-* exact, batch 2 (QGI): the actions (eq. 7, as a set); when they differ, the last layer's rows
-  separate the samples, so each last-layer input, Q̂ and Q are exact; box and images come from the
-  paper's two stages with per-sample error directions (not exact: each weight gradient is a sum of
-  two rank-1 terms).
+* exact, batch 2 (QGI): the actions (eq. 7, as a set); when they differ, each sample's error at the
+  output is known, which separates every Linear layer's input sample by sample
+  (:func:`~leaklab.attacks.rl.exact.separated_vectors`): box, features, Q̂ and Q exact; the images
+  by the exact mode's image stage, each against its own features, together against the last
+  convolutions' gradients. The same action twice leaves the samples unseparated: box and images come
+  from the paper's two stages.
 * paper: the actions (eq. 7); everything else by optimisation and the rules of IV-C/IV-D.
 """
 
@@ -18,7 +20,7 @@ import time
 import torch
 
 from leaklab.attacks.rl.config import RoomAttackConfig, RoomReconstruction
-from leaklab.attacks.rl.exact import exact_images, exact_vectors
+from leaklab.attacks.rl.exact import exact_images, exact_vectors, separated_vectors
 from leaklab.attacks.rl.images import gaussian_start
 from leaklab.attacks.rl.network import trace
 from leaklab.attacks.rl.optim import Progress
@@ -52,12 +54,6 @@ def _last_bias(net: PerceptionNet, grads: dict[str, torch.Tensor]) -> torch.Tens
     return grads[f"head.{len(net.head) - 1}.bias"].double()
 
 
-def _last_rows(net: PerceptionNet, grads: dict[str, torch.Tensor], actions: torch.Tensor) -> torch.Tensor:
-    """Batch 2, distinct actions: row ``a_b`` of the last weight gradient is ``delta_b h_b^T`` alone."""
-    name = f"head.{len(net.head) - 1}"
-    return grads[f"{name}.weight"].double()[actions] / grads[f"{name}.bias"].double()[actions].unsqueeze(1)
-
-
 def _outputs(net: PerceptionNet, last_input: torch.Tensor) -> torch.Tensor:
     last = net.head[len(net.head) - 1]
     return last_input.double() @ last.weight.detach().double().T + last.bias.detach().double()
@@ -65,10 +61,11 @@ def _outputs(net: PerceptionNet, last_input: torch.Tensor) -> torch.Tensor:
 
 def _images_and_state(net, grads, errors, actions, cfg, progress, batch):
     """``(box, images, last-layer input, paper state or None, iterations, exact names)``."""
-    if cfg.mode == "exact" and batch == 1:
-        st = exact_vectors(net, grads)
-        images, activations = exact_images(net, grads, st.features, cfg, progress)
-        return st.box, images, st.last_input, None, cfg.iterations, ("box", "features", *activations)
+    if cfg.mode == "exact":
+        st = exact_vectors(net, grads) if batch == 1 else separated_vectors(net, grads, errors)
+        if st is not None:
+            images, activations = exact_images(net, grads, st, cfg, progress)
+            return st.box, images, st.last_input, None, cfg.iterations, ("box", "features", *activations)
     st = paper_state(net, grads, errors, actions, cfg, progress)
     with torch.no_grad():
         last_input = trace(net, st.features, st.box).linear[-1][1]
@@ -110,10 +107,7 @@ def _qgi(net: PerceptionNet, grads: dict[str, torch.Tensor], batch: int, cfg: Ro
     actions = dqn_actions(gb, batch)
     box, images, last_input, st, iterations, exact = _images_and_state(
         net, grads, error_directions(gb, actions), actions, cfg, progress, batch)
-    distinct = batch == 1 or int(actions[0]) != int(actions[1])
-    if cfg.mode == "exact" and distinct:
-        if batch > 1:
-            last_input = _last_rows(net, grads, actions)
+    if "features" in exact:  # the last layer's input is exact too
         q_pred = _outputs(net, last_input).gather(1, actions.view(-1, 1)).squeeze(1)
         q_target = dqn_target_exact(q_pred, gb, actions)
         exact += ("action", "q_pred", "q_target")
