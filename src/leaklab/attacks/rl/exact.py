@@ -1,10 +1,12 @@
-"""leaklab's exact room attack (``mode="exact"``), one sample.
+"""leaklab's exact room attack (``mode="exact"``): one sample, or a batch the output errors separate.
 
 Every Linear layer with a bias gives its input exactly: ``dW = delta h^T`` and ``db = delta``, so
 ``h = db^T dW / ||db||^2`` (:func:`leaklab.attacks.inversion.analytic.linear_input`). That yields the
 box (input of ``box.0``), the convolutional features ``f`` (first part of ``head.0``'s input) and the
 last layer's input, hence ``Q̂ = W_last h + b_last`` exactly. The error at the features is known too:
-``g_f = (W_head0^T db_head0)[:F]``.
+``g_f = (W_head0^T db_head0)[:F]``. A batch whose samples' errors at the output are known (QGI with
+distinct actions) gives the same vectors sample by sample (:func:`separated_vectors`), and its
+images are reconstructed together by the same stages but the layerwise one.
 
 The images minimise ``w_f ||conv(x) − f||^2 / ||f||^2 + w_g Σ_l ||∇_{W_l} J̃(x) − G_l||^2 / ||G_l||^2
 + λ_t TV(x)`` (TV pooled over each modality's channels, :func:`leaklab.attacks.rl.images.modality_tv`)
