@@ -351,4 +351,3 @@ def exact_images(net: PerceptionNet, grads: dict[str, torch.Tensor], st: ExactSt
     shifted = (lambda it, value: progress(first + it, value)) if progress else None
     adam([x], stage2, cfg.iterations - first, cfg.lr, clamp=[x], progress=shifted)
     return x.detach(), tuple(names)
-
