@@ -299,3 +299,19 @@ def test_reproduce_commands_and_threads_setting_fail_with_one_line(case, tmp_pat
     assert_user_error(invoke("attack", "analytic", "--case", case, "--seed", "3", "--out", out), out, "--seed")
     monkeypatch.setenv("LEAKLAB_THREADS", "abc")
     assert_user_error(invoke("reproduce", "inversion-checks", "--quick", "--out", out), out, "LEAKLAB_THREADS")
+
+
+def test_plain_progress_writes_a_line_every_interval_and_at_each_task_end(capsys):
+    """On a non-interactive stderr (a log, CI) long work reports plain lines; the first 30 s stay silent."""
+    from leaklab.cli import PLAIN_EVERY, _plain_progress
+
+    now = [100.0]
+    progress = _plain_progress(clock=lambda: now[0])
+    for t, done in ((5, 1), (PLAIN_EVERY - 1, 2), (PLAIN_EVERY + 1, 3), (PLAIN_EVERY + 10, 4),
+                    (2 * PLAIN_EVERY + 2, 5), (2 * PLAIN_EVERY + 3, 60)):
+        now[0] = 100.0 + t
+        progress("audit", done, 60)
+    now[0] += 1
+    progress(task="cell 2/2: qgi-S1", completed=0, total=None)
+    lines = capsys.readouterr().err.splitlines()
+    assert lines == ["audit: 3/60 (0:31 elapsed)", "audit: 5/60 (1:02 elapsed)", "audit: 60/60 (1:03 elapsed)"]

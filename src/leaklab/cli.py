@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import sys
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -105,28 +106,59 @@ def _main(threads: Annotated[Optional[int], typer.Option(
     configure_threads(threads)
 
 
+PLAIN_EVERY = 30.0  # seconds between progress lines on a non-interactive stderr (a log file, CI)
+
+
+def _progress_args(args: tuple, kwargs: dict) -> tuple[str, Any, Any]:
+    """``progress(description, completed, total)`` (positional or by keyword) as its three parts."""
+    words = [a for a in args if isinstance(a, str)]
+    numbers = [a for a in args if isinstance(a, (int, float)) and not isinstance(a, bool)]
+    name = kwargs.get("task") or (words[0] if words else "working")
+    completed = kwargs.get("completed", numbers[0] if numbers else None)
+    total = kwargs.get("total", numbers[1] if len(numbers) > 1 else None)
+    return name, completed, total
+
+
+def _plain_progress(clock: Callable[[], float] = time.monotonic) -> Callable[..., None]:
+    """The progress callback for a non-interactive stderr: one plain line ``description: done/total
+    (elapsed)`` at most every :data:`PLAIN_EVERY` seconds and when a task completes, none in a run's
+    first :data:`PLAIN_EVERY` seconds (a short run stays silent, as its error stays one line)."""
+    start = clock()
+    last = [start]
+
+    def update(*args: Any, **kwargs: Any) -> None:
+        name, completed, total = _progress_args(args, kwargs)
+        now = clock()
+        finished = total is not None and completed is not None and completed >= total
+        if now - start < PLAIN_EVERY or not (finished or now - last[0] >= PLAIN_EVERY):
+            return
+        last[0] = now
+        count = f"{completed}/{total}" if total is not None else f"{completed}"
+        minutes, seconds = divmod(int(now - start), 60)
+        print(f"{name}: {count} ({minutes}:{seconds:02d} elapsed)", file=sys.stderr, flush=True)
+
+    return update
+
+
 @contextmanager
 def _progress() -> Iterator[Callable[..., None]]:
-    """A callback ``progress(task, completed, total)`` drawing rich bars on an interactive stderr."""
+    """A callback ``progress(task, completed, total)`` drawing rich bars on an interactive stderr,
+    plain lines (:func:`_plain_progress`) on any other."""
     from rich.console import Console
     from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
                                TimeRemainingColumn)
 
     console = Console(stderr=True)
     if not console.is_terminal:
-        yield lambda *args, **kwargs: None
+        yield _plain_progress()
         return
     bars = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                     TimeElapsedColumn(), TimeRemainingColumn(), console=console, transient=False)
     task: list[Any] = []
 
     def update(*args: Any, **kwargs: Any) -> None:
-        # progress(description, completed, total): one bar whose description follows the work
-        words = [a for a in args if isinstance(a, str)]
-        numbers = [a for a in args if isinstance(a, (int, float)) and not isinstance(a, bool)]
-        name = kwargs.get("task") or (words[0] if words else "working")
-        completed = kwargs.get("completed", numbers[0] if numbers else None)
-        total = kwargs.get("total", numbers[1] if len(numbers) > 1 else None)
+        # one bar whose description follows the work
+        name, completed, total = _progress_args(args, kwargs)
         if not task:
             task.append(bars.add_task(name, total=total))
         bars.update(task[0], description=name, completed=completed, total=total)

@@ -2,7 +2,17 @@
 
 * :mod:`leaklab.experiments.capture`: a client update as the server sees it, written as a case folder;
 * :mod:`leaklab.experiments.image_attack`: attack a case (inversion or analytic), evaluate, write results;
-* :mod:`leaklab.experiments.image_audit`: the default image audit behind ``make audit``.
+* :mod:`leaklab.experiments.image_audit`: the image audit (``leaklab audit --kind images``);
+* :mod:`leaklab.experiments.room_attack`: the room attacks QGI and RGI on captured or fresh rooms;
+* :mod:`leaklab.experiments.room_audit`: the main job behind ``make audit`` (rooms, with and without
+  defenses);
+* :mod:`leaklab.experiments.room_tables`, :mod:`~leaklab.experiments.bayes_table2`,
+  :mod:`~leaklab.experiments.dp_vs_inversion`, :mod:`~leaklab.experiments.inversion_checks`: the
+  reproductions and reference checks behind ``leaklab reproduce``.
 
-Progress callbacks used here have the form ``progress(task, completed, total)``.
+Progress callbacks used here have the form ``progress(task, completed, total)`` (:data:`ProgressFn`).
 """
+
+from collections.abc import Callable
+
+ProgressFn = Callable[[str, int, int], None]

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Literal
 
@@ -31,6 +30,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from leaklab.attacks.inversion import InversionConfig, invert
 from leaklab.data import load_images
 from leaklab.errors import LeaklabError
+from leaklab.experiments import ProgressFn
 from leaklab.fl import fedsgd_update, train_steps
 from leaklab.io import RESULTS_FILE, atomic_dir, write_json
 from leaklab.metrics import constant_baseline, psnr, ssim
@@ -38,7 +38,6 @@ from leaklab.models import ModelSpec, build_model
 from leaklab.privacy.dpsgd import DPSGDConfig, clip_and_noise, noise_multiplier_for, train_private
 from leaklab.threat import Capabilities, make_view
 
-ProgressFn = Callable[[str, int, int], None]
 PLOT_FILE = "dp_vs_inversion.png"
 _POOL = {"mnist": 5000, "digits": 1797}
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 import platform
 import time
 from collections import Counter
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
@@ -27,13 +26,13 @@ import leaklab
 from leaklab.attacks.inversion import InversionConfig, Reconstruction, invert, recover_input, recover_labels
 from leaklab.device import default_device, describe
 from leaklab.errors import LeaklabError
+from leaklab.experiments import ProgressFn
 from leaklab.experiments import capture as capture_mod
 from leaklab.io import (RECONSTRUCTIONS_FILE, RESULTS_FILE, Case, atomic_dir, load_case, load_truth,
                         save_tensors, write_json)
 from leaklab.metrics import constant_baseline, match_order, psnr, ssim
 
 Method = Literal["inversion", "analytic"]
-ProgressFn = Callable[[str, int, int], None]
 
 PNG_FILE = "reconstructions.png"
 CASE_SUBDIR = "case"

@@ -1,4 +1,5 @@
-"""The default image leakage audit (``leaklab audit``, ``make audit``).
+"""The image leakage audit (``leaklab audit --kind images``; the default audit is the room one,
+:mod:`leaklab.experiments.room_audit`).
 
 A few real private images (photo crops and faces) are sent as FedSGD gradients of one image each,
 with no defense and with two defenses, and attacked by the server with Deep Leakage from Gradients
@@ -21,8 +22,9 @@ from pathlib import Path
 from typing import Any
 
 from leaklab.device import default_device, describe
+from leaklab.experiments import ProgressFn
 from leaklab.experiments.capture import CaptureConfig, capture, write
-from leaklab.experiments.image_attack import ProgressFn, attack, evaluate, inversion_config, versions
+from leaklab.experiments.image_attack import attack, evaluate, inversion_config, versions
 from leaklab.io import RESULTS_FILE, atomic_dir, load_case, load_truth, write_json
 
 REPORT_FILE = "report.html"

@@ -34,6 +34,7 @@ from leaklab.attacks.rl.config import METHOD_VERSION
 from leaklab.defenses import parse_defense
 from leaklab.device import DEVICE_PATTERN, describe, repeatable, require_device
 from leaklab.errors import LeaklabError
+from leaklab.experiments import ProgressFn
 from leaklab.experiments.image_attack import versions
 from leaklab.io import RECONSTRUCTIONS_FILE, RESULTS_FILE, atomic_dir, check_out, save_tensors, write_json
 from leaklab.metrics.rooms import matched_first, room_metrics
@@ -44,7 +45,6 @@ from leaklab.rl.capture import (collect_transitions, dqn_client_update, partly_t
 from leaklab.rl.envs import LAYOUTS
 from leaklab.threat import ClientUpdate, make_view
 
-ProgressFn = Callable[[str, int, int], None]
 SAMPLES_FILE = "samples.jsonl"
 PNG_FILE = "reconstructions.png"
 GRID_SAMPLES = 8

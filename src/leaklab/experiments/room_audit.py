@@ -29,7 +29,6 @@ from __future__ import annotations
 import math
 import statistics
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -39,13 +38,12 @@ from pydantic import BaseModel, ConfigDict, Field
 from leaklab.attacks.rl import RoomAttackConfig
 from leaklab.device import DEVICE_PATTERN, describe, require_device
 from leaklab.errors import LeaklabError
-from leaklab.experiments import room_attack
+from leaklab.experiments import ProgressFn, room_attack
 from leaklab.experiments.image_attack import versions
 from leaklab.io import RESULTS_FILE, TRUTH_FILE, VIEW_FILE, atomic_dir, check_out, write_json
 from leaklab.metrics.rooms import matched_first
 from leaklab.privacy.dpsgd import noise_multiplier_for
 
-ProgressFn = Callable[[str, int, int], None]
 REPORT_FILE = "report.html"
 DP_DELTA = 1e-5
 DP_CLIP = 1.0

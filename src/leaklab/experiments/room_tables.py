@@ -21,18 +21,16 @@ simulators.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from leaklab.attacks.rl import RoomAttackConfig
 from leaklab.attacks.rl.config import EXACT_ONLY, METHOD_VERSION
 from leaklab.errors import LeaklabError
-from leaklab.experiments import room_attack
+from leaklab.experiments import ProgressFn, room_attack
 from leaklab.io import CELLS_DIR, RESULTS_FILE, check_out, read_json, write_bytes, write_json
 from leaklab.models.perception import architecture_digest
 
-ProgressFn = Callable[[str, int, int], None]
 
 # Table I of seed 000, "average" column, mean and standard deviation (the Markdown shows the means); the
 # vector metrics are the text of section V-A.
