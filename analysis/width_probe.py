@@ -1,0 +1,135 @@
+"""How much does the width of the `small` stack decide what exact mode reads of an S1 RGB frame?
+
+The first ``--samples`` transitions of Table I's QGI S1 exact cell (``leaklab attack qgi --setting
+S1 --layouts 12``, same rooms and seed) are sent as single-sample DQN gradients of networks that
+differ only in the widths of each stream's three convolutions (8/4, 4/2, 3/1 as in ``small``;
+``16,32,32`` is ``small`` itself, ``32,64,64`` the widths of the Nature DQN), each initialised with
+seed 0, and attacked in exact mode at the defaults. Printed and written: per network and sample,
+RGB (Y channel) and depth PSNR over the constant baseline (raw), and the attack's seconds.
+
+    .venv/bin/python analysis/width_probe.py --samples 8 --widths 16,32,32 --widths 32,64,64 \\
+        --out runs/width-probe.json
+
+The widened networks reach the attack's workers as a user's own class would
+(``--model-class width_probe:W32_64_64``, this module's :func:`__getattr__`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from leaklab.attacks.rl.config import RoomAttackConfig
+from leaklab.experiments.room_attack import Job, RoomRunConfig, layouts_arg, run_jobs
+from leaklab.metrics.image import constant_baseline, psnr
+from leaklab.models import PerceptionSpec
+from leaklab.models.perception import ModalityStreams, PerceptionNet, build_perception_net
+from leaklab.rl.capture import collect_transitions, dqn_client_update, target_copy
+
+SMALL = (16, 32, 32)
+
+
+def _stream(widths: tuple[int, int, int]):
+    def make(channels: int) -> nn.Sequential:
+        a, b, c = widths
+        return nn.Sequential(nn.Conv2d(channels, a, 8, stride=4), nn.ReLU(),
+                             nn.Conv2d(a, b, 4, stride=2), nn.ReLU(),
+                             nn.Conv2d(b, c, 3, stride=1), nn.ReLU(), nn.Flatten())
+    return make
+
+
+def widened(widths: tuple[int, int, int]) -> type[PerceptionNet]:
+    """``small`` (box branch and head as built-in) with each stream's convolutions ``widths`` wide."""
+
+    class Widened(PerceptionNet):
+        def __init__(self, spec: PerceptionSpec):
+            super().__init__(spec)
+            self.conv = ModalityStreams(spec.setting, _stream(widths))
+            with torch.no_grad():
+                count = self.conv(torch.zeros(1, spec.in_channels, spec.image_size, spec.image_size)).shape[1]
+            self.conv_features = count
+            self.head = nn.Sequential(nn.Linear(count + 32, 256), nn.ReLU(), nn.Linear(256, spec.num_actions))
+
+    Widened.__name__ = class_name(widths)
+    return Widened
+
+
+def class_name(widths: tuple[int, int, int]) -> str:
+    return "W" + "_".join(map(str, widths))
+
+
+def __getattr__(name: str) -> type[PerceptionNet]:
+    """``W32_64_64`` and the like: the widened network class, for ``model_class`` strings."""
+    if name.startswith("W") and name[1:].replace("_", "").isdigit() and name.count("_") == 2:
+        return widened(tuple(int(w) for w in name[1:].split("_")))
+    raise AttributeError(name)
+
+
+def gains(images: torch.Tensor, truth: torch.Tensor) -> dict[str, float]:
+    """RGB (Y channel) and depth PSNR minus the constant baseline's, raw (no paper normalisation)."""
+    out = {}
+    for name, part, channel in (("rgb", slice(0, 3), "y"), ("depth", slice(3, 4), "rgb")):
+        t = truth[:, part]
+        out[name] = float(psnr(images[:, part], t, channel) - psnr(constant_baseline(t), t, channel))
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--samples", type=int, default=8)
+    parser.add_argument("--widths", action="append", required=True, help="three widths, e.g. 32,64,64")
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args()
+    nets = [tuple(int(w) for w in text.split(",")) for text in args.widths]
+    if any(len(w) != 3 or min(w) < 1 for w in nets):
+        parser.error("--widths takes three positive integers, e.g. 32,64,64")
+    # the spawned workers import this module by name
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(Path(__file__).parent),
+                                                             os.environ.get("PYTHONPATH")]))
+    sys.path.insert(0, str(Path(__file__).parent))
+    config = RoomRunConfig(algorithm="qgi", setting="S1", samples=args.samples, layouts=layouts_arg("12"))
+    spec = config.spec
+    transitions = collect_transitions(config.layouts, args.samples, spec, seed=config.seed, gamma=config.gamma)
+    jobs, truths = [], []
+    for widths in nets:
+        model_class = None if widths == SMALL else f"width_probe:{class_name(widths)}"
+        net = build_perception_net(spec, seed=config.seed, model_class=model_class)
+        target = target_copy(net)
+        state = {k: v.detach().clone() for k, v in net.state_dict().items()}
+        for i, transition in enumerate(transitions):
+            update, truth = dqn_client_update(net, target, [transition], config.gamma)
+            jobs.append(Job("qgi", spec, state, update, RoomAttackConfig(), model_class=model_class))
+            truths.append((widths, i, truth["images"]))
+    rows: list[dict] = []
+
+    def on_result(i: int, rec) -> None:
+        widths, sample, truth = truths[i]
+        rows.append({"widths": list(widths), "sample": sample, **gains(rec.images, truth),
+                     "seconds": rec.seconds})
+        r = rows[-1]
+        print(f"{widths} sample {sample}: RGB {r['rgb']:+.2f} dB, depth {r['depth']:+.2f} dB over the "
+              f"baseline ({r['seconds']:.0f} s)", flush=True)
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps({"rows": rows}, indent=1))
+
+    run_jobs(jobs, args.workers, on_result)
+    summary = []
+    for widths in nets:
+        mine = [r for r in rows if tuple(r["widths"]) == widths]
+        summary.append({"widths": list(widths), **{k: statistics.fmean(r[k] for r in mine)
+                                                   for k in ("rgb", "depth", "seconds")}})
+        print(f"{widths}: RGB {summary[-1]['rgb']:+.2f} dB, depth {summary[-1]['depth']:+.2f} dB over the "
+              f"baseline, {summary[-1]['seconds']:.1f} s per sample ({len(mine)} samples)")
+    args.out.write_text(json.dumps({"summary": summary, "rows": rows}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
