@@ -28,10 +28,11 @@ from torch import nn
 
 from leaklab.attacks.rl.config import RoomAttackConfig
 from leaklab.experiments.room_attack import Job, RoomRunConfig, layouts_arg, run_jobs
-from leaklab.metrics.image import constant_baseline, psnr
 from leaklab.models import PerceptionSpec
 from leaklab.models.perception import ModalityStreams, PerceptionNet, build_perception_net
 from leaklab.rl.capture import collect_transitions, dqn_client_update, target_copy
+
+from start_spread import gains  # analysis/, beside this script
 
 SMALL = (16, 32, 32)
 
@@ -70,15 +71,6 @@ def __getattr__(name: str) -> type[PerceptionNet]:
     if name.startswith("W") and name[1:].replace("_", "").isdigit() and name.count("_") == 2:
         return widened(tuple(int(w) for w in name[1:].split("_")))
     raise AttributeError(name)
-
-
-def gains(images: torch.Tensor, truth: torch.Tensor) -> dict[str, float]:
-    """RGB (Y channel) and depth PSNR minus the constant baseline's, raw (no paper normalisation)."""
-    out = {}
-    for name, part, channel in (("rgb", slice(0, 3), "y"), ("depth", slice(3, 4), "rgb")):
-        t = truth[:, part]
-        out[name] = float(psnr(images[:, part], t, channel) - psnr(constant_baseline(t), t, channel))
-    return out
 
 
 def main() -> None:
