@@ -9,10 +9,11 @@ from torch.nn.grad import conv2d_weight
 from leaklab.attacks.rl import RoomAttackConfig, qgi, rgi
 from leaklab.attacks.inversion.analytic import rank_one_residual
 from leaklab.attacks.rl.exact import (_inner_error, exact_streams, exact_vectors, feature_error,
-                                     separated_vectors, untouched, weight_gradient)
+                                     reinforce_batch_errors, separated_vectors, untouched, weight_gradient)
 from leaklab.attacks.rl.layerwise import penultimate_activations
 from leaklab.attacks.rl.network import GradientStats, cosine_loss, trace
-from leaklab.attacks.rl.rules import dqn_actions, error_directions
+from leaklab.attacks.rl.rules import (dqn_actions, entropy_bias_gradient, error_directions,
+                                     reinforce_action_reward)
 from leaklab.errors import LeaklabError
 from leaklab.metrics import constant_baseline, psnr
 from leaklab.metrics.rooms import matched_first, room_metrics
@@ -137,6 +138,54 @@ def test_qgi_exact_batch_with_one_action_twice_is_not_separated():
     assert separated_vectors(view.model, grads, error_directions(gb, dqn_actions(gb, 2))) is None
     rec = qgi(view, update, RoomAttackConfig(iterations=2, stage1_iterations=2))
     assert rec.action.tolist() == [3, 3] and "box" not in rec.exact and rec.iterations == 4
+
+
+@pytest.mark.parametrize("setting,arch", [("S2", "small"), ("S1", "deep")])
+def test_rgi_exact_batch_two_reads_each_samples_error_action_and_reward(setting, arch):
+    view, update, truth = client(setting, arch, loss="reinforce", batch=2)
+    grads = {k: v.double() for k, v in update.tensors.items()}
+    logits = view.model(truth["images"], truth["box"]).detach().requires_grad_()
+    true_errors, = torch.autograd.grad(reinforce_loss(logits, truth["action"], truth["reward"], 0.01), logits)
+    errors = reinforce_batch_errors(view.model, grads)
+    order = torch.argsort(errors[:, 3].abs(), descending=True)  # sample 0 took action 3
+    assert torch.allclose(errors[order].float(), true_errors, atol=1e-5 * float(true_errors.abs().max()))
+    rec = rgi(view, update, RoomAttackConfig(iterations=2))
+    by_action = torch.argsort(rec.action)
+    assert rec.action[by_action].tolist() == [3, 5] and rec.action_identified.all()
+    assert torch.allclose(rec.reward[by_action].float(), truth["reward"], atol=1e-5)
+    assert torch.allclose(rec.probs[by_action].float(), truth["probs"], atol=1e-6)
+    assert (rec.box[by_action] - truth["box"]).abs().max() < 1e-4
+    assert {"box", "features", "probs", "reward", "action"} <= set(rec.exact)
+
+
+def test_rgi_batch_errors_need_two_independent_samples():
+    view, update, _ = client(loss="reinforce")  # one sample: the last layer's gradient has rank 1
+    assert reinforce_batch_errors(view.model, {k: v.double() for k, v in update.tensors.items()}) is None
+    view, update, _ = client(loss="reinforce", batch=2)
+    grads = dict(update.tensors)
+    h = torch.rand(grads["head.2.weight"].shape[1])
+    grads["head.2.weight"] = torch.outer(grads["head.2.bias"], h)  # [dW | db] of rank 1: one sample's form
+    assert reinforce_batch_errors(view.model, {k: v.double() for k, v in grads.items()}) is None
+    exact64 = {k: v.double() for k, v in grads.items()}
+    exact64["head.2.weight"] = torch.outer(exact64["head.2.bias"], h.double())
+    assert reinforce_batch_errors(view.model, exact64) is None  # its 2nd singular value: float64 rounding
+    update = ClientUpdate(metadata=update.metadata, tensors=grads)
+    rec = rgi(view, update, RoomAttackConfig(iterations=2))
+    assert rec.no_signal and rec.exact == ()
+
+
+def test_a_separated_samples_rounding_is_not_taken_for_its_action():
+    """A zero-return sample separated from a batch keeps rounding of its partner's large error: over
+    1e-3 of its own entropy part, far under the batch's largest error."""
+    probs = torch.softmax(torch.tensor([0.3, -0.2, 0.1, 0.0, 0.5, -0.4, 0.2], dtype=torch.float64), 0)
+    entropy = entropy_bias_gradient(probs, 0.01)
+    noise = 2e-3 * float(entropy.norm()) * torch.tensor([1.0, -1, 0, 0, 0, 0, 0], dtype=torch.float64) / 2 ** 0.5
+    grad_b = entropy + noise
+    assert reinforce_action_reward(grad_b, probs, 0.01)[2].tolist() == [True]  # alone: taken as a trace
+    assert reinforce_action_reward(grad_b, probs, 0.01, batch_scale=1.0)[2].tolist() == [False]
+    taken = entropy + 0.5 * (probs - torch.eye(7, dtype=torch.float64)[4])  # a return of 0.5, action 4
+    action, reward, identified = reinforce_action_reward(taken, probs, 0.01, batch_scale=1.0)
+    assert action.tolist() == [4] and identified.tolist() == [True] and abs(float(reward) - 0.5) < 1e-12
 
 
 def test_rank_one_shortcut_equals_materialised_gradient():
@@ -271,7 +320,7 @@ def test_bad_updates_are_refused():
         qgi(view, update)
     view, update, _ = client(loss="reinforce", batch=2)
     with pytest.raises(LeaklabError, match="batch size"):
-        rgi(view, update)
+        rgi(view, update, RoomAttackConfig(mode="paper"))  # IV-D reads one sample; exact mode reads two
     view, update, _ = client(loss="reinforce")
     with pytest.raises(LeaklabError, match="ablations"):
         rgi(view, update, RoomAttackConfig(mode="paper", objective="dlg"))

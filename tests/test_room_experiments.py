@@ -97,6 +97,12 @@ def test_attack_qgi_refuses_bad_input_without_output(tmp_path, args, words):
     assert_user_error(invoke("attack", "qgi", *args, "--out", out), out, *words)
 
 
+def test_attack_rgi_refuses_a_paper_mode_batch_without_output(tmp_path):
+    out = tmp_path / "bad"
+    result = invoke("attack", "rgi", "--mode", "paper", "--batch-size", "2", "--out", out)
+    assert_user_error(result, out, "paper-mode RGI", "batch_size 1")
+
+
 def test_quick_room_audit_writes_report_with_defenses(tmp_path):
     out = tmp_path / "audit"
     result = invoke("audit", "--quick", "--out", out)

@@ -415,7 +415,8 @@ def _room_command(algorithm: str, doc: str) -> Callable:
         samples: SamplesOpt = 4, layouts: LayoutsOpt = None,
         seed: Annotated[int, typer.Option("--seed", help="network, rooms and attack seed")] = 0,
         iterations: IterationsOpt = None,
-        batch_size: Annotated[int, typer.Option("--batch-size", help="transitions per update (1 or 2)")] = 1,
+        batch_size: Annotated[int, typer.Option("--batch-size", help="transitions per update (1 or 2; "
+                                                                   "RGI reads 2 in exact mode)")] = 1,
         train_steps: Annotated[int, typer.Option("--train-steps", help="environment steps of training "
                                                  "before the round (0: initialised network)")] = 0,
         defense: RoomDefenseOpt = None,

@@ -108,9 +108,10 @@ class RoomRunConfig(BaseModel):
         return value
 
     @model_validator(mode="after")
-    def _rgi_reads_one_sample(self) -> "RoomRunConfig":
-        if self.algorithm == "rgi" and self.batch_size != 1:
-            raise ValueError("RGI attacks single-sample REINFORCE updates (seed 000 IV-D): batch_size 1")
+    def _paper_rgi_reads_one_sample(self) -> "RoomRunConfig":
+        if self.algorithm == "rgi" and self.batch_size != 1 and self.attack.mode != "exact":
+            raise ValueError("paper-mode RGI attacks single-sample REINFORCE updates (seed 000 IV-D): "
+                             "batch_size 1 (exact mode reads batches of 2)")
         return self
 
     @property

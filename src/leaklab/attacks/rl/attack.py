@@ -10,7 +10,11 @@ What each mode recovers exactly (``RoomReconstruction.exact``):
   by the exact mode's image stage, each against its own features, together against the last
   convolutions' gradients. The same action twice leaves the samples unseparated: box and images come
   from the paper's two stages.
-* paper: the actions (eq. 7); everything else by optimisation and the rules of IV-C/IV-D.
+* exact, batch 2 (RGI): both samples' errors at the output from the last layer alone
+  (:func:`~leaklab.attacks.rl.exact.reinforce_batch_errors`), then as QGI's batch 2: box, features,
+  probabilities exact; each sample's action and reward by IV-D's rules on its own error.
+* paper: the actions (eq. 7); everything else by optimisation and the rules of IV-C/IV-D (RGI: one
+  sample).
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ import time
 import torch
 
 from leaklab.attacks.rl.config import RoomAttackConfig, RoomReconstruction
-from leaklab.attacks.rl.exact import exact_images, exact_vectors, separated_vectors
+from leaklab.attacks.rl.exact import exact_images, exact_vectors, reinforce_batch_errors, separated_vectors
 from leaklab.attacks.rl.images import gaussian_start
 from leaklab.attacks.rl.network import trace
 from leaklab.attacks.rl.optim import Progress
@@ -128,9 +132,10 @@ def _qgi(net: PerceptionNet, grads: dict[str, torch.Tensor], batch: int, cfg: Ro
 
 def rgi(view: ServerView, update: ClientUpdate, config: RoomAttackConfig | None = None,
         progress: Progress | None = None) -> RoomReconstruction:
-    """REINFORCE Gradient Inversion of one single-sample FedSGD update of the REINFORCE loss."""
+    """REINFORCE Gradient Inversion of one FedSGD update of the REINFORCE loss (batch 1; batch 2 in
+    exact mode)."""
     cfg = config or RoomAttackConfig()
-    net, grads, batch = _check(view, update, "reinforce", 1, cfg)
+    net, grads, batch = _check(view, update, "reinforce", 2 if cfg.mode == "exact" else 1, cfg)
     try:
         return _rgi(net, grads, batch, cfg, view.metadata.entropy_weight, progress)
     except NoSignal:
@@ -143,14 +148,20 @@ def _rgi(net: PerceptionNet, grads: dict[str, torch.Tensor], batch: int, cfg: Ro
     gb = _last_bias(net, grads)
     if float(gb.abs().max()) == 0.0:
         raise NoSignal("the last bias gradient is all zero; no action or reward can be read")
+    errors = gb.unsqueeze(0) if batch == 1 else reinforce_batch_errors(net, grads)
+    if errors is None:
+        raise NoSignal("the last layer does not separate the batch's two samples")
     box, images, last_input, _, iterations, exact = _images_and_state(
-        net, grads, gb.unsqueeze(0), torch.zeros(1, dtype=torch.long, device=gb.device), cfg, progress,
-        batch)
+        net, grads, errors, torch.zeros(batch, dtype=torch.long, device=gb.device), cfg, progress, batch)
     if cfg.mode == "paper":  # IV-D step 1: the probabilities from the last layer alone
-        last_input = last_layer_input(net, grads, gb.unsqueeze(0), cfg)
+        last_input = last_layer_input(net, grads, errors, cfg)
     probs = torch.softmax(_outputs(net, last_input), 1)
-    action, reward, identified = reinforce_action_reward(gb, probs[0], entropy_weight)
-    if cfg.mode == "exact":  # the action only where the update has a policy-gradient part
+    # each sample's own bias gradient (the batch's is the mean) through eq. 8 and 9
+    own = batch * errors
+    scale = float(own.norm(dim=1).max())
+    action, reward, identified = (torch.cat(parts) for parts in zip(
+        *(reinforce_action_reward(own[b], probs[b], entropy_weight, scale) for b in range(batch))))
+    if "features" in exact:  # the action only where the update has a policy-gradient part
         exact += ("probs", "reward") + (("action",) if bool(identified.all()) else ())
     return RoomReconstruction(images=images.clamp(0, 1), box=box.float(), action=action,
                               iterations=iterations, seconds=time.perf_counter() - start,

@@ -5,8 +5,9 @@ Every Linear layer with a bias gives its input exactly: ``dW = delta h^T`` and `
 box (input of ``box.0``), the convolutional features ``f`` (first part of ``head.0``'s input) and the
 last layer's input, hence ``Q̂ = W_last h + b_last`` exactly. The error at the features is known too:
 ``g_f = (W_head0^T db_head0)[:F]``. A batch whose samples' errors at the output are known (QGI with
-distinct actions) gives the same vectors sample by sample (:func:`separated_vectors`), and its
-images are reconstructed together by the same stages but the layerwise one.
+distinct actions; RGI, whose two errors the last layer gives, :func:`reinforce_batch_errors`) gives
+the same vectors sample by sample (:func:`separated_vectors`), and its images are reconstructed
+together by the same stages but the layerwise one.
 
 The images minimise ``w_f ||conv(x) − f||^2 / ||f||^2 + w_g Σ_l ||∇_{W_l} J̃(x) − G_l||^2 / ||G_l||^2
 + λ_t TV(x)`` (TV pooled over each modality's channels, :func:`leaklab.attacks.rl.images.modality_tv`)
@@ -151,6 +152,45 @@ def separated_vectors(net: PerceptionNet, grads: dict[str, torch.Tensor], deltas
     return ExactState(box=found["box.0"][0], features=fused[:, :count],
                       last_input=found[linear_names(net)[-1]][0], feature_errors=errors[:, :count].float(),
                       untouched=found["head.0"][1] <= UNTOUCHED)
+
+
+BATCH_RANK = 10.0  # a batch of two separates when the last layer's 2nd singular value is this far above the 3rd
+RANK_FLOOR = 1e-12  # ... and above this fraction of the 1st (float64 rounding: a rank-1 gradient in float64)
+
+
+def reinforce_batch_errors(net: PerceptionNet, grads: dict[str, torch.Tensor]) -> torch.Tensor | None:
+    """The output errors ``[2, A]`` of a REINFORCE batch of two, read from the last layer alone
+    (leaklab's; seed 000's RGI reads one sample). The last layer's ``M = [dW | db] = Δ^T [H | 1]`` has
+    rank 2, so its two leading singular directions span both samples' inputs ``h_b``: the rows
+    ``[h | 1]`` of that span form the line ``h(t) = h0 + t d``. Each ``h_b`` is a ReLU output, so it is
+    ≥ 0 and zero where the other is not: the nonnegative part of the line is the segment whose two
+    ends are the samples' inputs (each end is where some entry of ``h`` reaches 0). With ``H`` known,
+    ``Δ^T = M [H | 1]^+``; :func:`separated_vectors` then reads every other layer. None when the head
+    does not end ``ReLU, Linear``, the samples' errors are not independent (:data:`BATCH_RANK`,
+    :data:`RANK_FLOOR`), or the
+    segment is unbounded (one sample's zero entries all zero in the other)."""
+    last = len(net.head) - 1
+    if last < 1 or not isinstance(net.head[last - 1], nn.ReLU):
+        return None
+    m = torch.cat([grads[f"head.{last}.weight"], grads[f"head.{last}.bias"].unsqueeze(1)], 1).double()
+    _, s, vt = torch.linalg.svd(m, full_matrices=False)
+    if len(s) < 3 or not float(s[1]) > max(BATCH_RANK * float(s[2]), RANK_FLOOR * float(s[0])):
+        return None
+    span = s[:2, None] * vt[:2]  # M = U span
+    ones = span[:, -1]
+    if not float(ones.norm()) > 0:
+        return None
+    h0 = (ones / (ones @ ones)) @ span[:, :-1]  # the point of the line with unit bias weight along `ones`
+    d = torch.stack([-ones[1], ones[0]]) @ span[:, :-1]
+    used = m[:, :-1].norm(dim=0) > ROUNDING * float(m[:, :-1].norm(dim=0).max())  # not zero in both
+    used &= d.abs() > ROUNDING * float(d.abs().max())
+    ends = -h0[used] / d[used]
+    rising, falling = ends[d[used] > 0], ends[d[used] < 0]
+    if not len(rising) or not len(falling) or not float(rising.max()) < float(falling.min()):
+        return None
+    h = torch.stack([h0 + rising.max() * d, h0 + falling.min() * d]).clamp_min(0) * used
+    h1 = torch.cat([h, torch.ones(2, 1, dtype=h.dtype)], 1)
+    return torch.linalg.solve(h1 @ h1.T, h1 @ m.T)
 
 
 def feature_error(net: PerceptionNet, grads: dict[str, torch.Tensor]) -> torch.Tensor:
