@@ -97,12 +97,6 @@ def test_attack_qgi_refuses_bad_input_without_output(tmp_path, args, words):
     assert_user_error(invoke("attack", "qgi", *args, "--out", out), out, *words)
 
 
-def test_attack_rgi_refuses_a_paper_mode_batch_without_output(tmp_path):
-    out = tmp_path / "bad"
-    result = invoke("attack", "rgi", "--mode", "paper", "--batch-size", "2", "--out", out)
-    assert_user_error(result, out, "paper-mode RGI", "batch_size 1")
-
-
 def test_quick_room_audit_writes_report_with_defenses(tmp_path):
     out = tmp_path / "audit"
     result = invoke("audit", "--quick", "--out", out)
@@ -185,7 +179,8 @@ def test_audit_refuses_conflicting_options(tmp_path):
                       "--model-class")
     assert_user_error(invoke("audit", "--full", "--mode", "paper", "--out", out), out, "--mode")
     assert_user_error(invoke("audit", "--quick", "--iterations", "0", "--out", out), out, "--iterations")
-    assert_user_error(invoke("attack", "rgi", "--batch-size", "2", "--out", out), out, "batch_size 1")
+    assert_user_error(invoke("attack", "rgi", "--mode", "paper", "--batch-size", "2", "--out", out), out,
+                      "paper-mode RGI", "batch_size 1")  # exact mode reads a batch of two
     assert_user_error(invoke("attack", "qgi", "--device", "cuda:x", "--out", out), out, "--device", "cpu or cuda")
     if not torch.cuda.is_available():
         assert_user_error(invoke("audit", "--quick", "--device", "cuda", "--out", out), out, "no CUDA")
