@@ -167,8 +167,8 @@ def reinforce_batch_errors(net: PerceptionNet, grads: dict[str, torch.Tensor]) -
     ends are the samples' inputs (each end is where some entry of ``h`` reaches 0). With ``H`` known,
     ``Δ^T = M [H | 1]^+``; :func:`separated_vectors` then reads every other layer. None when the head
     does not end ``ReLU, Linear``, the samples' errors are not independent (:data:`BATCH_RANK`,
-    :data:`RANK_FLOOR`), or the
-    segment is unbounded (one sample's zero entries all zero in the other)."""
+    :data:`RANK_FLOOR`), or the segment is open at one end (no entry of one sample is zero where
+    the other's is positive)."""
     last = len(net.head) - 1
     if last < 1 or not isinstance(net.head[last - 1], nn.ReLU):
         return None
