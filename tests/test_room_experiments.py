@@ -372,3 +372,17 @@ def test_table2_joint_row_gets_the_separate_rows_step_count(iterations):
     assert joint.iterations == separate.stage1_iterations + separate.iterations
     assert separate.iterations == (iterations or 2000)
     assert all(c.attack.iterations == separate.iterations for n, c in cells.items() if n != "joint")
+
+
+def test_rgi_summary_counts_samples_not_updates_in_a_batch():
+    """A batch row holds its samples' means: a mixed batch (one zero return) must count one sample
+    with a non-zero return, and whether that one's action was right."""
+    from leaklab.experiments.room_attack import summarise
+
+    def row(action, informative, correct):
+        return {"layouts": ["a", "b"], "metrics": {"action": action, "action_informative": informative,
+                                                   "action_informative_correct": correct}}
+    # the zero-return sample guessed right, the other wrong; then a batch of two non-zero returns, right
+    s = summarise([row(0.5, 0.5, 0.0), row(1.0, 1.0, 1.0)], 1, 1.0)
+    assert s["action_accuracy_nonzero_return"] == pytest.approx(2 / 3) and s["zero_return_samples"] == 1
+    assert s["samples"] == 2  # updates, as before

@@ -245,10 +245,14 @@ def summarise(rows: list[dict[str, Any]], iterations: int, seconds: float) -> di
         finite = _finite([r["metrics"].get(metric) for r in rows])
         if finite:
             summary[key] = statistics.pstdev(finite)
-    informative = [r["metrics"]["action"] for r in rows if r["metrics"].get("action_informative") == 1.0]
     if any("action_informative" in r["metrics"] for r in rows):
-        summary["action_accuracy_nonzero_return"] = _mean(informative)
-        summary["zero_return_samples"] = sum(r["metrics"]["action_informative"] == 0.0 for r in rows)
+        # a row's metrics are its batch's means: weigh them by the batch size (one layout per
+        # transition; a case without provenance counts as one) to count samples
+        sizes = [len(r["layouts"]) or 1 for r in rows]
+        informative = sum(b * r["metrics"]["action_informative"] for b, r in zip(sizes, rows))
+        correct = sum(b * r["metrics"]["action_informative_correct"] for b, r in zip(sizes, rows))
+        summary["action_accuracy_nonzero_return"] = correct / informative if informative else None
+        summary["zero_return_samples"] = round(sum(sizes) - informative)
     summary["samples"] = len(rows)
     summary["layouts"] = len({name for r in rows for name in r["layouts"]})
     summary["iterations"] = iterations

@@ -11,9 +11,11 @@
   pixel at 150 px), else 0. ``box_error``
   is the largest absolute coordinate error.
 * Action: 1.0 when correct. RGI: ``action_informative`` is 0 when the true return is exactly 0; then
-  the REINFORCE gradient is the entropy term alone, which does not depend on the action. Q-values: percentage errors ``ε(x) = 100 |x_rec − x| / |x|`` of the
+  the REINFORCE gradient is the entropy term alone, which does not depend on the action
+  (``action_informative_correct``: 1.0 when the return is not 0 and the action right, so that a
+  batch's means still count samples). Q-values: percentage errors ``ε(x) = 100 |x_rec − x| / |x|`` of the
   predicted and target Q-values (QGI). Reward: absolute error (RGI; the return weighting log π).
-* Batches (``B > 1``, QGI) have no order: each true sample is matched to a reconstructed one by image
+* Batches (``B > 1``) have no order: each true sample is matched to a reconstructed one by image
   PSNR (Hungarian assignment, :func:`match_order`), and an update's metrics are the means over its
   samples.
 """
@@ -88,6 +90,7 @@ def _sample_metrics(rec, r: int, truth: Mapping[str, torch.Tensor], t: int, sett
         out["reward_error"] = float((rec.reward[ri].double() - truth["reward"][ti].double()).abs())
         # a zero return leaves no policy-gradient term: the update carries no trace of the action
         out["action_informative"] = float(float(truth["reward"][t]) != 0.0)
+        out["action_informative_correct"] = out["action"] * out["action_informative"]
     if rec.action_identified is not None:
         out["action_identified"] = float(bool(rec.action_identified[r]))
     return out
