@@ -123,16 +123,16 @@ def _plain_progress(clock: Callable[[], float] = time.monotonic) -> Callable[...
     """The progress callback for a non-interactive stderr: one plain line ``description: done/total
     (elapsed)`` at most every :data:`PLAIN_EVERY` seconds and when a task completes, none in a run's
     first :data:`PLAIN_EVERY` seconds (a short run stays silent, as its error stays one line)."""
-    start = clock()
-    last = [start]
+    start = last = clock()
 
     def update(*args: Any, **kwargs: Any) -> None:
+        nonlocal last
         name, completed, total = _progress_args(args, kwargs)
         now = clock()
         finished = total is not None and completed is not None and completed >= total
-        if now - start < PLAIN_EVERY or not (finished or now - last[0] >= PLAIN_EVERY):
+        if now - start < PLAIN_EVERY or not (finished or now - last >= PLAIN_EVERY):
             return
-        last[0] = now
+        last = now
         count = f"{completed}/{total}" if total is not None else f"{completed}"
         minutes, seconds = divmod(int(now - start), 60)
         print(f"{name}: {count} ({minutes}:{seconds:02d} elapsed)", file=sys.stderr, flush=True)
