@@ -174,6 +174,22 @@ def test_rgi_batch_errors_need_two_independent_samples():
     assert rec.no_signal and rec.exact == ()
 
 
+def test_rgi_batch_two_falls_back_to_the_paper_stages_when_the_layers_below_do_not_separate(monkeypatch):
+    """The last layer's errors separate the batch but a Linear layer further down does not: box and
+    images come from the paper's two stages, each sample's action and reward from its own error."""
+    import leaklab.attacks.rl.attack as attack
+
+    view, update, truth = client(loss="reinforce", batch=2)
+    monkeypatch.setattr(attack, "separated_vectors", lambda *args: None)
+    rec = rgi(view, update, RoomAttackConfig(iterations=2, stage1_iterations=2))
+    assert rec.iterations == 4 and rec.exact == () and not rec.no_signal
+    by_action = torch.argsort(rec.action)
+    assert rec.action[by_action].tolist() == [3, 5] and rec.action_identified.all()
+    assert torch.allclose(rec.probs.sum(1), torch.ones(2, dtype=rec.probs.dtype))
+    # the probabilities come from the optimised state, so the reward is near, not exact
+    assert torch.allclose(rec.reward[by_action].float(), truth["reward"], rtol=0.1)
+
+
 def test_a_separated_samples_rounding_is_not_taken_for_its_action():
     """A zero-return sample separated from a batch keeps rounding of its partner's large error: over
     1e-3 of its own entropy part, far under the batch's largest error."""
