@@ -315,3 +315,15 @@ def test_plain_progress_writes_a_line_every_interval_and_at_each_task_end(capsys
     progress(task="cell 2/2: qgi-S1", completed=0, total=None)
     lines = capsys.readouterr().err.splitlines()
     assert lines == ["audit: 3/60 (0:31 elapsed)", "audit: 5/60 (1:02 elapsed)", "audit: 60/60 (1:03 elapsed)"]
+
+
+def test_plain_progress_shows_a_running_attacks_share_to_the_tenth_below(capsys):
+    from leaklab.cli import PLAIN_EVERY, _plain_progress
+
+    now = [0.0]
+    progress = _plain_progress(clock=lambda: now[0])
+    for t, done in ((PLAIN_EVERY + 1, 0.96), (2 * PLAIN_EVERY + 2, 2.25), (2 * PLAIN_EVERY + 3, 3.0)):
+        now[0] = t
+        progress("qgi S1", done, 3)
+    assert capsys.readouterr().err.splitlines() == [
+        "qgi S1: 0.9/3 (0:31 elapsed)", "qgi S1: 2.2/3 (1:02 elapsed)", "qgi S1: 3/3 (1:03 elapsed)"]

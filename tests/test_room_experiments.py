@@ -351,6 +351,25 @@ def test_attacks_in_this_process_leave_its_torch_thread_count_alone():
     assert len(results) == 1 and results[0].iterations == 2
 
 
+@pytest.mark.parametrize("workers", [1, 2])
+def test_progress_counts_the_share_of_each_running_attack(workers):
+    """A long sample moves the bar while it runs, in this process and from worker processes."""
+    from leaklab.attacks.rl import RoomAttackConfig
+    from leaklab.experiments import room_attack
+
+    attack = RoomAttackConfig(mode="exact", iterations=200)
+    config = room_attack.RoomRunConfig(algorithm="qgi", setting="S2", samples=2,
+                                       layouts=("e1m1-stalactite",), attack=attack)
+    state, clean = room_attack.capture_samples(config)
+    jobs = [room_attack.Job("qgi", config.spec, state, s.update, attack) for s in clean]
+    results, seen = [], []
+    room_attack.run_jobs(jobs, workers, lambda i, rec: results.append((i, len(seen))), seen.append)
+    assert [i for i, _ in results] == [0, 1]
+    assert seen == sorted(seen) and seen[-1] == 2
+    # every 50 of the 200 image steps of each sample, and once per result
+    assert len(seen) == 2 * 4 + 2 and {0.25, 0.5, 0.75} <= set(seen)
+
+
 def test_a_defense_that_prunes_every_bias_gradient_is_scored_not_fatal(tmp_path):
     out = tmp_path / "pruned"
     result = invoke("attack", "qgi", "--defense", "topk:0.9999", "--samples", "1", "--layouts", "1", *FAST,

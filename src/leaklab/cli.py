@@ -9,6 +9,7 @@ progress bar on stderr when it is a terminal.
 from __future__ import annotations
 
 import functools
+import math
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -133,7 +134,9 @@ def _plain_progress(clock: Callable[[], float] = time.monotonic) -> Callable[...
         if now - start < PLAIN_EVERY or not (finished or now - last >= PLAIN_EVERY):
             return
         last = now
-        count = f"{completed}/{total}" if total is not None else f"{completed}"
+        # a fractional count (a running attack's share) to the tenth below: 0.96 of 1 is not 1/1
+        done = f"{math.floor(completed * 10) / 10:g}" if isinstance(completed, float) else f"{completed}"
+        count = f"{done}/{total}" if total is not None else done
         minutes, seconds = divmod(int(now - start), 60)
         print(f"{name}: {count} ({minutes}:{seconds:02d} elapsed)", file=sys.stderr, flush=True)
 

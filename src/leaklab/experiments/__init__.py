@@ -10,9 +10,10 @@
   :mod:`~leaklab.experiments.dp_vs_inversion`, :mod:`~leaklab.experiments.inversion_checks`: the
   reproductions and reference checks behind ``leaklab reproduce``.
 
-Progress callbacks used here have the form ``progress(task, completed, total)`` (:data:`ProgressFn`).
+Progress callbacks used here have the form ``progress(task, completed, total)`` (:data:`ProgressFn`);
+``completed`` may be fractional: the room attacks count a running attack's share of its image stage.
 """
 
 from collections.abc import Callable
 
-ProgressFn = Callable[[str, int, int], None]
+ProgressFn = Callable[[str, float, int], None]

@@ -21,7 +21,7 @@ import os
 import statistics
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -187,15 +187,33 @@ class Job:
     device: str = "cpu"
 
 
-def _attack_one(job: Job) -> RoomReconstruction:
+# In a worker process: where its attacks report how far they are (set by the pool's initializer).
+_progress_queue: Any = None
+
+
+def _use_progress_queue(queue: Any) -> None:
+    global _progress_queue
+    _progress_queue = queue
+
+
+def _report_to_queue(index: int, fraction: float) -> None:
+    _progress_queue.put((index, fraction))
+
+
+def _attack_one(job: Job, index: int = 0,
+                report: Callable[[int, float], None] | None = None) -> RoomReconstruction:
     """Attack one update from the server's view (runs in a worker process, one torch thread) on
     ``job.device``, repeatably on CUDA too (:func:`leaklab.device.repeatable`); the reconstruction
-    comes back on the CPU."""
+    comes back on the CPU. ``report(index, fraction)`` hears how much of the image stage is done
+    (every 50 steps; in a pool's worker, through the pool's queue)."""
     torch.set_num_threads(1)
+    report = report or (_report_to_queue if _progress_queue is not None else None)
+    steps = job.attack.iterations
+    progress = (lambda it, _: report(index, it / steps)) if report else None
     with repeatable(job.device):
         view = make_view(job.spec, job.state, job.update.metadata, model_class=job.model_class)
         view.model.to(job.device)
-        return (qgi if job.algorithm == "qgi" else rgi)(view, job.update, job.attack).to("cpu")
+        return (qgi if job.algorithm == "qgi" else rgi)(view, job.update, job.attack, progress).to("cpu")
 
 
 def worker_count(requested: int, jobs: int) -> int:
@@ -204,22 +222,50 @@ def worker_count(requested: int, jobs: int) -> int:
     return max(1, min(requested or cores, jobs))
 
 
-def run_jobs(jobs: Sequence[Job], workers: int,
-             on_result: Callable[[int, RoomReconstruction], None]) -> None:
+POLL_SECONDS = 0.5  # how often the parent reads its workers' progress while it waits for a result
+
+
+def run_jobs(jobs: Sequence[Job], workers: int, on_result: Callable[[int, RoomReconstruction], None],
+             on_progress: Callable[[float], None] | None = None) -> None:
     """Run every job (in ``workers`` spawned processes when there are several; 0 = one per core)
-    and hand each result to ``on_result(index, reconstruction)`` as soon as it is ready, in order."""
+    and hand each result to ``on_result(index, reconstruction)`` as soon as it is ready, in order.
+    ``on_progress(done)`` hears how many jobs are done, a running job counting the share of its
+    image stage it has run: after each result and whenever a running attack reports."""
     workers = worker_count(workers, len(jobs))
+    running: dict[int, float] = {}
+    finished: set[int] = set()
+
+    def report(index: int, fraction: float) -> None:
+        if index not in finished:
+            running[index] = fraction
+            on_progress(len(finished) + sum(running.values()))
+
+    def deliver(index: int, rec: RoomReconstruction) -> None:
+        on_result(index, rec)
+        finished.add(index)
+        running.pop(index, None)
+        if on_progress:
+            on_progress(len(finished) + sum(running.values()))
+
     threads = torch.get_num_threads()  # one worker runs in this process: its thread count is restored
     try:
         if workers == 1:
             for i, job in enumerate(jobs):
-                on_result(i, _attack_one(job))
+                deliver(i, _attack_one(job, i, report if on_progress else None))
             return
         context = multiprocessing.get_context("spawn")
-        with ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
-            futures = [pool.submit(_attack_one, job) for job in jobs]
+        queue = context.SimpleQueue() if on_progress else None
+        with ProcessPoolExecutor(max_workers=workers, mp_context=context, initializer=_use_progress_queue,
+                                 initargs=(queue,)) as pool:
+            futures = [pool.submit(_attack_one, job, i) for i, job in enumerate(jobs)]
             for i, future in enumerate(futures):
-                on_result(i, future.result())
+                while queue is not None:
+                    done = wait([future], timeout=POLL_SECONDS).done
+                    while not queue.empty():
+                        report(*queue.get())
+                    if done:
+                        break
+                deliver(i, future.result())
     finally:
         torch.set_num_threads(threads)
 
@@ -345,11 +391,11 @@ def run(config: RoomRunConfig, out: Path, progress: ProgressFn | None = None) ->
                 truths.append(sample.truth["images"][:1])
                 recs.append(matched_first(rec.images, sample.truth["images"]))
                 captions.append(f"{metrics['depth_paper_psnr']:.1f} dB")
-            if progress:
-                progress(f"{config.algorithm} {config.setting}", len(rows), len(samples))
 
         try:
-            run_jobs(jobs, config.workers, on_result)
+            label = f"{config.algorithm} {config.setting}"
+            run_jobs(jobs, config.workers, on_result,
+                     (lambda done: progress(label, done, len(jobs))) if progress else None)
         finally:
             log.close()
         wall = time.perf_counter() - start
