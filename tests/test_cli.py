@@ -322,7 +322,8 @@ def test_plain_progress_shows_a_running_attacks_share_to_the_tenth_below(capsys)
 
     now = [0.0]
     progress = _plain_progress(clock=lambda: now[0])
-    for t, done in ((PLAIN_EVERY + 1, 0.96), (2 * PLAIN_EVERY + 2, 2.25), (2 * PLAIN_EVERY + 3, 3.0)):
+    for t, done in ((PLAIN_EVERY + 1, 0.96), (2 * PLAIN_EVERY + 2, 2.25), (2 * PLAIN_EVERY + 3, 3.0),
+                    (2 * PLAIN_EVERY + 4, 3)):
         now[0] = t
         progress("qgi S1", done, 3)
     assert capsys.readouterr().err.splitlines() == [

@@ -125,20 +125,23 @@ def _plain_progress(clock: Callable[[], float] = time.monotonic) -> Callable[...
     (elapsed)`` at most every :data:`PLAIN_EVERY` seconds and when a task completes, none in a run's
     first :data:`PLAIN_EVERY` seconds (a short run stays silent, as its error stays one line)."""
     start = last = clock()
+    said = ""
 
     def update(*args: Any, **kwargs: Any) -> None:
-        nonlocal last
+        nonlocal last, said
         name, completed, total = _progress_args(args, kwargs)
         now = clock()
         finished = total is not None and completed is not None and completed >= total
         if now - start < PLAIN_EVERY or not (finished or now - last >= PLAIN_EVERY):
             return
-        last = now
         # a fractional count (a running attack's share) to the tenth below: 0.96 of 1 is not 1/1
         done = f"{math.floor(completed * 10) / 10:g}" if isinstance(completed, float) else f"{completed}"
-        count = f"{done}/{total}" if total is not None else done
+        line = f"{name}: {done}/{total}" if total is not None else f"{name}: {done}"
+        if line == said:  # a task's end told twice (its last step, then its result)
+            return
+        last, said = now, line
         minutes, seconds = divmod(int(now - start), 60)
-        print(f"{name}: {count} ({minutes}:{seconds:02d} elapsed)", file=sys.stderr, flush=True)
+        print(f"{line} ({minutes}:{seconds:02d} elapsed)", file=sys.stderr, flush=True)
 
     return update
 
