@@ -26,9 +26,12 @@ from leaklab.metrics.image import constant_baseline, psnr
 
 
 def gains(images: torch.Tensor, truth: torch.Tensor) -> dict[str, float]:
-    """RGB (Y channel) and depth PSNR minus the constant baseline's, raw (no paper normalisation)."""
+    """RGB (Y channel) and depth PSNR minus the constant baseline's, raw (no paper normalisation);
+    depth alone for S2 images."""
     out = {}
-    for name, part, channel in (("rgb", slice(0, 3), "y"), ("depth", slice(3, 4), "rgb")):
+    parts = (("rgb", slice(0, 3), "y"), ("depth", slice(3, 4), "rgb")) if truth.shape[1] == 4 else \
+        (("depth", slice(0, 1), "rgb"),)
+    for name, part, channel in parts:
         t = truth[:, part]
         out[name] = float(psnr(images[:, part], t, channel) - psnr(constant_baseline(t), t, channel))
     return out

@@ -1,11 +1,12 @@
 """How much does the width of the `small` stack decide what exact mode reads of an S1 RGB frame?
 
-The first ``--samples`` transitions of Table I's QGI S1 exact cell (``leaklab attack qgi --setting
-S1 --layouts 12``, same rooms and seed) are sent as single-sample DQN gradients of networks that
-differ only in the widths of each stream's three convolutions (8/4, 4/2, 3/1 as in ``small``;
-``16,32,32`` is ``small`` itself, ``32,64,64`` the widths of the Nature DQN), each initialised with
-seed 0, and attacked in exact mode at the defaults. Printed and written: per network and sample,
-RGB (Y channel) and depth PSNR over the constant baseline (raw), and the attack's seconds.
+The first ``--samples`` transitions of Table I's QGI exact cell of ``--setting`` (S1 by default:
+``leaklab attack qgi --setting S1 --layouts 12``, same rooms and seed) are sent as single-sample DQN
+gradients of networks that differ only in the widths of each stream's three convolutions (8/4, 4/2,
+3/1 as in ``small``; ``16,32,32`` is ``small`` itself, ``32,64,64`` the widths of the Nature DQN),
+each initialised with seed 0, and attacked in exact mode at the defaults. Printed and written: per
+network and sample, RGB (Y channel; S1) and depth PSNR over the constant baseline (raw), and the
+attack's seconds (S2 tells what a wider default would cost the S2 speed line).
 
     .venv/bin/python analysis/width_probe.py --samples 8 --widths 16,32,32 --widths 32,64,64 \\
         --out runs/width-probe.json
@@ -73,9 +74,15 @@ def __getattr__(name: str) -> type[PerceptionNet]:
     raise AttributeError(name)
 
 
+def _gains_text(row: dict) -> str:
+    return ", ".join(f"{name} {row[key]:+.2f} dB" for key, name in (("rgb", "RGB"), ("depth", "depth"))
+                     if key in row)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--samples", type=int, default=8)
+    parser.add_argument("--setting", choices=("S1", "S2"), default="S1")
     parser.add_argument("--widths", action="append", required=True, help="three widths, e.g. 32,64,64")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--out", type=Path, required=True)
@@ -87,7 +94,7 @@ def main() -> None:
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(Path(__file__).parent),
                                                              os.environ.get("PYTHONPATH")]))
     sys.path.insert(0, str(Path(__file__).parent))
-    config = RoomRunConfig(algorithm="qgi", setting="S1", samples=args.samples, layouts=layouts_arg("12"))
+    config = RoomRunConfig(algorithm="qgi", setting=args.setting, samples=args.samples, layouts=layouts_arg("12"))
     spec = config.spec
     transitions = collect_transitions(config.layouts, args.samples, spec, seed=config.seed, gamma=config.gamma)
     jobs, truths = [], []
@@ -107,8 +114,7 @@ def main() -> None:
         rows.append({"widths": list(widths), "sample": sample, **gains(rec.images, truth),
                      "seconds": rec.seconds})
         r = rows[-1]
-        print(f"{widths} sample {sample}: RGB {r['rgb']:+.2f} dB, depth {r['depth']:+.2f} dB over the "
-              f"baseline ({r['seconds']:.0f} s)", flush=True)
+        print(f"{widths} sample {sample}: {_gains_text(r)} over the baseline ({r['seconds']:.0f} s)", flush=True)
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps({"rows": rows}, indent=1))
 
@@ -117,9 +123,9 @@ def main() -> None:
     for widths in nets:
         mine = [r for r in rows if tuple(r["widths"]) == widths]
         summary.append({"widths": list(widths), **{k: statistics.fmean(r[k] for r in mine)
-                                                   for k in ("rgb", "depth", "seconds")}})
-        print(f"{widths}: RGB {summary[-1]['rgb']:+.2f} dB, depth {summary[-1]['depth']:+.2f} dB over the "
-              f"baseline, {summary[-1]['seconds']:.1f} s per sample ({len(mine)} samples)")
+                                                   for k in ("rgb", "depth", "seconds") if k in mine[0]}})
+        print(f"{widths}: {_gains_text(summary[-1])} over the baseline, {summary[-1]['seconds']:.1f} s per "
+              f"sample ({len(mine)} samples)")
     args.out.write_text(json.dumps({"summary": summary, "rows": rows}, indent=1))
 
 
