@@ -577,6 +577,7 @@ def reproduce_room_table2(
     update_docs: UpdateDocsOpt = False,
 ) -> None:
     """Seed 000 Table II and Fig. 4: objectives and joint vs separate optimisation, and exact mode.
+
     The joint row runs stage 1's steps plus --iterations in one stage: the separate rows' total."""
     from leaklab.experiments import room_tables
     from leaklab.experiments.room_attack import layouts_arg
@@ -659,8 +660,9 @@ def audit(
     device: DeviceOpt = "cpu",
     seed: Annotated[int, typer.Option("--seed")] = 0,
 ) -> None:
-    """The leakage audit: robots' private rooms through their federated DQN/REINFORCE updates, with
-    and without defenses, as an HTML report (runs/<id>/report.html) and results.json."""
+    """The leakage audit: robots' rooms through their federated DQN/REINFORCE updates, defended or not.
+
+    Writes an HTML report (runs/<id>/report.html) and results.json."""
     from leaklab.io import new_run_dir
 
     if kind not in ("rooms", "images"):
@@ -819,8 +821,9 @@ def mechanisms_audit(
                                                     "training run (even; default 1000)")] = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Empirical lower bound on epsilon from runs on two neighbouring inputs (Clopper-Pearson); dpsgd:
-    from gradient canaries in opacus DP-SGD trainings."""
+    """Empirical lower bound on epsilon (Clopper-Pearson) from runs on two neighbouring inputs.
+
+    dpsgd: from gradient canaries in opacus DP-SGD trainings."""
     from leaklab.privacy.audit import MECHANISMS, audit, audit_case, audit_dpsgd
 
     name = mechanism.lower().replace("_", "-")
