@@ -370,8 +370,9 @@ def _attack(out: Path, case: Path | None, method: str, config, seed: int | None,
 SettingOpt = Annotated[str, typer.Option("--setting", help="S1 (RGB + depth + box) | S2 (depth + box)")]
 ModeOpt = Annotated[str, typer.Option("--mode", help="exact (leaklab's closed-form recovery, then the images) "
                                       "| paper (section IV as written)")]
-ArchOpt = Annotated[str, typer.Option("--arch", help="small | deep | stacked: the perception network "
-                                      "(small, deep: a conv stream per modality; stacked: RGB-D in one)")]
+ArchOpt = Annotated[str, typer.Option("--arch", help="small | nature | deep | stacked: the perception "
+                                      "network (a conv stream per modality: small, nature at the Nature "
+                                      "DQN's widths, deep with pooling; stacked: RGB-D in one)")]
 SamplesOpt = Annotated[int, typer.Option("--samples", help="private transitions, one client update each")]
 LayoutsOpt = Annotated[Optional[str], typer.Option("--layouts", help="client rooms: a count (the first N) "
                                                    "or comma-separated names (default all)")]

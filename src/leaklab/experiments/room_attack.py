@@ -39,7 +39,7 @@ from leaklab.experiments.image_attack import versions
 from leaklab.io import RECONSTRUCTIONS_FILE, RESULTS_FILE, atomic_dir, check_out, save_tensors, write_json
 from leaklab.metrics.rooms import matched_first, room_metrics
 from leaklab.models import PerceptionSpec
-from leaklab.models.perception import architecture_digest
+from leaklab.models.perception import ArchName, architecture_digest
 from leaklab.rl.capture import (collect_transitions, dqn_client_update, partly_trained_net,
                                 reinforce_client_update, target_copy)
 from leaklab.rl.envs import LAYOUTS
@@ -74,7 +74,7 @@ class RoomRunConfig(BaseModel):
 
     algorithm: Literal["qgi", "rgi"] = "qgi"
     setting: Literal["S1", "S2"] = "S2"
-    arch: Literal["small", "deep", "stacked"] = "small"
+    arch: ArchName = "small"
     samples: int = Field(default=48, ge=1, le=10_000)
     layouts: tuple[str, ...] | None = Field(default=None, description="client rooms; None: all")
     batch_size: int = Field(default=1, ge=1, le=2)

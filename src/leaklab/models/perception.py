@@ -19,16 +19,18 @@ branch: a module from ``images`` to flat features ``[B, F]``), ``box`` (the coor
 
 Architectures (``--arch``; the paper fixes none of them): ``small`` (default) gives each modality
 its own stream of three convolutions (RGB and depth are different signals; S2 has the depth stream
-only), ``deep`` does the same with five convolutions and pooling per stream, ``stacked`` feeds RGB-D
-as four channels to one small stream. For S2 ``small`` and ``stacked`` compute the same function
-(one depth stream; only the parameter names differ: ``conv.depth.0`` against ``conv.0``).
+only), ``nature`` is ``small`` at the widths of the Nature DQN's encoder (32, 64, 64 filters instead
+of 16, 32, 32; Mnih et al. 2015), the image encoder most DQN agents use, ``deep`` gives each stream
+five convolutions and pooling, ``stacked`` feeds RGB-D as four channels to one small stream. For S2
+``small`` and ``stacked`` compute the same function (one depth stream; only the parameter names
+differ: ``conv.depth.0`` against ``conv.0``).
 """
 
 from __future__ import annotations
 
 import hashlib
 import importlib
-from typing import Literal
+from typing import Literal, get_args
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field
@@ -37,7 +39,8 @@ from torch import nn
 from leaklab.errors import LeaklabError
 
 SETTING_CHANNELS = {"S1": 4, "S2": 1}
-ARCH_NAMES = ("small", "deep", "stacked")
+ArchName = Literal["small", "nature", "deep", "stacked"]
+ARCH_NAMES: tuple[str, ...] = get_args(ArchName)
 
 
 class PerceptionSpec(BaseModel):
@@ -46,9 +49,9 @@ class PerceptionSpec(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     setting: Literal["S1", "S2"] = "S2"
-    arch: Literal["small", "deep", "stacked"] = "small"
+    arch: ArchName = "small"
     num_actions: int = Field(default=7, gt=1, le=1024)
-    image_size: int = Field(default=150, ge=36, le=512)  # small/stacked: 36 -> 8 -> 3 -> 1
+    image_size: int = Field(default=150, ge=36, le=512)  # small/nature/stacked: 36 -> 8 -> 3 -> 1
     box_dim: int = Field(default=4, gt=0, le=64)
 
     @property
@@ -56,14 +59,23 @@ class PerceptionSpec(BaseModel):
         return SETTING_CHANNELS[self.setting]
 
 
-def _conv_small(c: int) -> nn.Sequential:
+SMALL_WIDTHS = (16, 32, 32)
+NATURE_WIDTHS = (32, 64, 64)
+
+
+def _conv_small(c: int, widths: tuple[int, int, int] = SMALL_WIDTHS) -> nn.Sequential:
     # three convolutions (8/4, 4/2, 3/1) as in the DQN family: 150 -> 36 -> 17 -> 15
+    a, b, d = widths
     return nn.Sequential(
-        nn.Conv2d(c, 16, 8, stride=4), nn.ReLU(),
-        nn.Conv2d(16, 32, 4, stride=2), nn.ReLU(),
-        nn.Conv2d(32, 32, 3, stride=1), nn.ReLU(),
+        nn.Conv2d(c, a, 8, stride=4), nn.ReLU(),
+        nn.Conv2d(a, b, 4, stride=2), nn.ReLU(),
+        nn.Conv2d(b, d, 3, stride=1), nn.ReLU(),
         nn.Flatten(),
     )
+
+
+def _conv_nature(c: int) -> nn.Sequential:
+    return _conv_small(c, NATURE_WIDTHS)
 
 
 def _conv_deep(c: int) -> nn.Sequential:
@@ -106,8 +118,9 @@ class PerceptionNet(nn.Module):
         super().__init__()
         self.spec = spec
         c = spec.in_channels
-        if spec.arch in ("small", "stacked"):
-            self.conv = _conv_small(c) if spec.arch == "stacked" else ModalityStreams(spec.setting, _conv_small)
+        if spec.arch in ("small", "nature", "stacked"):
+            self.conv = (_conv_small(c) if spec.arch == "stacked" else
+                         ModalityStreams(spec.setting, _conv_nature if spec.arch == "nature" else _conv_small))
             self.box = nn.Sequential(nn.Linear(spec.box_dim, 32), nn.ReLU())
             box_features = 32
         else:
