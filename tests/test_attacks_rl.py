@@ -52,7 +52,7 @@ def client(setting="S2", arch="small", loss="dqn_mse", batch=1, actions=(3, 5), 
     return make_view(spec, net.state_dict(), meta), update, truth
 
 
-@pytest.mark.parametrize("setting,arch", [("S2", "small"), ("S1", "deep")])
+@pytest.mark.parametrize("setting,arch", [("S2", "small"), ("S1", "deep"), ("S1", "nature")])
 def test_qgi_exact_recovers_box_action_and_q_values(setting, arch):
     view, update, truth = client(setting, arch)
     rec = qgi(view, update, RoomAttackConfig(iterations=2))
@@ -228,7 +228,7 @@ def test_short_exact_image_stage_beats_the_constant_baseline():
 
 @pytest.mark.parametrize("setting,arch,prefixes", [
     ("S1", "small", ["conv.rgb.", "conv.depth."]), ("S2", "small", ["conv.depth."]), ("S1", "stacked", ["conv."]),
-    ("S1", "deep", [])])
+    ("S1", "nature", ["conv.rgb.", "conv.depth."]), ("S1", "deep", [])])
 def test_last_and_inner_convolution_gradients_are_exact_at_the_true_images(setting, arch, prefixes):
     view, update, truth = client(setting=setting, arch=arch)
     net, grads = view.model, {k: v.float() for k, v in update.tensors.items()}

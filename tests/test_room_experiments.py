@@ -179,6 +179,10 @@ def test_audit_refuses_conflicting_options(tmp_path):
                       "--model-class")
     assert_user_error(invoke("audit", "--full", "--mode", "paper", "--out", out), out, "--mode")
     assert_user_error(invoke("audit", "--quick", "--iterations", "0", "--out", out), out, "--iterations")
+    assert_user_error(invoke("audit", "--quick", "--arch", "wide", "--out", out), out, "--arch", "nature")
+    assert_user_error(invoke("audit", "--kind", "images", "--arch", "nature", "--out", out), out, "--arch")
+    assert_user_error(invoke("audit", "--cases", tmp_path, "--arch", "nature", "--out", out), out, "--arch",
+                      "view.json")
     assert_user_error(invoke("attack", "rgi", "--mode", "paper", "--batch-size", "2", "--out", out), out,
                       "paper-mode RGI", "batch_size 1")  # exact mode reads a batch of two
     assert_user_error(invoke("attack", "qgi", "--device", "cuda:x", "--out", out), out, "--device", "cpu or cuda")

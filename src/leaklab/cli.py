@@ -654,6 +654,8 @@ def audit(
                                                        "perception network, package.module:Class")] = None,
     mode: Annotated[Optional[str], typer.Option("--mode", help="exact | paper (default exact; --full "
                                                 "runs both)")] = None,
+    arch: Annotated[Optional[str], typer.Option("--arch", help="small | nature | deep | stacked: the "
+                                                "robots' perception network (default small)")] = None,
     iterations: IterationsOpt = None,
     kind: Annotated[str, typer.Option("--kind", help="rooms (federated RL, the default) | images "
                                       "(image classifiers, DLG)")] = "rooms",
@@ -672,9 +674,9 @@ def audit(
     with _progress() as progress:
         if kind == "images":
             if full or cases or model_class or iterations is not None or device != "cpu" or mode is not None \
-                    or workers:
-                raise LeaklabError("--full, --cases, --model-class, --mode, --iterations, --workers and --device "
-                                   "belong to --kind rooms")
+                    or workers or arch is not None:
+                raise LeaklabError("--full, --cases, --model-class, --mode, --arch, --iterations, --workers and "
+                                   "--device belong to --kind rooms")
             _image_audit(out, quick, seed, progress)
             return
         from leaklab.attacks.rl import RoomAttackConfig
@@ -685,6 +687,8 @@ def audit(
         if cases is not None:
             if quick or full:
                 raise LeaklabError("--cases attacks the saved updates as they are; drop --quick/--full")
+            if arch is not None:
+                raise LeaklabError("--arch: the cases' view.json names their network (your own: --model-class)")
             attack = RoomAttackConfig(mode=mode or "exact", seed=seed,
                                       **({"iterations": iterations} if iterations is not None else {}))
             results = room_audit.run_cases(out, cases, attack, workers=workers, progress=progress,
@@ -697,7 +701,8 @@ def audit(
         if full and mode is not None:
             raise LeaklabError("--full runs exact and paper mode; drop --mode")
         config = room_audit.default_config(quick=quick, full=full, seed=seed)
-        overrides = {k: v for k, v in (("iterations", iterations), ("workers", workers or None)) if v is not None}
+        overrides = {k: v for k, v in (("iterations", iterations), ("workers", workers or None), ("arch", arch))
+                     if v is not None}
         overrides["device"] = device
         if mode is not None and not full:
             overrides["modes"] = (mode,)

@@ -43,6 +43,7 @@ from leaklab.experiments import ProgressFn, room_attack
 from leaklab.experiments.image_attack import versions
 from leaklab.io import RESULTS_FILE, TRUTH_FILE, VIEW_FILE, atomic_dir, check_out, write_json
 from leaklab.metrics.rooms import matched_first
+from leaklab.models.perception import ArchName
 from leaklab.privacy.dpsgd import noise_multiplier_for
 
 REPORT_FILE = "report.html"
@@ -66,7 +67,7 @@ class AuditConfig(BaseModel):
     algorithms: tuple[str, ...] = ("qgi", "rgi")
     settings: tuple[str, ...] = ("S2", "S1")
     modes: tuple[str, ...] = ("exact",)
-    arch: str = "small"
+    arch: ArchName = "small"
     samples: int = Field(default=3, ge=1)
     layouts: tuple[str, ...] | None = Field(default=None, description="None: the first `samples` layouts")
     iterations: int | None = Field(default=None, ge=1, description="image-stage iterations; None: the mode's")
@@ -368,7 +369,8 @@ def _write_report(folder: Path, results: dict[str, Any], cells, defenses, truths
                                 tables=[table]))
     summary = [("generated", time.strftime("%Y-%m-%d %H:%M:%S")), ("device", results["device"]),
                ("leaklab", results["versions"]["leaklab"]), ("torch", results["versions"]["torch"]),
-               ("seed", results["config"]["seed"]), ("seconds", results["summary"]["seconds"])]
+               ("network", results["config"]["arch"]), ("seed", results["config"]["seed"]),
+               ("seconds", results["summary"]["seconds"])]
     intro = ("Can an honest-but-curious federated-learning server see a robot's private room? Robots "
              "training an active-perception policy in ViZDoom rooms share one gradient per step; the server "
              "inverts it (seed 000: QGI for DQN, RGI for REINFORCE). Defenses: Gaussian noise on every "
