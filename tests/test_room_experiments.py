@@ -409,3 +409,11 @@ def test_rgi_summary_counts_samples_not_updates_in_a_batch():
     s = summarise([row(0.5, 0.5, 0.0), row(1.0, 1.0, 1.0)], 1, 1.0)
     assert s["action_accuracy_nonzero_return"] == pytest.approx(2 / 3) and s["zero_return_samples"] == 1
     assert s["samples"] == 2  # updates, as before
+
+
+def test_audit_arch_reaches_every_cell():
+    from leaklab.experiments.room_audit import AuditConfig, _cell_configs
+
+    cells = _cell_configs(AuditConfig(arch="nature", samples=1))
+    assert len(cells) == 4 and {run.arch for _, run in cells} == {"nature"}
+    assert {run.spec.arch for _, run in cells} == {"nature"}
