@@ -18,6 +18,7 @@ The widened networks reach the attack's workers as a user's own class would
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import statistics
@@ -30,22 +31,11 @@ from torch import nn
 from leaklab.attacks.rl.config import RoomAttackConfig
 from leaklab.experiments.room_attack import Job, RoomRunConfig, layouts_arg, run_jobs
 from leaklab.models import PerceptionSpec
-from leaklab.models.perception import ModalityStreams, PerceptionNet, build_perception_net
+from leaklab.models.perception import (SMALL_WIDTHS, ModalityStreams, PerceptionNet, build_perception_net,
+                                       three_conv_stream)
 from leaklab.rl.capture import collect_transitions, dqn_client_update, target_copy
 
 from start_spread import gains  # analysis/, beside this script
-
-SMALL = (16, 32, 32)
-
-
-def _stream(widths: tuple[int, int, int]):
-    def make(channels: int) -> nn.Sequential:
-        a, b, c = widths
-        return nn.Sequential(nn.Conv2d(channels, a, 8, stride=4), nn.ReLU(),
-                             nn.Conv2d(a, b, 4, stride=2), nn.ReLU(),
-                             nn.Conv2d(b, c, 3, stride=1), nn.ReLU(), nn.Flatten())
-    return make
-
 
 def widened(widths: tuple[int, int, int]) -> type[PerceptionNet]:
     """``small`` (box branch and head as built-in) with each stream's convolutions ``widths`` wide."""
@@ -53,7 +43,7 @@ def widened(widths: tuple[int, int, int]) -> type[PerceptionNet]:
     class Widened(PerceptionNet):
         def __init__(self, spec: PerceptionSpec):
             super().__init__(spec)
-            self.conv = ModalityStreams(spec.setting, _stream(widths))
+            self.conv = ModalityStreams(spec.setting, functools.partial(three_conv_stream, widths=widths))
             with torch.no_grad():
                 count = self.conv(torch.zeros(1, spec.in_channels, spec.image_size, spec.image_size)).shape[1]
             self.conv_features = count
@@ -99,7 +89,7 @@ def main() -> None:
     transitions = collect_transitions(config.layouts, args.samples, spec, seed=config.seed, gamma=config.gamma)
     jobs, truths = [], []
     for widths in nets:
-        model_class = None if widths == SMALL else f"width_probe:{class_name(widths)}"
+        model_class = None if widths == SMALL_WIDTHS else f"width_probe:{class_name(widths)}"
         net = build_perception_net(spec, seed=config.seed, model_class=model_class)
         target = target_copy(net)
         state = {k: v.detach().clone() for k, v in net.state_dict().items()}

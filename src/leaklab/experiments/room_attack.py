@@ -225,6 +225,11 @@ def worker_count(requested: int, jobs: int) -> int:
 POLL_SECONDS = 0.5  # how often the parent reads its workers' progress while it waits for a result
 
 
+def task_progress(progress: ProgressFn | None, task: str, total: int) -> Callable[[float], None] | None:
+    """:func:`run_jobs`' ``on_progress`` that reports to ``progress(task, done, total)``."""
+    return (lambda done: progress(task, done, total)) if progress else None
+
+
 def run_jobs(jobs: Sequence[Job], workers: int, on_result: Callable[[int, RoomReconstruction], None],
              on_progress: Callable[[float], None] | None = None) -> None:
     """Run every job (in ``workers`` spawned processes when there are several; 0 = one per core)
@@ -393,9 +398,8 @@ def run(config: RoomRunConfig, out: Path, progress: ProgressFn | None = None) ->
                 captions.append(f"{metrics['depth_paper_psnr']:.1f} dB")
 
         try:
-            label = f"{config.algorithm} {config.setting}"
             run_jobs(jobs, config.workers, on_result,
-                     (lambda done: progress(label, done, len(jobs))) if progress else None)
+                     task_progress(progress, f"{config.algorithm} {config.setting}", len(jobs)))
         finally:
             log.close()
         wall = time.perf_counter() - start

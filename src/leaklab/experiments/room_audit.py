@@ -29,7 +29,6 @@ from __future__ import annotations
 import math
 import statistics
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -119,10 +118,6 @@ def _cell_configs(config: AuditConfig) -> list[tuple[dict[str, str], room_attack
     return cells
 
 
-def _audit_progress(progress: ProgressFn | None, total: int) -> Callable[[float], None] | None:
-    return (lambda done: progress("audit", done, total)) if progress else None
-
-
 def run(out: Path, config: AuditConfig, progress: ProgressFn | None = None) -> dict[str, Any]:
     """Run the audit and write ``out`` atomically; returns the results (also ``results.json``)."""
     check_out(out)
@@ -155,7 +150,7 @@ def run(out: Path, config: AuditConfig, progress: ProgressFn | None = None) -> d
             truths.setdefault(c, []).append(sample.truth["images"][:1])
 
     with atomic_dir(out) as tmp:
-        room_attack.run_jobs(jobs, config.workers, on_result, _audit_progress(progress, len(jobs)))
+        room_attack.run_jobs(jobs, config.workers, on_result, room_attack.task_progress(progress, "audit", len(jobs)))
         results_cells = []
         for c, (meta, run_config) in enumerate(cells):
             for d, (label, chain) in enumerate(defenses):
@@ -232,7 +227,7 @@ def run_cases(out: Path, cases_dir: Path, attack: RoomAttackConfig, workers: int
         rows.append(row)
 
     with atomic_dir(out, inputs=[cases_dir]) as tmp:
-        room_attack.run_jobs(jobs, workers, on_result, _audit_progress(progress, len(jobs)))
+        room_attack.run_jobs(jobs, workers, on_result, room_attack.task_progress(progress, "audit", len(jobs)))
         scored = [r for r in rows if "metrics" in r]
         summary = {"seconds": time.perf_counter() - start, "cases": len(rows), "scored": len(scored)}
         if scored:

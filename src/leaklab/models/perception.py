@@ -28,6 +28,7 @@ differ: ``conv.depth.0`` against ``conv.0``).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib
 from typing import Literal, get_args
@@ -63,8 +64,9 @@ SMALL_WIDTHS = (16, 32, 32)
 NATURE_WIDTHS = (32, 64, 64)
 
 
-def _conv_small(c: int, widths: tuple[int, int, int] = SMALL_WIDTHS) -> nn.Sequential:
-    # three convolutions (8/4, 4/2, 3/1) as in the DQN family: 150 -> 36 -> 17 -> 15
+def three_conv_stream(c: int, widths: tuple[int, int, int] = SMALL_WIDTHS) -> nn.Sequential:
+    """``small``'s stream of ``c`` image channels: three convolutions (8/4, 4/2, 3/1, as in the DQN
+    family: 150 -> 36 -> 17 -> 15) ``widths`` filters wide, each followed by a ReLU, flattened."""
     a, b, d = widths
     return nn.Sequential(
         nn.Conv2d(c, a, 8, stride=4), nn.ReLU(),
@@ -72,10 +74,6 @@ def _conv_small(c: int, widths: tuple[int, int, int] = SMALL_WIDTHS) -> nn.Seque
         nn.Conv2d(b, d, 3, stride=1), nn.ReLU(),
         nn.Flatten(),
     )
-
-
-def _conv_nature(c: int) -> nn.Sequential:
-    return _conv_small(c, NATURE_WIDTHS)
 
 
 def _conv_deep(c: int) -> nn.Sequential:
@@ -119,8 +117,9 @@ class PerceptionNet(nn.Module):
         self.spec = spec
         c = spec.in_channels
         if spec.arch in ("small", "nature", "stacked"):
-            self.conv = (_conv_small(c) if spec.arch == "stacked" else
-                         ModalityStreams(spec.setting, _conv_nature if spec.arch == "nature" else _conv_small))
+            widths = NATURE_WIDTHS if spec.arch == "nature" else SMALL_WIDTHS
+            self.conv = (three_conv_stream(c) if spec.arch == "stacked" else
+                         ModalityStreams(spec.setting, functools.partial(three_conv_stream, widths=widths)))
             self.box = nn.Sequential(nn.Linear(spec.box_dim, 32), nn.ReLU())
             box_features = 32
         else:
