@@ -36,6 +36,17 @@ def assert_user_error(result, out: Path, *words: str) -> None:
     assert not [p for p in out.parent.iterdir() if p.name.startswith(f".{out.name}.")]
 
 
+class Interrupt(KeyboardInterrupt):
+    """Ctrl-C, pressed by a test while the attack after the first ``after`` runs."""
+
+
+def interrupt_after(after: int):
+    def progress(task, done, total):
+        if done > after:
+            raise Interrupt
+    return progress
+
+
 def test_attack_qgi_writes_the_results_contract(tmp_path):
     out = tmp_path / "qgi"
     result = invoke("attack", "qgi", "--setting", "S1", "--samples", "2", "--layouts", "2", *FAST, "--out", out)
@@ -98,9 +109,19 @@ def test_attack_qgi_refuses_bad_input_without_output(tmp_path, args, words):
 
 
 def test_quick_room_audit_writes_report_with_defenses(tmp_path):
+    """... after an interrupted audit in the same folder (the audit picks a new runs/<id> each time),
+    whose finished attacks it takes instead of attacking them again."""
+    from leaklab.experiments import room_audit
+
+    with pytest.raises(Interrupt):
+        room_audit.run(tmp_path / "audit-1", room_audit.default_config(quick=True), interrupt_after(2))
+    assert not (tmp_path / "audit-1").exists()
     out = tmp_path / "audit"
     result = invoke("audit", "--quick", "--out", out)
     assert result.exit_code == 0, result.output
+    assert "2 attacks resumed from an interrupted run" in result.output
+    assert json.loads((out / "results.json").read_text())["summary"]["resumed_attacks"] == 2
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["audit"]  # the journal went with its run
     html = (out / "report.html").read_text()
     assert html.count("data:image/png;base64,") >= 3  # leakage plot + one grid per attack
     assert "RGB baseline" in html and "DP-SGD" in html
@@ -417,3 +438,67 @@ def test_audit_arch_reaches_every_cell():
     cells = _cell_configs(AuditConfig(arch="nature", samples=1))
     assert len(cells) == 4 and {run.arch for _, run in cells} == {"nature"}
     assert {run.spec.arch for _, run in cells} == {"nature"}
+
+
+def test_an_interrupted_attack_resumes_from_its_finished_samples(tmp_path):
+    """Ctrl-C keeps the finished attacks beside --out; the same run attacks only the rest and gives
+    the rows of an uninterrupted run; a finished run leaves no journal behind."""
+    from leaklab.attacks.rl import RoomAttackConfig
+    from leaklab.experiments import room_attack
+    from leaklab.experiments.attack_journal import RESUME_DIR
+
+    config = room_attack.RoomRunConfig(algorithm="qgi", setting="S2", samples=3, layouts=layouts_arg("3"),
+                                       attack=RoomAttackConfig(iterations=3), workers=1)
+    (tmp_path / "a").mkdir()
+    out = tmp_path / "a" / "run"
+    with pytest.raises(Interrupt):
+        room_attack.run(config, out, progress=interrupt_after(2))
+    assert not out.exists()
+    saved = sorted((tmp_path / "a" / RESUME_DIR).iterdir())
+    assert len(saved) == 2 and all(p.suffix == ".safetensors" for p in saved)
+    attacked = []
+    resumed = room_attack.run(config, out, progress=lambda task, done, total: attacked.append(done))
+    assert resumed["summary"]["resumed_samples"] == 2
+    assert attacked[:2] == [1, 2]  # the saved samples are handed on first, without attacking
+    assert not (tmp_path / "a" / RESUME_DIR).exists()
+    fresh = room_attack.run(config, tmp_path / "b" / "run")
+    assert fresh["summary"]["resumed_samples"] == 0
+    assert [r["metrics"] for r in resumed["samples"]] == [r["metrics"] for r in fresh["samples"]]
+    assert [r["index"] for r in resumed["samples"]] == [0, 1, 2]
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_run_jobs_takes_what_the_journal_holds_and_attacks_the_rest(tmp_path, workers):
+    from leaklab.attacks.rl import RoomAttackConfig
+    from leaklab.experiments import room_attack
+    from leaklab.experiments.attack_journal import AttackJournal
+
+    attack = RoomAttackConfig(iterations=2)
+    config = room_attack.RoomRunConfig(algorithm="rgi", setting="S2", samples=3, layouts=layouts_arg("3"),
+                                       attack=attack)
+    state, clean = room_attack.capture_samples(config)
+    jobs = [room_attack.Job("rgi", config.spec, state, s.update, attack) for s in clean]
+    journal = AttackJournal(tmp_path, jobs)
+    assert len(set(journal.digests)) == 3
+    first = []
+    assert room_attack.run_jobs(jobs, 1, lambda i, rec: first.append(rec), journal=journal) == 0
+    # a lost entry is attacked again, a corrupt one too; the others come back as saved
+    (tmp_path / ".leaklab-resume" / f"{journal.digests[0]}.safetensors").unlink()
+    (tmp_path / ".leaklab-resume" / f"{journal.digests[2]}.safetensors").write_bytes(b"\0" * 16)
+    second = []
+    assert room_attack.run_jobs(jobs, workers, lambda i, rec: second.append((i, rec)),
+                                journal=AttackJournal(tmp_path, jobs)) == 1
+    assert [i for i, _ in second] == [0, 1, 2]
+    for a, (_, b) in zip(first, second):
+        assert torch.equal(a.images, b.images) and torch.equal(a.reward, b.reward)
+        assert torch.equal(a.probs, b.probs) and torch.equal(a.action_identified, b.action_identified)
+        assert (a.iterations, a.exact, a.no_signal) == (b.iterations, b.exact, b.no_signal)
+    assert second[1][1].seconds == first[1].seconds  # the saved attack's own time, not a new one
+    # another attack configuration, defense or network state names other jobs
+    other = [room_attack.Job("rgi", config.spec, state, s.update, RoomAttackConfig(iterations=3)) for s in clean]
+    noisy = [room_attack.Job("rgi", config.spec, state, s.update, attack)
+             for s in room_attack.defend(clean, "gaussian:1e-3", 0)]
+    moved = {k: v + 1e-3 if k.endswith("bias") else v for k, v in state.items()}
+    shifted = [room_attack.Job("rgi", config.spec, moved, s.update, attack) for s in clean]
+    for jobs_b in (other, noisy, shifted):
+        assert not set(AttackJournal(tmp_path, jobs_b).digests) & set(journal.digests)

@@ -90,8 +90,9 @@ def _guard(fn: Callable) -> Callable:
         except ValidationError as e:
             _fail(_validation_line(e))
         except KeyboardInterrupt:
-            typer.echo("error: interrupted; --out holds no partial results (the reproduce commands "
-                       "keep their finished cells, and a rerun resumes)", err=True)
+            typer.echo("error: interrupted; --out holds no partial results (the room attacks and the room audit, "
+                       "--cases aside, keep their finished attacks beside it, the reproduce commands their "
+                       "finished cells: the same command resumes)", err=True)
             raise typer.Exit(130) from None
 
     return wrapper
@@ -411,7 +412,8 @@ def _room_attack(algorithm: str, setting: str, mode: str, arch: str, samples: in
         parts.append(f"Q error {s['q_pred_err_mean']:.3g}% / target {s['q_target_err_mean']:.3g}%")
     if s.get("reward_abs_err_mean") is not None:
         parts.append(f"reward error {s['reward_abs_err_mean']:.3g}")
-    parts.append(f"{s['samples']} sample(s) from {s['layouts']} room(s), {s['seconds_per_sample']:.1f} s each")
+    parts.append(f"{s['samples']} sample(s) from {s['layouts']} room(s), {s['seconds_per_sample']:.1f} s each"
+                 + (f" ({s['resumed_samples']} resumed from an interrupted run)" if s["resumed_samples"] else ""))
     typer.echo(f"wrote {out}: " + "; ".join(parts))
 
 
@@ -708,7 +710,9 @@ def audit(
             overrides["modes"] = (mode,)
         config = room_audit.AuditConfig(**{**config.model_dump(), **overrides})
         results = room_audit.run(out, config, progress=progress)
-    typer.echo(f"wrote {out / 'report.html'} ({results['summary']['seconds']:.0f} s)")
+    resumed = results["summary"].get("resumed_attacks")  # the --cases audit resumes nothing
+    typer.echo(f"wrote {out / 'report.html'} ({results['summary']['seconds']:.0f} s"
+               + (f"; {resumed} attacks resumed from an interrupted run" if resumed else "") + ")")
     for cell in results["cells"]:
         s = cell["summary"]
         images = ", ".join(f"{im} PSNR {s[f'{im}_psnr_mean']:.2f} dB (baseline {s[f'{im}_psnr_baseline_mean']:.2f})"

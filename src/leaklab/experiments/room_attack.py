@@ -9,11 +9,14 @@ reconstruction against the client's truth with the section V metrics (:mod:`leak
 Samples are independent: they are attacked in ``workers`` processes of one torch thread each (on a
 shared 2-core CPU that beats two threads per process). Per-sample rows are appended to
 ``OUT/samples.jsonl`` as they finish; ``OUT/results.json`` (format in ``docs/formats.md``) and
-``OUT/reconstructions.png`` are written at the end, the whole folder atomically.
+``OUT/reconstructions.png`` are written at the end, the whole folder atomically. Each finished
+attack is also kept beside ``OUT`` until the run ends (:mod:`.attack_journal`): rerunning an
+interrupted command attacks only what is left.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import multiprocessing
@@ -21,7 +24,7 @@ import os
 import statistics
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ProcessPoolExecutor, wait
+from concurrent.futures import Future, ProcessPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -35,6 +38,7 @@ from leaklab.defenses import parse_defense
 from leaklab.device import DEVICE_PATTERN, describe, repeatable, require_device
 from leaklab.errors import LeaklabError
 from leaklab.experiments import ProgressFn
+from leaklab.experiments.attack_journal import AttackJournal
 from leaklab.experiments.image_attack import versions
 from leaklab.io import RECONSTRUCTIONS_FILE, RESULTS_FILE, atomic_dir, check_out, save_tensors, write_json
 from leaklab.metrics.rooms import matched_first, room_metrics
@@ -231,12 +235,18 @@ def task_progress(progress: ProgressFn | None, task: str, total: int) -> Callabl
 
 
 def run_jobs(jobs: Sequence[Job], workers: int, on_result: Callable[[int, RoomReconstruction], None],
-             on_progress: Callable[[float], None] | None = None) -> None:
+             on_progress: Callable[[float], None] | None = None, journal: AttackJournal | None = None) -> int:
     """Run every job (in ``workers`` spawned processes when there are several; 0 = one per core)
     and hand each result to ``on_result(index, reconstruction)`` as soon as it is ready, in order.
     ``on_progress(done)`` hears how many jobs are done, a running job counting the share of its
-    image stage it has run: after each result and whenever a running attack reports."""
-    workers = worker_count(workers, len(jobs))
+    image stage it has run: after each result and whenever a running attack reports. With a
+    ``journal`` (of these jobs), a job it holds is not attacked again: its saved reconstruction is
+    handed on in its turn; every new result is saved to it as soon as it is ready (on an error or an
+    interruption the queued jobs are dropped and the running ones saved when they finish). Returns
+    how many jobs the journal held."""
+    saved = journal.saved() if journal else {}
+    todo = [i for i in range(len(jobs)) if i not in saved]
+    workers = worker_count(workers, len(todo))
     running: dict[int, float] = {}
     finished: set[int] = set()
 
@@ -256,14 +266,27 @@ def run_jobs(jobs: Sequence[Job], workers: int, on_result: Callable[[int, RoomRe
     try:
         if workers == 1:
             for i, job in enumerate(jobs):
-                deliver(i, _attack_one(job, i, report if on_progress else None))
-            return
+                rec = saved.get(i)
+                if rec is None:
+                    rec = _attack_one(job, i, report if on_progress else None)
+                    if journal:
+                        journal.add(i, rec)
+                deliver(i, rec)
+            return len(saved)
         context = multiprocessing.get_context("spawn")
         queue = context.SimpleQueue() if on_progress else None
-        with ProcessPoolExecutor(max_workers=workers, mp_context=context, initializer=_use_progress_queue,
-                                 initargs=(queue,)) as pool:
-            futures = [pool.submit(_attack_one, job, i) for i, job in enumerate(jobs)]
-            for i, future in enumerate(futures):
+        pool = ProcessPoolExecutor(max_workers=workers, mp_context=context, initializer=_use_progress_queue,
+                                   initargs=(queue,))
+        try:
+            futures = {i: pool.submit(_attack_one, jobs[i], i) for i in todo}
+            if journal:
+                for i, future in futures.items():
+                    future.add_done_callback(functools.partial(_keep, journal, i))
+            for i in range(len(jobs)):
+                if i in saved:
+                    deliver(i, saved[i])
+                    continue
+                future = futures[i]
                 while queue is not None:
                     done = wait([future], timeout=POLL_SECONDS).done
                     while not queue.empty():
@@ -271,8 +294,17 @@ def run_jobs(jobs: Sequence[Job], workers: int, on_result: Callable[[int, RoomRe
                     if done:
                         break
                 deliver(i, future.result())
+        finally:
+            pool.shutdown(wait=True, cancel_futures=True)
+        return len(saved)
     finally:
         torch.set_num_threads(threads)
+
+
+def _keep(journal: AttackJournal, index: int, future: Future) -> None:
+    """Save a finished attack to the journal (a pool's done-callback: also while the pool shuts down)."""
+    if not future.cancelled() and future.exception() is None:
+        journal.add(index, future.result())
 
 
 def _finite(values: list[float | None]) -> list[float]:
@@ -380,6 +412,7 @@ def run(config: RoomRunConfig, out: Path, progress: ProgressFn | None = None) ->
     truths, recs, captions = [], [], []
     recovered: list[RoomReconstruction] = []
     seconds_attacking = [0.0]
+    journal = AttackJournal(Path(out).absolute().parent, jobs)
     with atomic_dir(out) as tmp:
         log = (tmp / SAMPLES_FILE).open("w")
 
@@ -398,14 +431,15 @@ def run(config: RoomRunConfig, out: Path, progress: ProgressFn | None = None) ->
                 captions.append(f"{metrics['depth_paper_psnr']:.1f} dB")
 
         try:
-            run_jobs(jobs, config.workers, on_result,
-                     task_progress(progress, f"{config.algorithm} {config.setting}", len(jobs)))
+            resumed = run_jobs(jobs, config.workers, on_result,
+                               task_progress(progress, f"{config.algorithm} {config.setting}", len(jobs)), journal)
         finally:
             log.close()
         wall = time.perf_counter() - start
         iterations = max((r["iterations"] for r in rows), default=0)
         summary = summarise(rows, iterations, seconds_attacking[0])
         summary["wall_seconds"] = wall
+        summary["resumed_samples"] = resumed
         results = {"format": "leaklab.room_attack", "format_version": 1,
                    "config": config.model_dump(mode="json"), "network": architecture_digest(config.spec),
                    "method_version": METHOD_VERSION[config.attack.mode], "summary": summary, "samples": rows,
@@ -416,4 +450,5 @@ def run(config: RoomRunConfig, out: Path, progress: ProgressFn | None = None) ->
         title = (f"{config.algorithm.upper()} {config.setting}, {config.attack.mode} mode, "
                  f"{config.arch} network" + (f", defense {config.defense}" if config.defense else ""))
         image_grid_png(config.setting, truths, recs, title, tmp / PNG_FILE, captions)
+    journal.discard()
     return results

@@ -15,7 +15,9 @@ constant-image baselines, leakage versus defense strength), ``OUT/results.json``
 :mod:`leaklab.experiments.room_attack` summary per algorithm and defense, and the per-sample rows)
 and the figures in ``OUT/figures/``. The defaults finish within about ten minutes on two CPU
 cores; ``full=True`` is the paper-scale protocol (48 samples from every layout, S1 and S2, the exact
-and the paper mode); ``quick=True`` is a seconds-long version for tests.
+and the paper mode, hours); ``quick=True`` is a seconds-long version for tests. Finished attacks are
+kept beside ``OUT`` until the audit ends (:mod:`.attack_journal`): the same command, rerun after an
+interruption, attacks only what is left.
 
 ``run_cases`` attacks a user's own saved updates instead: room case folders written by
 :func:`leaklab.rl.capture.capture_rooms` (or in that format), of leaklab's perception network or of the
@@ -39,6 +41,7 @@ from leaklab.attacks.rl import RoomAttackConfig
 from leaklab.device import DEVICE_PATTERN, describe, require_device
 from leaklab.errors import LeaklabError
 from leaklab.experiments import ProgressFn, room_attack
+from leaklab.experiments.attack_journal import AttackJournal
 from leaklab.experiments.image_attack import versions
 from leaklab.io import RESULTS_FILE, TRUTH_FILE, VIEW_FILE, atomic_dir, check_out, write_json
 from leaklab.metrics.rooms import matched_first
@@ -149,8 +152,10 @@ def run(out: Path, config: AuditConfig, progress: ProgressFn | None = None) -> d
         if d == 0:
             truths.setdefault(c, []).append(sample.truth["images"][:1])
 
+    journal = AttackJournal(Path(out).absolute().parent, jobs)
     with atomic_dir(out) as tmp:
-        room_attack.run_jobs(jobs, config.workers, on_result, room_attack.task_progress(progress, "audit", len(jobs)))
+        resumed = room_attack.run_jobs(jobs, config.workers, on_result,
+                                       room_attack.task_progress(progress, "audit", len(jobs)), journal)
         results_cells = []
         for c, (meta, run_config) in enumerate(cells):
             for d, (label, chain) in enumerate(defenses):
@@ -162,10 +167,11 @@ def run(out: Path, config: AuditConfig, progress: ProgressFn | None = None) -> d
         results = {"format": "leaklab.audit", "format_version": 2, "kind": "rooms",
                    "config": config.model_dump(mode="json"),
                    "summary": {"seconds": time.perf_counter() - start, "samples_attacked": len(jobs),
-                               "defenses": [label for label, _ in defenses]},
+                               "resumed_attacks": resumed, "defenses": [label for label, _ in defenses]},
                    "cells": results_cells, "versions": versions(), "device": describe(torch.device(config.device))}
         write_json(tmp / RESULTS_FILE, results)
         _write_report(tmp, results, cells, defenses, truths, pictures)
+    journal.discard()
     return results
 
 

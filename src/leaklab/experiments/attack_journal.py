@@ -1,0 +1,127 @@
+"""Finished room attacks kept across an interrupted run, so that rerunning the command resumes.
+
+A room attack takes 10 s to minutes; an audit with ``--full`` or a 48-sample table cell runs for
+hours. Their output folders are written atomically (nothing half-written under ``--out``), so
+without this an interruption lost every finished attack. :class:`AttackJournal` keeps each
+finished attack's reconstruction in ``.leaklab-resume/`` beside ``--out`` (one safetensors file
+named by the digest of the job: what the server held, the attack's configuration and method
+version, the device), and a later run hands a job whose digest it finds the saved reconstruction
+instead of attacking again. The digest names the computation, not the run: a rerun under another
+``--out`` in the same parent folder (``leaklab audit`` picks a new ``runs/<id>`` each time) resumes
+too, and a changed option, network or capture misses and attacks afresh. A run that finishes
+removes its own entries (and the folder once empty); a saved entry that does not read back as a
+reconstruction of the job's shape is ignored and the job attacked again. Nothing is unpickled.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+from collections.abc import Sequence
+from dataclasses import fields
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from leaklab.attacks.rl import RoomReconstruction
+from leaklab.attacks.rl.config import METHOD_VERSION
+from leaklab.errors import LeaklabError
+from leaklab.io import load_tensors, save_tensors
+from leaklab.models.perception import architecture_digest
+
+RESUME_DIR = ".leaklab-resume"
+_TENSORS = tuple(f.name for f in fields(RoomReconstruction) if f.name not in
+                 ("iterations", "seconds", "exact", "no_signal"))
+
+
+def _hash_tensors(h: Any, tensors: dict[str, torch.Tensor]) -> None:
+    for name in sorted(tensors):
+        t = tensors[name].detach().to("cpu").contiguous()
+        h.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
+        h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+
+
+def job_digest(job: Any, state_digest: str | None = None) -> str:
+    """sha256 of everything an attack's result depends on: ``job``'s algorithm, network spec and the
+    built-in architecture's digest, attack configuration and the mode's method version, device, the
+    network's state and the update (metadata, defense, tensors). A user's own network class is
+    refused: its code may change between runs under the same name."""
+    if job.model_class is not None:
+        raise ValueError("the attack journal keeps attacks on the built-in networks only")
+    h = hashlib.sha256()
+    network = architecture_digest(job.spec)
+    h.update(json.dumps({"algorithm": job.algorithm, "spec": job.spec.model_dump(mode="json"),
+                         "network": network, "attack": job.attack.model_dump(mode="json"),
+                         "method_version": METHOD_VERSION[job.attack.mode], "device": job.device,
+                         "update": job.update.metadata.model_dump(mode="json"),
+                         "defense": job.update.defense, "state": state_digest or state_hash(job.state)},
+                        sort_keys=True).encode())
+    _hash_tensors(h, job.update.tensors)
+    return h.hexdigest()
+
+
+def state_hash(state: dict[str, torch.Tensor]) -> str:
+    h = hashlib.sha256()
+    _hash_tensors(h, state)
+    return h.hexdigest()
+
+
+class AttackJournal:
+    """The saved reconstructions of ``jobs`` in ``parent/.leaklab-resume`` (see the module docstring)."""
+
+    def __init__(self, parent: Path, jobs: Sequence[Any]):
+        self.folder = Path(parent) / RESUME_DIR
+        states: dict[int, str] = {}  # jobs of a run share one state dict: hash it once
+        self.digests = []
+        for job in jobs:
+            key = id(job.state)
+            if key not in states:
+                states[key] = state_hash(job.state)
+            self.digests.append(job_digest(job, states[key]))
+        self._batch = [job.update.metadata.batch_size for job in jobs]
+        self._image_shape = [(job.spec.in_channels, job.spec.image_size, job.spec.image_size)
+                             for job in jobs]
+
+    def _path(self, index: int) -> Path:
+        return self.folder / f"{self.digests[index]}.safetensors"
+
+    def saved(self) -> dict[int, RoomReconstruction]:
+        """The jobs (by index) whose reconstruction an earlier run saved and that reads back whole."""
+        out = {}
+        for i in range(len(self.digests)):
+            if self._path(i).is_file():
+                rec = self._read(i)
+                if rec is not None:
+                    out[i] = rec
+        return out
+
+    def _read(self, index: int) -> RoomReconstruction | None:
+        try:
+            tensors, meta = load_tensors(self._path(index), "saved attack")
+            rec = RoomReconstruction(**tensors, iterations=int(meta["iterations"]),
+                                     seconds=float(meta["seconds"]), exact=tuple(json.loads(meta["exact"])),
+                                     no_signal=meta["no_signal"] == "true")
+        except (LeaklabError, KeyError, TypeError, ValueError):
+            return None
+        if meta.get("job") != self.digests[index] or \
+                tuple(rec.images.shape) != (self._batch[index], *self._image_shape[index]):
+            return None
+        return rec
+
+    def add(self, index: int, rec: RoomReconstruction) -> None:
+        """Save job ``index``'s reconstruction (atomically: a killed write leaves no entry)."""
+        tensors = {name: getattr(rec, name) for name in _TENSORS if getattr(rec, name) is not None}
+        save_tensors(self._path(index), tensors,
+                     {"format": "leaklab.saved_attack", "job": self.digests[index],
+                      "iterations": rec.iterations, "seconds": repr(rec.seconds),
+                      "exact": json.dumps(list(rec.exact)), "no_signal": "true" if rec.no_signal else "false"})
+
+    def discard(self) -> None:
+        """Remove this run's entries, and the folder when no other run's entries are left."""
+        for i in range(len(self.digests)):
+            with contextlib.suppress(FileNotFoundError):
+                self._path(i).unlink()
+        with contextlib.suppress(OSError):  # not empty: another interrupted run's attacks
+            self.folder.rmdir()
