@@ -502,3 +502,25 @@ def test_run_jobs_takes_what_the_journal_holds_and_attacks_the_rest(tmp_path, wo
     shifted = [room_attack.Job("rgi", config.spec, moved, s.update, attack) for s in clean]
     for jobs_b in (other, noisy, shifted):
         assert not set(AttackJournal(tmp_path, jobs_b).digests) & set(journal.digests)
+
+
+def test_an_interrupted_pool_drops_its_queue_and_keeps_the_running_attacks(tmp_path):
+    from leaklab.attacks.rl import RoomAttackConfig
+    from leaklab.experiments import room_attack
+    from leaklab.experiments.attack_journal import RESUME_DIR, AttackJournal
+
+    attack = RoomAttackConfig(iterations=100)
+    config = room_attack.RoomRunConfig(algorithm="qgi", setting="S2", samples=12, layouts=layouts_arg("4"),
+                                       attack=attack)
+    state, clean = room_attack.capture_samples(config)
+    jobs = [room_attack.Job("qgi", config.spec, state, s.update, attack) for s in clean]
+
+    def stop(i, rec):
+        raise Interrupt
+
+    with pytest.raises(Interrupt):
+        room_attack.run_jobs(jobs, 2, stop, journal=AttackJournal(tmp_path, jobs))
+    # the first result and the one running beside it are kept; the queue is dropped (only the few
+    # jobs the pool had already handed its workers' call queue still run, and are kept)
+    kept = len(list((tmp_path / RESUME_DIR).iterdir()))
+    assert 2 <= kept < len(jobs), kept
