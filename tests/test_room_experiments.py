@@ -42,7 +42,7 @@ class Interrupt(KeyboardInterrupt):
 
 def interrupt_after(after: int):
     def progress(task, done, total):
-        if done > after:
+        if not task.startswith("capture") and done > after:
             raise Interrupt
     return progress
 
@@ -113,9 +113,17 @@ def test_quick_room_audit_writes_report_with_defenses(tmp_path):
     whose finished attacks it takes instead of attacking them again."""
     from leaklab.experiments import room_audit
 
+    calls, stop = [], interrupt_after(2)
+
+    def progress(task, done, total):
+        calls.append((task, done, total))
+        stop(task, done, total)
+
     with pytest.raises(Interrupt):
-        room_audit.run(tmp_path / "audit-1", room_audit.default_config(quick=True), interrupt_after(2))
+        room_audit.run(tmp_path / "audit-1", room_audit.default_config(quick=True), progress)
     assert not (tmp_path / "audit-1").exists()
+    # one client episode per cell (QGI and RGI in S1) is captured before the 6 attacks begin
+    assert calls[:2] == [("capture", 1, 2), ("capture", 2, 2)] and calls[2][0] == "audit"
     out = tmp_path / "audit"
     result = invoke("audit", "--quick", "--out", out)
     assert result.exit_code == 0, result.output
@@ -456,10 +464,13 @@ def test_an_interrupted_attack_resumes_from_its_finished_samples(tmp_path):
     assert not out.exists()
     saved = sorted((tmp_path / "a" / RESUME_DIR).iterdir())
     assert len(saved) == 2 and all(p.suffix == ".safetensors" for p in saved)
-    attacked = []
-    resumed = room_attack.run(config, out, progress=lambda task, done, total: attacked.append(done))
+    calls = []
+    resumed = room_attack.run(config, out, progress=lambda task, done, total: calls.append((task, done, total)))
     assert resumed["summary"]["resumed_samples"] == 2
-    assert attacked[:2] == [1, 2]  # the saved samples are handed on first, without attacking
+    # the client episodes are captured (and counted) first, then the saved samples are handed on
+    # without attacking, then the third is attacked
+    assert calls[:3] == [("capture qgi S2", n, 3) for n in (1, 2, 3)]
+    assert calls[3:5] == [("qgi S2", 1, 3), ("qgi S2", 2, 3)] and calls[-1] == ("qgi S2", 3, 3)
     assert not (tmp_path / "a" / RESUME_DIR).exists()
     fresh = room_attack.run(config, tmp_path / "b" / "run")
     assert fresh["summary"]["resumed_samples"] == 0

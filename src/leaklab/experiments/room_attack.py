@@ -145,13 +145,15 @@ class Sample:
     truth: dict[str, torch.Tensor]
 
 
-def capture_samples(config: RoomRunConfig) -> tuple[dict[str, torch.Tensor], list[Sample]]:
-    """The network's state and one clean client update (with its truth) per sample."""
+def capture_samples(config: RoomRunConfig, on_episode: Callable[[int], None] | None = None,
+                    ) -> tuple[dict[str, torch.Tensor], list[Sample]]:
+    """The network's state and one clean client update (with its truth) per sample;
+    ``on_episode(n)`` hears how many of the ``samples * batch_size`` client episodes are done."""
     spec = config.spec
     algorithm = "dqn" if config.algorithm == "qgi" else "reinforce"
     net = partly_trained_net(algorithm, spec, config.train_steps, config.layouts, config.seed)
     transitions = collect_transitions(config.layouts, config.samples * config.batch_size, spec,
-                                      seed=config.seed, gamma=config.gamma)
+                                      seed=config.seed, gamma=config.gamma, on_episode=on_episode)
     target = target_copy(net)
     samples = []
     for i in range(config.samples):
@@ -404,7 +406,8 @@ def run(config: RoomRunConfig, out: Path, progress: ProgressFn | None = None) ->
     check_out(out)  # before the capture: never spend minutes and then refuse the folder
     require_device(config.device)
     start = time.perf_counter()
-    state, clean = capture_samples(config)
+    state, clean = capture_samples(config, task_progress(progress, f"capture {config.algorithm} {config.setting}",
+                                                         config.samples * config.batch_size))
     samples = defend(clean, config.defense, config.seed)
     jobs = [Job(config.algorithm, config.spec, state, s.update, config.attack, device=config.device)
             for s in samples]

@@ -131,8 +131,14 @@ def run(out: Path, config: AuditConfig, progress: ProgressFn | None = None) -> d
     # capture once per cell, defend each capture at every level, then attack everything in one pool
     jobs: list[room_attack.Job] = []
     where: list[tuple[int, int, room_attack.Sample]] = []
+    episodes = sum(run_config.samples * run_config.batch_size for _, run_config in cells)
+    captured = 0
     for c, (_, run_config) in enumerate(cells):
-        state, clean = room_attack.capture_samples(run_config)
+        def on_episode(n: int, before: int = captured) -> None:
+            progress("capture", before + n, episodes)
+
+        state, clean = room_attack.capture_samples(run_config, on_episode if progress else None)
+        captured += run_config.samples * run_config.batch_size
         for d, (_, chain) in enumerate(defenses):
             for sample in room_attack.defend(clean, chain, config.seed):
                 jobs.append(room_attack.Job(run_config.algorithm, run_config.spec, state, sample.update,

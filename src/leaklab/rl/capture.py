@@ -17,7 +17,7 @@ network", section V); batch 2 is the other size its rule-based action recovery c
 from __future__ import annotations
 
 import copy
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -73,9 +73,10 @@ def _state(obs: dict[str, np.ndarray]) -> tuple[torch.Tensor, torch.Tensor, torc
 def collect_transitions(layouts: Sequence[str] | None = None, samples: int = 1,
                         spec: PerceptionSpec | None = None, seed: int = 0,
                         policy: PerceptionNet | None = None, epsilon: float = 0.1,
-                        warmup_steps: int = 0, gamma: float = 0.99,
-                        max_episode_steps: int = 50) -> list[Transition]:
-    """``samples`` private transitions, one per episode, layouts taken in turn (round robin).
+                        warmup_steps: int = 0, gamma: float = 0.99, max_episode_steps: int = 50,
+                        on_episode: Callable[[int], None] | None = None) -> list[Transition]:
+    """``samples`` private transitions, one per episode, layouts taken in turn (round robin);
+    ``on_episode(n)`` hears how many episodes are done.
 
     Each episode starts from a reset seed drawn from ``seed`` and runs to its end with a uniformly
     random policy (``policy=None``) or ε-greedy on ``policy``'s outputs; its transition is drawn
@@ -114,6 +115,8 @@ def collect_transitions(layouts: Sequence[str] | None = None, samples: int = 1,
         out.append(Transition(rgb=rgb, depth=depth, box=box, action=action, reward=reward,
                               next_rgb=n_rgb, next_depth=n_depth, next_box=n_box, done=terminated,
                               layout=layout, step=t, ret=float(returns[t])))
+        if on_episode:
+            on_episode(i + 1)
     rooms.close()
     return out
 
