@@ -40,7 +40,7 @@ def _hash_tensors(h: Any, tensors: dict[str, torch.Tensor]) -> None:
     for name in sorted(tensors):
         t = tensors[name].detach().to("cpu").contiguous()
         h.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
-        h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+        h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
 
 
 def job_digest(job: Any, state_digest: str | None = None) -> str:
