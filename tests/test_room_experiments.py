@@ -288,11 +288,19 @@ def test_audit_attacks_saved_cases_of_the_users_own_network(tmp_path):
             write_room_case(tmp, spec, net.state_dict(), update, truth, model_class=cls)
     out = tmp_path / "audit"
     assert_user_error(invoke("audit", "--cases", cases, "--out", out), out, "does not fit")
+    # interrupted during the second case, then run again: the first case's attack is taken as saved
+    from leaklab.attacks.rl import RoomAttackConfig
+    from leaklab.experiments import room_audit
+
+    with pytest.raises(Interrupt):
+        room_audit.run_cases(out, cases, RoomAttackConfig(iterations=3), workers=1, progress=interrupt_after(1),
+                             model_class=cls)
     result = invoke("audit", "--cases", cases, "--model-class", cls, "--iterations", "3", "--workers", "1",
                     "--out", out)
     assert result.exit_code == 0, result.output
+    assert "1 resumed from an interrupted run" in result.output
     res = json.loads((out / "results.json").read_text())
-    assert res["model_class"] == cls and res["summary"]["scored"] == 2
+    assert res["model_class"] == cls and res["summary"]["scored"] == 2 and res["summary"]["resumed_attacks"] == 1
     assert res["summary"]["iou_min"] > 0.999 and res["summary"]["q_target_err_mean"] < 0.01
 
 
@@ -535,3 +543,20 @@ def test_an_interrupted_pool_drops_its_queue_and_keeps_the_running_attacks(tmp_p
     # jobs the pool had already handed its workers' call queue still run, and are kept)
     kept = len(list((tmp_path / RESUME_DIR).iterdir()))
     assert 2 <= kept < len(jobs), kept
+
+
+def test_a_users_network_class_is_known_by_its_module_source(tmp_path, monkeypatch):
+    """An edited class is another network: attacks saved for the old one are not taken for it."""
+    import os
+    from leaklab.experiments.attack_journal import network_identity
+
+    source = (Path(__file__).parent / "plugins" / "narrow_net.py").read_text()
+    module = tmp_path / "my_rooms_net.py"
+    module.write_text(source)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    spec = PerceptionSpec(setting="S2")
+    first = network_identity(spec, "my_rooms_net:NarrowNet")
+    assert first == network_identity(spec, "my_rooms_net:NarrowNet") != network_identity(spec, None)
+    module.write_text(source.replace("nn.Linear(64, spec.num_actions)", "nn.Linear(64, spec.num_actions)  # v2"))
+    os.utime(module, (1, 1))  # another modification time, whatever the clock's resolution
+    assert network_identity(spec, "my_rooms_net:NarrowNet") != first

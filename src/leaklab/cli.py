@@ -90,9 +90,9 @@ def _guard(fn: Callable) -> Callable:
         except ValidationError as e:
             _fail(_validation_line(e))
         except KeyboardInterrupt:
-            typer.echo("error: interrupted; --out holds no partial results (the room attacks and the room audit, "
-                       "--cases aside, keep their finished attacks beside it, the reproduce commands their "
-                       "finished cells: the same command resumes)", err=True)
+            typer.echo("error: interrupted; --out holds no partial results (the room attacks and the room audit "
+                       "keep their finished attacks beside it, the reproduce commands their finished cells: the "
+                       "same command resumes)", err=True)
             raise typer.Exit(130) from None
 
     return wrapper
@@ -695,8 +695,9 @@ def audit(
                                       **({"iterations": iterations} if iterations is not None else {}))
             results = room_audit.run_cases(out, cases, attack, workers=workers, progress=progress,
                                            model_class=model_class, device=device)
-            typer.echo(f"wrote {out / 'report.html'}: {results['summary']['cases']} case(s), "
-                       f"{results['summary']['scored']} scored")
+            s = results["summary"]
+            typer.echo(f"wrote {out / 'report.html'}: {s['cases']} case(s), {s['scored']} scored"
+                       + (f", {s['resumed_attacks']} resumed from an interrupted run" if s["resumed_attacks"] else ""))
             return
         if model_class is not None:
             raise LeaklabError("--model-class belongs to --cases (your saved updates of your network)")
@@ -710,7 +711,7 @@ def audit(
             overrides["modes"] = (mode,)
         config = room_audit.AuditConfig(**{**config.model_dump(), **overrides})
         results = room_audit.run(out, config, progress=progress)
-    resumed = results["summary"].get("resumed_attacks")  # the --cases audit resumes nothing
+    resumed = results["summary"]["resumed_attacks"]
     typer.echo(f"wrote {out / 'report.html'} ({results['summary']['seconds']:.0f} s"
                + (f"; {resumed} attacks resumed from an interrupted run" if resumed else "") + ")")
     for cell in results["cells"]:

@@ -5,7 +5,7 @@ hours. Their output folders are written atomically (nothing half-written under `
 without this an interruption lost every finished attack. :class:`AttackJournal` keeps each
 finished attack's reconstruction in ``.leaklab-resume/`` beside ``--out`` (one safetensors file
 named by the digest of the job: what the server held, the attack's configuration and method
-version, the device), and a later run hands a job whose digest it finds the saved reconstruction
+version, the device; a user's own network class by its module's source), and a later run hands a job whose digest it finds the saved reconstruction
 instead of attacking again. The digest names the computation, not the run: a rerun under another
 ``--out`` in the same parent folder (``leaklab audit`` picks a new ``runs/<id>`` each time) resumes
 too, and a changed option, network or capture misses and attacks afresh. A run that finishes
@@ -17,7 +17,10 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import inspect
 import json
+import os
+import sys
 from collections.abc import Sequence
 from dataclasses import fields
 from pathlib import Path
@@ -29,7 +32,7 @@ from leaklab.attacks.rl import RoomReconstruction
 from leaklab.attacks.rl.config import METHOD_VERSION
 from leaklab.errors import LeaklabError
 from leaklab.io import load_tensors, save_tensors
-from leaklab.models.perception import architecture_digest
+from leaklab.models.perception import architecture_digest, perception_class
 
 RESUME_DIR = ".leaklab-resume"
 _TENSORS = tuple(f.name for f in fields(RoomReconstruction) if f.name not in
@@ -43,15 +46,25 @@ def _hash_tensors(h: Any, tensors: dict[str, torch.Tensor]) -> None:
         h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
 
 
+def network_identity(spec: Any, model_class: str | None) -> str:
+    """The built-in architecture's digest, or a user's class named with the sha256 of its module's
+    source (an edited class is another network; a module without source files never matches)."""
+    if model_class is None:
+        return architecture_digest(spec)
+    module = sys.modules[perception_class(model_class).__module__]
+    try:
+        source = inspect.getsource(module).encode()
+    except (OSError, TypeError):
+        source = os.urandom(16)
+    return f"{model_class}@{hashlib.sha256(source).hexdigest()}"
+
+
 def job_digest(job: Any, state_digest: str | None = None) -> str:
-    """sha256 of everything an attack's result depends on: ``job``'s algorithm, network spec and the
-    built-in architecture's digest, attack configuration and the mode's method version, device, the
-    network's state and the update (metadata, defense, tensors). A user's own network class is
-    refused: its code may change between runs under the same name."""
-    if job.model_class is not None:
-        raise ValueError("the attack journal keeps attacks on the built-in networks only")
+    """sha256 of everything an attack's result depends on: ``job``'s algorithm, network spec and
+    :func:`network_identity`, attack configuration and the mode's method version, device, the
+    network's state and the update (metadata, defense, tensors)."""
     h = hashlib.sha256()
-    network = architecture_digest(job.spec)
+    network = network_identity(job.spec, job.model_class)
     h.update(json.dumps({"algorithm": job.algorithm, "spec": job.spec.model_dump(mode="json"),
                          "network": network, "attack": job.attack.model_dump(mode="json"),
                          "method_version": METHOD_VERSION[job.attack.mode], "device": job.device,

@@ -17,7 +17,7 @@ and the figures in ``OUT/figures/``. The defaults finish within about ten minute
 cores; ``full=True`` is the paper-scale protocol (48 samples from every layout, S1 and S2, the exact
 and the paper mode, hours); ``quick=True`` is a seconds-long version for tests. Finished attacks are
 kept beside ``OUT`` until the audit ends (:mod:`.attack_journal`): the same command, rerun after an
-interruption, attacks only what is left.
+interruption, attacks only what is left (with ``run_cases`` too).
 
 ``run_cases`` attacks a user's own saved updates instead: room case folders written by
 :func:`leaklab.rl.capture.capture_rooms` (or in that format), of leaklab's perception network or of the
@@ -238,10 +238,13 @@ def run_cases(out: Path, cases_dir: Path, attack: RoomAttackConfig, workers: int
             pictures.append(matched_first(rec.images, truth["images"])[:, -1:])
         rows.append(row)
 
+    journal = AttackJournal(Path(out).absolute().parent, jobs)
     with atomic_dir(out, inputs=[cases_dir]) as tmp:
-        room_attack.run_jobs(jobs, workers, on_result, room_attack.task_progress(progress, "audit", len(jobs)))
+        resumed = room_attack.run_jobs(jobs, workers, on_result,
+                                       room_attack.task_progress(progress, "audit", len(jobs)), journal)
         scored = [r for r in rows if "metrics" in r]
-        summary = {"seconds": time.perf_counter() - start, "cases": len(rows), "scored": len(scored)}
+        summary = {"seconds": time.perf_counter() - start, "cases": len(rows), "scored": len(scored),
+                   "resumed_attacks": resumed}
         if scored:
             summary.update(room_attack.summarise(scored, max(r["iterations"] for r in scored),
                                                  sum(r["seconds"] for r in scored)))
@@ -250,6 +253,7 @@ def run_cases(out: Path, cases_dir: Path, attack: RoomAttackConfig, workers: int
                    "cases": rows, "versions": versions(), "device": describe(torch.device(device))}
         write_json(tmp / RESULTS_FILE, results)
         _write_cases_report(tmp, results, truths, pictures)
+    journal.discard()
     return results
 
 
