@@ -378,7 +378,8 @@ SamplesOpt = Annotated[int, typer.Option("--samples", help="private transitions,
 LayoutsOpt = Annotated[Optional[str], typer.Option("--layouts", help="client rooms: a count (the first N) "
                                                    "or comma-separated names (default all)")]
 IterationsOpt = Annotated[Optional[int], typer.Option("--iterations", help="image-stage iterations "
-                                                      "(default: the mode's)")]
+                                                      "(default 2000; exact mode's layerwise stage needs "
+                                                      "1000, its images are poor under 500)")]
 DeviceOpt = Annotated[str, typer.Option("--device", help="cpu | cuda[:N]: where the attacks run "
                                          "(on cuda the worker processes share the GPU)")]
 RoomDefenseOpt = Annotated[Optional[str], typer.Option("--defense", help="defense chain the clients apply, "
