@@ -282,7 +282,8 @@ def _write_cases_report(folder: Path, results: dict[str, Any], truths, pictures)
         caption="Metrics appear for cases whose truth.safetensors is present.")
     render_report(folder / REPORT_FILE, "leaklab audit of saved room updates",
                   summary=[("generated", time.strftime("%Y-%m-%d %H:%M:%S")), ("cases", results["cases_dir"]),
-                           ("seconds", results["summary"]["seconds"])],
+                           ("seconds", results["summary"]["seconds"]),
+                           ("attacks resumed from an interrupted run", results["summary"]["resumed_attacks"])],
                   intro="Each saved client update was attacked from the server's files only (QGI for DQN "
                         "updates, RGI for REINFORCE updates).",
                   sections=[Section(title="Cases", figures=figures, tables=[table])])
@@ -381,7 +382,8 @@ def _write_report(folder: Path, results: dict[str, Any], cells, defenses, truths
     summary = [("generated", time.strftime("%Y-%m-%d %H:%M:%S")), ("device", results["device"]),
                ("leaklab", results["versions"]["leaklab"]), ("torch", results["versions"]["torch"]),
                ("network", results["config"]["arch"]), ("seed", results["config"]["seed"]),
-               ("seconds", results["summary"]["seconds"])]
+               ("seconds", results["summary"]["seconds"]),
+               ("attacks resumed from an interrupted run", results["summary"]["resumed_attacks"])]
     intro = ("Can an honest-but-curious federated-learning server see a robot's private room? Robots "
              "training an active-perception policy in ViZDoom rooms share one gradient per step; the server "
              "inverts it (seed 000: QGI for DQN, RGI for REINFORCE). Defenses: Gaussian noise on every "
