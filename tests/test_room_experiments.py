@@ -514,6 +514,11 @@ def test_run_jobs_takes_what_the_journal_holds_and_attacks_the_rest(tmp_path, wo
         assert torch.equal(a.probs, b.probs) and torch.equal(a.action_identified, b.action_identified)
         assert (a.iterations, a.exact, a.no_signal) == (b.iterations, b.exact, b.no_signal)
     assert second[1][1].seconds == first[1].seconds  # the saved attack's own time, not a new one
+    # an entry that reads back but not in the job's shapes is not taken either
+    from dataclasses import replace
+
+    journal.add(1, replace(first[1], box=first[1].box[:, :3]))
+    assert set(AttackJournal(tmp_path, jobs).saved()) == {0, 2}
     # another attack configuration, defense or network state names other jobs
     other = [room_attack.Job("rgi", config.spec, state, s.update, RoomAttackConfig(iterations=3)) for s in clean]
     noisy = [room_attack.Job("rgi", config.spec, state, s.update, attack)

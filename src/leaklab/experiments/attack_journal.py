@@ -5,8 +5,8 @@ hours. Their output folders are written atomically (nothing half-written under `
 without this an interruption lost every finished attack. :class:`AttackJournal` keeps each
 finished attack's reconstruction in ``.leaklab-resume/`` beside ``--out`` (one safetensors file
 named by the digest of the job: what the server held, the attack's configuration and method
-version, the device; a user's own network class by its module's source), and a later run hands a job whose digest it finds the saved reconstruction
-instead of attacking again. The digest names the computation, not the run: a rerun under another
+version, the device; a user's own network class by its module's source), and a later run hands a
+job whose digest it finds the saved reconstruction instead of attacking again. The digest names the computation, not the run: a rerun under another
 ``--out`` in the same parent folder (``leaklab audit`` picks a new ``runs/<id>`` each time) resumes
 too, and a changed option, network or capture misses and attacks afresh. A run that finishes
 removes its own entries (and the folder once empty); a saved entry that does not read back as a
@@ -93,9 +93,10 @@ class AttackJournal:
             if key not in states:
                 states[key] = state_hash(job.state)
             self.digests.append(job_digest(job, states[key]))
-        self._batch = [job.update.metadata.batch_size for job in jobs]
-        self._image_shape = [(job.spec.in_channels, job.spec.image_size, job.spec.image_size)
-                             for job in jobs]
+        self._shapes = [{"images": (job.update.metadata.batch_size, job.spec.in_channels, job.spec.image_size,
+                                    job.spec.image_size),
+                         "box": (job.update.metadata.batch_size, job.spec.box_dim),
+                         "action": (job.update.metadata.batch_size,)} for job in jobs]
 
     def _path(self, index: int) -> Path:
         return self.folder / f"{self.digests[index]}.safetensors"
@@ -119,7 +120,7 @@ class AttackJournal:
         except (LeaklabError, KeyError, TypeError, ValueError):
             return None
         if meta.get("job") != self.digests[index] or \
-                tuple(rec.images.shape) != (self._batch[index], *self._image_shape[index]):
+                any(tuple(getattr(rec, name).shape) != shape for name, shape in self._shapes[index].items()):
             return None
         return rec
 
