@@ -566,3 +566,18 @@ def test_a_users_network_class_is_known_by_its_module_source(tmp_path, monkeypat
     module.write_text(source.replace("nn.Linear(64, spec.num_actions)", "nn.Linear(64, spec.num_actions)  # v2"))
     os.utime(module, (1, 1))  # another modification time, whatever the clock's resolution
     assert network_identity(spec, "my_rooms_net:NarrowNet") != first
+
+
+def test_a_journal_that_cannot_be_written_warns_once_and_the_run_goes_on(tmp_path):
+    from leaklab.attacks.rl import RoomAttackConfig
+    from leaklab.experiments import room_attack
+    from leaklab.experiments.attack_journal import RESUME_DIR
+
+    config = room_attack.RoomRunConfig(algorithm="qgi", setting="S2", samples=2, layouts=layouts_arg("2"),
+                                       attack=RoomAttackConfig(iterations=2), workers=1)
+    blocker = tmp_path / RESUME_DIR
+    blocker.write_text("a file where the journal's folder goes")
+    with pytest.warns(RuntimeWarning, match="will not resume") as caught:
+        results = room_attack.run(config, tmp_path / "run")
+    assert results["summary"]["samples"] == 2 and len(caught) == 1
+    assert blocker.read_text() == "a file where the journal's folder goes"

@@ -77,12 +77,20 @@ def _exit_on_sigterm() -> None:
         signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
 
 
+def _one_line_warnings() -> None:
+    """Warnings print as one ``warning: ...`` line, as errors print as one ``error: ...`` line."""
+    import warnings
+
+    warnings.formatwarning = lambda message, category, filename, lineno, line=None: f"warning: {message}\n"
+
+
 def _guard(fn: Callable) -> Callable:
     """Run a command; user mistakes become one ``error:`` line and exit code 2."""
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         _exit_on_sigterm()
+        _one_line_warnings()
         try:
             return fn(*args, **kwargs)
         except LeaklabError as e:

@@ -21,6 +21,7 @@ import inspect
 import json
 import os
 import sys
+import warnings
 from collections.abc import Sequence
 from dataclasses import fields
 from pathlib import Path
@@ -86,6 +87,7 @@ class AttackJournal:
 
     def __init__(self, parent: Path, jobs: Sequence[Any]):
         self.folder = Path(parent) / RESUME_DIR
+        self._unwritable = False
         states: dict[int, str] = {}  # jobs of a run share one state dict: hash it once
         self.digests = []
         for job in jobs:
@@ -125,17 +127,26 @@ class AttackJournal:
         return rec
 
     def add(self, index: int, rec: RoomReconstruction) -> None:
-        """Save job ``index``'s reconstruction (atomically: a killed write leaves no entry)."""
+        """Save job ``index``'s reconstruction (atomically: a killed write leaves no entry). When the
+        folder cannot be written (a file in its place, no space, no permission) the run goes on
+        unsaved, after one warning."""
+        if self._unwritable:
+            return
         tensors = {name: getattr(rec, name) for name in _TENSORS if getattr(rec, name) is not None}
-        save_tensors(self._path(index), tensors,
-                     {"format": "leaklab.saved_attack", "job": self.digests[index],
-                      "iterations": rec.iterations, "seconds": repr(rec.seconds),
-                      "exact": json.dumps(list(rec.exact)), "no_signal": "true" if rec.no_signal else "false"})
+        try:
+            save_tensors(self._path(index), tensors,
+                         {"format": "leaklab.saved_attack", "job": self.digests[index],
+                          "iterations": rec.iterations, "seconds": repr(rec.seconds),
+                          "exact": json.dumps(list(rec.exact)), "no_signal": "true" if rec.no_signal else "false"})
+        except OSError as e:
+            self._unwritable = True
+            warnings.warn(f"cannot keep finished attacks in {self.folder} ({e.strerror or e}); an interrupted run "
+                          "will not resume", RuntimeWarning, stacklevel=2)
 
     def discard(self) -> None:
         """Remove this run's entries, and the folder when no other run's entries are left."""
         for i in range(len(self.digests)):
-            with contextlib.suppress(FileNotFoundError):
+            with contextlib.suppress(OSError):  # not there (or no folder to hold it)
                 self._path(i).unlink()
         with contextlib.suppress(OSError):  # not empty: another interrupted run's attacks
             self.folder.rmdir()
