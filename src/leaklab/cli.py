@@ -182,6 +182,11 @@ def _progress() -> Iterator[Callable[..., None]]:
         yield update
 
 
+def _resumed(count: int, text: str) -> str:
+    """``text`` with the count of attacks taken from an interrupted run, or nothing when there were none."""
+    return text.format(count) if count else ""
+
+
 def _echo_summary(out: Path, results: dict) -> None:
     s = results.get("summary", {})
     parts = []
@@ -422,7 +427,7 @@ def _room_attack(algorithm: str, setting: str, mode: str, arch: str, samples: in
     if s.get("reward_abs_err_mean") is not None:
         parts.append(f"reward error {s['reward_abs_err_mean']:.3g}")
     parts.append(f"{s['samples']} sample(s) from {s['layouts']} room(s), {s['seconds_per_sample']:.1f} s each"
-                 + (f" ({s['resumed_samples']} resumed from an interrupted run)" if s["resumed_samples"] else ""))
+                 + _resumed(s["resumed_samples"], " ({} resumed from an interrupted run)"))
     typer.echo(f"wrote {out}: " + "; ".join(parts))
 
 
@@ -706,7 +711,7 @@ def audit(
                                            model_class=model_class, device=device)
             s = results["summary"]
             typer.echo(f"wrote {out / 'report.html'}: {s['cases']} case(s), {s['scored']} scored"
-                       + (f", {s['resumed_attacks']} resumed from an interrupted run" if s["resumed_attacks"] else ""))
+                       + _resumed(s["resumed_attacks"], ", {} resumed from an interrupted run"))
             return
         if model_class is not None:
             raise LeaklabError("--model-class belongs to --cases (your saved updates of your network)")
@@ -720,9 +725,8 @@ def audit(
             overrides["modes"] = (mode,)
         config = room_audit.AuditConfig(**{**config.model_dump(), **overrides})
         results = room_audit.run(out, config, progress=progress)
-    resumed = results["summary"]["resumed_attacks"]
     typer.echo(f"wrote {out / 'report.html'} ({results['summary']['seconds']:.0f} s"
-               + (f"; {resumed} attacks resumed from an interrupted run" if resumed else "") + ")")
+               + _resumed(results["summary"]["resumed_attacks"], "; {} attacks resumed from an interrupted run") + ")")
     for cell in results["cells"]:
         s = cell["summary"]
         images = ", ".join(f"{im} PSNR {s[f'{im}_psnr_mean']:.2f} dB (baseline {s[f'{im}_psnr_baseline_mean']:.2f})"

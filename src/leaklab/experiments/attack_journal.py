@@ -22,7 +22,7 @@ import json
 import os
 import sys
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import fields
 from pathlib import Path
 from typing import Any
@@ -150,3 +150,12 @@ class AttackJournal:
                 self._path(i).unlink()
         with contextlib.suppress(OSError):  # not empty: another interrupted run's attacks
             self.folder.rmdir()
+
+
+@contextlib.contextmanager
+def journal_beside(out: Path, jobs: Sequence[Any]) -> Iterator[AttackJournal]:
+    """The journal of ``jobs`` in ``out``'s parent folder; this run's entries are removed when the
+    block ends without an error (enter it before ``atomic_dir(out)``, so that ``out`` is in place first)."""
+    journal = AttackJournal(Path(out).absolute().parent, jobs)
+    yield journal
+    journal.discard()

@@ -38,7 +38,7 @@ from leaklab.defenses import parse_defense
 from leaklab.device import DEVICE_PATTERN, describe, repeatable, require_device
 from leaklab.errors import LeaklabError
 from leaklab.experiments import ProgressFn
-from leaklab.experiments.attack_journal import AttackJournal
+from leaklab.experiments.attack_journal import AttackJournal, journal_beside
 from leaklab.experiments.image_attack import versions
 from leaklab.io import RECONSTRUCTIONS_FILE, RESULTS_FILE, atomic_dir, check_out, save_tensors, write_json
 from leaklab.metrics.rooms import matched_first, room_metrics
@@ -415,8 +415,7 @@ def run(config: RoomRunConfig, out: Path, progress: ProgressFn | None = None) ->
     truths, recs, captions = [], [], []
     recovered: list[RoomReconstruction] = []
     seconds_attacking = [0.0]
-    journal = AttackJournal(Path(out).absolute().parent, jobs)
-    with atomic_dir(out) as tmp:
+    with journal_beside(out, jobs) as journal, atomic_dir(out) as tmp:
         log = (tmp / SAMPLES_FILE).open("w")
 
         def on_result(i: int, rec: RoomReconstruction) -> None:
@@ -453,5 +452,4 @@ def run(config: RoomRunConfig, out: Path, progress: ProgressFn | None = None) ->
         title = (f"{config.algorithm.upper()} {config.setting}, {config.attack.mode} mode, "
                  f"{config.arch} network" + (f", defense {config.defense}" if config.defense else ""))
         image_grid_png(config.setting, truths, recs, title, tmp / PNG_FILE, captions)
-    journal.discard()
     return results

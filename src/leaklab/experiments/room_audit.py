@@ -41,7 +41,7 @@ from leaklab.attacks.rl import RoomAttackConfig
 from leaklab.device import DEVICE_PATTERN, describe, require_device
 from leaklab.errors import LeaklabError
 from leaklab.experiments import ProgressFn, room_attack
-from leaklab.experiments.attack_journal import AttackJournal
+from leaklab.experiments.attack_journal import journal_beside
 from leaklab.experiments.image_attack import versions
 from leaklab.io import RESULTS_FILE, TRUTH_FILE, VIEW_FILE, atomic_dir, check_out, write_json
 from leaklab.metrics.rooms import matched_first
@@ -158,8 +158,7 @@ def run(out: Path, config: AuditConfig, progress: ProgressFn | None = None) -> d
         if d == 0:
             truths.setdefault(c, []).append(sample.truth["images"][:1])
 
-    journal = AttackJournal(Path(out).absolute().parent, jobs)
-    with atomic_dir(out) as tmp:
+    with journal_beside(out, jobs) as journal, atomic_dir(out) as tmp:
         resumed = room_attack.run_jobs(jobs, config.workers, on_result,
                                        room_attack.task_progress(progress, "audit", len(jobs)), journal)
         results_cells = []
@@ -177,7 +176,6 @@ def run(out: Path, config: AuditConfig, progress: ProgressFn | None = None) -> d
                    "cells": results_cells, "versions": versions(), "device": describe(torch.device(config.device))}
         write_json(tmp / RESULTS_FILE, results)
         _write_report(tmp, results, cells, defenses, truths, pictures)
-    journal.discard()
     return results
 
 
@@ -238,8 +236,7 @@ def run_cases(out: Path, cases_dir: Path, attack: RoomAttackConfig, workers: int
             pictures.append(matched_first(rec.images, truth["images"])[:, -1:])
         rows.append(row)
 
-    journal = AttackJournal(Path(out).absolute().parent, jobs)
-    with atomic_dir(out, inputs=[cases_dir]) as tmp:
+    with journal_beside(out, jobs) as journal, atomic_dir(out, inputs=[cases_dir]) as tmp:
         resumed = room_attack.run_jobs(jobs, workers, on_result,
                                        room_attack.task_progress(progress, "audit", len(jobs)), journal)
         scored = [r for r in rows if "metrics" in r]
@@ -253,7 +250,6 @@ def run_cases(out: Path, cases_dir: Path, attack: RoomAttackConfig, workers: int
                    "cases": rows, "versions": versions(), "device": describe(torch.device(device))}
         write_json(tmp / RESULTS_FILE, results)
         _write_cases_report(tmp, results, truths, pictures)
-    journal.discard()
     return results
 
 
