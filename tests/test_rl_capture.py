@@ -131,9 +131,31 @@ def test_capture_rooms_writes_one_case_per_update(tmp_path):
         truth, provenance = load_room_truth(folder, case)
         assert case.view.metadata.batch_size == 2 and case.view.metadata.entropy_weight == 0.1
         assert provenance["layouts"] == list(ROOMS[:2]) and truth["probs"].shape == (2, 7)
-    again = capture_rooms(config, tmp_path / "cap")  # an earlier capture is replaced
-    assert _same(load_room_case(again[1]).update.tensors, load_room_case(folders[1]).update.tensors)
+    again = capture_rooms(config.model_copy(update={"samples": 1}), tmp_path / "cap")
+    assert _same(load_room_case(again[0]).update.tensors, load_room_case(folders[0]).update.tensors)
+    # an earlier capture is replaced whole: no stale case of it is left to be attacked
+    assert sorted(p.name for p in (tmp_path / "cap").iterdir()) == ["0000", "capture.json"]
     (tmp_path / "mine").mkdir()
     (tmp_path / "mine" / "notes.txt").write_text("x")
-    with pytest.raises(LeaklabError, match="not a room capture"):
+    with pytest.raises(LeaklabError, match="leaklab did not write"):
         capture_rooms(config, tmp_path / "mine")
+    assert [p.name for p in (tmp_path / "mine").iterdir()] == ["notes.txt"]
+
+
+def test_a_capture_behind_a_defense_holds_the_clients_defended_updates(tmp_path):
+    from leaklab.rl.capture import RoomCaptureConfig, capture_rooms, client_rounds, defended
+
+    config = RoomCaptureConfig(spec=PerceptionSpec(setting="S2", image_size=64), layouts=ROOMS[:1], samples=2,
+                               max_episode_steps=5, seed=2)
+    _, clean = client_rounds(config)
+    chain = "clip:1,gaussian:0.1"
+    folders = capture_rooms(RoomCaptureConfig(**{**config.model_dump(), "defense": chain}), tmp_path / "cap")
+    for i, (folder, r) in enumerate(zip(folders, clean)):
+        update = load_room_case(folder).update
+        assert update.defense == "clip:1.0,gaussian:0.1"
+        assert _same(update.tensors, defended(r.update, chain, 2, i).tensors)
+        assert not _same(update.tensors, r.update.tensors)
+    assert not torch.equal(*(load_room_case(f).update.tensors["head.2.bias"] - r.update.tensors["head.2.bias"]
+                             for f, r in zip(folders, clean)))  # each update draws its own noise
+    with pytest.raises(ValueError, match="unknown defense .blur."):
+        RoomCaptureConfig(defense="blur:1")

@@ -164,8 +164,11 @@ def test_audit_verdicts_in_words():
 
 def test_audit_attacks_saved_room_cases(tmp_path):
     cases = tmp_path / "cases"
-    capture_rooms(RoomCaptureConfig(algorithm="reinforce", spec=PerceptionSpec(setting="S2"), samples=2,
-                                    layouts=("e1m1-stalactite",)), cases)
+    result = invoke("env", "capture", "--algorithm", "reinforce", "--setting", "S2", "--samples", "2",
+                    "--layouts", "e1m1-stalactite", "--out", cases)
+    assert result.exit_code == 0, result.output
+    assert f"leaklab audit --cases {cases}" in result.output
+    assert json.loads((cases / "capture.json").read_text())["cases"] == ["0000", "0001"]
     out = tmp_path / "audit"
     result = invoke("audit", "--cases", cases, "--iterations", "3", "--workers", "1", "--out", out)
     assert result.exit_code == 0, result.output
@@ -258,6 +261,21 @@ def test_room_table1_runs_and_updates_a_docs_section(tmp_path):
         update_docs("room-table1", "TABLE C", "leaklab z", tmp_path / "missing.md")
     smoke = invoke("reproduce", "room-table1", "--samples", "1", "--update-docs", "--out", tmp_path / "s")
     assert_user_error(smoke, tmp_path / "s", "--update-docs")
+
+
+def test_env_capture_refuses_bad_options_and_writes_nothing(tmp_path):
+    out = tmp_path / "cases"
+    assert_user_error(invoke("env", "capture", "--algorithm", "ppo", "--out", out), out, "--algorithm", "reinforce")
+    assert_user_error(invoke("env", "capture", "--setting", "S3", "--out", out), out, "--setting")
+    assert_user_error(invoke("env", "capture", "--samples", "0", "--out", out), out, "--samples")
+    assert_user_error(invoke("env", "capture", "--layouts", "nowhere", "--samples", "1", "--out", out), out,
+                      "nowhere")
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("x")
+    result = invoke("env", "capture", "--samples", "1", "--out", mine)
+    assert result.exit_code == 2 and "leaklab did not write" in result.stderr
+    assert [p.name for p in mine.iterdir()] == ["notes.txt"]
 
 
 def test_env_contact_sheet(tmp_path):

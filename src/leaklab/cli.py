@@ -483,6 +483,42 @@ def env_contact_sheet(
     typer.echo(f"wrote {path}")
 
 
+@env_app.command("capture")
+@_guard
+def env_capture(
+    out: Annotated[Path, typer.Option("--out", help="folder to write the room cases to")],
+    algorithm: Annotated[str, typer.Option("--algorithm", help="dqn | reinforce: what the clients train")] = "dqn",
+    setting: SettingOpt = "S2", arch: ArchOpt = "small",
+    samples: Annotated[int, typer.Option("--samples", help="client updates, one case folder each")] = 4,
+    layouts: LayoutsOpt = None,
+    batch_size: Annotated[int, typer.Option("--batch-size", help="transitions per update")] = 1,
+    train_steps: Annotated[int, typer.Option("--train-steps", help="environment steps of training "
+                                             "before the round (0: initialised network)")] = 0,
+    policy: Annotated[str, typer.Option("--policy", help="random | agent: who acts in the private "
+                                        "episodes (agent: epsilon-greedy on the network)")] = "random",
+    entropy_weight: Annotated[float, typer.Option("--entropy-weight", help="alpha of eq. 4 "
+                                                  "(REINFORCE clients)")] = 0.01,
+    defense: RoomDefenseOpt = None,
+    seed: Annotated[int, typer.Option("--seed", help="network, rooms and defense noise")] = 0,
+) -> None:
+    """Capture robots' federated updates in their rooms as case folders (the server's files and,
+    apart, the truth): the input of `leaklab audit --cases`."""
+    from leaklab.experiments.room_attack import layouts_arg, task_progress
+    from leaklab.models import PerceptionSpec
+    from leaklab.rl.capture import RoomCaptureConfig, capture_rooms
+
+    spec = PerceptionSpec(setting=setting, arch=arch)
+    config = RoomCaptureConfig(algorithm=algorithm, spec=spec, layouts=layouts_arg(layouts), samples=samples,
+                               batch_size=batch_size, train_steps=train_steps, policy=policy,
+                               entropy_weight=entropy_weight, defense=defense, seed=seed)
+    with _progress() as progress:
+        folders = capture_rooms(config, out, task_progress(progress, f"capture {algorithm} {setting}",
+                                                           samples * batch_size))
+    behind = f", behind {defense}" if config.defense else ""
+    typer.echo(f"wrote {out}: {len(folders)} {algorithm} update(s) of {batch_size} transition(s), {setting}, "
+               f"{arch} network{behind}; attack them with `leaklab audit --cases {out}`")
+
+
 def _split(values: list[str] | None, sep: str = ",") -> list[str] | None:
     if not values:
         return None

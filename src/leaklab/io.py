@@ -53,10 +53,13 @@ TRUTH_FILE = "truth.safetensors"
 RESULTS_FILE = "results.json"
 RECONSTRUCTIONS_FILE = "reconstructions.safetensors"
 
+CAPTURE_JSON = "capture.json"
+
 # Entries whose presence marks a folder as leaklab output, which a new run may replace (or resume):
-# a case's view, a results file, or the finished cells of an interrupted table reproduction.
+# a case's view, a results file, a room capture's index, or the finished cells of an interrupted
+# table reproduction.
 CELLS_DIR = "cells"
-_OUTPUT_MARKERS = (VIEW_FILE, RESULTS_FILE, CELLS_DIR)
+_OUTPUT_MARKERS = (VIEW_FILE, RESULTS_FILE, CAPTURE_JSON, CELLS_DIR)
 
 
 # --------------------------------------------------------------------------------------------

@@ -22,8 +22,10 @@ import math
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Annotated, Optional
 
 import torch
+from pydantic import AfterValidator
 
 from leaklab.errors import LeaklabError
 from leaklab.threat import ClientUpdate
@@ -259,3 +261,16 @@ def parse_defense(spec: str | None) -> DefenseChain:
         steps.append({"gaussian": Gaussian, "laplace": Laplace, "prune": Prune, "topk": TopK,
                       "clip": Clip}[name](v))
     return DefenseChain(steps)
+
+
+def checked_defense(spec: str | None) -> str | None:
+    """A defense option as configs keep it: None for no defense, else the chain as given once it
+    parses (a bad one raises with a message naming the bad part)."""
+    if spec is None or spec.strip().lower() in ("", "none"):
+        return None
+    parse_defense(spec)
+    return spec
+
+
+# a config field holding a defense chain, e.g. ``defense: DefenseOption = None``
+DefenseOption = Annotated[Optional[str], AfterValidator(checked_defense)]

@@ -34,7 +34,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from leaklab.attacks.rl import RoomAttackConfig, RoomReconstruction, qgi, rgi
 from leaklab.attacks.rl.config import METHOD_VERSION
-from leaklab.defenses import parse_defense
+from leaklab.defenses import DefenseOption
 from leaklab.device import DEVICE_PATTERN, describe, repeatable, require_device
 from leaklab.errors import LeaklabError
 from leaklab.experiments import ProgressFn
@@ -44,8 +44,7 @@ from leaklab.io import RECONSTRUCTIONS_FILE, RESULTS_FILE, atomic_dir, check_out
 from leaklab.metrics.rooms import matched_first, room_metrics
 from leaklab.models import PerceptionSpec
 from leaklab.models.perception import ArchName, architecture_digest
-from leaklab.rl.capture import (collect_transitions, dqn_client_update, partly_trained_net,
-                                reinforce_client_update, target_copy)
+from leaklab.rl.capture import RoomCaptureConfig, client_rounds, defended
 from leaklab.rl.envs import LAYOUTS
 from leaklab.threat import ClientUpdate, make_view
 
@@ -83,7 +82,7 @@ class RoomRunConfig(BaseModel):
     layouts: tuple[str, ...] | None = Field(default=None, description="client rooms; None: all")
     batch_size: int = Field(default=1, ge=1, le=2)
     train_steps: int = Field(default=0, ge=0, description="0: initialised network (seed 000 V)")
-    defense: str | None = Field(default=None, description="defense chain the clients apply")
+    defense: DefenseOption = Field(default=None, description="defense chain the clients apply")
     attack: RoomAttackConfig = RoomAttackConfig()
     entropy_weight: float = Field(default=0.01, ge=0, description="alpha of eq. 4 (RGI clients)")
     gamma: float = Field(default=0.99, ge=0, le=1)
@@ -101,14 +100,6 @@ class RoomRunConfig(BaseModel):
                 raise ValueError(f"unknown layout {unknown[0]!r}; choose from {', '.join(LAYOUTS)}")
             if not value:
                 raise ValueError("give at least one layout")
-        return value
-
-    @field_validator("defense")
-    @classmethod
-    def _known_defense(cls, value: str | None) -> str | None:
-        if value in (None, "", "none"):
-            return None
-        parse_defense(value)  # raises with a message naming the bad part
         return value
 
     @model_validator(mode="after")
@@ -147,37 +138,21 @@ class Sample:
 
 def capture_samples(config: RoomRunConfig, on_episode: Callable[[int], None] | None = None,
                     ) -> tuple[dict[str, torch.Tensor], list[Sample]]:
-    """The network's state and one clean client update (with its truth) per sample;
-    ``on_episode(n)`` hears how many of the ``samples * batch_size`` client episodes are done."""
-    spec = config.spec
-    algorithm = "dqn" if config.algorithm == "qgi" else "reinforce"
-    net = partly_trained_net(algorithm, spec, config.train_steps, config.layouts, config.seed)
-    transitions = collect_transitions(config.layouts, config.samples * config.batch_size, spec,
-                                      seed=config.seed, gamma=config.gamma, on_episode=on_episode)
-    target = target_copy(net)
-    samples = []
-    for i in range(config.samples):
-        batch = transitions[i * config.batch_size:(i + 1) * config.batch_size]
-        if algorithm == "dqn":
-            update, truth = dqn_client_update(net, target, batch, config.gamma)
-        else:
-            update, truth = reinforce_client_update(net, batch, entropy_weight=config.entropy_weight)
-        samples.append(Sample(i, [t.layout for t in batch], update, truth))
-    state = {k: v.detach().clone() for k, v in net.state_dict().items()}
-    return state, samples
+    """The network's state and one clean client update (with its truth) per sample
+    (:func:`leaklab.rl.capture.client_rounds`); ``on_episode(n)`` hears how many of the
+    ``samples * batch_size`` client episodes are done."""
+    capture = RoomCaptureConfig(algorithm="dqn" if config.algorithm == "qgi" else "reinforce", spec=config.spec,
+                                layouts=config.layouts, samples=config.samples, batch_size=config.batch_size,
+                                train_steps=config.train_steps, gamma=config.gamma,
+                                entropy_weight=config.entropy_weight, seed=config.seed)
+    state, rounds = client_rounds(capture, on_episode)
+    return state, [Sample(i, r.layouts, r.update, r.truth) for i, r in enumerate(rounds)]
 
 
 def defend(samples: Sequence[Sample], defense: str | None, seed: int) -> list[Sample]:
-    """The samples with ``defense`` applied to their updates (noise drawn from ``seed`` and the
-    sample index, so every defense level of an audit sees the same draws per sample)."""
-    if not defense:
-        return list(samples)
-    chain = parse_defense(defense)
-    out = []
-    for s in samples:
-        generator = torch.Generator().manual_seed(seed * 100_003 + s.index)
-        out.append(Sample(s.index, s.layouts, chain.apply(s.update, generator), s.truth))
-    return out
+    """The samples with ``defense`` applied to their updates (:func:`leaklab.rl.capture.defended`:
+    every defense level of an audit sees the same noise draws per sample)."""
+    return [Sample(s.index, s.layouts, defended(s.update, defense, seed, s.index), s.truth) for s in samples]
 
 
 @dataclass(frozen=True)

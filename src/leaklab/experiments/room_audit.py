@@ -204,8 +204,8 @@ def run_cases(out: Path, cases_dir: Path, attack: RoomAttackConfig, workers: int
     if (cases_dir / VIEW_FILE).is_file():
         folders = [cases_dir]
     if not folders:
-        raise LeaklabError(f"--cases {cases_dir}: no room case folders (with {VIEW_FILE}) found; write them "
-                           "with leaklab.rl.capture.capture_rooms")
+        raise LeaklabError(f"--cases {cases_dir}: no room case folders (with {VIEW_FILE}) found (the format of "
+                           "docs/formats.md; `leaklab env capture` writes them from the rooms)")
     start = time.perf_counter()
     cases = [load_room_case(f, model_class) for f in folders]
     # every truth is read and checked before any attack runs: a bad file fails in seconds

@@ -9,7 +9,8 @@ network", section V); batch 2 is the other size its rule-based action recovery c
   spread over the rooms and over the time steps of the episodes.
 * :func:`dqn_client_update` / :func:`reinforce_client_update` compute the shared gradient and the
   client's truth (state, action, supervision signal) that an attack should recover.
-* :func:`capture_rooms` does all of it for a :class:`RoomCaptureConfig`: one case folder per update.
+* :func:`client_rounds` does all of it for a :class:`RoomCaptureConfig`, and :func:`capture_rooms`
+  writes its rounds as case folders (``leaklab env capture``).
 * :func:`write_room_case` / :func:`load_room_case` / :func:`load_room_truth` (from
   :mod:`leaklab.rl.cases`) store a round in the case-folder format of :mod:`leaklab.io`.
 """
@@ -26,8 +27,9 @@ import numpy as np
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
+from leaklab.defenses import DefenseOption, parse_defense
 from leaklab.errors import LeaklabError
-from leaklab.io import atomic_dir, write_json
+from leaklab.io import CAPTURE_JSON, atomic_dir, check_out, write_json
 from leaklab.models import PerceptionNet, PerceptionSpec, build_perception_net
 from leaklab.rl.agents import (DQNConfig, ReinforceConfig, epsilon_greedy, td_targets, train_dqn,
                                train_reinforce)
@@ -38,10 +40,9 @@ from leaklab.rl.losses import dqn_loss, reinforce_loss
 from leaklab.threat import ClientUpdate, UpdateMetadata
 
 MAX_BATCH = 256
-CAPTURE_JSON = "capture.json"
 
-__all__ = ["RoomCaptureConfig", "RoomCase", "Transition", "capture_rooms", "collect_transitions",
-           "dqn_client_update", "load_room_case", "load_room_truth", "partly_trained_net",
+__all__ = ["ClientRound", "RoomCaptureConfig", "RoomCase", "Transition", "capture_rooms", "client_rounds",
+           "collect_transitions", "defended", "dqn_client_update", "load_room_case", "load_room_truth", "partly_trained_net",
            "reinforce_client_update", "target_copy", "write_room_case"]
 
 
@@ -244,37 +245,73 @@ class RoomCaptureConfig(BaseModel):
     max_episode_steps: int = Field(default=50, ge=1)
     gamma: float = Field(default=0.99, ge=0, le=1)
     entropy_weight: float = Field(default=0.01, ge=0, description="α of eq. 4 (REINFORCE)")
+    defense: DefenseOption = Field(default=None, description="defense chain the clients apply")
     seed: int = 0
 
 
-def capture_rooms(config: RoomCaptureConfig, out: Path) -> list[Path]:
-    """Write one room case per update under ``out`` (``out/0000``, ``out/0001``, ...; each folder
-    atomically) and ``out/capture.json`` with the config; returns the case folders. The network is
-    :func:`partly_trained_net` of ``config.seed``; the target network of DQN is its copy."""
-    out = Path(out)
-    if out.exists() and (not out.is_dir() or (any(out.iterdir()) and not (out / CAPTURE_JSON).exists())):
-        raise LeaklabError(f"--out {out} exists and is not a room capture; choose a new folder")
+@dataclass(frozen=True)
+class ClientRound:
+    """One client update of a capture: the transitions it covers, the update the server receives
+    and the client's truth (as :func:`dqn_client_update` / :func:`reinforce_client_update` give it)."""
+
+    transitions: tuple[Transition, ...]
+    update: ClientUpdate
+    truth: dict[str, torch.Tensor]
+
+    @property
+    def layouts(self) -> list[str]:
+        return [t.layout for t in self.transitions]
+
+
+def defended(update: ClientUpdate, defense: str | None, seed: int, index: int) -> ClientUpdate:
+    """``update`` behind the client's ``defense`` chain (None: as it is), its noise drawn from
+    ``seed`` and the update's ``index``, so that every defense level of an experiment sees the same
+    draws for an update."""
+    if not defense:
+        return update
+    return parse_defense(defense).apply(update, torch.Generator().manual_seed(seed * 100_003 + index))
+
+
+def client_rounds(config: RoomCaptureConfig, on_episode: Callable[[int], None] | None = None,
+                  ) -> tuple[dict[str, torch.Tensor], list[ClientRound]]:
+    """The state of the network the clients share (:func:`partly_trained_net` of ``config.seed``;
+    DQN's target network is its copy) and ``config.samples`` rounds of ``config.batch_size``
+    private transitions each, the updates behind ``config.defense``; ``on_episode(n)`` hears how many
+    of the private episodes are done."""
     spec = config.spec
     net = partly_trained_net(config.algorithm, spec, config.train_steps, config.layouts, config.seed)
     transitions = collect_transitions(config.layouts, config.samples * config.batch_size, spec,
                                       seed=config.seed, policy=net if config.policy == "agent" else None,
                                       epsilon=config.epsilon, warmup_steps=config.warmup_steps,
-                                      gamma=config.gamma, max_episode_steps=config.max_episode_steps)
-    state = {k: v.detach().clone() for k, v in net.state_dict().items()}
-    target = target_copy(net)
-    folders = []
+                                      gamma=config.gamma, max_episode_steps=config.max_episode_steps,
+                                      on_episode=on_episode)
+    target = target_copy(net) if config.algorithm == "dqn" else None
+    rounds = []
     for i in range(config.samples):
-        batch = transitions[i * config.batch_size:(i + 1) * config.batch_size]
-        if config.algorithm == "dqn":
+        batch = tuple(transitions[i * config.batch_size:(i + 1) * config.batch_size])
+        if target is not None:
             update, truth = dqn_client_update(net, target, batch, config.gamma)
         else:
             update, truth = reinforce_client_update(net, batch, entropy_weight=config.entropy_weight)
-        provenance = {"capture": config.model_dump(mode="json"), "index": i,
-                      "layouts": [t.layout for t in batch], "steps": [t.step for t in batch]}
-        with atomic_dir(out / f"{i:04d}") as tmp:
-            write_room_case(tmp, spec, state, update, truth, provenance)
-        folders.append(out / f"{i:04d}")
-    write_json(out / CAPTURE_JSON, {"format": "leaklab.room_capture",
-                                    "config": config.model_dump(mode="json"),
-                                    "cases": [f.name for f in folders]})
-    return folders
+        rounds.append(ClientRound(batch, defended(update, config.defense, config.seed, i), truth))
+    return {k: v.detach().clone() for k, v in net.state_dict().items()}, rounds
+
+
+def capture_rooms(config: RoomCaptureConfig, out: Path,
+                  on_episode: Callable[[int], None] | None = None) -> list[Path]:
+    """Write :func:`client_rounds` as one room case per update under ``out`` (``out/0000``,
+    ``out/0001``, ...) and ``out/capture.json`` with the config; returns the case folders. The
+    folder is written atomically: an earlier capture there is replaced whole (no stale cases), a
+    folder leaklab did not write is refused."""
+    out = Path(out)
+    check_out(out)  # before the minutes of capture
+    state, rounds = client_rounds(config, on_episode)
+    names = [f"{i:04d}" for i in range(len(rounds))]
+    with atomic_dir(out) as tmp:
+        for i, (name, r) in enumerate(zip(names, rounds)):
+            provenance = {"capture": config.model_dump(mode="json"), "index": i, "layouts": r.layouts,
+                          "steps": [t.step for t in r.transitions]}
+            write_room_case(tmp / name, config.spec, state, r.update, r.truth, provenance)
+        write_json(tmp / CAPTURE_JSON, {"format": "leaklab.room_capture", "config": config.model_dump(mode="json"),
+                                        "cases": names})
+    return [out / name for name in names]
