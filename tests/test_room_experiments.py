@@ -458,13 +458,17 @@ def test_rgi_summary_counts_samples_not_updates_in_a_batch():
     with a non-zero return, and whether that one's action was right."""
     from leaklab.experiments.room_attack import summarise
 
-    def row(action, informative, correct):
-        return {"layouts": ["a", "b"], "metrics": {"action": action, "action_informative": informative,
-                                                   "action_informative_correct": correct}}
+    def row(action, informative, correct, layouts=("a", "b")):
+        return {"layouts": list(layouts), "batch_size": 2,
+                "metrics": {"action": action, "action_informative": informative,
+                            "action_informative_correct": correct}}
     # the zero-return sample guessed right, the other wrong; then a batch of two non-zero returns, right
     s = summarise([row(0.5, 0.5, 0.0), row(1.0, 1.0, 1.0)], 1, 1.0)
     assert s["action_accuracy_nonzero_return"] == pytest.approx(2 / 3) and s["zero_return_samples"] == 1
     assert s["samples"] == 2  # updates, as before
+    # a user's case without provenance names no rooms: its batch still counts two samples
+    s = summarise([row(0.5, 0.5, 0.0, layouts=()), row(1.0, 1.0, 1.0, layouts=())], 1, 1.0)
+    assert s["action_accuracy_nonzero_return"] == pytest.approx(2 / 3) and s["zero_return_samples"] == 1
 
 
 def test_audit_arch_reaches_every_cell():

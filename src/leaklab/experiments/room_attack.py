@@ -306,9 +306,8 @@ def summarise(rows: list[dict[str, Any]], iterations: int, seconds: float) -> di
         if finite:
             summary[key] = statistics.pstdev(finite)
     if any("action_informative" in r["metrics"] for r in rows):
-        # a row's metrics are its batch's means: weigh them by the batch size (one layout per
-        # transition; a case without provenance counts as one) to count samples
-        sizes = [len(r["layouts"]) or 1 for r in rows]
+        # a row's metrics are its batch's means: weigh them by the batch size to count samples
+        sizes = [r["batch_size"] for r in rows]
         informative = sum(b * r["metrics"]["action_informative"] for b, r in zip(sizes, rows))
         correct = sum(b * r["metrics"]["action_informative_correct"] for b, r in zip(sizes, rows))
         summary["action_accuracy_nonzero_return"] = correct / informative if informative else None
@@ -331,7 +330,7 @@ def action_share(summary: dict[str, Any]) -> str:
 
 def score(sample: Sample, rec: RoomReconstruction, setting: str) -> dict[str, Any]:
     """The per-sample row of ``results.json``: section V metrics against the client's truth."""
-    row = {"index": sample.index, "layouts": sample.layouts,
+    row = {"index": sample.index, "layouts": sample.layouts, "batch_size": sample.update.metadata.batch_size,
            "metrics": room_metrics(rec, sample.truth, setting), "iterations": rec.iterations,
            "seconds": rec.seconds, "exact": list(rec.exact)}
     if rec.no_signal:

@@ -231,7 +231,7 @@ def run_cases(out: Path, cases_dir: Path, attack: RoomAttackConfig, workers: int
             truth, provenance = truth_of[i]
             sample = room_attack.Sample(i, list(provenance.get("layouts", [])), case.update, truth)
             scored = room_attack.score(sample, rec, case.view.spec.setting)
-            row.update(metrics=scored["metrics"], layouts=scored["layouts"])
+            row.update(metrics=scored["metrics"], layouts=scored["layouts"], batch_size=scored["batch_size"])
             truths.append(truth["images"][:1, -1:])
             pictures.append(matched_first(rec.images, truth["images"])[:, -1:])
         rows.append(row)
