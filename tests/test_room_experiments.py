@@ -177,7 +177,8 @@ def test_audit_attacks_saved_room_cases(tmp_path):
     assert all(c["algorithm"] == "rgi" for c in res["cases"])
     # the attack's own verdict on the action agrees with the truth: a zero return hides it
     assert all(c["action_identified"] == [c["metrics"]["action_informative"] == 1.0] for c in res["cases"])
-    assert res["summary"]["iou_min"] > 0.999
+    assert res["summary"]["iou_min"] > 0.999 and "2 scored; depth PSNR" in result.output
+    assert "box IoU 1.0000" in result.output
     assert "data:image/png;base64," in (out / "report.html").read_text()
     result = invoke("audit", "--cases", cases, "--iterations", "3", "--workers", "1", "--out", cases)
     assert result.exit_code == 2 and "would replace the input" in result.stderr

@@ -416,6 +416,16 @@ def _room_attack(algorithm: str, setting: str, mode: str, arch: str, samples: in
     with _progress() as progress:
         results = room_attack.run(config, out, progress=progress)
     s = results["summary"]
+    typer.echo(f"wrote {out}: " + _room_summary_line(s) + "; "
+               f"{s['samples']} sample(s) from {s['layouts']} room(s), {s['seconds_per_sample']:.1f} s each"
+               + _resumed(s["resumed_samples"], " ({} resumed from an interrupted run)"))
+
+
+def _room_summary_line(s: dict[str, Any]) -> str:
+    """What a room-attack summary says leaked: the images against their baselines, box, action, and
+    the Q-value or reward errors."""
+    from leaklab.experiments import room_attack
+
     parts = []
     for image in ("rgb", "depth"):
         if s.get(f"{image}_psnr_mean") is not None:
@@ -426,9 +436,7 @@ def _room_attack(algorithm: str, setting: str, mode: str, arch: str, samples: in
         parts.append(f"Q error {s['q_pred_err_mean']:.3g}% / target {s['q_target_err_mean']:.3g}%")
     if s.get("reward_abs_err_mean") is not None:
         parts.append(f"reward error {s['reward_abs_err_mean']:.3g}")
-    parts.append(f"{s['samples']} sample(s) from {s['layouts']} room(s), {s['seconds_per_sample']:.1f} s each"
-                 + _resumed(s["resumed_samples"], " ({} resumed from an interrupted run)"))
-    typer.echo(f"wrote {out}: " + "; ".join(parts))
+    return "; ".join(parts)
 
 
 def _room_command(algorithm: str, doc: str) -> Callable:
@@ -701,7 +709,7 @@ def audit(
     full: Annotated[bool, typer.Option("--full", help="the paper-scale protocol (48 samples from every "
                                        "room, S1 and S2, exact and paper mode; hours)")] = False,
     cases: Annotated[Optional[Path], typer.Option("--cases", help="attack your own saved room cases "
-                                                  "(folders written by leaklab.rl.capture) instead")] = None,
+                                                  "(folders as `leaklab env capture` writes them) instead")] = None,
     model_class: Annotated[Optional[str], typer.Option("--model-class", help="with --cases: your own "
                                                        "perception network, package.module:Class")] = None,
     mode: Annotated[Optional[str], typer.Option("--mode", help="exact | paper (default exact; --full "
@@ -747,7 +755,8 @@ def audit(
                                            model_class=model_class, device=device)
             s = results["summary"]
             typer.echo(f"wrote {out / 'report.html'}: {s['cases']} case(s), {s['scored']} scored"
-                       + _resumed(s["resumed_attacks"], ", {} resumed from an interrupted run"))
+                       + _resumed(s["resumed_attacks"], ", {} resumed from an interrupted run")
+                       + (f"; {_room_summary_line(s)}" if s["scored"] else ""))
             return
         if model_class is not None:
             raise LeaklabError("--model-class belongs to --cases (your saved updates of your network)")
