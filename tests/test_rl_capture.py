@@ -159,3 +159,16 @@ def test_a_capture_behind_a_defense_holds_the_clients_defended_updates(tmp_path)
                              for f, r in zip(folders, clean)))  # each update draws its own noise
     with pytest.raises(ValueError, match="unknown defense .blur."):
         RoomCaptureConfig(defense="blur:1")
+
+
+def test_a_users_own_network_is_captured_initialised_or_partly_trained():
+    spec = PerceptionSpec(setting="S2")
+    init = partly_trained_net("reinforce", spec, 0, seed=3, model_class="tests.plugins.narrow_net:Bare")
+    assert type(init).__name__ == "Bare" and init.spec == spec  # leaklab gives it the spec it was built for
+    trained = partly_trained_net("reinforce", spec, 20, layouts=ROOMS[:1], seed=3,
+                                 model_class="tests.plugins.narrow_net:Bare")
+    assert type(trained).__name__ == "Bare"
+    assert any(not torch.equal(a, b) for a, b in zip(init.state_dict().values(), trained.state_dict().values()))
+    assert all(torch.equal(a, b) for a, b in zip(init.state_dict().values(),  # same seed, same start
+                                                 partly_trained_net("dqn", spec, 0, seed=3, model_class=
+                                                                    "tests.plugins.narrow_net:Bare").state_dict().values()))

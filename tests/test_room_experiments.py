@@ -293,19 +293,14 @@ def test_layouts_argument_and_summary_keys():
 
 
 def test_audit_attacks_saved_cases_of_the_users_own_network(tmp_path):
-    from leaklab.io import atomic_dir
-    from leaklab.models.perception import build_perception_net
-    from leaklab.rl.capture import collect_transitions, dqn_client_update, target_copy
-    from leaklab.rl.cases import write_room_case
-
     cls = "tests.plugins.narrow_net:NarrowNet"
-    spec = PerceptionSpec(setting="S2")
-    net = build_perception_net(spec, seed=0, model_class=cls)
     cases = tmp_path / "cases"
-    for i, transition in enumerate(collect_transitions(("e1m1-stalactite",), 2, spec, seed=0)):
-        update, truth = dqn_client_update(net, target_copy(net), [transition])
-        with atomic_dir(cases / f"{i:04d}") as tmp:
-            write_room_case(tmp, spec, net.state_dict(), update, truth, model_class=cls)
+    assert_user_error(invoke("env", "capture", "--model-class", cls, "--arch", "nature", "--out", cases), cases,
+                      "--arch", "--model-class")
+    result = invoke("env", "capture", "--model-class", cls, "--samples", "2", "--layouts", "e1m1-stalactite",
+                    "--out", cases)
+    assert result.exit_code == 0, result.output
+    assert f"--model-class {cls}`" in result.output
     out = tmp_path / "audit"
     assert_user_error(invoke("audit", "--cases", cases, "--out", out), out, "does not fit")
     # interrupted during the second case, then run again: the first case's attack is taken as saved

@@ -496,7 +496,9 @@ def env_contact_sheet(
 def env_capture(
     out: Annotated[Path, typer.Option("--out", help="folder to write the room cases to")],
     algorithm: Annotated[str, typer.Option("--algorithm", help="dqn | reinforce: what the clients train")] = "dqn",
-    setting: SettingOpt = "S2", arch: ArchOpt = "small",
+    setting: SettingOpt = "S2",
+    arch: Annotated[Optional[str], typer.Option("--arch", help="small | nature | deep | stacked: leaklab's "
+                                                "perception network (default small)")] = None,
     samples: Annotated[int, typer.Option("--samples", help="client updates, one case folder each")] = 4,
     layouts: LayoutsOpt = None,
     batch_size: Annotated[int, typer.Option("--batch-size", help="transitions per update")] = 1,
@@ -507,6 +509,8 @@ def env_capture(
     entropy_weight: Annotated[float, typer.Option("--entropy-weight", help="alpha of eq. 4 "
                                                   "(REINFORCE clients)")] = 0.01,
     defense: RoomDefenseOpt = None,
+    model_class: Annotated[Optional[str], typer.Option("--model-class", help="your own perception network, "
+                                                       "package.module:Class (default leaklab's --arch)")] = None,
     seed: Annotated[int, typer.Option("--seed", help="network, rooms and defense noise")] = 0,
 ) -> None:
     """Capture robots' federated updates in their rooms as case folders (the server's files and,
@@ -515,16 +519,20 @@ def env_capture(
     from leaklab.models import PerceptionSpec
     from leaklab.rl.capture import RoomCaptureConfig, capture_rooms
 
+    if arch is not None and model_class is not None:
+        raise LeaklabError("--arch picks one of leaklab's networks, --model-class your own; give one of them")
+    arch = arch or "small"
     spec = PerceptionSpec(setting=setting, arch=arch)
     config = RoomCaptureConfig(algorithm=algorithm, spec=spec, layouts=layouts_arg(layouts), samples=samples,
                                batch_size=batch_size, train_steps=train_steps, policy=policy,
-                               entropy_weight=entropy_weight, defense=defense, seed=seed)
+                               entropy_weight=entropy_weight, defense=defense, model_class=model_class, seed=seed)
     with _progress() as progress:
         folders = capture_rooms(config, out, task_progress(progress, f"capture {algorithm} {setting}",
                                                            samples * batch_size))
     behind = f", behind {defense}" if config.defense else ""
+    network, own = (model_class, f" --model-class {model_class}") if model_class else (f"{arch} network", "")
     typer.echo(f"wrote {out}: {len(folders)} {algorithm} update(s) of {batch_size} transition(s), {setting}, "
-               f"{arch} network{behind}; attack them with `leaklab audit --cases {out}`")
+               f"{network}{behind}; attack them with `leaklab audit --cases {out}{own}`")
 
 
 def _split(values: list[str] | None, sep: str = ",") -> list[str] | None:

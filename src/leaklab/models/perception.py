@@ -190,7 +190,8 @@ def perception_class(path: str) -> type[nn.Module]:
 def build_perception_net(spec: PerceptionSpec, seed: int | None = None,
                          model_class: str | None = None) -> nn.Module:
     """Instantiate the network of ``spec`` (PyTorch's default initialisation; ``seed`` fixes it),
-    or ``model_class(spec)`` for a user's own class (:func:`perception_class`)."""
+    or ``model_class(spec)`` for a user's own class (:func:`perception_class`), given the attribute
+    ``spec`` when it lacks one (as leaklab's network has it: the agents and the capture read it)."""
     if seed is not None:
         torch.manual_seed(seed)
     if model_class is None:
@@ -201,7 +202,10 @@ def build_perception_net(spec: PerceptionSpec, seed: int | None = None,
     except Exception as e:  # the user's class does not take a PerceptionSpec, or fails building
         raise LeaklabError(f"--model-class {model_class!r}: {cls.__name__}(spec) failed "
                            f"({type(e).__name__}: {e}); it must build from a PerceptionSpec") from None
-    return check_contract(net, model_class)
+    check_contract(net, model_class)
+    if getattr(net, "spec", None) is None:
+        net.spec = spec
+    return net
 
 
 def stack_images(rgb: torch.Tensor | None, depth: torch.Tensor, setting: str) -> torch.Tensor:

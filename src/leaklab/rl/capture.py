@@ -203,21 +203,24 @@ def reinforce_client_update(net: PerceptionNet, transitions: Sequence[Transition
 
 
 def partly_trained_net(algorithm: Literal["dqn", "reinforce"], spec: PerceptionSpec, steps: int,
-                       layouts: Sequence[str] | None = None, seed: int = 0) -> PerceptionNet:
+                       layouts: Sequence[str] | None = None, seed: int = 0,
+                       model_class: str | None = None) -> PerceptionNet:
     """The network a capture attacks: initialised with ``seed`` (``steps=0``), or partly trained by a
-    short :func:`train_dqn` / :func:`train_reinforce` run of ``steps`` environment steps."""
+    short :func:`train_dqn` / :func:`train_reinforce` run of ``steps`` environment steps;
+    ``model_class`` ("module:Class"): a user's own perception network instead of leaklab's."""
     if steps < 0:
         raise LeaklabError(f"steps must be >= 0 (got {steps})")
+    if algorithm not in ("dqn", "reinforce"):
+        raise LeaklabError(f"unknown algorithm {algorithm!r}; choose dqn or reinforce")
+    own = build_perception_net(spec, seed=seed, model_class=model_class) if model_class else None
     if steps == 0:
-        return build_perception_net(spec, seed=seed)
+        return own if own is not None else build_perception_net(spec, seed=seed)
     lay = tuple(layouts) if layouts is not None else None
     if algorithm == "dqn":
         config = DQNConfig(spec=spec, layouts=lay, steps=steps, seed=seed,
                            learning_starts=min(200, steps // 4), eps_decay_steps=max(1, steps // 2))
-        return train_dqn(config)[0]
-    if algorithm == "reinforce":
-        return train_reinforce(ReinforceConfig(spec=spec, layouts=lay, steps=steps, seed=seed))[0]
-    raise LeaklabError(f"unknown algorithm {algorithm!r}; choose dqn or reinforce")
+        return train_dqn(config, net=own)[0]
+    return train_reinforce(ReinforceConfig(spec=spec, layouts=lay, steps=steps, seed=seed), net=own)[0]
 
 
 def target_copy(net: PerceptionNet) -> PerceptionNet:
@@ -246,6 +249,8 @@ class RoomCaptureConfig(BaseModel):
     gamma: float = Field(default=0.99, ge=0, le=1)
     entropy_weight: float = Field(default=0.01, ge=0, description="α of eq. 4 (REINFORCE)")
     defense: DefenseOption = Field(default=None, description="defense chain the clients apply")
+    model_class: str | None = Field(default=None, description="a user's own perception network "
+                                                              "(package.module:Class); None: leaklab's")
     seed: int = 0
 
 
@@ -279,7 +284,8 @@ def client_rounds(config: RoomCaptureConfig, on_episode: Callable[[int], None] |
     private transitions each, the updates behind ``config.defense``; ``on_episode(n)`` hears how many
     of the private episodes are done."""
     spec = config.spec
-    net = partly_trained_net(config.algorithm, spec, config.train_steps, config.layouts, config.seed)
+    net = partly_trained_net(config.algorithm, spec, config.train_steps, config.layouts, config.seed,
+                             config.model_class)
     transitions = collect_transitions(config.layouts, config.samples * config.batch_size, spec,
                                       seed=config.seed, policy=net if config.policy == "agent" else None,
                                       epsilon=config.epsilon, warmup_steps=config.warmup_steps,
@@ -311,7 +317,7 @@ def capture_rooms(config: RoomCaptureConfig, out: Path,
         for i, (name, r) in enumerate(zip(names, rounds)):
             provenance = {"capture": config.model_dump(mode="json"), "index": i, "layouts": r.layouts,
                           "steps": [t.step for t in r.transitions]}
-            write_room_case(tmp / name, config.spec, state, r.update, r.truth, provenance)
+            write_room_case(tmp / name, config.spec, state, r.update, r.truth, provenance, config.model_class)
         write_json(tmp / CAPTURE_JSON, {"format": "leaklab.room_capture", "config": config.model_dump(mode="json"),
                                         "cases": names})
     return [out / name for name in names]
