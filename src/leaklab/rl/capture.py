@@ -42,8 +42,8 @@ from leaklab.threat import ClientUpdate, UpdateMetadata
 MAX_BATCH = 256
 
 __all__ = ["ClientRound", "RoomCaptureConfig", "RoomCase", "Transition", "capture_rooms", "client_rounds",
-           "collect_transitions", "defended", "dqn_client_update", "load_room_case", "load_room_truth", "partly_trained_net",
-           "reinforce_client_update", "target_copy", "write_room_case"]
+           "collect_transitions", "defended", "dqn_client_update", "load_room_case", "load_room_truth",
+           "partly_trained_net", "reinforce_client_update", "target_copy", "write_room_case"]
 
 
 @dataclass(frozen=True)
@@ -212,9 +212,10 @@ def partly_trained_net(algorithm: Literal["dqn", "reinforce"], spec: PerceptionS
         raise LeaklabError(f"steps must be >= 0 (got {steps})")
     if algorithm not in ("dqn", "reinforce"):
         raise LeaklabError(f"unknown algorithm {algorithm!r}; choose dqn or reinforce")
-    own = build_perception_net(spec, seed=seed, model_class=model_class) if model_class else None
     if steps == 0:
-        return own if own is not None else build_perception_net(spec, seed=seed)
+        return build_perception_net(spec, seed=seed, model_class=model_class)
+    # the agents build leaklab's network themselves (from the same seed); a user's class is built here
+    own = build_perception_net(spec, seed=seed, model_class=model_class) if model_class else None
     lay = tuple(layouts) if layouts is not None else None
     if algorithm == "dqn":
         config = DQNConfig(spec=spec, layouts=lay, steps=steps, seed=seed,
