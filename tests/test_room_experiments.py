@@ -201,6 +201,16 @@ def test_audit_of_cases_checks_every_truth_before_attacking(tmp_path):
                       out, "provenance")
 
 
+def test_audit_of_cases_refuses_batches_the_attack_cannot_read_before_attacking(tmp_path):
+    out = tmp_path / "audit"
+    for algorithm, batch, mode, limit in (("dqn", 3, "exact", 2), ("reinforce", 2, "paper", 1)):
+        cases = tmp_path / algorithm
+        assert invoke("env", "capture", "--algorithm", algorithm, "--batch-size", batch, "--samples", "1",
+                      "--layouts", "e1m1-stalactite", "--out", cases).exit_code == 0
+        assert_user_error(invoke("audit", "--cases", cases, "--mode", mode, "--out", out), out,
+                          f"0000 is an update of {batch} transitions", f"reads at most {limit}")
+
+
 def test_audit_refuses_conflicting_options(tmp_path):
     out = tmp_path / "a"
     assert_user_error(invoke("audit", "--quick", "--full", "--out", out), out, "--quick", "--full")

@@ -501,7 +501,8 @@ def env_capture(
                                                 "perception network (default small)")] = None,
     samples: Annotated[int, typer.Option("--samples", help="client updates, one case folder each")] = 4,
     layouts: LayoutsOpt = None,
-    batch_size: Annotated[int, typer.Option("--batch-size", help="transitions per update")] = 1,
+    batch_size: Annotated[int, typer.Option("--batch-size", help="transitions per update (the room attacks "
+                                            "read 1 or 2)")] = 1,
     train_steps: Annotated[int, typer.Option("--train-steps", help="environment steps of training "
                                              "before the round (0: initialised network)")] = 0,
     policy: Annotated[str, typer.Option("--policy", help="random | agent: who acts in the private "

@@ -37,7 +37,7 @@ from typing import Any
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
-from leaklab.attacks.rl import RoomAttackConfig
+from leaklab.attacks.rl import RoomAttackConfig, max_batch
 from leaklab.device import DEVICE_PATTERN, describe, require_device
 from leaklab.errors import LeaklabError
 from leaklab.experiments import ProgressFn, room_attack
@@ -208,6 +208,11 @@ def run_cases(out: Path, cases_dir: Path, attack: RoomAttackConfig, workers: int
                            "docs/formats.md; `leaklab env capture` writes them from the rooms)")
     start = time.perf_counter()
     cases = [load_room_case(f, model_class) for f in folders]
+    for c in cases:  # before any attack runs, as the truths below
+        limit = max_batch(c.view.metadata.loss, attack.mode)
+        if c.update.metadata.batch_size > limit:
+            raise LeaklabError(f"--cases: {c.folder.name} is an update of {c.update.metadata.batch_size} transitions; "
+                               f"{_algorithm(c.view.metadata.loss).upper()} in {attack.mode} mode reads at most {limit}")
     # every truth is read and checked before any attack runs: a bad file fails in seconds
     truth_of = {i: load_room_truth(c.folder, c) for i, c in enumerate(cases) if (c.folder / TRUTH_FILE).is_file()}
     jobs = [room_attack.Job(_algorithm(c.view.metadata.loss), c.view.spec,

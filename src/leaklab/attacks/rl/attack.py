@@ -36,7 +36,13 @@ from leaklab.models.perception import PerceptionNet, PerceptionSpec
 from leaklab.threat import ClientUpdate, ServerView
 
 
-def _check(view: ServerView, update: ClientUpdate, loss: str, max_batch: int, cfg: RoomAttackConfig
+def max_batch(loss: str, mode: str) -> int:
+    """The most transitions an update of ``loss`` may hold for the attack in ``mode``: two for QGI
+    (IV-C1's action rule reads a batch of two) and for exact-mode RGI, one for paper-mode RGI (IV-D)."""
+    return 1 if loss == "reinforce" and mode != "exact" else 2
+
+
+def _check(view: ServerView, update: ClientUpdate, loss: str, cfg: RoomAttackConfig
            ) -> tuple[PerceptionNet, dict[str, torch.Tensor], int]:
     if not isinstance(view.spec, PerceptionSpec):
         raise LeaklabError("room attacks need a perception network view (seed 000); build it with make_view")
@@ -44,8 +50,9 @@ def _check(view: ServerView, update: ClientUpdate, loss: str, max_batch: int, cf
     if meta.kind != "fedsgd" or meta.loss != loss:
         raise LeaklabError(f"this attack reads a FedSGD update of the {loss!r} loss; the update is "
                            f"{meta.kind} with loss {meta.loss!r} (use {'rgi' if loss == 'dqn_mse' else 'qgi'}?)")
-    if meta.batch_size > max_batch:
-        raise LeaklabError(f"batch size {meta.batch_size} is not supported; this attack handles at most {max_batch}")
+    if meta.batch_size > max_batch(loss, cfg.mode):
+        raise LeaklabError(f"batch size {meta.batch_size} is not supported; this attack handles at most "
+                           f"{max_batch(loss, cfg.mode)}")
     if cfg.objective != "error_direction" and loss != "dqn_mse":
         raise LeaklabError("the dlg/inverting ablations are QGI objectives (Table II)")
     update.validate_against(view.model)
@@ -97,7 +104,7 @@ def qgi(view: ServerView, update: ClientUpdate, config: RoomAttackConfig | None 
         progress: Progress | None = None) -> RoomReconstruction:
     """Deep Q-learning Gradient Inversion of one FedSGD update of the DQN loss (batch 1 or 2)."""
     cfg = config or RoomAttackConfig()
-    net, grads, batch = _check(view, update, "dqn_mse", 2, cfg)
+    net, grads, batch = _check(view, update, "dqn_mse", cfg)
     try:
         return _qgi(net, grads, batch, cfg, progress)
     except NoSignal:
@@ -135,7 +142,7 @@ def rgi(view: ServerView, update: ClientUpdate, config: RoomAttackConfig | None 
     """REINFORCE Gradient Inversion of one FedSGD update of the REINFORCE loss (batch 1; batch 2 in
     exact mode)."""
     cfg = config or RoomAttackConfig()
-    net, grads, batch = _check(view, update, "reinforce", 2 if cfg.mode == "exact" else 1, cfg)
+    net, grads, batch = _check(view, update, "reinforce", cfg)
     try:
         return _rgi(net, grads, batch, cfg, view.metadata.entropy_weight, progress)
     except NoSignal:
