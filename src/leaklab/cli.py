@@ -514,8 +514,9 @@ def env_capture(
                                                        "package.module:Class (default leaklab's --arch)")] = None,
     seed: Annotated[int, typer.Option("--seed", help="network, rooms and defense noise")] = 0,
 ) -> None:
-    """Capture robots' federated updates in their rooms as case folders (the server's files and,
-    apart, the truth): the input of `leaklab audit --cases`."""
+    """Capture robots' federated updates in their rooms as case folders for `leaklab audit --cases`.
+
+    Each folder holds what the server sees of one round and, apart, the client's truth."""
     from leaklab.experiments.room_attack import layouts_arg, task_progress
     from leaklab.models import PerceptionSpec
     from leaklab.rl.capture import RoomCaptureConfig, capture_rooms
