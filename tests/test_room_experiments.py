@@ -520,6 +520,7 @@ def test_run_jobs_takes_what_the_journal_holds_and_attacks_the_rest(tmp_path, wo
     from leaklab.attacks.rl import RoomAttackConfig
     from leaklab.experiments import room_attack
     from leaklab.experiments.attack_journal import AttackJournal
+    from leaklab.rl.capture import defended
 
     attack = RoomAttackConfig(iterations=2)
     config = room_attack.RoomRunConfig(algorithm="rgi", setting="S2", samples=3, layouts=layouts_arg("3"),
@@ -549,8 +550,8 @@ def test_run_jobs_takes_what_the_journal_holds_and_attacks_the_rest(tmp_path, wo
     assert set(AttackJournal(tmp_path, jobs).saved()) == {0, 2}
     # another attack configuration, defense or network state names other jobs
     other = [room_attack.Job("rgi", config.spec, state, s.update, RoomAttackConfig(iterations=3)) for s in clean]
-    noisy = [room_attack.Job("rgi", config.spec, state, s.update, attack)
-             for s in room_attack.defend(clean, "gaussian:1e-3", 0)]
+    noisy = [room_attack.Job("rgi", config.spec, state, defended(s.update, "gaussian:1e-3", 0, s.index), attack)
+             for s in clean]
     moved = {k: v + 1e-3 if k.endswith("bias") else v for k, v in state.items()}
     shifted = [room_attack.Job("rgi", config.spec, moved, s.update, attack) for s in clean]
     for jobs_b in (other, noisy, shifted):
@@ -577,6 +578,35 @@ def test_an_interrupted_pool_drops_its_queue_and_keeps_the_running_attacks(tmp_p
     # jobs the pool had already handed its workers' call queue still run, and are kept)
     kept = len(list((tmp_path / RESUME_DIR).iterdir()))
     assert 2 <= kept < len(jobs), kept
+
+
+def test_run_jobs_builds_a_job_list_as_the_pool_needs_it():
+    """The paper-scale audit's 1,920 defended updates (15 MB each in S1) must not all be held at once."""
+    import weakref
+
+    from leaklab.attacks.rl import RoomAttackConfig
+    from leaklab.experiments import room_attack
+
+    attack = RoomAttackConfig(iterations=2)
+    config = room_attack.RoomRunConfig(algorithm="qgi", setting="S2", samples=12, layouts=layouts_arg("4"),
+                                       attack=attack)
+    state, clean = room_attack.capture_samples(config)
+    built, delivered, alive, most = [], [], set(), [0]
+
+    def make(i):
+        job = room_attack.Job("qgi", config.spec, state, clean[i].update, attack)
+        built.append(i)
+        alive.add(i)
+        weakref.finalize(job, alive.discard, i)  # once the pool lets go of it
+        most[0] = max(most[0], len(alive))
+        return job
+
+    room_attack.run_jobs(room_attack.JobList(12, make), 2, lambda i, rec: delivered.append(i))
+    assert delivered == list(range(12)) and sorted(built) == list(range(12))
+    # two running and QUEUED_PER_WORKER more per worker queued (one more while a result comes back)
+    assert most[0] <= 2 * (1 + room_attack.QUEUED_PER_WORKER) + 1, most[0]
+    with pytest.raises(IndexError):
+        room_attack.JobList(12, make)[12]
 
 
 def test_a_users_network_class_is_known_by_its_module_source(tmp_path, monkeypatch):

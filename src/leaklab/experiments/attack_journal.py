@@ -89,16 +89,16 @@ class AttackJournal:
         self.folder = Path(parent) / RESUME_DIR
         self._unwritable = False
         states: dict[int, str] = {}  # jobs of a run share one state dict: hash it once
-        self.digests = []
-        for job in jobs:
+        self.digests: list[str] = []
+        self._shapes: list[dict[str, tuple[int, ...]]] = []
+        for job in jobs:  # one at a time: a JobList builds each job (its defended update) when asked
             key = id(job.state)
             if key not in states:
                 states[key] = state_hash(job.state)
             self.digests.append(job_digest(job, states[key]))
-        self._shapes = [{"images": (job.update.metadata.batch_size, job.spec.in_channels, job.spec.image_size,
-                                    job.spec.image_size),
-                         "box": (job.update.metadata.batch_size, job.spec.box_dim),
-                         "action": (job.update.metadata.batch_size,)} for job in jobs]
+            batch, spec = job.update.metadata.batch_size, job.spec
+            self._shapes.append({"images": (batch, spec.in_channels, spec.image_size, spec.image_size),
+                                 "box": (batch, spec.box_dim), "action": (batch,)})
 
     def _path(self, index: int) -> Path:
         return self.folder / f"{self.digests[index]}.safetensors"

@@ -24,7 +24,7 @@ import os
 import statistics
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future, ProcessPoolExecutor, wait
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -149,12 +149,6 @@ def capture_samples(config: RoomRunConfig, on_episode: Callable[[int], None] | N
     return state, [Sample(i, r.layouts, r.update, r.truth) for i, r in enumerate(rounds)]
 
 
-def defend(samples: Sequence[Sample], defense: str | None, seed: int) -> list[Sample]:
-    """The samples with ``defense`` applied to their updates (:func:`leaklab.rl.capture.defended`:
-    every defense level of an audit sees the same noise draws per sample)."""
-    return [Sample(s.index, s.layouts, defended(s.update, defense, seed, s.index), s.truth) for s in samples]
-
-
 @dataclass(frozen=True)
 class Job:
     """One attack for a worker process: everything the server holds, nothing of the truth."""
@@ -166,6 +160,23 @@ class Job:
     attack: RoomAttackConfig
     model_class: str | None = None  # a user's own perception network class ("module:Class")
     device: str = "cpu"
+
+
+class JobList(Sequence[Job]):
+    """``count`` jobs, job ``i`` built by ``make(i)`` when it is asked for. :func:`run_jobs` and the
+    attack journal take one at a time, so only the queued and running attacks' updates are in memory
+    (a defended S1 update is 15 MB; the paper-scale audit attacks 1,920 of them)."""
+
+    def __init__(self, count: int, make: Callable[[int], Job]):
+        self._count, self._make = count, make
+
+    def __len__(self) -> int:
+        return self._count
+
+    def __getitem__(self, index: int) -> Job:  # type: ignore[override]
+        if not isinstance(index, int) or not 0 <= index < self._count:
+            raise IndexError(index)
+        return self._make(index)
 
 
 # In a worker process: where its attacks report how far they are (set by the pool's initializer).
@@ -186,15 +197,20 @@ def _attack_one(job: Job, index: int = 0,
     """Attack one update from the server's view (runs in a worker process, one torch thread) on
     ``job.device``, repeatably on CUDA too (:func:`leaklab.device.repeatable`); the reconstruction
     comes back on the CPU. ``report(index, fraction)`` hears how much of the image stage is done
-    (every 50 steps; in a pool's worker, through the pool's queue)."""
+    (every 50 steps; in a pool's worker, through the pool's queue). The caller's thread count is
+    restored on return (run in the parent, the jobs after it are built at the caller's count)."""
+    threads = torch.get_num_threads()
     torch.set_num_threads(1)
     report = report or (_report_to_queue if _progress_queue is not None else None)
     steps = job.attack.iterations
     progress = (lambda it, _: report(index, it / steps)) if report else None
-    with repeatable(job.device):
-        view = make_view(job.spec, job.state, job.update.metadata, model_class=job.model_class)
-        view.model.to(job.device)
-        return (qgi if job.algorithm == "qgi" else rgi)(view, job.update, job.attack, progress).to("cpu")
+    try:
+        with repeatable(job.device):
+            view = make_view(job.spec, job.state, job.update.metadata, model_class=job.model_class)
+            view.model.to(job.device)
+            return (qgi if job.algorithm == "qgi" else rgi)(view, job.update, job.attack, progress).to("cpu")
+    finally:
+        torch.set_num_threads(threads)
 
 
 def worker_count(requested: int, jobs: int) -> int:
@@ -204,6 +220,7 @@ def worker_count(requested: int, jobs: int) -> int:
 
 
 POLL_SECONDS = 0.5  # how often the parent reads its workers' progress while it waits for a result
+QUEUED_PER_WORKER = 1  # jobs handed to the pool beyond one per worker (built only when they are)
 
 
 def task_progress(progress: ProgressFn | None, task: str, total: int) -> Callable[[float], None] | None:
@@ -219,9 +236,11 @@ def run_jobs(jobs: Sequence[Job], workers: int, on_result: Callable[[int, RoomRe
     image stage it has run: after each result and whenever a running attack reports. With a
     ``journal`` (of these jobs), a job it holds is not attacked again: its saved reconstruction is
     handed on in its turn; every new result is saved to it as soon as it is ready (on an error or an
-    interruption the queued jobs are dropped and the running ones saved when they finish). Returns
-    how many jobs the journal held."""
+    interruption the queued jobs are dropped and the running ones saved when they finish). A pool is
+    handed ``QUEUED_PER_WORKER`` jobs beyond one per worker, the next as one finishes, so a
+    :class:`JobList` builds its jobs as they are needed. Returns how many jobs the journal held."""
     saved = journal.saved() if journal else {}
+    resumed = len(saved)
     todo = [i for i in range(len(jobs)) if i not in saved]
     workers = worker_count(workers, len(todo))
     running: dict[int, float] = {}
@@ -239,43 +258,51 @@ def run_jobs(jobs: Sequence[Job], workers: int, on_result: Callable[[int, RoomRe
         if on_progress:
             on_progress(len(finished) + sum(running.values()))
 
-    threads = torch.get_num_threads()  # one worker runs in this process: its thread count is restored
-    try:
-        if workers == 1:
-            for i, job in enumerate(jobs):
-                rec = saved.get(i)
-                if rec is None:
-                    rec = _attack_one(job, i, report if on_progress else None)
-                    if journal:
-                        journal.add(i, rec)
-                deliver(i, rec)
-            return len(saved)
-        context = multiprocessing.get_context("spawn")
-        queue = context.SimpleQueue() if on_progress else None
-        pool = ProcessPoolExecutor(max_workers=workers, mp_context=context, initializer=_use_progress_queue,
-                                   initargs=(queue,))
-        try:
-            futures = {i: pool.submit(_attack_one, jobs[i], i) for i in todo}
+    if workers == 1:
+        for i in range(len(jobs)):
+            rec = saved.pop(i, None)
+            if rec is None:
+                rec = _attack_one(jobs[i], i, report if on_progress else None)
+                if journal:
+                    journal.add(i, rec)
+            deliver(i, rec)
+        return resumed
+    context = multiprocessing.get_context("spawn")
+    queue = context.SimpleQueue() if on_progress else None
+    pool = ProcessPoolExecutor(max_workers=workers, mp_context=context, initializer=_use_progress_queue,
+                               initargs=(queue,))
+    waiting = iter(todo)  # in index order: the job to deliver next is always handed over first
+    futures: dict[int, Future] = {}
+
+    def hand_over() -> None:
+        while sum(not f.done() for f in futures.values()) < workers * (1 + QUEUED_PER_WORKER):
+            i = next(waiting, None)
+            if i is None:
+                return
+            futures[i] = pool.submit(_attack_one, jobs[i], i)
             if journal:
-                for i, future in futures.items():
-                    future.add_done_callback(functools.partial(_keep, journal, i))
-            for i in range(len(jobs)):
-                if i in saved:
-                    deliver(i, saved[i])
-                    continue
-                future = futures[i]
-                while queue is not None:
-                    done = wait([future], timeout=POLL_SECONDS).done
-                    while not queue.empty():
-                        report(*queue.get())
-                    if done:
-                        break
-                deliver(i, future.result())
-        finally:
-            pool.shutdown(wait=True, cancel_futures=True)
-        return len(saved)
+                futures[i].add_done_callback(functools.partial(_keep, journal, i))
+
+    def read_reports() -> None:
+        while queue is not None and not queue.empty():
+            report(*queue.get())
+
+    try:
+        for i in range(len(jobs)):
+            if i in saved:
+                deliver(i, saved.pop(i))
+                continue
+            hand_over()
+            while not futures[i].done():
+                wait([f for f in futures.values() if not f.done()], timeout=POLL_SECONDS,
+                     return_when=FIRST_COMPLETED)
+                read_reports()
+                hand_over()
+            read_reports()
+            deliver(i, futures.pop(i).result())
     finally:
-        torch.set_num_threads(threads)
+        pool.shutdown(wait=True, cancel_futures=True)
+    return resumed
 
 
 def _keep(journal: AttackJournal, index: int, future: Future) -> None:
@@ -382,9 +409,9 @@ def run(config: RoomRunConfig, out: Path, progress: ProgressFn | None = None) ->
     start = time.perf_counter()
     state, clean = capture_samples(config, task_progress(progress, f"capture {config.algorithm} {config.setting}",
                                                          config.samples * config.batch_size))
-    samples = defend(clean, config.defense, config.seed)
-    jobs = [Job(config.algorithm, config.spec, state, s.update, config.attack, device=config.device)
-            for s in samples]
+    jobs = JobList(len(clean), lambda i: Job(config.algorithm, config.spec, state,
+                                             defended(clean[i].update, config.defense, config.seed, i),
+                                             config.attack, device=config.device))
     rows: list[dict[str, Any]] = []
     truths, recs, captions = [], [], []
     recovered: list[RoomReconstruction] = []
@@ -393,7 +420,7 @@ def run(config: RoomRunConfig, out: Path, progress: ProgressFn | None = None) ->
         log = (tmp / SAMPLES_FILE).open("w")
 
         def on_result(i: int, rec: RoomReconstruction) -> None:
-            sample = samples[i]
+            sample = clean[i]
             row = score(sample, rec, config.setting)
             metrics = row["metrics"]
             rows.append(row)

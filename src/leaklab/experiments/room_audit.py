@@ -47,6 +47,7 @@ from leaklab.io import RESULTS_FILE, TRUTH_FILE, VIEW_FILE, atomic_dir, check_ou
 from leaklab.metrics.rooms import matched_first
 from leaklab.models.perception import ArchName
 from leaklab.privacy.dpsgd import noise_multiplier_for
+from leaklab.rl.capture import defended
 
 REPORT_FILE = "report.html"
 DP_DELTA = 1e-5
@@ -128,22 +129,33 @@ def run(out: Path, config: AuditConfig, progress: ProgressFn | None = None) -> d
     start = time.perf_counter()
     defenses = config.defenses()
     cells = _cell_configs(config)
-    # capture once per cell, defend each capture at every level, then attack everything in one pool
-    jobs: list[room_attack.Job] = []
-    where: list[tuple[int, int, room_attack.Sample]] = []
-    episodes = sum(run_config.samples * run_config.batch_size for _, run_config in cells)
+    # capture once per algorithm and setting (the modes attack the same updates), then attack every
+    # cell's samples behind every defense level in one pool, each defended update built when its
+    # attack is handed to the pool (room_attack.JobList)
+    firsts: dict[tuple[str, str], room_attack.RoomRunConfig] = {}
+    for _, run_config in cells:
+        firsts.setdefault((run_config.algorithm, run_config.setting), run_config)
+    episodes = sum(run_config.samples * run_config.batch_size for run_config in firsts.values())
+    captures: dict[tuple[str, str], tuple[dict[str, torch.Tensor], list[room_attack.Sample]]] = {}
     captured = 0
-    for c, (_, run_config) in enumerate(cells):
+    for key, run_config in firsts.items():
         def on_episode(n: int, before: int = captured) -> None:
             progress("capture", before + n, episodes)
 
-        state, clean = room_attack.capture_samples(run_config, on_episode if progress else None)
+        captures[key] = room_attack.capture_samples(run_config, on_episode if progress else None)
         captured += run_config.samples * run_config.batch_size
-        for d, (_, chain) in enumerate(defenses):
-            for sample in room_attack.defend(clean, chain, config.seed):
-                jobs.append(room_attack.Job(run_config.algorithm, run_config.spec, state, sample.update,
-                                            run_config.attack, device=run_config.device))
-                where.append((c, d, sample))
+    where = [(c, d, sample) for c, (_, run_config) in enumerate(cells) for d in range(len(defenses))
+             for sample in captures[(run_config.algorithm, run_config.setting)][1]]
+
+    def make_job(i: int) -> room_attack.Job:
+        c, d, sample = where[i]
+        run_config = cells[c][1]
+        state = captures[(run_config.algorithm, run_config.setting)][0]
+        return room_attack.Job(run_config.algorithm, run_config.spec, state,
+                               defended(sample.update, defenses[d][1], config.seed, sample.index),
+                               run_config.attack, device=run_config.device)
+
+    jobs = room_attack.JobList(len(where), make_job)
     rows: dict[tuple[int, int], list[dict[str, Any]]] = {}
     pictures: dict[tuple[int, int], list[torch.Tensor]] = {}
     truths: dict[int, list[torch.Tensor]] = {}
