@@ -395,6 +395,8 @@ IterationsOpt = Annotated[Optional[int], typer.Option("--iterations", help="imag
                                                       "1000, its images are poor under 500)")]
 DeviceOpt = Annotated[str, typer.Option("--device", help="cpu | cuda[:N]: where the attacks run "
                                          "(on cuda the worker processes share the GPU)")]
+TrainStepsOpt = Annotated[int, typer.Option("--train-steps", help="environment steps of training before the "
+                                             "round (0: initialised network)")]
 RoomDefenseOpt = Annotated[Optional[str], typer.Option("--defense", help="defense chain the clients apply, "
                                                        "e.g. clip:1,gaussian:0.5 (default none)")]
 
@@ -448,8 +450,7 @@ def _room_command(algorithm: str, doc: str) -> Callable:
         iterations: IterationsOpt = None,
         batch_size: Annotated[int, typer.Option("--batch-size", help="transitions per update (1 or 2; "
                                                                    "RGI reads 2 in exact mode)")] = 1,
-        train_steps: Annotated[int, typer.Option("--train-steps", help="environment steps of training "
-                                                 "before the round (0: initialised network)")] = 0,
+        train_steps: TrainStepsOpt = 0,
         defense: RoomDefenseOpt = None,
         workers: Annotated[int, typer.Option("--workers", help="attack processes (0: one per core)")] = 0,
         device: DeviceOpt = "cpu",
@@ -503,8 +504,7 @@ def env_capture(
     layouts: LayoutsOpt = None,
     batch_size: Annotated[int, typer.Option("--batch-size", help="transitions per update (the room attacks "
                                             "read 1 or 2)")] = 1,
-    train_steps: Annotated[int, typer.Option("--train-steps", help="environment steps of training "
-                                             "before the round (0: initialised network)")] = 0,
+    train_steps: TrainStepsOpt = 0,
     policy: Annotated[str, typer.Option("--policy", help="random | agent: who acts in the private "
                                         "episodes (agent: epsilon-greedy on the network)")] = "random",
     entropy_weight: Annotated[float, typer.Option("--entropy-weight", help="alpha of eq. 4 "
