@@ -314,7 +314,9 @@ def test_plain_progress_writes_a_line_every_interval_and_at_each_task_end(capsys
     now[0] += 1
     progress(task="cell 2/2: qgi-S1", completed=0, total=None)
     lines = capsys.readouterr().err.splitlines()
-    assert lines == ["audit: 3/60 (0:31 elapsed)", "audit: 5/60 (1:02 elapsed)", "audit: 60/60 (1:03 elapsed)"]
+    # the time left at the task's rate since it was first reported (1 done at 0:05): 57 x 26 s / 2
+    assert lines == ["audit: 3/60 (0:31 elapsed, about 12:21 left)", "audit: 5/60 (1:02 elapsed, about 13:03 left)",
+                     "audit: 60/60 (1:03 elapsed)"]
 
 
 def test_plain_progress_shows_a_running_attacks_share_to_the_tenth_below(capsys):
@@ -327,4 +329,10 @@ def test_plain_progress_shows_a_running_attacks_share_to_the_tenth_below(capsys)
         now[0] = t
         progress("qgi S1", done, 3)
     assert capsys.readouterr().err.splitlines() == [
-        "qgi S1: 0.9/3 (0:31 elapsed)", "qgi S1: 2.2/3 (1:02 elapsed)", "qgi S1: 3/3 (1:03 elapsed)"]
+        "qgi S1: 0.9/3 (0:31 elapsed)", "qgi S1: 2.2/3 (1:02 elapsed, about 0:18 left)", "qgi S1: 3/3 (1:03 elapsed)"]
+
+
+def test_plain_progress_clock_counts_hours():
+    from leaklab.cli import _clock
+
+    assert (_clock(31), _clock(3599), _clock(3723), _clock(36000)) == ("0:31", "59:59", "1:02:03", "10:00:00")

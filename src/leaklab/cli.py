@@ -129,17 +129,28 @@ def _progress_args(args: tuple, kwargs: dict) -> tuple[str, Any, Any]:
     return name, completed, total
 
 
+def _clock(seconds: float) -> str:
+    """``m:ss``, or ``h:mm:ss`` from an hour on."""
+    minutes, secs = divmod(int(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
+
+
 def _plain_progress(clock: Callable[[], float] = time.monotonic) -> Callable[..., None]:
     """The progress callback for a non-interactive stderr: one plain line ``description: done/total
-    (elapsed)`` at most every :data:`PLAIN_EVERY` seconds and when a task completes, none in a run's
-    first :data:`PLAIN_EVERY` seconds (a short run stays silent, as its error stays one line)."""
+    (elapsed, about ... left)`` at most every :data:`PLAIN_EVERY` seconds and when a task completes,
+    none in a run's first :data:`PLAIN_EVERY` seconds (a short run stays silent, as its error stays
+    one line). The time left is the task's rate since it was first reported, over what remains."""
     start = last = clock()
     said = ""
+    first: dict[str, tuple[float, float]] = {}  # task -> (time, completed) when first reported
 
     def update(*args: Any, **kwargs: Any) -> None:
         nonlocal last, said
         name, completed, total = _progress_args(args, kwargs)
         now = clock()
+        if completed is not None:
+            first.setdefault(name, (now, completed))
         finished = total is not None and completed is not None and completed >= total
         if now - start < PLAIN_EVERY or not (finished or now - last >= PLAIN_EVERY):
             return
@@ -149,8 +160,11 @@ def _plain_progress(clock: Callable[[], float] = time.monotonic) -> Callable[...
         if line == said:  # a task's end told twice (its last step, then its result)
             return
         last, said = now, line
-        minutes, seconds = divmod(int(now - start), 60)
-        print(f"{line} ({minutes}:{seconds:02d} elapsed)", file=sys.stderr, flush=True)
+        when = f"{_clock(now - start)} elapsed"
+        since, before = first.get(name, (now, completed))
+        if total is not None and not finished and completed is not None and completed > before and now > since:
+            when += f", about {_clock((total - completed) * (now - since) / (completed - before))} left"
+        print(f"{line} ({when})", file=sys.stderr, flush=True)
 
     return update
 
