@@ -2,6 +2,7 @@
 
 import json
 
+import matplotlib.image
 import pytest
 import torch
 
@@ -126,6 +127,8 @@ def test_capture_rooms_writes_one_case_per_update(tmp_path):
                                entropy_weight=0.1, seed=6)
     folders = capture_rooms(config, tmp_path / "cap")
     assert [f.name for f in folders] == ["0000", "0001"]
+    sheet = matplotlib.image.imread(tmp_path / "cap" / "capture.png")  # 4 depth panels (S2), one row
+    assert sheet.ndim == 3 and sheet.shape[1] > 2 * sheet.shape[0]
     for folder in folders:
         case = load_room_case(folder)
         truth, provenance = load_room_truth(folder, case)
@@ -134,7 +137,7 @@ def test_capture_rooms_writes_one_case_per_update(tmp_path):
     again = capture_rooms(config.model_copy(update={"samples": 1}), tmp_path / "cap")
     assert _same(load_room_case(again[0]).update.tensors, load_room_case(folders[0]).update.tensors)
     # an earlier capture is replaced whole: no stale case of it is left to be attacked
-    assert sorted(p.name for p in (tmp_path / "cap").iterdir()) == ["0000", "capture.json"]
+    assert sorted(p.name for p in (tmp_path / "cap").iterdir()) == ["0000", "capture.json", "capture.png"]
     (tmp_path / "mine").mkdir()
     (tmp_path / "mine" / "notes.txt").write_text("x")
     with pytest.raises(LeaklabError, match="leaklab did not write"):

@@ -36,10 +36,13 @@ from leaklab.rl.agents import (DQNConfig, ReinforceConfig, epsilon_greedy, td_ta
 from leaklab.rl.agents.common import Rooms, observation_tensors
 from leaklab.rl.agents.reinforce import discounted_returns
 from leaklab.rl.cases import RoomCase, load_room_case, load_room_truth, write_room_case
+from leaklab.rl.envs.contact_sheet import Frame, frame_sheet
 from leaklab.rl.losses import dqn_loss, reinforce_loss
 from leaklab.threat import ClientUpdate, UpdateMetadata
 
 MAX_BATCH = 256
+CAPTURE_PNG = "capture.png"  # the first SHEET_FRAMES private states of a capture
+SHEET_FRAMES = 16
 
 __all__ = ["ClientRound", "RoomCaptureConfig", "RoomCase", "Transition", "capture_rooms", "client_rounds",
            "collect_transitions", "defended", "dqn_client_update", "load_room_case", "load_room_truth",
@@ -307,7 +310,8 @@ def client_rounds(config: RoomCaptureConfig, on_episode: Callable[[int], None] |
 def capture_rooms(config: RoomCaptureConfig, out: Path,
                   on_episode: Callable[[int], None] | None = None) -> list[Path]:
     """Write :func:`client_rounds` as one room case per update under ``out`` (``out/0000``,
-    ``out/0001``, ...) and ``out/capture.json`` with the config; returns the case folders. The
+    ``out/0001``, ...), ``out/capture.json`` with the config and ``out/capture.png`` with the first
+    private states (what the state holds: RGB in S1, depth, the box); returns the case folders. The
     folder is written atomically: an earlier capture there is replaced whole (no stale cases), a
     folder leaklab did not write is refused."""
     out = Path(out)
@@ -321,4 +325,9 @@ def capture_rooms(config: RoomCaptureConfig, out: Path,
             write_room_case(tmp / name, config.spec, state, r.update, r.truth, provenance, config.model_class)
         write_json(tmp / CAPTURE_JSON, {"format": "leaklab.room_capture", "config": config.model_dump(mode="json"),
                                         "cases": names})
+        frame_sheet(tmp / CAPTURE_PNG, [
+            Frame(f"{name}{f'/{k}' if len(r.transitions) > 1 else ''} {t.layout}\naction {t.action}, reward {t.reward:.2f}",
+                  t.rgb.numpy() if config.spec.setting == "S1" else None, t.depth.numpy(),
+                  t.box.numpy() if bool(t.box.any()) else None)
+            for name, r in zip(names, rounds) for k, t in enumerate(r.transitions)][:SHEET_FRAMES])
     return [out / name for name in names]
