@@ -548,7 +548,8 @@ def env_capture(
     behind = f", behind {defense}" if config.defense else ""
     network, own = (model_class, f" --model-class {model_class}") if model_class else (f"{arch} network", "")
     typer.echo(f"wrote {out}: {len(folders)} {algorithm} update(s) of {batch_size} transition(s), {setting}, "
-               f"{network}{behind}; attack them with `leaklab audit --cases {out}{own}`")
+               f"{network}{behind} (their states: {out / 'capture.png'}); attack them with "
+               f"`leaklab audit --cases {out}{own}`")
 
 
 def _split(values: list[str] | None, sep: str = ",") -> list[str] | None:
