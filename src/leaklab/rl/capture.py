@@ -154,7 +154,7 @@ def _batch(spec: PerceptionSpec, transitions: Sequence[Transition]) -> dict[str,
 def _gradient(net: PerceptionNet, loss: torch.Tensor) -> dict[str, torch.Tensor]:
     named = [(n, p) for n, p in net.named_parameters() if p.requires_grad]
     grads = torch.autograd.grad(loss, [p for _, p in named])
-    return {n: g.detach().clone() for (n, _), g in zip(named, grads)}
+    return {n: g.detach() for (n, _), g in zip(named, grads)}  # fresh tensors: no copy needed
 
 
 def _state_truth(spec: PerceptionSpec, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
