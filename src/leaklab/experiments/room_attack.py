@@ -162,6 +162,14 @@ class Job:
     device: str = "cpu"
 
 
+def attack_job(config: RoomRunConfig, state: dict[str, torch.Tensor], sample: Sample, defense: str | None) -> Job:
+    """The attack of ``config`` on ``sample``'s update behind the clients' ``defense`` (its noise
+    drawn from ``config.seed`` and the sample's index: every defense level of an audit sees the same
+    draws for a sample)."""
+    return Job(config.algorithm, config.spec, state, defended(sample.update, defense, config.seed, sample.index),
+               config.attack, device=config.device)
+
+
 class JobList(Sequence[Job]):
     """``count`` jobs, job ``i`` built by ``make(i)`` when it is asked for. :func:`run_jobs` and the
     attack journal take one at a time, so only the queued and running attacks' updates are in memory
@@ -409,9 +417,7 @@ def run(config: RoomRunConfig, out: Path, progress: ProgressFn | None = None) ->
     start = time.perf_counter()
     state, clean = capture_samples(config, task_progress(progress, f"capture {config.algorithm} {config.setting}",
                                                          config.samples * config.batch_size))
-    jobs = JobList(len(clean), lambda i: Job(config.algorithm, config.spec, state,
-                                             defended(clean[i].update, config.defense, config.seed, i),
-                                             config.attack, device=config.device))
+    jobs = JobList(len(clean), lambda i: attack_job(config, state, clean[i], config.defense))
     rows: list[dict[str, Any]] = []
     truths, recs, captions = [], [], []
     recovered: list[RoomReconstruction] = []

@@ -47,7 +47,6 @@ from leaklab.io import RESULTS_FILE, TRUTH_FILE, VIEW_FILE, atomic_dir, check_ou
 from leaklab.metrics.rooms import matched_first
 from leaklab.models.perception import ArchName
 from leaklab.privacy.dpsgd import noise_multiplier_for
-from leaklab.rl.capture import defended
 
 REPORT_FILE = "report.html"
 DP_DELTA = 1e-5
@@ -147,13 +146,11 @@ def run(out: Path, config: AuditConfig, progress: ProgressFn | None = None) -> d
     where = [(c, d, sample) for c, (_, run_config) in enumerate(cells) for d in range(len(defenses))
              for sample in captures[(run_config.algorithm, run_config.setting)][1]]
 
-    def make_job(i: int) -> room_attack.Job:
+    def make_job(i: int) -> room_attack.Job:  # a cell's run config carries the audit's seed
         c, d, sample = where[i]
         run_config = cells[c][1]
         state = captures[(run_config.algorithm, run_config.setting)][0]
-        return room_attack.Job(run_config.algorithm, run_config.spec, state,
-                               defended(sample.update, defenses[d][1], config.seed, sample.index),
-                               run_config.attack, device=run_config.device)
+        return room_attack.attack_job(run_config, state, sample, defenses[d][1])
 
     jobs = room_attack.JobList(len(where), make_job)
     rows: dict[tuple[int, int], list[dict[str, Any]]] = {}

@@ -325,9 +325,18 @@ def capture_rooms(config: RoomCaptureConfig, out: Path,
             write_room_case(tmp / name, config.spec, state, r.update, r.truth, provenance, config.model_class)
         write_json(tmp / CAPTURE_JSON, {"format": "leaklab.room_capture", "config": config.model_dump(mode="json"),
                                         "cases": names})
-        frame_sheet(tmp / CAPTURE_PNG, [
-            Frame(f"{name}{f'/{k}' if len(r.transitions) > 1 else ''} {t.layout}\naction {t.action}, reward {t.reward:.2f}",
-                  t.rgb.numpy() if config.spec.setting == "S1" else None, t.depth.numpy(),
-                  t.box.numpy() if bool(t.box.any()) else None)
-            for name, r in zip(names, rounds) for k, t in enumerate(r.transitions)][:SHEET_FRAMES])
+        frame_sheet(tmp / CAPTURE_PNG, _sheet_frames(names, rounds, config.spec.setting))
     return [out / name for name in names]
+
+
+def _sheet_frames(names: Sequence[str], rounds: Sequence[ClientRound], setting: str) -> list[Frame]:
+    """The first :data:`SHEET_FRAMES` private states as the network sees them (RGB in S1 only; the
+    box where the target is in view, an all-zero box where it is not)."""
+    frames = []
+    for name, r in zip(names, rounds):
+        for k, t in enumerate(r.transitions):
+            label = f"{name}/{k}" if len(r.transitions) > 1 else name
+            frames.append(Frame(f"{label} {t.layout}\naction {t.action}, reward {t.reward:.2f}",
+                                t.rgb.numpy() if setting == "S1" else None, t.depth.numpy(),
+                                t.box.numpy() if bool(t.box.any()) else None))
+    return frames[:SHEET_FRAMES]
