@@ -146,6 +146,20 @@ def test_quick_room_audit_writes_report_with_defenses(tmp_path):
     assert "At a glance" in html and "leaks the target&#39;s box" in html  # 3 image steps: not the room
 
 
+def test_audit_report_pictures_a_cells_first_samples_and_scores_them_all(tmp_path, monkeypatch):
+    """A paper-scale audit (48 samples a cell) pictures the first SHOWN_SAMPLES of each cell, and holds
+    only their images while it runs."""
+    from leaklab.experiments import room_audit
+
+    monkeypatch.setattr(room_audit, "SHOWN_SAMPLES", 1)
+    config = room_audit.AuditConfig(algorithms=("qgi",), settings=("S2",), samples=2, iterations=3,
+                                    gaussian_sigmas=(), dp_epsilons=(), workers=1)
+    res = room_audit.run(tmp_path / "audit", config)
+    assert [len(c["samples"]) for c in res["cells"]] == [2]
+    html = (tmp_path / "audit" / "report.html").read_text()
+    assert "the first 1 of 2 samples; results.json has every one" in html
+
+
 def test_audit_verdicts_in_words():
     from leaklab.experiments.room_audit import verdicts
 
@@ -162,7 +176,7 @@ def test_audit_verdicts_in_words():
     assert rows[2][5] == "nothing measured leaks" and rows[2][4] == "25%"
 
 
-def test_audit_attacks_saved_room_cases(tmp_path):
+def test_audit_attacks_saved_room_cases(tmp_path, monkeypatch):
     cases = tmp_path / "cases"
     result = invoke("env", "capture", "--algorithm", "reinforce", "--setting", "S2", "--samples", "2",
                     "--layouts", "e1m1-stalactite", "--out", cases)
@@ -170,8 +184,10 @@ def test_audit_attacks_saved_room_cases(tmp_path):
     assert f"leaklab audit --cases {cases}" in result.output
     assert json.loads((cases / "capture.json").read_text())["cases"] == ["0000", "0001"]
     out = tmp_path / "audit"
+    monkeypatch.setattr("leaklab.experiments.room_audit.SHOWN_SAMPLES", 1)  # the report pictures 1 of the 2
     result = invoke("audit", "--cases", cases, "--iterations", "3", "--workers", "1", "--out", out)
     assert result.exit_code == 0, result.output
+    assert "the first 1 of 2 scored cases; results.json has every one" in (out / "report.html").read_text()
     res = json.loads((out / "results.json").read_text())
     assert res["summary"]["cases"] == 2 and res["summary"]["scored"] == 2
     assert all(c["algorithm"] == "rgi" for c in res["cases"])
@@ -547,7 +563,16 @@ def test_run_jobs_takes_what_the_journal_holds_and_attacks_the_rest(tmp_path, wo
     from dataclasses import replace
 
     journal.add(1, replace(first[1], box=first[1].box[:, :3]))
-    assert set(AttackJournal(tmp_path, jobs).saved()) == {0, 2}
+    reread = AttackJournal(tmp_path, jobs)
+    assert reread.held() == {0, 1, 2} and reread.load(1) is None and reread.load(0) is not None
+    # it is attacked in its turn, by a pool too (entries are read as their turn comes, not up front)
+    for k in (0, 2):
+        (tmp_path / ".leaklab-resume" / f"{journal.digests[k]}.safetensors").unlink()
+    third = []
+    assert room_attack.run_jobs(jobs, workers, lambda i, rec: third.append((i, rec)),
+                                journal=AttackJournal(tmp_path, jobs)) == 0
+    assert [i for i, _ in third] == [0, 1, 2]
+    assert all(torch.equal(a.images, b.images) and torch.equal(a.box, b.box) for a, (_, b) in zip(first, third))
     # another attack configuration, defense or network state names other jobs
     other = [room_attack.Job("rgi", config.spec, state, s.update, RoomAttackConfig(iterations=3)) for s in clean]
     noisy = [room_attack.Job("rgi", config.spec, state, defended(s.update, "gaussian:1e-3", 0, s.index), attack)

@@ -6,7 +6,7 @@ without this an interruption lost every finished attack. :class:`AttackJournal` 
 finished attack's reconstruction in ``.leaklab-resume/`` beside ``--out`` (one safetensors file
 named by the digest of the job: what the server held, the attack's configuration and method
 version, the device; a user's own network class by its module's source), and a later run hands a
-job whose digest it finds the saved reconstruction instead of attacking again. The digest names the computation, not the run: a rerun under another
+job whose digest it finds the saved reconstruction, read in the job's turn, instead of attacking again. The digest names the computation, not the run: a rerun under another
 ``--out`` in the same parent folder (``leaklab audit`` picks a new ``runs/<id>`` each time) resumes
 too, and a changed option, network or capture misses and attacks afresh. A run that finishes
 removes its own entries (and the folder once empty); a saved entry that does not read back as a
@@ -103,17 +103,14 @@ class AttackJournal:
     def _path(self, index: int) -> Path:
         return self.folder / f"{self.digests[index]}.safetensors"
 
-    def saved(self) -> dict[int, RoomReconstruction]:
-        """The jobs (by index) whose reconstruction an earlier run saved and that reads back whole."""
-        out = {}
-        for i in range(len(self.digests)):
-            if self._path(i).is_file():
-                rec = self._read(i)
-                if rec is not None:
-                    out[i] = rec
-        return out
+    def held(self) -> set[int]:
+        """The jobs (by index) that have an entry; whether it reads back is known when :meth:`load`
+        reads it in the job's turn (a paper-scale audit's entries are not all held in memory at once)."""
+        return {i for i in range(len(self.digests)) if self._path(i).is_file()}
 
-    def _read(self, index: int) -> RoomReconstruction | None:
+    def load(self, index: int) -> RoomReconstruction | None:
+        """Job ``index``'s saved reconstruction, or None when there is none or it does not read back
+        whole (corrupt, another job's, not of the job's shapes)."""
         try:
             tensors, meta = load_tensors(self._path(index), "saved attack")
             rec = RoomReconstruction(**tensors, iterations=int(meta["iterations"]),

@@ -243,13 +243,14 @@ def run_jobs(jobs: Sequence[Job], workers: int, on_result: Callable[[int, RoomRe
     ``on_progress(done)`` hears how many jobs are done, a running job counting the share of its
     image stage it has run: after each result and whenever a running attack reports. With a
     ``journal`` (of these jobs), a job it holds is not attacked again: its saved reconstruction is
-    handed on in its turn; every new result is saved to it as soon as it is ready (on an error or an
+    read and handed on in its turn (an entry that does not read back is attacked then); every new
+    result is saved to it as soon as it is ready (on an error or an
     interruption the queued jobs are dropped and the running ones saved when they finish). A pool is
     handed ``QUEUED_PER_WORKER`` jobs beyond one per worker, the next as one finishes, so a
     :class:`JobList` builds its jobs as they are needed. Returns how many jobs the journal held."""
-    saved = journal.saved() if journal else {}
-    resumed = len(saved)
-    todo = [i for i in range(len(jobs)) if i not in saved]
+    held = journal.held() if journal else set()
+    resumed = 0
+    todo = [i for i in range(len(jobs)) if i not in held]
     workers = worker_count(workers, len(todo))
     running: dict[int, float] = {}
     finished: set[int] = set()
@@ -266,9 +267,15 @@ def run_jobs(jobs: Sequence[Job], workers: int, on_result: Callable[[int, RoomRe
         if on_progress:
             on_progress(len(finished) + sum(running.values()))
 
+    def resume(index: int) -> RoomReconstruction | None:
+        nonlocal resumed
+        rec = journal.load(index) if index in held else None
+        resumed += rec is not None
+        return rec
+
     if workers == 1:
         for i in range(len(jobs)):
-            rec = saved.pop(i, None)
+            rec = resume(i)
             if rec is None:
                 rec = _attack_one(jobs[i], i, report if on_progress else None)
                 if journal:
@@ -282,14 +289,17 @@ def run_jobs(jobs: Sequence[Job], workers: int, on_result: Callable[[int, RoomRe
     waiting = iter(todo)  # in index order: the job to deliver next is always handed over first
     futures: dict[int, Future] = {}
 
+    def submit(i: int) -> None:
+        futures[i] = pool.submit(_attack_one, jobs[i], i)
+        if journal:
+            futures[i].add_done_callback(functools.partial(_keep, journal, i))
+
     def hand_over() -> None:
         while sum(not f.done() for f in futures.values()) < workers * (1 + QUEUED_PER_WORKER):
             i = next(waiting, None)
             if i is None:
                 return
-            futures[i] = pool.submit(_attack_one, jobs[i], i)
-            if journal:
-                futures[i].add_done_callback(functools.partial(_keep, journal, i))
+            submit(i)
 
     def read_reports() -> None:
         while queue is not None and not queue.empty():
@@ -297,9 +307,12 @@ def run_jobs(jobs: Sequence[Job], workers: int, on_result: Callable[[int, RoomRe
 
     try:
         for i in range(len(jobs)):
-            if i in saved:
-                deliver(i, saved.pop(i))
+            rec = resume(i)
+            if rec is not None:
+                deliver(i, rec)
                 continue
+            if i in held:  # its entry did not read back
+                submit(i)
             hand_over()
             while not futures[i].done():
                 wait([f for f in futures.values() if not f.done()], timeout=POLL_SECONDS,

@@ -54,6 +54,7 @@ DP_CLIP = 1.0
 IMAGE_LEAK_DB = 3.0  # verdict: images leak when their PSNR beats the no-information baseline by this
 BOX_LEAK_IOU = 0.5  # verdict: the target's box leaks at this mean IoU (the usual detection threshold)
 ACTION_LEAK = 0.5  # verdict: QGI's action leaks at this accuracy (chance: 1 in 7)
+SHOWN_SAMPLES = 16  # the report pictures a cell's (or the cases') first samples; results.json has every row
 
 
 def dpsgd_defense(epsilon: float, clip: float = DP_CLIP, delta: float = DP_DELTA) -> str:
@@ -163,9 +164,10 @@ def run(out: Path, config: AuditConfig, progress: ProgressFn | None = None) -> d
         setting = cells[c][1].setting
         rows.setdefault((c, d), []).append(room_attack.score(sample, rec, setting))
         seconds[(c, d)] = seconds.get((c, d), 0.0) + rec.seconds
-        pictures.setdefault((c, d), []).append(matched_first(rec.images, sample.truth["images"]))
-        if d == 0:
-            truths.setdefault(c, []).append(sample.truth["images"][:1])
+        if len(rows[(c, d)]) <= SHOWN_SAMPLES:  # results arrive in sample order
+            pictures.setdefault((c, d), []).append(matched_first(rec.images, sample.truth["images"]))
+            if d == 0:
+                truths.setdefault(c, []).append(sample.truth["images"][:1])
 
     with journal_beside(out, jobs) as journal, atomic_dir(out) as tmp:
         resumed = room_attack.run_jobs(jobs, config.workers, on_result,
@@ -246,8 +248,9 @@ def run_cases(out: Path, cases_dir: Path, attack: RoomAttackConfig, workers: int
             sample = room_attack.Sample(i, list(provenance.get("layouts", [])), case.update, truth)
             scored = room_attack.score(sample, rec, case.view.spec.setting)
             row.update(metrics=scored["metrics"], layouts=scored["layouts"], batch_size=scored["batch_size"])
-            truths.append(truth["images"][:1, -1:])
-            pictures.append(matched_first(rec.images, truth["images"])[:, -1:])
+            if len(truths) < SHOWN_SAMPLES:
+                truths.append(truth["images"][:1, -1:])
+                pictures.append(matched_first(rec.images, truth["images"])[:, -1:])
         rows.append(row)
 
     with journal_beside(out, jobs) as journal, atomic_dir(out, inputs=[cases_dir]) as tmp:
@@ -281,7 +284,8 @@ def _write_cases_report(folder: Path, results: dict[str, Any], truths, pictures)
     if truths:
         grid = image_grid([("depth original", torch.cat(truths)), ("depth reconstructed", torch.cat(pictures))],
                           folder / "figures" / "cases.png", max_cols=8, title="Saved cases (depth)")
-        figures.append(Figure("Originals and reconstructions (depth)", grid))
+        figures.append(Figure("Originals and reconstructions (depth)", grid,
+                              _shown(len(truths), results["summary"]["scored"], "scored case")))
     columns = ["case", "attack", "setting", "defense", "action", "box IoU", "depth PSNR (dB)", "depth baseline",
                "RGB PSNR (dB)", "RGB baseline", "s"]
     table = Table(columns=columns, rows=[
@@ -297,6 +301,11 @@ def _write_cases_report(folder: Path, results: dict[str, Any], truths, pictures)
                   intro="Each saved client update was attacked from the server's files only (QGI for DQN "
                         "updates, RGI for REINFORCE updates).",
                   sections=[Section(title="Cases", figures=figures, tables=[table])])
+
+
+def _shown(pictured: int, total: int, what: str) -> str:
+    """A figure's caption when it pictures only the first of its rows (:data:`SHOWN_SAMPLES`)."""
+    return f"the first {pictured} of {total} {what}s; results.json has every one" if pictured < total else ""
 
 
 def _leakage_plot(results: dict[str, Any], labels: list[str], path: Path) -> bytes:
@@ -361,7 +370,8 @@ def _write_report(folder: Path, results: dict[str, Any], cells, defenses, truths
             for d, label in enumerate(labels):
                 rows.append((f"{image}, {label}", torch.cat([p[:, sl] for p in pictures[(c, d)]])))
                 cell = by[(meta["algorithm"], meta["setting"], meta["mode"], label)]
-                captions.append([f"{r['metrics'][f'{image}_paper_psnr']:.1f} dB" for r in cell["samples"]])
+                captions.append([f"{r['metrics'][f'{image}_paper_psnr']:.1f} dB"
+                                 for r in cell["samples"][:SHOWN_SAMPLES]])
         title = f"{meta['algorithm'].upper()} {meta['setting']} ({meta['mode']} mode)"
         slug = f"{meta['algorithm']}-{meta['setting']}-{meta['mode']}"
         grid = image_grid(rows, folder / "figures" / f"{slug}.png", captions=captions, max_cols=8, title=title)
@@ -387,7 +397,8 @@ def _write_report(folder: Path, results: dict[str, Any], cells, defenses, truths
         text = (f"{run_config.samples} private transition(s) from {len(set(run_config.layouts or ()))} "
                 f"room(s), each sent alone as the FedSGD gradient of {what}. Top: the originals; below, the "
                 f"server's reconstruction under each defense.")
-        sections.append(Section(title=title, text=text, figures=[Figure("Originals and reconstructions", grid)],
+        shown = _shown(len(truths[c]), run_config.samples, "sample")
+        sections.append(Section(title=title, text=text, figures=[Figure("Originals and reconstructions", grid, shown)],
                                 tables=[table]))
     summary = [("generated", time.strftime("%Y-%m-%d %H:%M:%S")), ("device", results["device"]),
                ("leaklab", results["versions"]["leaklab"]), ("torch", results["versions"]["torch"]),
