@@ -583,7 +583,7 @@ def test_run_jobs_takes_what_the_journal_holds_and_attacks_the_rest(tmp_path, wo
         assert not set(AttackJournal(tmp_path, jobs_b).digests) & set(journal.digests)
 
 
-def test_an_interrupted_pool_drops_its_queue_and_keeps_the_running_attacks(tmp_path):
+def test_a_pool_that_meets_an_error_drops_its_queue_and_keeps_the_running_attacks(tmp_path):
     from leaklab.attacks.rl import RoomAttackConfig
     from leaklab.experiments import room_attack
     from leaklab.experiments.attack_journal import RESUME_DIR, AttackJournal
@@ -595,14 +595,39 @@ def test_an_interrupted_pool_drops_its_queue_and_keeps_the_running_attacks(tmp_p
     jobs = [room_attack.Job("qgi", config.spec, state, s.update, attack) for s in clean]
 
     def stop(i, rec):
-        raise Interrupt
+        raise OSError("no space left on device")
 
-    with pytest.raises(Interrupt):
+    with pytest.raises(OSError):
         room_attack.run_jobs(jobs, 2, stop, journal=AttackJournal(tmp_path, jobs))
     # the first result and the one running beside it are kept; the queue is dropped (only the few
     # jobs the pool had already handed its workers' call queue still run, and are kept)
     kept = len(list((tmp_path / RESUME_DIR).iterdir()))
     assert 2 <= kept < len(jobs), kept
+
+
+def test_ctrl_c_stops_a_pools_workers_at_once(tmp_path):
+    """Not after the running and the queued attacks have run (a terminal's Ctrl-C interrupts the
+    workers' running attacks too, so waiting kept only the queued ones, which nobody asked for)."""
+    import multiprocessing
+
+    from leaklab.attacks.rl import RoomAttackConfig
+    from leaklab.experiments import room_attack
+    from leaklab.experiments.attack_journal import RESUME_DIR, AttackJournal
+
+    config = room_attack.RoomRunConfig(algorithm="qgi", setting="S2", samples=4, layouts=layouts_arg("4"),
+                                       attack=RoomAttackConfig(iterations=2))
+    state, clean = room_attack.capture_samples(config)
+    # the first attack is over in a second, the others would take minutes
+    jobs = [room_attack.Job("qgi", config.spec, state, s.update,
+                            RoomAttackConfig(iterations=2 if s.index == 0 else 20000)) for s in clean]
+
+    def stop(i, rec):
+        raise Interrupt
+
+    with pytest.raises(Interrupt):
+        room_attack.run_jobs(jobs, 2, stop, journal=AttackJournal(tmp_path, jobs))
+    assert len(list((tmp_path / RESUME_DIR).iterdir())) == 1  # the finished attack is kept
+    assert not multiprocessing.active_children()
 
 
 def test_run_jobs_builds_a_job_list_as_the_pool_needs_it():

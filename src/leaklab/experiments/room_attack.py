@@ -244,8 +244,9 @@ def run_jobs(jobs: Sequence[Job], workers: int, on_result: Callable[[int, RoomRe
     image stage it has run: after each result and whenever a running attack reports. With a
     ``journal`` (of these jobs), a job it holds is not attacked again: its saved reconstruction is
     read and handed on in its turn (an entry that does not read back is attacked then); every new
-    result is saved to it as soon as it is ready (on an error or an
-    interruption the queued jobs are dropped and the running ones saved when they finish). A pool is
+    result is saved to it as soon as it is ready (on an error the queued jobs are dropped and the
+    running ones saved when they finish; on Ctrl-C or SIGTERM the workers are stopped at once, their
+    running attacks lost, as a terminal's Ctrl-C interrupts them anyway). A pool is
     handed ``QUEUED_PER_WORKER`` jobs beyond one per worker, the next as one finishes, so a
     :class:`JobList` builds its jobs as they are needed. Returns how many jobs the journal held."""
     held = journal.held() if journal else set()
@@ -321,9 +322,19 @@ def run_jobs(jobs: Sequence[Job], workers: int, on_result: Callable[[int, RoomRe
                 hand_over()
             read_reports()
             deliver(i, futures.pop(i).result())
+    except (KeyboardInterrupt, SystemExit):  # asked to stop: not after the queued attacks have run
+        _stop_workers(pool)
+        raise
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
     return resumed
+
+
+def _stop_workers(pool: ProcessPoolExecutor) -> None:
+    """Terminate a pool's worker processes now (Python 3.11 has no public call for it; 3.14's
+    ``terminate_workers`` does the same from the same process table)."""
+    for process in list((pool._processes or {}).values()):
+        process.terminate()
 
 
 def _keep(journal: AttackJournal, index: int, future: Future) -> None:
