@@ -10,7 +10,8 @@ import torch
 
 from leaklab.errors import LeaklabError
 from leaklab.experiments.capture import CaptureConfig, capture, write
-from leaklab.io import (UPDATE_FILE, UPDATE_JSON, VIEW_FILE, atomic_dir, check_out, load_case, load_tensors,
+from leaklab.io import (AUDIT_FORMAT, REPRODUCTION_FORMAT, ROOM_ATTACK_FORMAT, UPDATE_FILE, UPDATE_JSON, VIEW_FILE,
+                        VIEW_FORMAT, atomic_dir, check_out, load_case, load_tensors,
                         load_truth, new_run_dir, read_config, read_json, save_tensors, sha256_file,
                         write_json)
 
@@ -102,33 +103,65 @@ def test_read_config_yaml(tmp_path):
 def test_atomic_dir_leaves_nothing_on_error(tmp_path):
     out = tmp_path / "out"
     with pytest.raises(RuntimeError):
-        with atomic_dir(out) as tmp:
+        with atomic_dir(out, ROOM_ATTACK_FORMAT) as tmp:
             (tmp / "results.json").write_text("{}")
             raise RuntimeError("boom")
     assert not out.exists()
     assert list(tmp_path.iterdir()) == []
 
 
-def test_atomic_dir_replaces_only_leaklab_output(tmp_path):
+def _results(folder: Path, fmt: str, **more) -> None:
+    (folder / "results.json").write_text(json.dumps({"format": fmt, **more}))
+
+
+def test_atomic_dir_replaces_only_the_same_commands_output(tmp_path):
     out = tmp_path / "out"
-    with atomic_dir(out) as tmp:
-        (tmp / "results.json").write_text("{}")
+    with atomic_dir(out, ROOM_ATTACK_FORMAT) as tmp:
+        _results(tmp, ROOM_ATTACK_FORMAT)
     assert (out / "results.json").exists()
-    with atomic_dir(out) as tmp:  # earlier leaklab output: replaced
-        (tmp / "results.json").write_text('{"second": 1}')
-    assert json.loads((out / "results.json").read_text()) == {"second": 1}
+    with atomic_dir(out, ROOM_ATTACK_FORMAT) as tmp:  # its own earlier output: replaced
+        _results(tmp, ROOM_ATTACK_FORMAT, second=1)
+    assert json.loads((out / "results.json").read_text())["second"] == 1
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+    # another command's output is not replaced: a mistyped --out must not delete an audit
+    with pytest.raises(LeaklabError, match="another command's output \\(of `leaklab attack qgi\\|rgi`\\)"):
+        with atomic_dir(out, AUDIT_FORMAT):
+            pass
+    assert json.loads((out / "results.json").read_text())["second"] == 1
 
     mine = tmp_path / "mine"
     mine.mkdir()
     (mine / "thesis.tex").write_text("precious")
-    with pytest.raises(LeaklabError, match="choose a new folder"):
-        with atomic_dir(mine):
+    with pytest.raises(LeaklabError, match="leaklab did not write; choose a new folder"):
+        with atomic_dir(mine, ROOM_ATTACK_FORMAT):
             pass
+    # a file named like leaklab's marker does not make a folder leaklab's
+    for text in ("{}", '{"format": "mine"}', "[1]", "not json", '{"format": "leaklab.room_attack"'):
+        (mine / "results.json").write_text(text)
+        with pytest.raises(LeaklabError, match="leaklab did not write"):
+            check_out(mine, ROOM_ATTACK_FORMAT)
     assert (mine / "thesis.tex").read_text() == "precious"
     interrupted = tmp_path / "table"  # a reproduction stopped after some cells: resumable output
-    (interrupted / "cells" / "qgi-S2").mkdir(parents=True)
-    assert check_out(interrupted) == interrupted
+    (interrupted / "cells" / ".leaklab-resume").mkdir(parents=True)  # the first cell's finished attacks
+    assert check_out(interrupted, REPRODUCTION_FORMAT) == interrupted
+    (interrupted / "cells" / "qgi-S2").mkdir()
+    with pytest.raises(LeaklabError, match="leaklab did not write"):  # a folder that is no finished cell
+        check_out(interrupted, REPRODUCTION_FORMAT)
+    _results(interrupted / "cells" / "qgi-S2", ROOM_ATTACK_FORMAT)
+    (interrupted / "cells" / "digits-gaussian-0-bayes.tune.jsonl").write_text("")  # the Bayes table's journal
+    assert check_out(interrupted, REPRODUCTION_FORMAT) == interrupted
+    with pytest.raises(LeaklabError, match="another command's output"):
+        check_out(interrupted, ROOM_ATTACK_FORMAT)
+
+
+def test_an_out_that_cannot_be_created_is_one_error(tmp_path):
+    (tmp_path / "afile").write_text("x")
+    for out in (tmp_path / "afile" / "sub", tmp_path / "afile" / "sub" / "deeper"):
+        with pytest.raises(LeaklabError, match="cannot create its folder .*afile is a file"):
+            with atomic_dir(out, ROOM_ATTACK_FORMAT):
+                pass
+    with pytest.raises(LeaklabError, match="is a file"):
+        check_out(tmp_path / "afile", ROOM_ATTACK_FORMAT)
 
 
 def test_new_run_dir_is_unique(tmp_path):
@@ -253,11 +286,11 @@ def test_out_through_dotdot_or_a_symlink_is_still_the_input(case_dir):
     dotted = case_dir.parent / "x" / ".." / case_dir.name
     (case_dir.parent / "x").mkdir()
     with pytest.raises(LeaklabError, match="would replace the input"):
-        check_out(dotted, inputs=[case_dir])
+        check_out(dotted, VIEW_FORMAT, inputs=[case_dir])
     link = case_dir.parent / "link"
     link.symlink_to(case_dir)
     with pytest.raises(LeaklabError, match="would replace the input"):
-        check_out(case_dir, inputs=[link])
+        check_out(case_dir, VIEW_FORMAT, inputs=[link])
 
 
 @pytest.mark.parametrize("name", ["/dev/zero", "../case2/update.safetensors", "", ".."])

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from leaklab.errors import LeaklabError
-from leaklab.io import atomic_dir, read_json, write_json
+from leaklab.io import VIEW_FORMAT, atomic_dir, read_json, write_json
 from leaklab.models import PerceptionSpec, build_perception_net
 from leaklab.rl.capture import (collect_transitions, dqn_client_update, load_room_case, load_room_truth,
                                 partly_trained_net, reinforce_client_update, target_copy, write_room_case)
@@ -59,7 +59,7 @@ def test_room_case_round_trip(tmp_path, setting, algorithm, batch):
         torch.testing.assert_close(truth["reward"], torch.tensor([t.ret for t in trs]))
     assert update.metadata.batch_size == batch and ("rgb" in truth) == (setting == "S1")
     state = net.state_dict()
-    with atomic_dir(tmp_path / "case") as tmp:
+    with atomic_dir(tmp_path / "case", VIEW_FORMAT) as tmp:
         write_room_case(tmp, spec, state, update, truth, provenance={"layouts": [t.layout for t in trs]})
     case = load_room_case(tmp_path / "case")
     assert case.view.spec == spec and case.view.metadata == update.metadata

@@ -44,6 +44,7 @@ from leaklab.threat import Capabilities, ClientUpdate, ServerView, UpdateMetadat
 
 FORMAT_VERSION = 1
 MAX_TENSOR_FILE_BYTES = 16 << 30  # a model or update file larger than this is refused, never read
+MAX_MARKER_BYTES = 256 << 20  # a marker JSON file larger than this is not taken as leaklab's output
 
 VIEW_FILE = "view.json"
 MODEL_FILE = "model.safetensors"
@@ -55,11 +56,25 @@ RECONSTRUCTIONS_FILE = "reconstructions.safetensors"
 
 CAPTURE_JSON = "capture.json"
 
-# Entries whose presence marks a folder as leaklab output, which a new run may replace (or resume):
-# a case's view, a results file, a room capture's index, or the finished cells of an interrupted
-# table reproduction.
+# The JSON files whose ``format`` says which command wrote a folder (a case's view, a results file, a
+# room capture's index), and the folder of an interrupted reproduction's finished cells: a command
+# replaces (or resumes) only a folder it wrote itself (:func:`check_out`).
 CELLS_DIR = "cells"
-_OUTPUT_MARKERS = (VIEW_FILE, RESULTS_FILE, CAPTURE_JSON, CELLS_DIR)
+_OUTPUT_MARKERS = (VIEW_FILE, RESULTS_FILE, CAPTURE_JSON)
+# the ``format`` of each command's marker file, which names the command that wrote a folder
+AUDIT_FORMAT = "leaklab.audit"
+REPRODUCTION_FORMAT = "leaklab.reproduction"
+ROOM_ATTACK_FORMAT = "leaklab.room_attack"
+ROOM_CAPTURE_FORMAT = "leaklab.room_capture"
+IMAGE_ATTACK_FORMAT = "leaklab.results"
+VIEW_FORMAT = "leaklab.view"
+DP_VS_INVERSION_FORMAT = "leaklab.dp-vs-inversion"
+INVERSION_CHECKS_FORMAT = "leaklab.inversion_checks"
+_WRITTEN_BY = {AUDIT_FORMAT: "leaklab audit", REPRODUCTION_FORMAT: "leaklab reproduce",
+               ROOM_ATTACK_FORMAT: "leaklab attack qgi|rgi", ROOM_CAPTURE_FORMAT: "leaklab env capture",
+               IMAGE_ATTACK_FORMAT: "leaklab attack inversion|analytic", VIEW_FORMAT: "leaklab capture",
+               DP_VS_INVERSION_FORMAT: "leaklab reproduce dp-vs-inversion",
+               INVERSION_CHECKS_FORMAT: "leaklab reproduce inversion-checks"}
 
 
 # --------------------------------------------------------------------------------------------
@@ -238,45 +253,86 @@ def load_tensors(path: Path, what: str, sha256: str | None = None,
 # output folders
 
 
-def _replaceable(out: Path) -> bool:
-    if not out.exists():
-        return True
-    if not out.is_dir():
-        return False
-    entries = [p for p in out.iterdir()]
-    return not entries or any((out / m).exists() for m in _OUTPUT_MARKERS)
+def _leaklab_format(path: Path) -> str | None:
+    """The ``format`` of a JSON file leaklab wrote (``leaklab.…``); None for anything else."""
+    try:
+        if not path.is_file() or path.stat().st_size > MAX_MARKER_BYTES:
+            return None
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return None
+    fmt = data.get("format") if isinstance(data, dict) else None
+    return fmt if isinstance(fmt, str) and fmt.startswith("leaklab.") else None
 
 
-def check_out(out: Path, inputs: Sequence[Path] = ()) -> Path:
-    """Refuse an ``--out`` that exists and is not an earlier leaklab output (never clobber user files),
-    or that is or holds one of the command's ``inputs`` (replacing it would delete them)."""
+def output_formats(out: Path) -> set[str]:
+    """The formats of the leaklab output in folder ``out``: its marker files' (a file named like one but
+    not written by leaklab does not count), and a reproduction's for a ``cells/`` folder that holds
+    only what an interrupted reproduction leaves: finished cells (``NAME/results.json`` or ``NAME.json``
+    of leaklab's), tuning journals (``.tune.jsonl``) and hidden entries (a resume journal, a partial cell)."""
+    found = {fmt for m in _OUTPUT_MARKERS if (fmt := _leaklab_format(out / m))}
+    cells = out / CELLS_DIR
+    if cells.is_dir() and all(p.name.startswith(".") or p.name.endswith(".tune.jsonl") or _leaklab_format(p)
+                              or _leaklab_format(p / RESULTS_FILE) for p in cells.iterdir()):
+        found.add(REPRODUCTION_FORMAT)
+    return found
+
+
+def check_out(out: Path, writes: str, inputs: Sequence[Path] = ()) -> Path:
+    """Refuse an ``--out`` that exists and is not the earlier output of the same kind of command (its
+    marker's format is ``writes``): never clobber a user's files, nor another command's output; and
+    one that is or holds one of the command's ``inputs`` (replacing it would delete them)."""
     out = Path(out)
     for given in inputs:  # resolved: `a/../b` and symlinks name the same folders
         given = Path(given).resolve()
         if given == out.resolve() or out.resolve() in given.parents:
             raise LeaklabError(f"--out {out} would replace the input {given}; choose another folder")
-    if not _replaceable(out):
-        kind = "a file" if out.is_file() else "a folder that leaklab did not write"
-        raise LeaklabError(f"--out {out} is {kind}; choose a new folder (leaklab replaces only its own "
-                           "earlier output)")
+    if not out.exists():
+        return out
+    if not out.is_dir():
+        raise LeaklabError(f"--out {out} is a file; choose a new folder (leaklab replaces only its own earlier output)")
+    if not any(out.iterdir()):
+        return out
+    formats = output_formats(out)
+    if not formats:
+        raise LeaklabError(f"--out {out} is a folder that leaklab did not write; choose a new folder (leaklab "
+                           "replaces only its own earlier output)")
+    if writes not in formats:
+        held = " and ".join(sorted(f"`{_WRITTEN_BY.get(f, f)}`" for f in formats))
+        raise LeaklabError(f"--out {out} holds another command's output (of {held}); choose a new folder or "
+                           "remove that one first")
     return out
 
 
+def make_out_parent(out: Path) -> None:
+    """Create ``out``'s parent folders; a path that cannot be created is a one-line error."""
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        blocker = next((p for p in (out.parent, *out.parent.parents) if p.exists() and not p.is_dir()), None)
+        why = f"{blocker} is a file" if blocker is not None else e.strerror or _first_line(e)
+        raise LeaklabError(f"--out {out}: cannot create its folder {out.parent} ({why})") from None
+
+
 @contextlib.contextmanager
-def atomic_dir(out: Path, inputs: Sequence[Path] = ()) -> Iterator[Path]:
+def atomic_dir(out: Path, writes: str, inputs: Sequence[Path] = ()) -> Iterator[Path]:
     """Yield a fresh temporary folder inside ``out``'s parent; on success it becomes ``out``.
 
     On any error (or Ctrl-C) the temporary folder is removed and ``out`` is left as it was. An
-    existing ``out`` is replaced only when it is empty or holds earlier leaklab output, and never
-    when it is or holds one of ``inputs`` (:func:`check_out`).
+    existing ``out`` is replaced only when it is empty or holds the earlier output of the same kind
+    (``writes``, the format of the results this command writes), and never when it is or holds one
+    of ``inputs`` (:func:`check_out`).
     """
-    out = check_out(Path(out), inputs).absolute()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".partial", dir=out.parent))
+    out = check_out(Path(out), writes, inputs).absolute()
+    make_out_parent(out)
+    try:
+        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".partial", dir=out.parent))
+    except OSError as e:
+        raise LeaklabError(f"--out {out}: cannot write in {out.parent} ({e.strerror or _first_line(e)})") from None
     os.chmod(tmp, 0o777 & ~_UMASK)
     try:
         yield tmp
-        check_out(out)
+        check_out(out, writes)
         if out.exists():
             trash = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".old", dir=out.parent))
             os.replace(out, trash / "old")
@@ -349,7 +405,7 @@ def write_case(folder: Path, spec: ModelSpec, state: dict[str, torch.Tensor],
         "updates": entries,
     })
     write_json(folder / VIEW_FILE, {
-        "format": "leaklab.view", "format_version": FORMAT_VERSION,
+        "format": VIEW_FORMAT, "format_version": FORMAT_VERSION,
         "model": spec.model_dump(mode="json"), "model_file": MODEL_FILE, "model_sha256": model_sha,
         "metadata": metadata.model_dump(mode="json"),
         "capabilities": capabilities.model_dump(mode="json"),

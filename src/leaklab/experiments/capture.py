@@ -20,7 +20,7 @@ from leaklab.data import DATASET_NAMES, load_images
 from leaklab.defenses import parse_defense
 from leaklab.errors import LeaklabError
 from leaklab.fl import fedavg_update, fedsgd_update, train_steps
-from leaklab.io import atomic_dir, write_case
+from leaklab.io import VIEW_FORMAT, atomic_dir, write_case
 from leaklab.models import MODEL_NAMES, ModelSpec, build_model
 from leaklab.threat import Capabilities, ClientUpdate, UpdateMetadata
 
@@ -142,7 +142,7 @@ def write(result: Capture, folder: Path) -> None:
 
 def run(config: CaptureConfig, out: Path) -> Capture:
     """``leaklab capture``: capture and write the case folder ``out`` atomically."""
-    with atomic_dir(out) as tmp:
+    with atomic_dir(out, VIEW_FORMAT) as tmp:
         result = capture(config)
         write(result, tmp)
     return result

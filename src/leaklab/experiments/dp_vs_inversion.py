@@ -32,7 +32,7 @@ from leaklab.data import load_images
 from leaklab.errors import LeaklabError
 from leaklab.experiments import ProgressFn
 from leaklab.fl import fedsgd_update, train_steps
-from leaklab.io import RESULTS_FILE, atomic_dir, write_json
+from leaklab.io import DP_VS_INVERSION_FORMAT, RESULTS_FILE, atomic_dir, write_json
 from leaklab.metrics import constant_baseline, psnr, ssim
 from leaklab.models import ModelSpec, build_model
 from leaklab.privacy.dpsgd import DPSGDConfig, clip_and_noise, noise_multiplier_for, train_private
@@ -190,8 +190,8 @@ def run(out: Path, config: DpVsInversionConfig | None = None, quick: bool = Fals
         raise LeaklabError(f"{config.data} holds {_POOL[config.data]} images: train + test + attack images "
                            "must fit in it")
     start = time.perf_counter()
-    with atomic_dir(out) as tmp:
-        results = {"format": "leaklab.dp-vs-inversion", "format_version": 1, "quick": quick,
+    with atomic_dir(out, DP_VS_INVERSION_FORMAT) as tmp:
+        results = {"format": DP_VS_INVERSION_FORMAT, "format_version": 1, "quick": quick,
                    "config": config.model_dump(mode="json")}
         results["utility"] = utility(config, progress)
         results["attack"], pictures = psnr_vs_epsilon(config, progress)

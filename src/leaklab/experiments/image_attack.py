@@ -28,8 +28,8 @@ from leaklab.device import default_device, describe
 from leaklab.errors import LeaklabError
 from leaklab.experiments import ProgressFn
 from leaklab.experiments import capture as capture_mod
-from leaklab.io import (RECONSTRUCTIONS_FILE, RESULTS_FILE, Case, atomic_dir, load_case, load_truth,
-                        save_tensors, write_json)
+from leaklab.io import (IMAGE_ATTACK_FORMAT, RECONSTRUCTIONS_FILE, RESULTS_FILE, Case, atomic_dir, load_case,
+                        load_truth, save_tensors, write_json)
 from leaklab.metrics import constant_baseline, match_order, psnr, ssim
 
 Method = Literal["inversion", "analytic"]
@@ -225,7 +225,7 @@ def _attack_and_write(case: Case, case_ref: str, out: Path, method: Method,
     provenance = truth[2] if truth is not None else {}
     view = case.view
     results = {
-        "format": "leaklab.results", "format_version": 1,
+        "format": IMAGE_ATTACK_FORMAT, "format_version": 1,
         "attack": method,
         "case": case_ref,
         "summary": summary,
@@ -264,7 +264,7 @@ def run(case_dir: Path, out: Path, method: Method = "inversion", config: Inversi
     case = load_case(case_dir)
     if method == "inversion" and config is None:
         config = InversionConfig()
-    with atomic_dir(out, inputs=[case_dir]) as tmp:
+    with atomic_dir(out, IMAGE_ATTACK_FORMAT, inputs=[case_dir]) as tmp:
         return _attack_and_write(case, str(Path(case_dir)), tmp, method, config, progress)
 
 
@@ -274,7 +274,7 @@ def run_oneshot(capture_config: capture_mod.CaptureConfig, out: Path, method: Me
     """Capture into ``out/case``, then attack it as :func:`run` does; one atomic output folder."""
     if method == "inversion" and config is None:
         config = InversionConfig()
-    with atomic_dir(out) as tmp:
+    with atomic_dir(out, IMAGE_ATTACK_FORMAT) as tmp:
         result = capture_mod.capture(capture_config)
         capture_mod.write(result, tmp / CASE_SUBDIR)
         case = load_case(tmp / CASE_SUBDIR)

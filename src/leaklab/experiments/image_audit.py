@@ -25,7 +25,7 @@ from leaklab.device import default_device, describe
 from leaklab.experiments import ProgressFn
 from leaklab.experiments.capture import CaptureConfig, capture, write
 from leaklab.experiments.image_attack import attack, evaluate, inversion_config, versions
-from leaklab.io import RESULTS_FILE, atomic_dir, load_case, load_truth, write_json
+from leaklab.io import AUDIT_FORMAT, RESULTS_FILE, atomic_dir, load_case, load_truth, write_json
 
 REPORT_FILE = "report.html"
 DEFENSES = ("none", "gaussian:0.01", "prune:0.5,gaussian:0.01")
@@ -76,7 +76,7 @@ def run(out: Path, quick: bool = False, seed: int = 0, progress: ProgressFn | No
     start = time.perf_counter()
     settings: list[dict[str, Any]] = []
     pictures: dict[str, dict[str, Any]] = {}
-    with atomic_dir(out) as tmp:
+    with atomic_dir(out, AUDIT_FORMAT) as tmp:
         for sc in chosen:
             config = inversion_config(sc.attack, seed=seed)
             for defense in defenses:
@@ -109,7 +109,7 @@ def run(out: Path, quick: bool = False, seed: int = 0, progress: ProgressFn | No
                     progress("audit", done, total)
         seconds = time.perf_counter() - start
         results = {
-            "format": "leaklab.audit", "format_version": 1,
+            "format": AUDIT_FORMAT, "format_version": 1,
             "kind": "image",
             "quick": quick, "seed": seed,
             "summary": {"seconds": seconds, "scenarios": [sc.key for sc in chosen],

@@ -30,7 +30,7 @@ from leaklab.attacks.inversion import InversionConfig, invert, recover_input, re
 from leaklab.data import load_images
 from leaklab.errors import LeaklabError
 from leaklab.fl import fedsgd_update
-from leaklab.io import RESULTS_FILE, check_out, write_json
+from leaklab.io import INVERSION_CHECKS_FORMAT, RESULTS_FILE, check_out, make_out_parent, write_json
 from leaklab.metrics import constant_baseline, psnr
 from leaklab.models import ModelSpec, build_model
 from leaklab.threat import make_view
@@ -108,14 +108,15 @@ def run(out: Path, quick: bool = False, checks: list[str] | None = None, images:
     if images is not None and images < 1:
         raise LeaklabError(f"--images must be at least 1 (got {images})")
     n = images if images is not None else (1 if quick else 5)
-    check_out(out)
+    check_out(out, INVERSION_CHECKS_FORMAT)
     dlg_cfg = DLG_CONFIG.model_copy(update={"iterations": 20}) if quick else DLG_CONFIG
     ig_cfg = IG_CONFIG.model_copy(update={"iterations": 20}) if quick else IG_CONFIG
     jobs = {"dlg": lambda: check_dlg(n, dlg_cfg), "idlg": lambda: check_idlg(5 if quick else 50),
             "analytic": lambda: check_analytic(n), "ig": lambda: check_ig(1 if quick else min(n, 3), ig_cfg),
             "ig_batch_stats": lambda: check_ig(1 if quick else min(n, 3), ig_cfg, train_mode=True)}
-    results: dict = {"targets": TARGETS, "quick": quick, "checks": {}}
-    out.mkdir(parents=True, exist_ok=True)
+    results: dict = {"format": INVERSION_CHECKS_FORMAT, "format_version": 1, "targets": TARGETS, "quick": quick, "checks": {}}
+    make_out_parent(out)
+    out.mkdir(exist_ok=True)
     for i, name in enumerate(checks):
         if progress:
             progress(name, i, len(checks))

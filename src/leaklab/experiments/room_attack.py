@@ -40,7 +40,8 @@ from leaklab.errors import LeaklabError
 from leaklab.experiments import ProgressFn
 from leaklab.experiments.attack_journal import AttackJournal, journal_beside
 from leaklab.experiments.image_attack import versions
-from leaklab.io import RECONSTRUCTIONS_FILE, RESULTS_FILE, atomic_dir, check_out, save_tensors, write_json
+from leaklab.io import (RECONSTRUCTIONS_FILE, RESULTS_FILE, ROOM_ATTACK_FORMAT, atomic_dir, check_out, save_tensors,
+                        write_json)
 from leaklab.metrics.rooms import matched_first, room_metrics
 from leaklab.models import PerceptionSpec
 from leaklab.models.perception import ArchName, architecture_digest
@@ -436,7 +437,7 @@ def reconstruction_tensors(recovered: Sequence[RoomReconstruction]) -> dict[str,
 
 def run(config: RoomRunConfig, out: Path, progress: ProgressFn | None = None) -> dict[str, Any]:
     """Capture, attack, score; write ``out`` atomically and return the results dict."""
-    check_out(out)  # before the capture: never spend minutes and then refuse the folder
+    check_out(out, ROOM_ATTACK_FORMAT)  # before the capture: never spend minutes and then refuse the folder
     require_device(config.device)
     start = time.perf_counter()
     state, clean = capture_samples(config, task_progress(progress, f"capture {config.algorithm} {config.setting}",
@@ -446,7 +447,7 @@ def run(config: RoomRunConfig, out: Path, progress: ProgressFn | None = None) ->
     truths, recs, captions = [], [], []
     recovered: list[RoomReconstruction] = []
     seconds_attacking = [0.0]
-    with journal_beside(out, jobs) as journal, atomic_dir(out) as tmp:
+    with journal_beside(out, jobs) as journal, atomic_dir(out, ROOM_ATTACK_FORMAT) as tmp:
         log = (tmp / SAMPLES_FILE).open("w")
 
         def on_result(i: int, rec: RoomReconstruction) -> None:
@@ -473,7 +474,7 @@ def run(config: RoomRunConfig, out: Path, progress: ProgressFn | None = None) ->
         summary = summarise(rows, iterations, seconds_attacking[0])
         summary["wall_seconds"] = wall
         summary["resumed_samples"] = resumed
-        results = {"format": "leaklab.room_attack", "format_version": 1,
+        results = {"format": ROOM_ATTACK_FORMAT, "format_version": 1,
                    "config": config.model_dump(mode="json"), "network": architecture_digest(config.spec),
                    "method_version": METHOD_VERSION[config.attack.mode], "summary": summary, "samples": rows,
                    "versions": versions(), "device": describe(torch.device(config.device))}

@@ -43,7 +43,7 @@ from leaklab.errors import LeaklabError
 from leaklab.experiments import ProgressFn, room_attack
 from leaklab.experiments.attack_journal import journal_beside
 from leaklab.experiments.image_attack import versions
-from leaklab.io import RESULTS_FILE, TRUTH_FILE, VIEW_FILE, atomic_dir, check_out, write_json
+from leaklab.io import AUDIT_FORMAT, RESULTS_FILE, TRUTH_FILE, VIEW_FILE, atomic_dir, check_out, write_json
 from leaklab.metrics.rooms import matched_first
 from leaklab.models.perception import ArchName
 from leaklab.privacy.dpsgd import noise_multiplier_for
@@ -124,7 +124,7 @@ def _cell_configs(config: AuditConfig) -> list[tuple[dict[str, str], room_attack
 
 def run(out: Path, config: AuditConfig, progress: ProgressFn | None = None) -> dict[str, Any]:
     """Run the audit and write ``out`` atomically; returns the results (also ``results.json``)."""
-    check_out(out)
+    check_out(out, AUDIT_FORMAT)
     require_device(config.device)
     start = time.perf_counter()
     defenses = config.defenses()
@@ -169,7 +169,7 @@ def run(out: Path, config: AuditConfig, progress: ProgressFn | None = None) -> d
             if d == 0:
                 truths.setdefault(c, []).append(sample.truth["images"][:1])
 
-    with journal_beside(out, jobs) as journal, atomic_dir(out) as tmp:
+    with journal_beside(out, jobs) as journal, atomic_dir(out, AUDIT_FORMAT) as tmp:
         resumed = room_attack.run_jobs(jobs, config.workers, on_result,
                                        room_attack.task_progress(progress, "audit", len(jobs)), journal)
         results_cells = []
@@ -180,7 +180,7 @@ def run(out: Path, config: AuditConfig, progress: ProgressFn | None = None) -> d
                 results_cells.append({**meta, "defense": label, "defense_chain": chain,
                                       "summary": room_attack.summarise(cell_rows, iterations, seconds[(c, d)]),
                                       "samples": cell_rows})
-        results = {"format": "leaklab.audit", "format_version": 2, "kind": "rooms",
+        results = {"format": AUDIT_FORMAT, "format_version": 2, "kind": "rooms",
                    "config": config.model_dump(mode="json"),
                    "summary": {"seconds": time.perf_counter() - start, "samples_attacked": len(jobs),
                                "resumed_attacks": resumed, "defenses": [label for label, _ in defenses]},
@@ -208,7 +208,7 @@ def run_cases(out: Path, cases_dir: Path, attack: RoomAttackConfig, workers: int
     (``cpu`` or ``cuda[:N]``)."""
     from leaklab.rl.cases import load_room_case, load_room_truth
 
-    check_out(out, inputs=[cases_dir])
+    check_out(out, AUDIT_FORMAT, inputs=[cases_dir])
     require_device(device)
     cases_dir = Path(cases_dir)
     folders = sorted(p for p in cases_dir.iterdir() if (p / VIEW_FILE).is_file()) if cases_dir.is_dir() else []
@@ -253,7 +253,7 @@ def run_cases(out: Path, cases_dir: Path, attack: RoomAttackConfig, workers: int
                 pictures.append(matched_first(rec.images, truth["images"])[:, -1:])
         rows.append(row)
 
-    with journal_beside(out, jobs) as journal, atomic_dir(out, inputs=[cases_dir]) as tmp:
+    with journal_beside(out, jobs) as journal, atomic_dir(out, AUDIT_FORMAT, inputs=[cases_dir]) as tmp:
         resumed = room_attack.run_jobs(jobs, workers, on_result,
                                        room_attack.task_progress(progress, "audit", len(jobs)), journal)
         scored = [r for r in rows if "metrics" in r]
@@ -262,7 +262,7 @@ def run_cases(out: Path, cases_dir: Path, attack: RoomAttackConfig, workers: int
         if scored:
             summary.update(room_attack.summarise(scored, max(r["iterations"] for r in scored),
                                                  sum(r["seconds"] for r in scored)))
-        results = {"format": "leaklab.audit", "format_version": 2, "kind": "room-cases",
+        results = {"format": AUDIT_FORMAT, "format_version": 2, "kind": "room-cases",
                    "cases_dir": str(cases_dir), "model_class": model_class, "attack": attack.model_dump(mode="json"), "summary": summary,
                    "cases": rows, "versions": versions(), "device": describe(torch.device(device))}
         write_json(tmp / RESULTS_FILE, results)

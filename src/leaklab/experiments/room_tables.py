@@ -29,7 +29,7 @@ from leaklab.attacks.rl import RoomAttackConfig
 from leaklab.attacks.rl.config import EXACT_ONLY, METHOD_VERSION
 from leaklab.errors import LeaklabError
 from leaklab.experiments import ProgressFn, room_attack
-from leaklab.io import CELLS_DIR, RESULTS_FILE, check_out, read_json, write_bytes, write_json
+from leaklab.io import CELLS_DIR, REPRODUCTION_FORMAT, RESULTS_FILE, check_out, read_json, write_bytes, write_json
 from leaklab.models.perception import architecture_digest
 
 
@@ -114,7 +114,7 @@ def _same_cell(saved: Any, config: room_attack.RoomRunConfig) -> bool:
 
 def _run_cells(out: Path, cells: dict[str, room_attack.RoomRunConfig],
                progress: ProgressFn | None) -> dict[str, dict[str, Any]]:
-    check_out(out)  # before any work: a user's file or folder is refused, an earlier run's cells resumed
+    check_out(out, REPRODUCTION_FORMAT)  # before any work: a user's file or folder is refused, an earlier run's cells resumed
     results = {}
     for i, (name, config) in enumerate(cells.items()):
         folder = out / CELLS_DIR / name
@@ -257,7 +257,7 @@ def fig4(results: dict[str, dict[str, Any]], path: Path, samples: int) -> bytes:
 
 def _finish(out: Path, name: str, mode: str, arch: str, table: dict, paper: dict, markdown: str,
             subset: str = "") -> dict[str, Any]:
-    results = {"format": "leaklab.reproduction", "experiment": name, "mode": mode, "arch": arch,
+    results = {"format": REPRODUCTION_FORMAT, "format_version": 1, "experiment": name, "mode": mode, "arch": arch,
                "section": f"{name}-{mode}-{arch}{subset}", "table": table, "paper": paper, "markdown": markdown}
     write_json(out / RESULTS_FILE, results)
     write_bytes(out / "table.md", (markdown + "\n").encode("utf-8"))

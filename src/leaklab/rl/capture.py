@@ -29,7 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from leaklab.defenses import DefenseOption, parse_defense
 from leaklab.errors import LeaklabError
-from leaklab.io import CAPTURE_JSON, atomic_dir, check_out, write_json
+from leaklab.io import CAPTURE_JSON, ROOM_CAPTURE_FORMAT, atomic_dir, check_out, write_json
 from leaklab.models import PerceptionNet, PerceptionSpec, build_perception_net
 from leaklab.rl.agents import (DQNConfig, ReinforceConfig, epsilon_greedy, td_targets, train_dqn,
                                train_reinforce)
@@ -315,15 +315,15 @@ def capture_rooms(config: RoomCaptureConfig, out: Path,
     folder is written atomically: an earlier capture there is replaced whole (no stale cases), a
     folder leaklab did not write is refused."""
     out = Path(out)
-    check_out(out)  # before the minutes of capture
+    check_out(out, ROOM_CAPTURE_FORMAT)  # before the minutes of capture
     state, rounds = client_rounds(config, on_episode)
     names = [f"{i:04d}" for i in range(len(rounds))]
-    with atomic_dir(out) as tmp:
+    with atomic_dir(out, ROOM_CAPTURE_FORMAT) as tmp:
         for i, (name, r) in enumerate(zip(names, rounds)):
             provenance = {"capture": config.model_dump(mode="json"), "index": i, "layouts": r.layouts,
                           "steps": [t.step for t in r.transitions]}
             write_room_case(tmp / name, config.spec, state, r.update, r.truth, provenance, config.model_class)
-        write_json(tmp / CAPTURE_JSON, {"format": "leaklab.room_capture", "config": config.model_dump(mode="json"),
+        write_json(tmp / CAPTURE_JSON, {"format": ROOM_CAPTURE_FORMAT, "format_version": 1, "config": config.model_dump(mode="json"),
                                         "cases": names})
         frame_sheet(tmp / CAPTURE_PNG, _sheet_frames(names, rounds, config.spec.setting))
     return [out / name for name in names]

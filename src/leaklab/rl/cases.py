@@ -19,9 +19,9 @@ from typing import Any
 import torch
 
 from leaklab.errors import LeaklabError
-from leaklab.io import (FORMAT_VERSION, MODEL_FILE, TRUTH_FILE, UPDATE_FILE, UPDATE_JSON, VIEW_FILE,
-                        check_format, dumps_json, load_tensors, member_file, parse_model, read_json,
-                        save_tensors, truth_provenance, view_parts, write_json)
+from leaklab.io import (FORMAT_VERSION, MODEL_FILE, TRUTH_FILE, UPDATE_FILE, UPDATE_JSON, VIEW_FILE, VIEW_FORMAT,
+                        check_format, dumps_json, load_tensors, member_file, parse_model, read_json, save_tensors,
+                        truth_provenance, view_parts, write_json)
 from leaklab.models import PerceptionSpec
 from leaklab.threat import Capabilities, ClientUpdate, ServerView, UpdateMetadata, make_view
 
@@ -100,7 +100,7 @@ def write_room_case(folder: Path, spec: PerceptionSpec, state: dict[str, torch.T
         "defense": update.defense, "tensor_file": UPDATE_FILE, "sha256": update_sha, "count": 1,
         "updates": [{"prefix": "u0/", "labels": None}]})
     write_json(folder / VIEW_FILE, {
-        "format": "leaklab.view", "format_version": FORMAT_VERSION, "model_type": MODEL_TYPE,
+        "format": VIEW_FORMAT, "format_version": FORMAT_VERSION, "model_type": MODEL_TYPE,
         "model": spec.model_dump(mode="json"), "model_file": MODEL_FILE, "model_sha256": model_sha,
         "metadata": meta, "capabilities": Capabilities().model_dump(mode="json"),
         "defense": update.defense})
