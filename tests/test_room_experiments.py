@@ -199,6 +199,17 @@ def test_audit_attacks_saved_room_cases(tmp_path, monkeypatch):
     result = invoke("audit", "--cases", cases, "--iterations", "3", "--workers", "1", "--out", cases)
     assert result.exit_code == 2 and "would replace the input" in result.stderr
     assert len([p for p in cases.iterdir() if p.is_dir()]) == 2
+    # a case of the capture without its view is an error, not a smaller audit; a stray folder is named
+    (cases / "0001" / "view.json").rename(cases / "0001" / "view.json.bak")
+    again = tmp_path / "again"
+    assert_user_error(invoke("audit", "--cases", cases, "--iterations", "3", "--workers", "1", "--out", again),
+                      again, "case 0001 of its capture.json has no view.json")
+    (cases / "0001" / "view.json.bak").rename(cases / "0001" / "view.json")
+    (cases / "notes").mkdir()
+    with pytest.warns(UserWarning, match="skipping 1 sub-folder\\(s\\) without view.json: notes"):
+        from leaklab.experiments.room_audit import _case_folders
+
+        assert [p.name for p in _case_folders(cases)] == ["0000", "0001"]
 
 
 def test_audit_of_cases_checks_every_truth_before_attacking(tmp_path):
@@ -310,6 +321,15 @@ def test_env_contact_sheet(tmp_path):
     result = invoke("env", "contact-sheet", "--layouts", "2", "--out", out)
     assert result.exit_code == 0, result.output
     assert out.read_bytes().startswith(PNG)
+    result = invoke("env", "contact-sheet", "--layouts", "1", "--out", out)  # its own image: replaced
+    assert result.exit_code == 0, result.output
+    # a folder, a user's file or another kind of file name is refused, before any room is rendered
+    (tmp_path / "notes.png").write_text("my notes")
+    (tmp_path / "folder.png").mkdir()
+    for name, words in (("folder.png", "is a folder"), ("notes.png", "not a PNG image"), ("sheet.jpg", "*.png")):
+        result = invoke("env", "contact-sheet", "--layouts", "1", "--out", tmp_path / name)
+        assert result.exit_code == 2 and words in result.stderr and "Traceback" not in result.output, result.output
+    assert (tmp_path / "notes.png").read_text() == "my notes" and not (tmp_path / "sheet.jpg").exists()
 
 
 def test_layouts_argument_and_summary_keys():

@@ -45,6 +45,7 @@ from leaklab.threat import Capabilities, ClientUpdate, ServerView, UpdateMetadat
 FORMAT_VERSION = 1
 MAX_TENSOR_FILE_BYTES = 16 << 30  # a model or update file larger than this is refused, never read
 MAX_MARKER_BYTES = 256 << 20  # a marker JSON file larger than this is not taken as leaklab's output
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 VIEW_FILE = "view.json"
 MODEL_FILE = "model.safetensors"
@@ -312,6 +313,26 @@ def make_out_parent(out: Path) -> None:
         blocker = next((p for p in (out.parent, *out.parent.parents) if p.exists() and not p.is_dir()), None)
         why = f"{blocker} is a file" if blocker is not None else e.strerror or _first_line(e)
         raise LeaklabError(f"--out {out}: cannot create its folder {out.parent} ({why})") from None
+
+
+def check_png_out(out: Path) -> Path:
+    """Refuse a PNG ``--out`` that is not named ``*.png``, is a folder, or is an existing file that is
+    not a PNG (leaklab overwrites an image, never a user's other file); its folder is created."""
+    out = Path(out)
+    if out.suffix.lower() != ".png":
+        raise LeaklabError(f"--out {out}: leaklab writes a PNG image here; name the file *.png")
+    if out.is_dir():
+        raise LeaklabError(f"--out {out} is a folder; name a *.png file")
+    if out.exists():
+        try:
+            with out.open("rb") as f:
+                head = f.read(len(PNG_MAGIC))
+        except OSError as e:
+            raise LeaklabError(f"--out {out} cannot be read ({e.strerror or _first_line(e)})") from None
+        if head != PNG_MAGIC:
+            raise LeaklabError(f"--out {out} exists and is not a PNG image; choose a new file name")
+    make_out_parent(out)
+    return out
 
 
 @contextlib.contextmanager

@@ -31,6 +31,7 @@ from __future__ import annotations
 import math
 import statistics
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -43,7 +44,8 @@ from leaklab.errors import LeaklabError
 from leaklab.experiments import ProgressFn, room_attack
 from leaklab.experiments.attack_journal import journal_beside
 from leaklab.experiments.image_attack import versions
-from leaklab.io import AUDIT_FORMAT, RESULTS_FILE, TRUTH_FILE, VIEW_FILE, atomic_dir, check_out, write_json
+from leaklab.io import (AUDIT_FORMAT, CAPTURE_JSON, RESULTS_FILE, TRUTH_FILE, VIEW_FILE, atomic_dir, check_out,
+                        read_json, write_json)
 from leaklab.metrics.rooms import matched_first
 from leaklab.models.perception import ArchName
 from leaklab.privacy.dpsgd import noise_multiplier_for
@@ -211,9 +213,7 @@ def run_cases(out: Path, cases_dir: Path, attack: RoomAttackConfig, workers: int
     check_out(out, AUDIT_FORMAT, inputs=[cases_dir])
     require_device(device)
     cases_dir = Path(cases_dir)
-    folders = sorted(p for p in cases_dir.iterdir() if (p / VIEW_FILE).is_file()) if cases_dir.is_dir() else []
-    if (cases_dir / VIEW_FILE).is_file():
-        folders = [cases_dir]
+    folders = _case_folders(cases_dir)
     if not folders:
         raise LeaklabError(f"--cases {cases_dir}: no room case folders (with {VIEW_FILE}) found (the format of "
                            "docs/formats.md; `leaklab env capture` writes them from the rooms)")
@@ -268,6 +268,28 @@ def run_cases(out: Path, cases_dir: Path, attack: RoomAttackConfig, workers: int
         write_json(tmp / RESULTS_FILE, results)
         _write_cases_report(tmp, results, truths, pictures)
     return results
+
+
+def _case_folders(cases_dir: Path) -> list[Path]:
+    """The case folders under ``cases_dir`` (or ``cases_dir`` itself when it is one). A case that its
+    capture's ``capture.json`` lists but that lacks its view is an error; another sub-folder without
+    a view is skipped with a warning naming it."""
+    if (cases_dir / VIEW_FILE).is_file():
+        return [cases_dir]
+    if not cases_dir.is_dir():
+        return []
+    index = read_json(cases_dir / CAPTURE_JSON) if (cases_dir / CAPTURE_JSON).is_file() else {}
+    listed = index.get("cases") if isinstance(index, dict) else None
+    lost = [name for name in listed if not (cases_dir / str(name) / VIEW_FILE).is_file()] if isinstance(listed, list) else []
+    if lost:
+        raise LeaklabError(f"--cases {cases_dir}: case {lost[0]} of its {CAPTURE_JSON} has no {VIEW_FILE}"
+                           f"{f' (nor have {len(lost) - 1} more)' if len(lost) > 1 else ''}; restore it or capture again")
+    subs = sorted(p for p in cases_dir.iterdir() if p.is_dir() and not p.name.startswith("."))
+    skipped = [p.name for p in subs if not (p / VIEW_FILE).is_file()]
+    if skipped and len(skipped) < len(subs):
+        warnings.warn(f"--cases {cases_dir}: skipping {len(skipped)} sub-folder(s) without {VIEW_FILE}: "
+                      f"{', '.join(skipped[:3])}{', ...' if len(skipped) > 3 else ''}", UserWarning, stacklevel=3)
+    return [p for p in subs if (p / VIEW_FILE).is_file()]
 
 
 def _action_text(row: dict[str, Any]) -> str:

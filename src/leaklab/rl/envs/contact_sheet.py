@@ -20,7 +20,7 @@ from matplotlib.figure import Figure  # noqa: E402
 from matplotlib.patches import Rectangle  # noqa: E402
 
 from leaklab.errors import LeaklabError  # noqa: E402
-from leaklab.io import write_bytes  # noqa: E402
+from leaklab.io import check_png_out, write_bytes  # noqa: E402
 from leaklab.rl.envs.active_perception import ActivePerceptionEnv  # noqa: E402
 from leaklab.rl.envs.layouts import LAYOUTS  # noqa: E402
 
@@ -32,6 +32,7 @@ def contact_sheet(out: Path, layouts: Sequence[str] | None = None, seed: int = 0
     names = list(LAYOUTS) if layouts is None else list(layouts)
     if not names:
         raise LeaklabError("no layouts given for the contact sheet; pass at least one layout name")
+    check_png_out(out)
     frames = []
     for name in names:
         env = ActivePerceptionEnv(layout=name)
