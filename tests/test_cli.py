@@ -125,6 +125,10 @@ def test_analytic_recovers_mlp_input_exactly(tmp_path):
     res = json.loads((out / "results.json").read_text())
     assert res["summary"]["psnr_mean"] > 100
     assert res["summary"]["label_accuracy"] == 1.0
+    # the one-shot form's model is the MLP unless named (its first layer is fully connected)
+    result = invoke("attack", "analytic", "--data", "digits", "--image-size", "8", "--width", "32", "--out", out)
+    assert result.exit_code == 0, result.output
+    assert json.loads((out / "results.json").read_text())["config"]["capture"]["model"] == "mlp"
 
 
 def test_knows_labels_flag(tmp_path):

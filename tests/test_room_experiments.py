@@ -144,6 +144,11 @@ def test_quick_room_audit_writes_report_with_defenses(tmp_path):
     assert clean["summary"]["iou_min"] > 0.999
     assert (out / "figures" / "leakage_per_defense.png").read_bytes().startswith(PNG)
     assert "At a glance" in html and "leaks the target&#39;s box" in html  # 3 image steps: not the room
+    # 3 image steps: the report says that its verdicts understate the leak, and how much the attacks did
+    assert "fewer than the 2000 they take by default" in html and "1 sample per cell from 1 room" in html
+    # RGI's share of updates with a policy-gradient part is shown for clean updates only (noise passes for one)
+    rgi = [line for line in result.output.splitlines() if line.strip().startswith("RGI")]
+    assert [("policy-gradient part found" in line) for line in rgi] == [True, False, False], rgi
 
 
 def test_audit_report_pictures_a_cells_first_samples_and_scores_them_all(tmp_path, monkeypatch):
@@ -206,7 +211,7 @@ def test_audit_attacks_saved_room_cases(tmp_path, monkeypatch):
                       again, "case 0001 of its capture.json has no view.json")
     (cases / "0001" / "view.json.bak").rename(cases / "0001" / "view.json")
     (cases / "notes").mkdir()
-    with pytest.warns(UserWarning, match="skipping 1 sub-folder\\(s\\) without view.json: notes"):
+    with pytest.warns(UserWarning, match="skipping 1 sub-folder without view.json: notes"):
         from leaklab.experiments.room_audit import _case_folders
 
         assert [p.name for p in _case_folders(cases)] == ["0000", "0001"]

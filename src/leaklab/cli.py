@@ -23,6 +23,7 @@ from pydantic import ValidationError
 from leaklab.data import DATASET_NAMES
 from leaklab.errors import LeaklabError
 from leaklab.models import MODEL_NAMES
+from leaklab.words import plural
 
 app = typer.Typer(name="leaklab", no_args_is_help=True, add_completion=False,
                   pretty_exceptions_show_locals=False,
@@ -209,7 +210,7 @@ def _echo_summary(out: Path, results: dict) -> None:
         parts.append(f"SSIM {s['ssim_mean']:.3f}")
     if s.get("label_accuracy") is not None:
         parts.append(f"labels {100 * s['label_accuracy']:.0f}%")
-    parts.append(f"{s.get('images', '?')} image(s), {s.get('seconds', 0):.1f} s")
+    parts.append(f"{plural(s['images'], 'image') if 'images' in s else '? images'}, {s.get('seconds', 0):.1f} s")
     typer.echo(f"wrote {out}: " + ", ".join(parts))
 
 
@@ -296,7 +297,7 @@ def capture(
                              train_steps=train_steps, knows_labels=knows_labels, update=update,
                              local_steps=local_steps, local_lr=local_lr, bn_stats=bn_stats)
     result = capture_mod.run(config, out)
-    typer.echo(f"wrote {out}: {len(result.updates)} update(s) of {config.batch_size} image(s), "
+    typer.echo(f"wrote {out}: {plural(len(result.updates), 'update')} of {plural(config.batch_size, 'image')}, "
                f"model {result.spec.name}, defense {result.defense or 'none'}")
 
 
@@ -359,7 +360,9 @@ def attack_analytic(
     case: Annotated[Optional[Path], typer.Option("--case", help="case folder from `leaklab capture`; "
                                                  "without it, the capture options make one in OUT/case")] = None,
     seed: Annotated[Optional[int], typer.Option("--seed", help="one-shot capture seed (default 0)")] = None,
-    model: ModelOpt = None, data: DataOpt = None, batch_size: BatchOpt = None, num_images: NumOpt = None,
+    model: Annotated[Optional[str], typer.Option("--model", help=" | ".join(MODEL_NAMES) + " (default mlp)",
+                                                 rich_help_panel=CAPTURE)] = None,
+    data: DataOpt = None, batch_size: BatchOpt = None, num_images: NumOpt = None,
     image_seed: ImageSeedOpt = None, image_size: SizeOpt = None, width: WidthOpt = None,
     defense: DefenseOpt = None, train_steps: TrainOpt = None, knows_labels: KnowsLabelsOpt = None,
     update: UpdateOpt = None, local_steps: LocalStepsOpt = None, local_lr: LocalLrOpt = None,
@@ -369,6 +372,8 @@ def attack_analytic(
     capture_fields = _capture_fields(locals())
     if case is not None and seed is not None:
         raise LeaklabError("--seed is the one-shot capture's seed; the analytic attack of --case draws nothing")
+    if case is None and capture_fields["model"] is None and any(v is not None for v in capture_fields.values()):
+        capture_fields["model"] = "mlp"  # the one model whose first layer is fully connected
     _attack(out, case, "analytic", None, seed, capture_fields)
 
 
@@ -432,14 +437,14 @@ def _room_attack(algorithm: str, setting: str, mode: str, arch: str, samples: in
     with _progress() as progress:
         results = room_attack.run(config, out, progress=progress)
     s = results["summary"]
-    typer.echo(f"wrote {out}: " + _room_summary_line(s) + "; "
-               f"{s['samples']} sample(s) from {s['layouts']} room(s), {s['seconds_per_sample']:.1f} s each"
+    typer.echo(f"wrote {out}: " + _room_summary_line(s, defended=defense is not None) + "; "
+               f"{plural(s['samples'], 'sample')} from {plural(s['layouts'], 'room')}, {s['seconds_per_sample']:.1f} s each"
                + _resumed(s["resumed_samples"], " ({} resumed from an interrupted run)"))
 
 
-def _room_summary_line(s: dict[str, Any]) -> str:
+def _room_summary_line(s: dict[str, Any], defended: bool) -> str:
     """What a room-attack summary says leaked: the images against their baselines, box, action, and
-    the Q-value or reward errors."""
+    the Q-value or reward errors (``defended``: of updates behind a defense)."""
     from leaklab.experiments import room_attack
 
     parts = []
@@ -447,9 +452,9 @@ def _room_summary_line(s: dict[str, Any]) -> str:
         if s.get(f"{image}_psnr_mean") is not None:
             parts.append(f"{image} PSNR {s[f'{image}_psnr_mean']:.2f} dB (baseline "
                          f"{s[f'{image}_psnr_baseline_mean']:.2f}), SSIM {s[f'{image}_ssim_mean']:.3f}")
-    parts.append(f"box IoU {s['iou_mean']:.4f}, action {room_attack.action_share(s)}")
+    parts.append(f"box IoU {s['iou_mean']:.4f}, action {room_attack.action_share(s, defended)}")
     if s.get("q_target_err_mean") is not None:
-        parts.append(f"Q error {s['q_pred_err_mean']:.3g}% / target {s['q_target_err_mean']:.3g}%")
+        parts.append(f"predicted-Q error {s['q_pred_err_mean']:.3g}%, target-Q error {s['q_target_err_mean']:.3g}%")
     if s.get("reward_abs_err_mean") is not None:
         parts.append(f"reward error {s['reward_abs_err_mean']:.3g}")
     return "; ".join(parts)
@@ -547,7 +552,7 @@ def env_capture(
                                                            samples * batch_size))
     behind = f", behind {defense}" if config.defense else ""
     network, own = (model_class, f" --model-class {model_class}") if model_class else (f"{arch} network", "")
-    typer.echo(f"wrote {out}: {len(folders)} {algorithm} update(s) of {batch_size} transition(s), {setting}, "
+    typer.echo(f"wrote {out}: {plural(len(folders), algorithm + ' update')} of {plural(batch_size, 'transition')}, {setting}, "
                f"{network}{behind} (their states: {out / 'capture.png'}); attack them with "
                f"`leaklab audit --cases {out}{own}`")
 
@@ -609,7 +614,7 @@ def _room_table(name: str, out: Path | None, update_docs: bool, samples: int,
 
     if update_docs and samples < PUBLISHED_SAMPLES:
         raise LeaklabError(f"--update-docs replaces a published table ({PUBLISHED_SAMPLES} samples per cell or "
-                           f"more); run {samples} samples without it")
+                           f"more); run {plural(samples, 'sample')} without it")
     if update_docs and not room_tables.DOCS.is_file():
         raise LeaklabError(f"{room_tables.DOCS} not found; run --update-docs from the repository root")
     out = out or new_run_dir(name)
@@ -779,9 +784,9 @@ def audit(
             results = room_audit.run_cases(out, cases, attack, workers=workers, progress=progress,
                                            model_class=model_class, device=device)
             s = results["summary"]
-            typer.echo(f"wrote {out / 'report.html'}: {s['cases']} case(s), {s['scored']} scored"
+            typer.echo(f"wrote {out / 'report.html'}: {plural(s['cases'], 'case')}, {s['scored']} scored"
                        + _resumed(s["resumed_attacks"], ", {} resumed from an interrupted run")
-                       + (f"; {_room_summary_line(s)}" if s["scored"] else ""))
+                       + (f"; {_room_summary_line(s, any(r['defense'] for r in results['cases']))}" if s["scored"] else ""))
             return
         if model_class is not None:
             raise LeaklabError("--model-class belongs to --cases (your saved updates of your network)")
@@ -802,7 +807,8 @@ def audit(
         images = ", ".join(f"{im} PSNR {s[f'{im}_psnr_mean']:.2f} dB (baseline {s[f'{im}_psnr_baseline_mean']:.2f})"
                            for im in ("rgb", "depth") if s.get(f"{im}_psnr_mean") is not None)
         typer.echo(f"  {cell['algorithm'].upper()} {cell['setting']} {cell['mode']:5s} {cell['defense']:18s} "
-                   f"{images}, box IoU {s['iou_mean']:.3f}, action {room_attack.action_share(s)}")
+                   f"{images}, box IoU {s['iou_mean']:.3f}, "
+                   f"action {room_attack.action_share(s, cell['defense_chain'] is not None)}")
 
 
 def _image_audit(out: Path, quick: bool, seed: int, progress: Callable[..., None]) -> None:

@@ -26,6 +26,7 @@ from leaklab.experiments import ProgressFn
 from leaklab.experiments.capture import CaptureConfig, capture, write
 from leaklab.experiments.image_attack import attack, evaluate, inversion_config, versions
 from leaklab.io import AUDIT_FORMAT, RESULTS_FILE, atomic_dir, load_case, load_truth, write_json
+from leaklab.words import plural
 
 REPORT_FILE = "report.html"
 DEFENSES = ("none", "gaussian:0.01", "prune:0.5,gaussian:0.01")
@@ -167,7 +168,7 @@ def _write_report(path: Path, results: dict[str, Any], chosen: list[Scenario],
                    smp["label_true"], smp["label_correct"]]
                   for d in defenses for smp in by[(sc.key, d)]["samples"]])
         attack_cfg = first["attack"]
-        text = (f"{sc.num_images} private image(s) of '{sc.data}', each sent alone as a FedSGD gradient "
+        text = (f"{plural(sc.num_images, 'private image')} of '{sc.data}', each sent alone as a FedSGD gradient "
                 f"of an untrained {sc.model}. The server runs {attack_cfg['objective']} gradient matching "
                 f"with {attack_cfg['optimizer']} for {attack_cfg['iterations']} iterations; labels are "
                 f"recovered from the last layer (iDLG). Top row: the originals; below, the "

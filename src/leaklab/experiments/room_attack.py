@@ -379,11 +379,12 @@ def summarise(rows: list[dict[str, Any]], iterations: int, seconds: float) -> di
     return summary
 
 
-def action_share(summary: dict[str, Any]) -> str:
+def action_share(summary: dict[str, Any], defended: bool = False) -> str:
     """Action accuracy, with RGI's share of updates that had a policy-gradient part at all (the rest:
-    a zero return, whose update holds no trace of the action; under noise any residual counts)."""
+    a zero return, whose update holds no trace of the action), left out for ``defended`` updates,
+    where noise passes for such a part and the share says nothing."""
     text = f"{100 * summary['action_accuracy']:.0f}%"
-    if summary.get("action_identified_share") is not None:
+    if summary.get("action_identified_share") is not None and not defended:
         text += f" (policy-gradient part found: {100 * summary['action_identified_share']:.0f}%)"
     return text
 

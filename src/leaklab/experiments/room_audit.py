@@ -49,6 +49,7 @@ from leaklab.io import (AUDIT_FORMAT, CAPTURE_JSON, RESULTS_FILE, TRUTH_FILE, VI
 from leaklab.metrics.rooms import matched_first
 from leaklab.models.perception import ArchName
 from leaklab.privacy.dpsgd import noise_multiplier_for
+from leaklab.words import plural
 
 REPORT_FILE = "report.html"
 DP_DELTA = 1e-5
@@ -287,7 +288,7 @@ def _case_folders(cases_dir: Path) -> list[Path]:
     subs = sorted(p for p in cases_dir.iterdir() if p.is_dir() and not p.name.startswith("."))
     skipped = [p.name for p in subs if not (p / VIEW_FILE).is_file()]
     if skipped and len(skipped) < len(subs):
-        warnings.warn(f"--cases {cases_dir}: skipping {len(skipped)} sub-folder(s) without {VIEW_FILE}: "
+        warnings.warn(f"--cases {cases_dir}: skipping {plural(len(skipped), 'sub-folder')} without {VIEW_FILE}: "
                       f"{', '.join(skipped[:3])}{', ...' if len(skipped) > 3 else ''}", UserWarning, stacklevel=3)
     return [p for p in subs if (p / VIEW_FILE).is_file()]
 
@@ -399,15 +400,17 @@ def _write_report(folder: Path, results: dict[str, Any], cells, defenses, truths
         grid = image_grid(rows, folder / "figures" / f"{slug}.png", captions=captions, max_cols=8, title=title)
         table_rows = []
         for label in labels:
-            s = by[(meta["algorithm"], meta["setting"], meta["mode"], label)]["summary"]
+            cell = by[(meta["algorithm"], meta["setting"], meta["mode"], label)]
+            s = cell["summary"]
             supervision = (f"{s['q_target_err_mean']:.3g} %" if s.get("q_target_err_mean") is not None
                            else f"{s.get('reward_abs_err_mean', math.nan):.3g}")
             table_rows.append([label, s.get("rgb_psnr_mean"), s.get("rgb_psnr_baseline_mean"), s.get("rgb_ssim_mean"),
                                s.get("depth_psnr_mean"), s.get("depth_psnr_baseline_mean"), s.get("depth_ssim_mean"),
-                               s.get("iou_mean"), room_attack.action_share(s), supervision,
+                               s.get("iou_mean"), room_attack.action_share(s, cell["defense_chain"] is not None),
+                               supervision,
                                s.get("seconds_per_sample")])
         table = Table(columns=["defense", "RGB PSNR (dB)", "RGB baseline", "RGB SSIM", "depth PSNR (dB)",
-                               "depth baseline", "depth SSIM", "box IoU", "action", "target Q error / reward error",
+                               "depth baseline", "depth SSIM", "box IoU", "action", "target-Q error (%) or reward error (absolute)",
                                "s per sample"],
                       rows=table_rows,
                       caption="Baseline: a constant image at the true mean, what an attacker gets with no "
@@ -416,24 +419,33 @@ def _write_report(folder: Path, results: dict[str, Any], cells, defenses, truths
         what = ("a DQN client (MSE TD loss); QGI recovers the state, the action and the target Q-value"
                 if meta["algorithm"] == "qgi" else
                 "a REINFORCE client (with entropy bonus); RGI recovers the state, the action and the reward")
-        text = (f"{run_config.samples} private transition(s) from {len(set(run_config.layouts or ()))} "
-                f"room(s), each sent alone as the FedSGD gradient of {what}. Top: the originals; below, the "
+        text = (f"{plural(run_config.samples, 'private transition')} from "
+                f"{plural(len(set(run_config.layouts or ())), 'room')}, each sent alone as the FedSGD gradient of {what}. Top: the originals; below, the "
                 f"server's reconstruction under each defense.")
         shown = _shown(len(truths[c]), run_config.samples, "sample")
         sections.append(Section(title=title, text=text, figures=[Figure("Originals and reconstructions", grid, shown)],
                                 tables=[table]))
+    config = results["config"]
+    iterations = sorted({cell["summary"]["iterations"] for cell in results["cells"]})
+    rooms = len(set(cells[0][1].layouts or ()))
     summary = [("generated", time.strftime("%Y-%m-%d %H:%M:%S")), ("device", results["device"]),
                ("leaklab", results["versions"]["leaklab"]), ("torch", results["versions"]["torch"]),
-               ("network", results["config"]["arch"]), ("seed", results["config"]["seed"]),
+               ("network", config["arch"]), ("seed", config["seed"]),
+               ("attacks", f"{' and '.join(config['modes'])} mode, {'/'.join(map(str, iterations))} image iterations "
+                           f"each; {plural(config['samples'], 'sample')} per cell from {plural(rooms, 'room')}"),
                ("seconds", results["summary"]["seconds"]),
                ("attacks resumed from an interrupted run", results["summary"]["resumed_attacks"])]
+    full = RoomAttackConfig.model_fields["iterations"].default
+    notice = (f"these attacks ran {iterations[0]} image iterations, fewer than the {full} they take by default: "
+              "the reconstructions, and so the verdicts below, understate what the updates leak. --quick is a "
+              "smoke test of the pipeline, not an audit." if iterations[0] < full else "")
     intro = ("Can an honest-but-curious federated-learning server see a robot's private room? Robots "
              "training an active-perception policy in ViZDoom rooms share one gradient per step; the server "
              "inverts it (seed 000: QGI for DQN, RGI for REINFORCE). Defenses: Gaussian noise on every "
              "gradient entry, and one DP-SGD step (clip to norm 1, Gaussian noise calibrated to ε at "
              "δ = 1e-5).")
     render_report(folder / REPORT_FILE, "leaklab audit: your room through federated RL updates",
-                  summary=summary, intro=intro,
+                  summary=summary, intro=intro, notice=notice,
                   figures=[Figure("Leakage per defense", plot, "bars: PSNR minus the constant-image "
                                   "baseline; at or below 0 the reconstruction shows nothing of the room")],
                   sections=sections)

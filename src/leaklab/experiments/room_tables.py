@@ -31,6 +31,7 @@ from leaklab.errors import LeaklabError
 from leaklab.experiments import ProgressFn, room_attack
 from leaklab.io import CELLS_DIR, REPRODUCTION_FORMAT, RESULTS_FILE, check_out, read_json, write_bytes, write_json
 from leaklab.models.perception import architecture_digest
+from leaklab.words import plural
 
 
 # Table I of seed 000, "average" column, mean and standard deviation (the Markdown shows the means); the
@@ -161,9 +162,9 @@ def table1(out: Path, mode: str = "paper", samples: int = 48, layouts: tuple[str
                     + tuple(room_attack.SPREAD_KEYS)}
              for name, r in results.items()}
     first = table[next(iter(cells))]
-    lines = [f"Mode `{mode}`, `{arch}` network, {samples} samples per cell, "
-             f"{first['layouts']} layouts, {first['iterations']} "
-             "iterations. Ours (paper) for PSNR (dB) / SSIM with paper normalisation; baseline = "
+    lines = [f"Mode `{mode}`, `{arch}` network, {plural(samples, 'sample')} per cell, "
+             f"{plural(first['layouts'], 'layout')}, {plural(first['iterations'], 'iteration')}. "
+             "Ours (paper) for PSNR (dB) / SSIM with paper normalisation; baseline = "
              "constant image at the true mean; raw = without normalisation.", "",
              "| attack | setting | RGB PSNR | RGB SSIM | depth PSNR | depth SSIM | RGB baseline / raw | "
              "depth baseline / raw | box IoU mean (min) | action | ε(Q̂) % | ε(Q) % | reward error | s/sample |",

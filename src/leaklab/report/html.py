@@ -72,10 +72,11 @@ def _environment() -> jinja2.Environment:
 
 def render_report(path: Path | None, title: str, summary: list[tuple[str, Any]] | None = None,
                   figures: list[Figure] | None = None, sections: list[Section] | None = None,
-                  intro: str = "") -> str:
-    """Render the report; with ``path`` also write it (atomically). Returns the HTML."""
+                  intro: str = "", notice: str = "") -> str:
+    """Render the report (``notice``: a highlighted caveat above everything else); with ``path`` also
+    write it (atomically). Returns the HTML."""
     html = _environment().get_template("report.html").render(
-        title=title, intro=intro, summary=summary or [], figures=figures or [],
+        title=title, notice=notice, intro=intro, summary=summary or [], figures=figures or [],
         sections=sections or [])
     if path is not None:
         write_bytes(Path(path), html.encode("utf-8"))
