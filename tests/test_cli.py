@@ -150,6 +150,12 @@ def test_yaml_config_file_with_override(case, tmp_path):
     bad = tmp_path / "bad"
     assert_user_error(invoke("attack", "inversion", "--case", case, "--config", cfg, "--out", bad), bad,
                       "mapping of option names")
+    # the file's own mistakes are named as its fields, not as options the user never typed
+    for text, words in (("bogus: 1\n", ["--config", "field 'bogus'"]), ("iterations: -1\n", ["field 'iterations'"])):
+        cfg.write_text(text)
+        line = assert_user_error(invoke("attack", "inversion", "--case", case, "--config", cfg, "--out", bad), bad,
+                                 *words)
+        assert "--bogus" not in line and "--iterations" not in line
 
 
 def test_out_never_replaces_the_case_it_reads(case, tmp_path):

@@ -98,6 +98,7 @@ def test_attack_rgi_reports_the_reward_error_and_is_deterministic(tmp_path):
     (["--setting", "S3"], ["--setting"]),
     (["--layouts", "nowhere"], ["unknown layout", "nowhere"]),
     (["--layouts", "99"], ["--layouts 99"]),
+    (["--layouts", "-1"], ["--layouts -1", "give 1 to"]),
     (["--defense", "blur:2"], ["blur"]),
     (["--mode", "fast"], ["--mode"]),
     (["--samples", "0"], ["--samples"]),
@@ -353,7 +354,8 @@ def test_audit_attacks_saved_cases_of_the_users_own_network(tmp_path):
     assert result.exit_code == 0, result.output
     assert f"--model-class {cls}`" in result.output
     out = tmp_path / "audit"
-    assert_user_error(invoke("audit", "--cases", cases, "--out", out), out, "does not fit")
+    assert_user_error(invoke("audit", "--cases", cases, "--out", out), out,
+                      "model.safetensors: model file does not fit", "--arch (or --model-class)")
     # interrupted during the second case, then run again: the first case's attack is taken as saved
     from leaklab.attacks.rl import RoomAttackConfig
     from leaklab.experiments import room_audit

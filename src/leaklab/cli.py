@@ -52,7 +52,8 @@ def _option_name(loc: tuple) -> str:
     return _OPTION_NAMES.get(field, "--" + field.replace("_", "-"))
 
 
-def _validation_line(error: ValidationError) -> str:
+def _validation_line(error: ValidationError, field: bool = False) -> str:
+    """The first problem, naming the option (or, ``field``, the config file's field) it is about."""
     first = error.errors()[0]
     msg = str(first.get("msg", "invalid value")).replace("\n", " ")
     msg = msg.removeprefix("Value error, ")
@@ -60,7 +61,8 @@ def _validation_line(error: ValidationError) -> str:
         return msg
     got = first.get("input")
     shown = f" (got {got!r})" if got is not None and not isinstance(got, (dict, list)) else ""
-    return f"invalid {_option_name(first['loc'])}{shown}: {msg}"
+    name = f"field {'.'.join(map(str, first['loc']))!r}" if field else _option_name(first["loc"])
+    return f"invalid {name}{shown}: {msg}"
 
 
 def _fail(message: str) -> None:
@@ -346,6 +348,11 @@ def attack_inversion(
 
     capture_fields = _capture_fields(locals())
     base = read_config(config_file) if config_file else None
+    if base is not None:  # the file's own mistakes named in the file, not as options never typed
+        try:
+            image_attack.inversion_config(base)
+        except ValidationError as e:
+            raise LeaklabError(f"--config {config_file}: {_validation_line(e, field=True)}") from None
     config = image_attack.inversion_config(
         base, objective=objective, optimizer=optimizer, iterations=iterations, lr=lr, schedule=schedule,
         priors=image_attack.parse_priors(prior, tv), restarts=restarts, precision=precision, init=init,

@@ -493,7 +493,8 @@ def load_case(folder: Path) -> Case:
     """Read and validate the server's files of a case folder (never the truth)."""
     folder = Path(folder)
     if not folder.is_dir():
-        raise LeaklabError(f"case folder {folder} does not exist; write one with `leaklab capture`")
+        what = "is not a folder" if folder.exists() else "does not exist"
+        raise LeaklabError(f"case folder {folder} {what}; write one with `leaklab capture`")
     view_path = folder / VIEW_FILE
     view_json = check_format(read_json(view_path, "view"), view_path, "view")
     if view_json.get("model_type") == "perception":
@@ -503,9 +504,12 @@ def load_case(folder: Path) -> Case:
     if metadata.loss != "cross_entropy":
         raise LeaklabError(f"{view_path}: an image case's update comes from the cross-entropy loss, not "
                            f"{metadata.loss!r}; re-capture the case")
-    state, _ = load_tensors(member_file(folder, view_json.get("model_file"), MODEL_FILE, view_path), "model",
-                            view_json.get("model_sha256"))
-    view = make_view(spec, state, metadata, capabilities, defense)
+    model_path = member_file(folder, view_json.get("model_file"), MODEL_FILE, view_path)
+    state, _ = load_tensors(model_path, "model", view_json.get("model_sha256"))
+    try:
+        view = make_view(spec, state, metadata, capabilities, defense)
+    except LeaklabError as e:
+        raise LeaklabError(f"{model_path}: {e}") from None
 
     upd_path = folder / UPDATE_JSON
     upd_json = check_format(read_json(upd_path, "update metadata"), upd_path, "update")

@@ -139,8 +139,9 @@ def make_view(spec: ModelSpec | PerceptionSpec, state: dict[str, torch.Tensor], 
     problems += [k for k in state if k not in own]
     if problems:
         name = getattr(spec, "name", None) or f"perception-{spec.arch}"
+        how = "--arch (or --model-class)" if isinstance(spec, PerceptionSpec) else "--model"
         raise LeaklabError(f"model file does not fit a {name} model (first mismatch: "
-                           f"{problems[0]!r}); re-capture with the same --model")
+                           f"{problems[0]!r}); re-capture with the same {how}")
     for k, v in state.items():
         if v.is_floating_point() and not torch.isfinite(v).all():
             raise LeaklabError(f"model tensor {k!r} contains NaN or Inf values")

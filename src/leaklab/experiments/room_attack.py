@@ -119,7 +119,7 @@ def layouts_arg(value: str | None) -> tuple[str, ...] | None:
     """``--layouts``: a count (the first N layouts) or comma-separated names; None: all."""
     if value in (None, ""):
         return None
-    if value.strip().isdigit():
+    if value.strip().lstrip("+-").isdigit():  # a count, not a room's name
         count = int(value)
         if not 1 <= count <= len(LAYOUTS):
             raise LeaklabError(f"--layouts {count}: there are {len(LAYOUTS)} layouts; give 1 to {len(LAYOUTS)}")

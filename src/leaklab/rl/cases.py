@@ -113,19 +113,23 @@ def load_room_case(folder: Path, model_class: str | None = None) -> RoomCase:
     user's own perception network class the case was captured with ("module:Class")."""
     folder = Path(folder)
     if not folder.is_dir():
-        raise LeaklabError(f"room case folder {folder} does not exist; write one with write_room_case")
+        what = "is not a folder" if folder.exists() else "does not exist"
+        raise LeaklabError(f"room case folder {folder} {what}; write one with `leaklab env capture`")
     view_path, upd_path = folder / VIEW_FILE, folder / UPDATE_JSON
     view_json = check_format(read_json(view_path, "view"), view_path, "view")
     if view_json.get("model_type") != MODEL_TYPE:
-        raise LeaklabError(f"{view_path} is an image-classification case, not a room case; read it with "
-                           "leaklab.io.load_case")
+        raise LeaklabError(f"{view_path} is an image-classification case, not a room case; attack it with "
+                           f"`leaklab attack inversion --case {folder}`")
     spec, metadata, capabilities, defense = view_parts(view_json, view_path, PerceptionSpec)
     if metadata.loss not in ("dqn_mse", "reinforce"):
         raise LeaklabError(f"{view_path}: a room case's update comes from a DQN ('dqn_mse') or REINFORCE "
                            f"('reinforce') loss, not {metadata.loss!r}; re-capture the case")
-    state, _ = load_tensors(member_file(folder, view_json.get("model_file"), MODEL_FILE, view_path), "model",
-                            view_json.get("model_sha256"))
-    view = make_view(spec, state, metadata, capabilities, defense, model_class=model_class)
+    model_path = member_file(folder, view_json.get("model_file"), MODEL_FILE, view_path)
+    state, _ = load_tensors(model_path, "model", view_json.get("model_sha256"))
+    try:
+        view = make_view(spec, state, metadata, capabilities, defense, model_class=model_class)
+    except LeaklabError as e:
+        raise LeaklabError(f"{model_path}: {e}") from None
     upd_json = check_format(read_json(upd_path, "update metadata"), upd_path, "update")
     if parse_model(UpdateMetadata, upd_json.get("metadata"), f"{upd_path}: metadata") != metadata:
         raise LeaklabError(f"{upd_path} declares metadata that differs from {view_path}; re-capture the case")
