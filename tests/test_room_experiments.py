@@ -193,7 +193,10 @@ def test_audit_attacks_saved_room_cases(tmp_path, monkeypatch):
     monkeypatch.setattr("leaklab.experiments.room_audit.SHOWN_SAMPLES", 1)  # the report pictures 1 of the 2
     result = invoke("audit", "--cases", cases, "--iterations", "3", "--workers", "1", "--out", out)
     assert result.exit_code == 0, result.output
-    assert "the first 1 of 2 scored cases; results.json has every one" in (out / "report.html").read_text()
+    html = (out / "report.html").read_text()
+    assert "the first 1 of 2 scored cases; results.json has every one" in html
+    assert "At a glance" in html and "fewer than the 2000" in html and "--quick" not in html
+    assert html.count("<td>yes</td>") + html.count("<td>no</td>") == 2  # each case's action judged
     res = json.loads((out / "results.json").read_text())
     assert res["summary"]["cases"] == 2 and res["summary"]["scored"] == 2
     assert all(c["algorithm"] == "rgi" for c in res["cases"])

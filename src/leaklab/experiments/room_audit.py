@@ -303,27 +303,54 @@ def _write_cases_report(folder: Path, results: dict[str, Any], truths, pictures)
     from leaklab.report.html import Figure, Section, Table, render_report
     from leaklab.report.plots import image_grid
 
+    s, attack = results["summary"], results["attack"]
+    sections = []
+    if s["scored"]:
+        gains = [(s[f"{im}_psnr_mean"] - s[f"{im}_psnr_baseline_mean"], im) for im in ("rgb", "depth")
+                 if s.get(f"{im}_psnr_mean") is not None]
+        gain, where = max(gains)
+        qgi_only = all(r["algorithm"] == "qgi" for r in results["cases"] if "metrics" in r)
+        action = s["action_accuracy"] if qgi_only else None
+        glance = Table(columns=["largest image gain (dB)", "where", "box IoU (mean)", "action (QGI)", "verdict"],
+                       rows=[[gain, where, s["iou_mean"], None if action is None else f"{100 * action:.0f}%",
+                              _verdict(gain, where, s["iou_mean"], action)]],
+                       caption=_glance_caption() + " Over the scored cases.")
+        sections.append(Section(title="At a glance", tables=[glance]))
     figures = []
     if truths:
         grid = image_grid([("depth original", torch.cat(truths)), ("depth reconstructed", torch.cat(pictures))],
                           folder / "figures" / "cases.png", max_cols=8, title="Saved cases (depth)")
         figures.append(Figure("Originals and reconstructions (depth)", grid,
-                              _shown(len(truths), results["summary"]["scored"], "scored case")))
-    columns = ["case", "attack", "setting", "defense", "action", "box IoU", "depth PSNR (dB)", "depth baseline",
-               "RGB PSNR (dB)", "RGB baseline", "s"]
+                              _shown(len(truths), s["scored"], "scored case")))
+
+    def right(row: dict[str, Any]) -> str | None:
+        if "metrics" not in row:
+            return None
+        return "yes" if row["metrics"]["action"] == 1 else "no" if row["metrics"]["action"] == 0 else \
+            f"{100 * row['metrics']['action']:.0f}%"
+
+    columns = ["case", "attack", "setting", "defense", "action", "action right", "box IoU", "depth PSNR (dB)",
+               "depth baseline", "depth SSIM", "RGB PSNR (dB)", "RGB baseline", "RGB SSIM", "s"]
     table = Table(columns=columns, rows=[
-        [r["case"], r["algorithm"].upper(), r["setting"], r["defense"] or "none", _action_text(r),
-         r.get("metrics", {}).get("box_iou"), r.get("metrics", {}).get("depth_paper_psnr"),
-         r.get("metrics", {}).get("depth_paper_psnr_baseline"), r.get("metrics", {}).get("rgb_paper_psnr"),
-         r.get("metrics", {}).get("rgb_paper_psnr_baseline"), r["seconds"]] for r in results["cases"]],
-        caption="Metrics appear for cases whose truth.safetensors is present.")
-    render_report(folder / REPORT_FILE, "leaklab audit of saved room updates",
-                  summary=[("generated", time.strftime("%Y-%m-%d %H:%M:%S")), ("cases", results["cases_dir"]),
-                           ("seconds", results["summary"]["seconds"]),
-                           ("attacks resumed from an interrupted run", results["summary"]["resumed_attacks"])],
+        [r["case"], r["algorithm"].upper(), r["setting"], r["defense"] or "none", _action_text(r), right(r),
+         *(r.get("metrics", {}).get(k) for k in ("box_iou", "depth_paper_psnr", "depth_paper_psnr_baseline",
+                                                 "depth_paper_ssim", "rgb_paper_psnr", "rgb_paper_psnr_baseline",
+                                                 "rgb_paper_ssim")),
+         r["seconds"]] for r in results["cases"]],
+        caption="Metrics appear for cases whose truth.safetensors is present; PSNR/SSIM with the paper's "
+                "normalisation, baseline: a constant image at the true mean.")
+    sections.append(Section(title="Cases", figures=figures, tables=[table]))
+    summary = [("generated", time.strftime("%Y-%m-%d %H:%M:%S")), ("cases", results["cases_dir"]),
+               ("network", results["model_class"] or "leaklab's perception network (as the cases' views name it)"),
+               ("attacks", f"{attack['mode']} mode, {attack['iterations']} image iterations each"),
+               ("device", results["device"]), ("leaklab", results["versions"]["leaklab"]),
+               ("torch", results["versions"]["torch"]), ("seconds", s["seconds"]),
+               ("attacks resumed from an interrupted run", s["resumed_attacks"])]
+    render_report(folder / REPORT_FILE, "leaklab audit of saved room updates", summary=summary,
+                  notice=_effort_notice(attack["iterations"]),
                   intro="Each saved client update was attacked from the server's files only (QGI for DQN "
                         "updates, RGI for REINFORCE updates).",
-                  sections=[Section(title="Cases", figures=figures, tables=[table])])
+                  sections=sections)
 
 
 def _shown(pictured: int, total: int, what: str) -> str:
@@ -360,12 +387,33 @@ def verdicts(results: dict[str, Any]) -> list[list[Any]]:
         iou = max(c["summary"]["iou_mean"] for c in cells)
         actions = [c["summary"]["action_accuracy"] for c in cells if c["algorithm"] == "qgi"]
         action = statistics.fmean(actions) if actions else None
-        leaks = [f"the room ({where} {gain:+.1f} dB over the baseline)"] if gain >= IMAGE_LEAK_DB else []
-        leaks += [f"the target's box (IoU {iou:.2f})"] if iou >= BOX_LEAK_IOU else []
-        leaks += [f"the action ({100 * action:.0f}%)"] if action is not None and action >= ACTION_LEAK else []
-        verdict = "leaks " + ", ".join(leaks) if leaks else "nothing measured leaks"
-        rows.append([label, gain, where, iou, None if action is None else f"{100 * action:.0f}%", verdict])
+        rows.append([label, gain, where, iou, None if action is None else f"{100 * action:.0f}%",
+                     _verdict(gain, where, iou, action)])
     return rows
+
+
+def _verdict(gain: float, where: str, iou: float, action: float | None) -> str:
+    """What leaks, in words: the room at an image gain of :data:`IMAGE_LEAK_DB`, the box at a mean IoU
+    of :data:`BOX_LEAK_IOU`, QGI's action (``action``; None: no QGI update) at :data:`ACTION_LEAK`."""
+    leaks = [f"the room ({where} {gain:+.1f} dB over the baseline)"] if gain >= IMAGE_LEAK_DB else []
+    leaks += [f"the target's box (IoU {iou:.2f})"] if iou >= BOX_LEAK_IOU else []
+    leaks += [f"the action ({100 * action:.0f}%)"] if action is not None and action >= ACTION_LEAK else []
+    return "leaks " + ", ".join(leaks) if leaks else "nothing measured leaks"
+
+
+def _glance_caption() -> str:
+    return (f"Image gain: reconstruction PSNR minus the constant-image baseline; the room leaks at "
+            f"{IMAGE_LEAK_DB:g} dB or more, the box at a mean IoU of {BOX_LEAK_IOU:g} or more, the action at an "
+            f"accuracy of {100 * ACTION_LEAK:.0f}% or more (chance: 1 in 7).")
+
+
+def _effort_notice(iterations: int, after: str = "") -> str:
+    """The report's warning (ending in ``after``) when the attacks ran fewer image iterations than
+    their default."""
+    full = RoomAttackConfig.model_fields["iterations"].default
+    return (f"these attacks ran {iterations} image iterations, fewer than the {full} they take by default: the "
+            f"reconstructions, and so the verdicts below, understate what the updates leak.{after}"
+            if iterations < full else "")
 
 
 def _write_report(folder: Path, results: dict[str, Any], cells, defenses, truths, pictures) -> None:
@@ -377,10 +425,7 @@ def _write_report(folder: Path, results: dict[str, Any], cells, defenses, truths
     by = {(c["algorithm"], c["setting"], c["mode"], c["defense"]): c for c in results["cells"]}
     glance = Table(columns=["defense", "largest image gain (dB)", "where", "box IoU (best)", "action (QGI)",
                             "verdict"], rows=verdicts(results),
-                   caption=f"Image gain: reconstruction PSNR minus the constant-image baseline; the room "
-                           f"leaks at {IMAGE_LEAK_DB:g} dB or more, the box at a mean IoU of {BOX_LEAK_IOU:g} "
-                           f"or more, the action at an accuracy of {100 * ACTION_LEAK:.0f}% or more "
-                           f"(chance: 1 in 7).")
+                   caption=_glance_caption())
     sections = [Section(title="At a glance", tables=[glance])]
     for c, (meta, run_config) in enumerate(cells):
         rows = []
@@ -435,10 +480,7 @@ def _write_report(folder: Path, results: dict[str, Any], cells, defenses, truths
                            f"each; {plural(config['samples'], 'sample')} per cell from {plural(rooms, 'room')}"),
                ("seconds", results["summary"]["seconds"]),
                ("attacks resumed from an interrupted run", results["summary"]["resumed_attacks"])]
-    full = RoomAttackConfig.model_fields["iterations"].default
-    notice = (f"these attacks ran {iterations[0]} image iterations, fewer than the {full} they take by default: "
-              "the reconstructions, and so the verdicts below, understate what the updates leak. --quick is a "
-              "smoke test of the pipeline, not an audit." if iterations[0] < full else "")
+    notice = _effort_notice(iterations[0], " --quick is a smoke test of the pipeline, not an audit.")
     intro = ("Can an honest-but-curious federated-learning server see a robot's private room? Robots "
              "training an active-perception policy in ViZDoom rooms share one gradient per step; the server "
              "inverts it (seed 000: QGI for DQN, RGI for REINFORCE). Defenses: Gaussian noise on every "
