@@ -131,6 +131,13 @@ def test_analytic_recovers_mlp_input_exactly(tmp_path):
     assert json.loads((out / "results.json").read_text())["config"]["capture"]["model"] == "mlp"
 
 
+def test_version():
+    import leaklab
+
+    result = invoke("--version")
+    assert result.exit_code == 0 and result.output == f"leaklab {leaklab.__version__}\n"
+
+
 def test_knows_labels_flag(tmp_path):
     out = tmp_path / "case"
     assert invoke("capture", *TINY, "--knows-labels", "--out", out).exit_code == 0

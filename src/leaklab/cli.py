@@ -109,10 +109,20 @@ def _guard(fn: Callable) -> Callable:
     return wrapper
 
 
+def _print_version(value: bool) -> None:
+    if value:
+        from leaklab import __version__
+
+        typer.echo(f"leaklab {__version__}")
+        raise typer.Exit()
+
+
 @app.callback()
 @_guard
 def _main(threads: Annotated[Optional[int], typer.Option(
-        "--threads", min=1, help="torch threads for this run (default: LEAKLAB_THREADS or 1)")] = None) -> None:
+        "--threads", min=1, help="torch threads for this run (default: LEAKLAB_THREADS or 1)")] = None,
+        show_version: Annotated[bool, typer.Option("--version", callback=_print_version, is_eager=True,
+                                                   help="print leaklab's version and exit")] = False) -> None:
     """A laboratory for privacy leakage in federated learning."""
     from leaklab.device import configure_threads
 
@@ -219,6 +229,7 @@ def _echo_summary(out: Path, results: dict) -> None:
 # --------------------------------------------------------------------------------------------
 # options shared by capture and the one-shot attack
 
+SeedOpt = Annotated[int, typer.Option("--seed", help="seed of everything the command draws (same seed, same numbers)")]
 ModelOpt = Annotated[Optional[str], typer.Option("--model", help=" | ".join(MODEL_NAMES) + " (default convnet)",
                                                  rich_help_panel=CAPTURE)]
 DataOpt = Annotated[Optional[str], typer.Option("--data", help=" | ".join(DATASET_NAMES) + " (default photos)",
@@ -482,7 +493,7 @@ def _room_command(algorithm: str, doc: str) -> Callable:
         device: DeviceOpt = "cpu",
         layerwise: Annotated[bool, typer.Option("--layerwise/--no-layerwise", help="exact mode: recover "
                                                 "each conv stream's penultimate activations exactly and "
-                                                "match them (default on)")] = True,
+                                                "match them")] = True,
     ) -> None:
         _room_attack(algorithm, setting, mode, arch, samples, layouts, seed, iterations, batch_size,
                      train_steps, defense, workers, device, layerwise, out)
@@ -580,8 +591,8 @@ def reproduce_bayes_table2(
                                                           "chain each, chains separated by ';'")] = None,
     steps: Annotated[Optional[list[str]], typer.Option("--steps", help="train steps, e.g. 0,500")] = None,
     images: Annotated[Optional[int], typer.Option("--images", help="images per setting")] = None,
-    seed: Annotated[int, typer.Option("--seed")] = 0,
-    out: Annotated[Optional[Path], typer.Option("--out", help="(default runs/<id>-bayes-table2)")] = None,
+    seed: SeedOpt = 0,
+    out: Annotated[Optional[Path], typer.Option("--out", help="results folder (default runs/<time>-bayes-table2)")] = None,
 ) -> None:
     """Seed 001 Table 2: Bayes-optimal adversary vs L2/L1/cosine under noise and pruning defenses."""
     from leaklab.experiments import bayes_table2
@@ -645,12 +656,12 @@ UpdateDocsOpt = Annotated[bool, typer.Option("--update-docs", help="write the ta
 def reproduce_room_table1(
     mode: ModeOpt = "paper", samples: RoomSamplesOpt = 48, layouts: LayoutsOpt = None,
     iterations: IterationsOpt = None, arch: ArchOpt = "small",
-    seed: Annotated[int, typer.Option("--seed")] = 0,
+    seed: SeedOpt = 0,
     workers: Annotated[int, typer.Option("--workers", help="attack processes (0: one per core)")] = 0,
     device: DeviceOpt = "cpu",
     cells: Annotated[Optional[str], typer.Option("--cells", help="comma-separated subset of qgi-S1, "
                                                  "qgi-S2, rgi-S1, rgi-S2 (default all)")] = None,
-    out: Annotated[Optional[Path], typer.Option("--out", help="(default runs/<id>-room-table1)")] = None,
+    out: Annotated[Optional[Path], typer.Option("--out", help="results folder (default runs/<time>-room-table1)")] = None,
     update_docs: UpdateDocsOpt = False,
 ) -> None:
     """Seed 000 Table I: QGI and RGI in S1 and S2 on the ViZDoom rooms, beside the paper's numbers."""
@@ -668,10 +679,10 @@ def reproduce_room_table1(
 @_guard
 def reproduce_room_table2(
     samples: RoomSamplesOpt = 48, layouts: LayoutsOpt = None, iterations: IterationsOpt = None,
-    arch: ArchOpt = "small", seed: Annotated[int, typer.Option("--seed")] = 0,
+    arch: ArchOpt = "small", seed: SeedOpt = 0,
     workers: Annotated[int, typer.Option("--workers", help="attack processes (0: one per core)")] = 0,
     device: DeviceOpt = "cpu",
-    out: Annotated[Optional[Path], typer.Option("--out", help="(default runs/<id>-room-table2)")] = None,
+    out: Annotated[Optional[Path], typer.Option("--out", help="results folder (default runs/<time>-room-table2)")] = None,
     update_docs: UpdateDocsOpt = False,
 ) -> None:
     """Seed 000 Table II and Fig. 4: objectives and joint vs separate optimisation, and exact mode.
@@ -694,7 +705,7 @@ def reproduce_inversion_checks(
     images: Annotated[Optional[int], typer.Option("--images", help="images of the dlg and analytic checks "
                                                   "(ig: at most 3; idlg always 50, 5 with --quick)")] = None,
     quick: Annotated[bool, typer.Option("--quick", help="a small, fast version (tests)")] = False,
-    out: Annotated[Optional[Path], typer.Option("--out", help="(default runs/<id>-inversion-checks)")] = None,
+    out: Annotated[Optional[Path], typer.Option("--out", help="results folder (default runs/<time>-inversion-checks)")] = None,
 ) -> None:
     """The engine's reference checks: DLG, iDLG labels, analytic MLP recovery, Inverting Gradients."""
     from leaklab.experiments import inversion_checks
@@ -717,8 +728,8 @@ def reproduce_inversion_checks(
 @_guard
 def reproduce_dp_vs_inversion(
     quick: Annotated[bool, typer.Option("--quick", help="a seconds-long version (tests)")] = False,
-    seed: Annotated[int, typer.Option("--seed")] = 0,
-    out: Annotated[Optional[Path], typer.Option("--out", help="(default runs/<id>-dp-vs-inversion)")] = None,
+    seed: SeedOpt = 0,
+    out: Annotated[Optional[Path], typer.Option("--out", help="results folder (default runs/<time>-dp-vs-inversion)")] = None,
 ) -> None:
     """DP-SGD on MNIST at epsilon 3 (accuracy beside non-private) and inversion PSNR vs epsilon."""
     from leaklab.experiments import dp_vs_inversion
@@ -741,7 +752,7 @@ def reproduce_dp_vs_inversion(
 @app.command()
 @_guard
 def audit(
-    out: Annotated[Optional[Path], typer.Option("--out", help="(default runs/<id>-audit)")] = None,
+    out: Annotated[Optional[Path], typer.Option("--out", help="results folder (default runs/<time>-audit)")] = None,
     quick: Annotated[bool, typer.Option("--quick", help="a seconds-long version (tests)")] = False,
     full: Annotated[bool, typer.Option("--full", help="the paper-scale protocol (48 samples from every "
                                        "room, S1 and S2, exact and paper mode; hours)")] = False,
@@ -754,15 +765,15 @@ def audit(
     arch: Annotated[Optional[str], typer.Option("--arch", help="small | nature | deep | stacked: the "
                                                 "robots' perception network (default small)")] = None,
     iterations: IterationsOpt = None,
-    kind: Annotated[str, typer.Option("--kind", help="rooms (federated RL, the default) | images "
+    kind: Annotated[str, typer.Option("--kind", help="rooms (federated RL) | images "
                                       "(image classifiers, DLG)")] = "rooms",
     workers: Annotated[int, typer.Option("--workers", help="attack processes (0: one per core)")] = 0,
     device: DeviceOpt = "cpu",
-    seed: Annotated[int, typer.Option("--seed")] = 0,
+    seed: SeedOpt = 0,
 ) -> None:
     """The leakage audit: robots' rooms through their federated DQN/REINFORCE updates, defended or not.
 
-    Writes an HTML report (runs/<id>/report.html) and results.json."""
+    Writes OUT/report.html (OUT: runs/<time>-audit unless given) and OUT/results.json."""
     from leaklab.io import new_run_dir
 
     if kind not in ("rooms", "images"):
@@ -909,7 +920,7 @@ def mechanisms_audit(
                                                    "dirichlet 0.05)")] = None,
     runs: Annotated[Optional[int], typer.Option("--runs", help="runs on each of the two inputs (100000); "
                                                 "dpsgd: training runs (10)")] = None,
-    seed: Annotated[int, typer.Option("--seed")] = 0,
+    seed: SeedOpt = 0,
     confidence: Annotated[float, typer.Option("--confidence", help="of the lower bound")] = 0.95,
     test: Annotated[str, typer.Option("--test", help="split: threshold chosen on half the runs; scan: "
                                       "all thresholds, Bonferroni-corrected")] = "split",
