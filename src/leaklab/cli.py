@@ -314,33 +314,47 @@ def capture(
                f"model {result.spec.name}, defense {result.defense or 'none'}")
 
 
+def _inv(field: str, key: str | None = None) -> str:
+    """`` (default X)``: an attack option's default (``key``: of a mapping field), from
+    :class:`InversionConfig`, the one place it is set."""
+    from leaklab.attacks.inversion.config import InversionConfig
+
+    value = getattr(InversionConfig(), field)
+    return f" (default {value if key is None else value[key]})"
+
+
 @attack_app.command("inversion")
 @_guard
 def attack_inversion(
     out: Annotated[Path, typer.Option("--out", help="results folder to write")],
     case: Annotated[Optional[Path], typer.Option("--case", help="case folder from `leaklab capture`; "
                                                  "without it, the capture options make one in OUT/case")] = None,
-    objective: Annotated[Optional[str], typer.Option("--objective", help="l2 | l1 | cosine | bayes",
+    objective: Annotated[Optional[str], typer.Option("--objective", help="l2 | l1 | cosine | bayes" + _inv("objective"),
                                                      rich_help_panel=ATTACK)] = None,
-    optimizer: Annotated[Optional[str], typer.Option("--optimizer", help="adam | lbfgs",
+    optimizer: Annotated[Optional[str], typer.Option("--optimizer", help="adam | lbfgs" + _inv("optimizer"),
                                                      rich_help_panel=ATTACK)] = None,
-    iterations: Annotated[Optional[int], typer.Option("--iterations", rich_help_panel=ATTACK)] = None,
-    lr: Annotated[Optional[float], typer.Option("--lr", help="step size (lbfgs default 1)",
+    iterations: Annotated[Optional[int], typer.Option("--iterations", help="optimisation steps" + _inv("iterations"),
+                                                      rich_help_panel=ATTACK)] = None,
+    lr: Annotated[Optional[float], typer.Option("--lr", help="step size" + _inv("lr")[:-1] + "; lbfgs 1)",
                                                 rich_help_panel=ATTACK)] = None,
-    schedule: Annotated[Optional[str], typer.Option("--schedule", help="cosine | exp | step | constant",
+    schedule: Annotated[Optional[str], typer.Option("--schedule", help="cosine | exp | step | constant"
+                                                    + _inv("schedule"),
                                                     rich_help_panel=ATTACK)] = None,
-    tv: Annotated[Optional[float], typer.Option("--tv", help="total-variation prior weight (0: off)",
+    tv: Annotated[Optional[float], typer.Option("--tv", help="total-variation prior weight, 0: off"
+                                                + _inv("priors", "tv")[:-1] + "; lbfgs 0)",
                                                 rich_help_panel=ATTACK)] = None,
     prior: Annotated[Optional[list[str]], typer.Option("--prior", help="NAME=WEIGHT, repeatable "
                                                        "(tv, range, l2)", rich_help_panel=ATTACK)] = None,
-    restarts: Annotated[Optional[int], typer.Option("--restarts", rich_help_panel=ATTACK)] = None,
-    precision: Annotated[Optional[str], typer.Option("--precision", help="fp32 | bf16",
+    restarts: Annotated[Optional[int], typer.Option("--restarts", help="independent starts, the best kept"
+                                                    + _inv("restarts"), rich_help_panel=ATTACK)] = None,
+    precision: Annotated[Optional[str], typer.Option("--precision", help="fp32 | bf16" + _inv("precision"),
                                                      rich_help_panel=ATTACK)] = None,
-    init: Annotated[Optional[str], typer.Option("--init", help="gaussian | uniform | mean",
+    init: Annotated[Optional[str], typer.Option("--init", help="gaussian | uniform | mean" + _inv("init"),
                                                 rich_help_panel=ATTACK)] = None,
-    mc_samples: Annotated[Optional[int], typer.Option("--mc-samples", help="k of Algorithm 1 (bayes)",
+    mc_samples: Annotated[Optional[int], typer.Option("--mc-samples", help="k of Algorithm 1 (bayes)"
+                                                      + _inv("mc_samples"),
                                                       rich_help_panel=ATTACK)] = None,
-    mc_radius: Annotated[Optional[float], typer.Option("--mc-radius", help="delta of Algorithm 1",
+    mc_radius: Annotated[Optional[float], typer.Option("--mc-radius", help="delta of Algorithm 1" + _inv("mc_radius"),
                                                        rich_help_panel=ATTACK)] = None,
     config_file: Annotated[Optional[Path], typer.Option("--config", help="YAML/JSON file of "
                                                         "InversionConfig fields; options override it",
@@ -456,7 +470,8 @@ def _room_attack(algorithm: str, setting: str, mode: str, arch: str, samples: in
         results = room_attack.run(config, out, progress=progress)
     s = results["summary"]
     typer.echo(f"wrote {out}: " + _room_summary_line(s, defended=defense is not None) + "; "
-               f"{plural(s['samples'], 'sample')} from {plural(s['layouts'], 'room')}, {s['seconds_per_sample']:.1f} s each"
+               f"{plural(s['samples'], 'sample')} from {plural(s['layouts'], 'room')}, "
+               f"{s['seconds_per_sample']:.1f} s each"
                + _resumed(s["resumed_samples"], " ({} resumed from an interrupted run)"))
 
 
@@ -570,7 +585,8 @@ def env_capture(
                                                            samples * batch_size))
     behind = f", behind {defense}" if config.defense else ""
     network, own = (model_class, f" --model-class {model_class}") if model_class else (f"{arch} network", "")
-    typer.echo(f"wrote {out}: {plural(len(folders), algorithm + ' update')} of {plural(batch_size, 'transition')}, {setting}, "
+    typer.echo(f"wrote {out}: {plural(len(folders), algorithm + ' update')} of "
+               f"{plural(batch_size, 'transition')}, {setting}, "
                f"{network}{behind} (their states: {out / 'capture.png'}); attack them with "
                f"`leaklab audit --cases {out}{own}`")
 
@@ -592,7 +608,8 @@ def reproduce_bayes_table2(
     steps: Annotated[Optional[list[str]], typer.Option("--steps", help="train steps, e.g. 0,500")] = None,
     images: Annotated[Optional[int], typer.Option("--images", help="images per setting")] = None,
     seed: SeedOpt = 0,
-    out: Annotated[Optional[Path], typer.Option("--out", help="results folder (default runs/<time>-bayes-table2)")] = None,
+    out: Annotated[Optional[Path], typer.Option("--out", help="results folder (default "
+                                                "runs/<time>-bayes-table2)")] = None,
 ) -> None:
     """Seed 001 Table 2: Bayes-optimal adversary vs L2/L1/cosine under noise and pruning defenses."""
     from leaklab.experiments import bayes_table2
@@ -661,7 +678,8 @@ def reproduce_room_table1(
     device: DeviceOpt = "cpu",
     cells: Annotated[Optional[str], typer.Option("--cells", help="comma-separated subset of qgi-S1, "
                                                  "qgi-S2, rgi-S1, rgi-S2 (default all)")] = None,
-    out: Annotated[Optional[Path], typer.Option("--out", help="results folder (default runs/<time>-room-table1)")] = None,
+    out: Annotated[Optional[Path], typer.Option("--out", help="results folder (default "
+                                                "runs/<time>-room-table1)")] = None,
     update_docs: UpdateDocsOpt = False,
 ) -> None:
     """Seed 000 Table I: QGI and RGI in S1 and S2 on the ViZDoom rooms, beside the paper's numbers."""
@@ -682,7 +700,8 @@ def reproduce_room_table2(
     arch: ArchOpt = "small", seed: SeedOpt = 0,
     workers: Annotated[int, typer.Option("--workers", help="attack processes (0: one per core)")] = 0,
     device: DeviceOpt = "cpu",
-    out: Annotated[Optional[Path], typer.Option("--out", help="results folder (default runs/<time>-room-table2)")] = None,
+    out: Annotated[Optional[Path], typer.Option("--out", help="results folder (default "
+                                                "runs/<time>-room-table2)")] = None,
     update_docs: UpdateDocsOpt = False,
 ) -> None:
     """Seed 000 Table II and Fig. 4: objectives and joint vs separate optimisation, and exact mode.
@@ -700,12 +719,14 @@ def reproduce_room_table2(
 @reproduce_app.command("inversion-checks")
 @_guard
 def reproduce_inversion_checks(
-    checks: Annotated[Optional[list[str]], typer.Option("--checks", help="dlg, idlg, analytic, ig "
-                                                        "(repeatable or comma-separated; default all)")] = None,
+    checks: Annotated[Optional[list[str]], typer.Option("--checks", help="dlg, idlg, analytic, ig, ig_batch_stats "
+                                                        "(IG on a BatchNorm client in training mode; repeatable or "
+                                                        "comma-separated; default all)")] = None,
     images: Annotated[Optional[int], typer.Option("--images", help="images of the dlg and analytic checks "
                                                   "(ig: at most 3; idlg always 50, 5 with --quick)")] = None,
     quick: Annotated[bool, typer.Option("--quick", help="a small, fast version (tests)")] = False,
-    out: Annotated[Optional[Path], typer.Option("--out", help="results folder (default runs/<time>-inversion-checks)")] = None,
+    out: Annotated[Optional[Path], typer.Option("--out", help="results folder (default "
+                                                "runs/<time>-inversion-checks)")] = None,
 ) -> None:
     """The engine's reference checks: DLG, iDLG labels, analytic MLP recovery, Inverting Gradients."""
     from leaklab.experiments import inversion_checks
@@ -729,7 +750,8 @@ def reproduce_inversion_checks(
 def reproduce_dp_vs_inversion(
     quick: Annotated[bool, typer.Option("--quick", help="a seconds-long version (tests)")] = False,
     seed: SeedOpt = 0,
-    out: Annotated[Optional[Path], typer.Option("--out", help="results folder (default runs/<time>-dp-vs-inversion)")] = None,
+    out: Annotated[Optional[Path], typer.Option("--out", help="results folder (default "
+                                                "runs/<time>-dp-vs-inversion)")] = None,
 ) -> None:
     """DP-SGD on MNIST at epsilon 3 (accuracy beside non-private) and inversion PSNR vs epsilon."""
     from leaklab.experiments import dp_vs_inversion
@@ -752,7 +774,8 @@ def reproduce_dp_vs_inversion(
 @app.command()
 @_guard
 def audit(
-    out: Annotated[Optional[Path], typer.Option("--out", help="results folder (default runs/<time>-audit)")] = None,
+    out: Annotated[Optional[Path], typer.Option("--out", help="results folder (default "
+                                                "runs/<time>-audit)")] = None,
     quick: Annotated[bool, typer.Option("--quick", help="a seconds-long version (tests)")] = False,
     full: Annotated[bool, typer.Option("--full", help="the paper-scale protocol (48 samples from every "
                                        "room, S1 and S2, exact and paper mode; hours)")] = False,
@@ -804,7 +827,8 @@ def audit(
             s = results["summary"]
             typer.echo(f"wrote {out / 'report.html'}: {plural(s['cases'], 'case')}, {s['scored']} scored"
                        + _resumed(s["resumed_attacks"], ", {} resumed from an interrupted run")
-                       + (f"; {_room_summary_line(s, any(r['defense'] for r in results['cases']))}" if s["scored"] else ""))
+                       + (f"; {_room_summary_line(s, any(r['defense'] for r in results['cases']))}"
+                          if s["scored"] else ""))
             return
         if model_class is not None:
             raise LeaklabError("--model-class belongs to --cases (your saved updates of your network)")

@@ -6,11 +6,12 @@ without this an interruption lost every finished attack. :class:`AttackJournal` 
 finished attack's reconstruction in ``.leaklab-resume/`` beside ``--out`` (one safetensors file
 named by the digest of the job: what the server held, the attack's configuration and method
 version, the device; a user's own network class by its module's source), and a later run hands a
-job whose digest it finds the saved reconstruction, read in the job's turn, instead of attacking again. The digest names the computation, not the run: a rerun under another
-``--out`` in the same parent folder (``leaklab audit`` picks a new ``runs/<id>`` each time) resumes
-too, and a changed option, network or capture misses and attacks afresh. A run that finishes
-removes its own entries (and the folder once empty); a saved entry that does not read back as a
-reconstruction of the job's shape is ignored and the job attacked again. Nothing is unpickled.
+job whose digest it finds the saved reconstruction, read in the job's turn, instead of attacking
+again. The digest names the computation, not the run: a rerun under another ``--out`` in the same
+parent folder (``leaklab audit`` picks a new ``runs/<id>`` each time) resumes too, and a changed
+option, network or capture misses and attacks afresh. A run that finishes removes its own entries
+(and the folder once empty); a saved entry that does not read back as a reconstruction of the job's
+shape is attacked again in its turn. Nothing is unpickled.
 """
 
 from __future__ import annotations

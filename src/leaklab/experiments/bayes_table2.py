@@ -480,7 +480,8 @@ def run(out: Path, quick: bool = False, datasets: list[str] | None = None,
         done += scale.images
         floor = [float(v) for v in psnr(constant_baseline(case.evaluate[0]), case.evaluate[0])]
         record = {
-            "format": "leaklab.bayes_table2_cell", "fingerprint": cell_fp, "dataset": ds, "defense": d, "defense_spec": _defense_spec(d),
+            "format": "leaklab.bayes_table2_cell", "fingerprint": cell_fp,
+            "dataset": ds, "defense": d, "defense_spec": _defense_spec(d),
             "step": st, "attack": attack,
             "psnr_mean": sum(values) / len(values),
             "psnr_std": float(torch.tensor(values).std()) if len(values) > 1 else 0.0,

@@ -114,7 +114,8 @@ def run(out: Path, quick: bool = False, checks: list[str] | None = None, images:
     jobs = {"dlg": lambda: check_dlg(n, dlg_cfg), "idlg": lambda: check_idlg(5 if quick else 50),
             "analytic": lambda: check_analytic(n), "ig": lambda: check_ig(1 if quick else min(n, 3), ig_cfg),
             "ig_batch_stats": lambda: check_ig(1 if quick else min(n, 3), ig_cfg, train_mode=True)}
-    results: dict = {"format": INVERSION_CHECKS_FORMAT, "format_version": 1, "targets": TARGETS, "quick": quick, "checks": {}}
+    results: dict = {"format": INVERSION_CHECKS_FORMAT, "format_version": 1, "targets": TARGETS, "quick": quick,
+                     "checks": {}}
     make_out_parent(out)
     out.mkdir(exist_ok=True)
     for i, name in enumerate(checks):

@@ -281,10 +281,12 @@ def _case_folders(cases_dir: Path) -> list[Path]:
         return []
     index = read_json(cases_dir / CAPTURE_JSON) if (cases_dir / CAPTURE_JSON).is_file() else {}
     listed = index.get("cases") if isinstance(index, dict) else None
-    lost = [name for name in listed if not (cases_dir / str(name) / VIEW_FILE).is_file()] if isinstance(listed, list) else []
+    lost = [name for name in listed if not (cases_dir / str(name) / VIEW_FILE).is_file()] \
+        if isinstance(listed, list) else []
     if lost:
-        raise LeaklabError(f"--cases {cases_dir}: case {lost[0]} of its {CAPTURE_JSON} has no {VIEW_FILE}"
-                           f"{f' (nor have {len(lost) - 1} more)' if len(lost) > 1 else ''}; restore it or capture again")
+        more = f" (nor have {len(lost) - 1} more)" if len(lost) > 1 else ""
+        raise LeaklabError(f"--cases {cases_dir}: case {lost[0]} of its {CAPTURE_JSON} has no {VIEW_FILE}{more}; "
+                           "restore it or capture again")
     subs = sorted(p for p in cases_dir.iterdir() if p.is_dir() and not p.name.startswith("."))
     skipped = [p.name for p in subs if not (p / VIEW_FILE).is_file()]
     if skipped and len(skipped) < len(subs):
@@ -455,7 +457,8 @@ def _write_report(folder: Path, results: dict[str, Any], cells, defenses, truths
                                supervision,
                                s.get("seconds_per_sample")])
         table = Table(columns=["defense", "RGB PSNR (dB)", "RGB baseline", "RGB SSIM", "depth PSNR (dB)",
-                               "depth baseline", "depth SSIM", "box IoU", "action", "target-Q error (%) or reward error (absolute)",
+                               "depth baseline", "depth SSIM", "box IoU", "action",
+                               "target-Q error (%) or reward error (absolute)",
                                "s per sample"],
                       rows=table_rows,
                       caption="Baseline: a constant image at the true mean, what an attacker gets with no "
@@ -465,8 +468,8 @@ def _write_report(folder: Path, results: dict[str, Any], cells, defenses, truths
                 if meta["algorithm"] == "qgi" else
                 "a REINFORCE client (with entropy bonus); RGI recovers the state, the action and the reward")
         text = (f"{plural(run_config.samples, 'private transition')} from "
-                f"{plural(len(set(run_config.layouts or ())), 'room')}, each sent alone as the FedSGD gradient of {what}. Top: the originals; below, the "
-                f"server's reconstruction under each defense.")
+                f"{plural(len(set(run_config.layouts or ())), 'room')}, each sent alone as the FedSGD gradient "
+                f"of {what}. Top: the originals; below, the server's reconstruction under each defense.")
         shown = _shown(len(truths[c]), run_config.samples, "sample")
         sections.append(Section(title=title, text=text, figures=[Figure("Originals and reconstructions", grid, shown)],
                                 tables=[table]))

@@ -115,7 +115,8 @@ def _same_cell(saved: Any, config: room_attack.RoomRunConfig) -> bool:
 
 def _run_cells(out: Path, cells: dict[str, room_attack.RoomRunConfig],
                progress: ProgressFn | None) -> dict[str, dict[str, Any]]:
-    check_out(out, REPRODUCTION_FORMAT)  # before any work: a user's file or folder is refused, an earlier run's cells resumed
+    # before any work: a user's file or folder is refused, an earlier run's cells resumed
+    check_out(out, REPRODUCTION_FORMAT)
     results = {}
     for i, (name, config) in enumerate(cells.items()):
         folder = out / CELLS_DIR / name

@@ -323,7 +323,8 @@ def capture_rooms(config: RoomCaptureConfig, out: Path,
             provenance = {"capture": config.model_dump(mode="json"), "index": i, "layouts": r.layouts,
                           "steps": [t.step for t in r.transitions]}
             write_room_case(tmp / name, config.spec, state, r.update, r.truth, provenance, config.model_class)
-        write_json(tmp / CAPTURE_JSON, {"format": ROOM_CAPTURE_FORMAT, "format_version": 1, "config": config.model_dump(mode="json"),
+        write_json(tmp / CAPTURE_JSON, {"format": ROOM_CAPTURE_FORMAT, "format_version": 1,
+                                        "config": config.model_dump(mode="json"),
                                         "cases": names})
         frame_sheet(tmp / CAPTURE_PNG, _sheet_frames(names, rounds, config.spec.setting))
     return [out / name for name in names]
