@@ -249,7 +249,7 @@ def run_jobs(jobs: Sequence[Job], workers: int, on_result: Callable[[int, RoomRe
     running ones saved when they finish; on Ctrl-C or SIGTERM the workers are stopped at once, their
     running attacks lost, as a terminal's Ctrl-C interrupts them anyway). A pool is
     handed ``QUEUED_PER_WORKER`` jobs beyond one per worker, the next as one finishes, so a
-    :class:`JobList` builds its jobs as they are needed. Returns how many jobs the journal held."""
+    :class:`JobList` builds its jobs as they are needed. Returns how many saved attacks were taken."""
     held = journal.held() if journal else set()
     resumed = 0
     todo = [i for i in range(len(jobs)) if i not in held]
