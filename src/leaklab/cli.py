@@ -857,7 +857,7 @@ def _image_audit(out: Path, quick: bool, seed: int, progress: Callable[..., None
     from leaklab.experiments import image_audit
 
     results = image_audit.run(out, quick=quick, seed=seed, progress=progress)
-    typer.echo(f"wrote {out / 'report.html'}")
+    typer.echo(f"wrote {out / 'report.html'} ({results['summary']['seconds']:.0f} s)")
     for row in results.get("settings", []):
         s = row["summary"]
         typer.echo(f"  {row['scenario']:28s} {row['defense']:26s} PSNR {s['psnr_mean']:6.2f} dB "
