@@ -10,10 +10,9 @@ import torch
 
 from leaklab.errors import LeaklabError
 from leaklab.experiments.capture import CaptureConfig, capture, write
-from leaklab.io import (AUDIT_FORMAT, REPRODUCTION_FORMAT, ROOM_ATTACK_FORMAT, UPDATE_FILE, UPDATE_JSON, VIEW_FILE,
-                        VIEW_FORMAT, atomic_dir, check_out, load_case, load_tensors,
-                        load_truth, new_run_dir, read_config, read_json, save_tensors, sha256_file,
-                        write_json)
+from leaklab.io import (AUDIT_FORMAT, BAYES_TABLE2_FORMAT, REPRODUCTION_FORMAT, ROOM_ATTACK_FORMAT, UPDATE_FILE,
+                        UPDATE_JSON, VIEW_FILE, VIEW_FORMAT, atomic_dir, check_out, load_case, load_tensors, load_truth,
+                        make_out_dir, new_run_dir, read_config, read_json, save_tensors, sha256_file, write_json)
 
 torch.set_num_threads(1)
 
@@ -141,27 +140,48 @@ def test_atomic_dir_replaces_only_the_same_commands_output(tmp_path):
         with pytest.raises(LeaklabError, match="leaklab did not write"):
             check_out(mine, ROOM_ATTACK_FORMAT)
     assert (mine / "thesis.tex").read_text() == "precious"
-    interrupted = tmp_path / "table"  # a reproduction stopped after some cells: resumable output
-    (interrupted / "cells" / ".leaklab-resume").mkdir(parents=True)  # the first cell's finished attacks
+    # a reproduction stopped after some cells is resumable output, of that reproduction only
+    interrupted = tmp_path / "table"
+    (interrupted / "cells").mkdir(parents=True)  # stopped before its first cell: nothing to lose
+    assert check_out(interrupted, REPRODUCTION_FORMAT) == interrupted
+    (interrupted / "cells" / ".leaklab-resume").mkdir()  # the first cell's finished attacks
     assert check_out(interrupted, REPRODUCTION_FORMAT) == interrupted
     (interrupted / "cells" / "qgi-S2").mkdir()
     with pytest.raises(LeaklabError, match="leaklab did not write"):  # a folder that is no finished cell
         check_out(interrupted, REPRODUCTION_FORMAT)
     _results(interrupted / "cells" / "qgi-S2", ROOM_ATTACK_FORMAT)
-    (interrupted / "cells" / "digits-gaussian-0-bayes.tune.jsonl").write_text("")  # the Bayes table's journal
     assert check_out(interrupted, REPRODUCTION_FORMAT) == interrupted
+    for other in (ROOM_ATTACK_FORMAT, BAYES_TABLE2_FORMAT):  # not the Bayes table's, nor an attack's
+        with pytest.raises(LeaklabError, match="another command's output"):
+            check_out(interrupted, other)
+    bayes = tmp_path / "bayes"
+    (bayes / "cells").mkdir(parents=True)
+    (bayes / "cells" / "digits-gaussian-0-bayes.tune.jsonl").write_text("")  # the Bayes table's journal
+    assert check_out(bayes, BAYES_TABLE2_FORMAT) == bayes
     with pytest.raises(LeaklabError, match="another command's output"):
-        check_out(interrupted, ROOM_ATTACK_FORMAT)
+        check_out(bayes, REPRODUCTION_FORMAT)
+    # a user's folder with an empty cells/ (or one holding other files) is not a reproduction's
+    (mine / "cells").mkdir()
+    with pytest.raises(LeaklabError, match="leaklab did not write"):
+        check_out(mine, REPRODUCTION_FORMAT)
+    (mine / "cells" / ".gitkeep").write_text("")
+    with pytest.raises(LeaklabError, match="leaklab did not write"):
+        check_out(mine, REPRODUCTION_FORMAT)
+    (mine / "results.json").write_text("[" * 100_000 + "]" * 100_000)  # too deep to parse: not leaklab's
+    with pytest.raises(LeaklabError, match="leaklab did not write"):
+        check_out(mine, ROOM_ATTACK_FORMAT)
 
 
 def test_an_out_that_cannot_be_created_is_one_error(tmp_path):
     (tmp_path / "afile").write_text("x")
     for out in (tmp_path / "afile" / "sub", tmp_path / "afile" / "sub" / "deeper"):
-        with pytest.raises(LeaklabError, match="cannot create its folder .*afile is a file"):
+        with pytest.raises(LeaklabError, match="cannot create the folder .*afile is a file"):
             with atomic_dir(out, ROOM_ATTACK_FORMAT):
                 pass
     with pytest.raises(LeaklabError, match="is a file"):
         check_out(tmp_path / "afile", ROOM_ATTACK_FORMAT)
+    with pytest.raises(LeaklabError, match="cannot create the folder .*afile is a file"):
+        make_out_dir(tmp_path / "afile" / "sub")  # a command that writes in place (reproduce inversion-checks)
 
 
 def test_new_run_dir_is_unique(tmp_path):

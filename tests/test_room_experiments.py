@@ -99,6 +99,7 @@ def test_attack_rgi_reports_the_reward_error_and_is_deterministic(tmp_path):
     (["--layouts", "nowhere"], ["unknown layout", "nowhere"]),
     (["--layouts", "99"], ["--layouts 99"]),
     (["--layouts", "-1"], ["--layouts -1", "give 1 to"]),
+    (["--layouts", "--1"], ["--1"]),
     (["--defense", "blur:2"], ["blur"]),
     (["--mode", "fast"], ["--mode"]),
     (["--samples", "0"], ["--samples"]),
@@ -153,8 +154,7 @@ def test_quick_room_audit_writes_report_with_defenses(tmp_path):
 
 
 def test_audit_report_pictures_a_cells_first_samples_and_scores_them_all(tmp_path, monkeypatch):
-    """A paper-scale audit (48 samples a cell) pictures the first SHOWN_SAMPLES of each cell, and holds
-    only their images while it runs."""
+    """A paper-scale audit (48 samples a cell) pictures the first SHOWN_SAMPLES of each cell."""
     from leaklab.experiments import room_audit
 
     monkeypatch.setattr(room_audit, "SHOWN_SAMPLES", 1)

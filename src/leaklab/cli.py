@@ -60,6 +60,8 @@ def _validation_line(error: ValidationError, field: bool = False) -> str:
     if not first.get("loc"):  # a rule across several options (a model validator)
         return msg
     got = first.get("input")
+    if isinstance(got, tuple):  # a comma-separated option, as typed
+        got = ",".join(map(str, got))
     shown = f" (got {got!r})" if got is not None and not isinstance(got, (dict, list)) else ""
     name = f"field {'.'.join(map(str, first['loc']))!r}" if field else _option_name(first["loc"])
     return f"invalid {name}{shown}: {msg}"
@@ -314,13 +316,13 @@ def capture(
                f"model {result.spec.name}, defense {result.defense or 'none'}")
 
 
-def _inv(field: str, key: str | None = None) -> str:
-    """`` (default X)``: an attack option's default (``key``: of a mapping field), from
-    :class:`InversionConfig`, the one place it is set."""
+def _inv(field: str, key: str | None = None) -> Any:
+    """An attack option's default (``key``: of a mapping field), from :class:`InversionConfig`, the one
+    place it is set."""
     from leaklab.attacks.inversion.config import InversionConfig
 
     value = getattr(InversionConfig(), field)
-    return f" (default {value if key is None else value[key]})"
+    return value if key is None else value[key]
 
 
 @attack_app.command("inversion")
@@ -329,33 +331,34 @@ def attack_inversion(
     out: Annotated[Path, typer.Option("--out", help="results folder to write")],
     case: Annotated[Optional[Path], typer.Option("--case", help="case folder from `leaklab capture`; "
                                                  "without it, the capture options make one in OUT/case")] = None,
-    objective: Annotated[Optional[str], typer.Option("--objective", help="l2 | l1 | cosine | bayes" + _inv("objective"),
-                                                     rich_help_panel=ATTACK)] = None,
-    optimizer: Annotated[Optional[str], typer.Option("--optimizer", help="adam | lbfgs" + _inv("optimizer"),
-                                                     rich_help_panel=ATTACK)] = None,
-    iterations: Annotated[Optional[int], typer.Option("--iterations", help="optimisation steps" + _inv("iterations"),
-                                                      rich_help_panel=ATTACK)] = None,
-    lr: Annotated[Optional[float], typer.Option("--lr", help="step size" + _inv("lr")[:-1] + "; lbfgs 1)",
-                                                rich_help_panel=ATTACK)] = None,
-    schedule: Annotated[Optional[str], typer.Option("--schedule", help="cosine | exp | step | constant"
-                                                    + _inv("schedule"),
-                                                    rich_help_panel=ATTACK)] = None,
-    tv: Annotated[Optional[float], typer.Option("--tv", help="total-variation prior weight, 0: off"
-                                                + _inv("priors", "tv")[:-1] + "; lbfgs 0)",
-                                                rich_help_panel=ATTACK)] = None,
+    objective: Annotated[Optional[str], typer.Option(
+        "--objective", help=f"l2 | l1 | cosine | bayes (default {_inv('objective')})", rich_help_panel=ATTACK)] = None,
+    optimizer: Annotated[Optional[str], typer.Option(
+        "--optimizer", help=f"adam | lbfgs (default {_inv('optimizer')})", rich_help_panel=ATTACK)] = None,
+    iterations: Annotated[Optional[int], typer.Option(
+        "--iterations", help=f"optimisation steps (default {_inv('iterations')})", rich_help_panel=ATTACK)] = None,
+    lr: Annotated[Optional[float], typer.Option(
+        "--lr", help=f"step size (default {_inv('lr')}; lbfgs 1)", rich_help_panel=ATTACK)] = None,
+    schedule: Annotated[Optional[str], typer.Option(
+        "--schedule", help=f"cosine | exp | step | constant (default {_inv('schedule')})",
+        rich_help_panel=ATTACK)] = None,
+    tv: Annotated[Optional[float], typer.Option(
+        "--tv", help=f"total-variation prior weight, 0: off (default {_inv('priors', 'tv')}; lbfgs 0)",
+        rich_help_panel=ATTACK)] = None,
     prior: Annotated[Optional[list[str]], typer.Option("--prior", help="NAME=WEIGHT, repeatable "
                                                        "(tv, range, l2)", rich_help_panel=ATTACK)] = None,
-    restarts: Annotated[Optional[int], typer.Option("--restarts", help="independent starts, the best kept"
-                                                    + _inv("restarts"), rich_help_panel=ATTACK)] = None,
-    precision: Annotated[Optional[str], typer.Option("--precision", help="fp32 | bf16" + _inv("precision"),
-                                                     rich_help_panel=ATTACK)] = None,
-    init: Annotated[Optional[str], typer.Option("--init", help="gaussian | uniform | mean" + _inv("init"),
-                                                rich_help_panel=ATTACK)] = None,
-    mc_samples: Annotated[Optional[int], typer.Option("--mc-samples", help="k of Algorithm 1 (bayes)"
-                                                      + _inv("mc_samples"),
-                                                      rich_help_panel=ATTACK)] = None,
-    mc_radius: Annotated[Optional[float], typer.Option("--mc-radius", help="delta of Algorithm 1" + _inv("mc_radius"),
-                                                       rich_help_panel=ATTACK)] = None,
+    restarts: Annotated[Optional[int], typer.Option(
+        "--restarts", help=f"independent starts, the best kept (default {_inv('restarts')})",
+        rich_help_panel=ATTACK)] = None,
+    precision: Annotated[Optional[str], typer.Option(
+        "--precision", help=f"fp32 | bf16 (default {_inv('precision')})", rich_help_panel=ATTACK)] = None,
+    init: Annotated[Optional[str], typer.Option(
+        "--init", help=f"gaussian | uniform | mean (default {_inv('init')})", rich_help_panel=ATTACK)] = None,
+    mc_samples: Annotated[Optional[int], typer.Option(
+        "--mc-samples", help=f"k of Algorithm 1 (bayes) (default {_inv('mc_samples')})",
+        rich_help_panel=ATTACK)] = None,
+    mc_radius: Annotated[Optional[float], typer.Option(
+        "--mc-radius", help=f"delta of Algorithm 1 (default {_inv('mc_radius')})", rich_help_panel=ATTACK)] = None,
     config_file: Annotated[Optional[Path], typer.Option("--config", help="YAML/JSON file of "
                                                         "InversionConfig fields; options override it",
                                                         rich_help_panel=ATTACK)] = None,
@@ -469,7 +472,7 @@ def _room_attack(algorithm: str, setting: str, mode: str, arch: str, samples: in
     with _progress() as progress:
         results = room_attack.run(config, out, progress=progress)
     s = results["summary"]
-    typer.echo(f"wrote {out}: " + _room_summary_line(s, defended=defense is not None) + "; "
+    typer.echo(f"wrote {out}: " + _room_summary_line(s, defended=config.defense is not None) + "; "
                f"{plural(s['samples'], 'sample')} from {plural(s['layouts'], 'room')}, "
                f"{s['seconds_per_sample']:.1f} s each"
                + _resumed(s["resumed_samples"], " ({} resumed from an interrupted run)"))

@@ -64,14 +64,17 @@ CELLS_DIR = "cells"
 _OUTPUT_MARKERS = (VIEW_FILE, RESULTS_FILE, CAPTURE_JSON)
 # the ``format`` of each command's marker file, which names the command that wrote a folder
 AUDIT_FORMAT = "leaklab.audit"
-REPRODUCTION_FORMAT = "leaklab.reproduction"
+REPRODUCTION_FORMAT = "leaklab.reproduction"  # reproduce room-table1|room-table2
+BAYES_TABLE2_FORMAT = "leaklab.bayes_table2"
+BAYES_CELL_FORMAT = "leaklab.bayes_table2_cell"
 ROOM_ATTACK_FORMAT = "leaklab.room_attack"
 ROOM_CAPTURE_FORMAT = "leaklab.room_capture"
 IMAGE_ATTACK_FORMAT = "leaklab.results"
 VIEW_FORMAT = "leaklab.view"
 DP_VS_INVERSION_FORMAT = "leaklab.dp-vs-inversion"
 INVERSION_CHECKS_FORMAT = "leaklab.inversion_checks"
-_WRITTEN_BY = {AUDIT_FORMAT: "leaklab audit", REPRODUCTION_FORMAT: "leaklab reproduce",
+_WRITTEN_BY = {AUDIT_FORMAT: "leaklab audit", REPRODUCTION_FORMAT: "leaklab reproduce room-table1|room-table2",
+               BAYES_TABLE2_FORMAT: "leaklab reproduce bayes-table2",
                ROOM_ATTACK_FORMAT: "leaklab attack qgi|rgi", ROOM_CAPTURE_FORMAT: "leaklab env capture",
                IMAGE_ATTACK_FORMAT: "leaklab attack inversion|analytic", VIEW_FORMAT: "leaklab capture",
                DP_VS_INVERSION_FORMAT: "leaklab reproduce dp-vs-inversion",
@@ -260,22 +263,35 @@ def _leaklab_format(path: Path) -> str | None:
         if not path.is_file() or path.stat().st_size > MAX_MARKER_BYTES:
             return None
         data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError):  # ValueError: JSON syntax, huge numbers
         return None
     fmt = data.get("format") if isinstance(data, dict) else None
     return fmt if isinstance(fmt, str) and fmt.startswith("leaklab.") else None
 
 
+def _cell_format(entry: Path) -> str | None:
+    """The reproduction an entry of an interrupted run's ``cells/`` belongs to: a finished room-table
+    cell (``NAME/results.json``), the room attacks' resume journal or a partial cell, a Bayes-table
+    cell (``NAME.json``) or tuning journal (``NAME.tune.jsonl``); None for anything else."""
+    if _leaklab_format(entry / RESULTS_FILE) == ROOM_ATTACK_FORMAT or entry.name == ".leaklab-resume" \
+            or (entry.name.startswith(".") and entry.name.endswith(".partial")):
+        return REPRODUCTION_FORMAT
+    if _leaklab_format(entry) == BAYES_CELL_FORMAT or (entry.is_file() and entry.name.endswith(".tune.jsonl")):
+        return BAYES_TABLE2_FORMAT
+    return None
+
+
 def output_formats(out: Path) -> set[str]:
     """The formats of the leaklab output in folder ``out``: its marker files' (a file named like one but
     not written by leaklab does not count), and a reproduction's for a ``cells/`` folder that holds
-    only what an interrupted reproduction leaves: finished cells (``NAME/results.json`` or ``NAME.json``
-    of leaklab's), tuning journals (``.tune.jsonl``) and hidden entries (a resume journal, a partial cell)."""
+    only what an interrupted run of it leaves (:func:`_cell_format`)."""
     found = {fmt for m in _OUTPUT_MARKERS if (fmt := _leaklab_format(out / m))}
-    cells = out / CELLS_DIR
-    if cells.is_dir() and all(p.name.startswith(".") or p.name.endswith(".tune.jsonl") or _leaklab_format(p)
-                              or _leaklab_format(p / RESULTS_FILE) for p in cells.iterdir()):
-        found.add(REPRODUCTION_FORMAT)
+    try:
+        kinds = [_cell_format(p) for p in (out / CELLS_DIR).iterdir()] if (out / CELLS_DIR).is_dir() else []
+    except OSError:  # unreadable: not taken as leaklab's
+        kinds = [None]
+    if kinds and None not in kinds:
+        found.update(kinds)
     return found
 
 
@@ -292,8 +308,9 @@ def check_out(out: Path, writes: str, inputs: Sequence[Path] = ()) -> Path:
         return out
     if not out.is_dir():
         raise LeaklabError(f"--out {out} is a file; choose a new folder (leaklab replaces only its own earlier output)")
-    if not any(out.iterdir()):
-        return out
+    entries = list(out.iterdir())
+    if not entries or (entries == [out / CELLS_DIR] and not any((out / CELLS_DIR).iterdir())):
+        return out  # empty, or a reproduction stopped before its first cell: nothing to lose
     formats = output_formats(out)
     if not formats:
         raise LeaklabError(f"--out {out} is a folder that leaklab did not write; choose a new folder (leaklab "
@@ -307,12 +324,21 @@ def check_out(out: Path, writes: str, inputs: Sequence[Path] = ()) -> Path:
 
 def make_out_parent(out: Path) -> None:
     """Create ``out``'s parent folders; a path that cannot be created is a one-line error."""
+    _make_dir(out.parent, out)
+
+
+def make_out_dir(out: Path) -> None:
+    """Create folder ``out`` (and its parents) for a command that writes in place; one-line errors."""
+    _make_dir(out, out)
+
+
+def _make_dir(folder: Path, out: Path) -> None:
     try:
-        out.parent.mkdir(parents=True, exist_ok=True)
+        folder.mkdir(parents=True, exist_ok=True)
     except OSError as e:
-        blocker = next((p for p in (out.parent, *out.parent.parents) if p.exists() and not p.is_dir()), None)
+        blocker = next((p for p in (folder, *folder.parents) if p.exists() and not p.is_dir()), None)
         why = f"{blocker} is a file" if blocker is not None else e.strerror or _first_line(e)
-        raise LeaklabError(f"--out {out}: cannot create its folder {out.parent} ({why})") from None
+        raise LeaklabError(f"--out {out}: cannot create the folder {folder} ({why})") from None
 
 
 def check_png_out(out: Path) -> Path:

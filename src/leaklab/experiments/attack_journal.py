@@ -153,7 +153,7 @@ class AttackJournal:
 @contextlib.contextmanager
 def journal_beside(out: Path, jobs: Sequence[Any]) -> Iterator[AttackJournal]:
     """The journal of ``jobs`` in ``out``'s parent folder; this run's entries are removed when the
-    block ends without an error (enter it before ``atomic_dir(out)``, so that ``out`` is in place first)."""
+    block ends without an error (enter it before ``atomic_dir(out, ...)``, so that ``out`` is in place first)."""
     journal = AttackJournal(Path(out).absolute().parent, jobs)
     yield journal
     journal.discard()

@@ -65,7 +65,7 @@ from leaklab.defenses import parse_defense
 from leaklab.device import describe
 from leaklab.errors import LeaklabError
 from leaklab.fl import fedsgd_update
-from leaklab.io import CELLS_DIR, REPRODUCTION_FORMAT, check_out, make_out_parent, write_json
+from leaklab.io import BAYES_CELL_FORMAT, BAYES_TABLE2_FORMAT, CELLS_DIR, check_out, make_out_dir, write_json
 from leaklab.metrics import constant_baseline, psnr
 from leaklab.models import ModelSpec, build_model
 from leaklab.threat import Capabilities, make_view
@@ -417,9 +417,8 @@ def run(out: Path, quick: bool = False, datasets: list[str] | None = None,
         raise LeaklabError("training steps must be non-negative")
     if not steps or not defense_keys or not datasets:
         raise LeaklabError("nothing to run: give at least one dataset, defense and step")
-    check_out(out, REPRODUCTION_FORMAT)  # a user's file or folder is refused; an earlier run's cells are resumed
-    make_out_parent(out)
-    out.mkdir(exist_ok=True)
+    check_out(out, BAYES_TABLE2_FORMAT)  # a user's file or folder is refused; an earlier run's cells are resumed
+    make_out_dir(out)
     (out / CELLS_DIR).mkdir(exist_ok=True)
 
     # Work order: step 0 with pruning first (the cells the paper's claim rests on), then the rest.
@@ -480,7 +479,7 @@ def run(out: Path, quick: bool = False, datasets: list[str] | None = None,
         done += scale.images
         floor = [float(v) for v in psnr(constant_baseline(case.evaluate[0]), case.evaluate[0])]
         record = {
-            "format": "leaklab.bayes_table2_cell", "fingerprint": cell_fp,
+            "format": BAYES_CELL_FORMAT, "fingerprint": cell_fp,
             "dataset": ds, "defense": d, "defense_spec": _defense_spec(d),
             "step": st, "attack": attack,
             "psnr_mean": sum(values) / len(values),
@@ -536,7 +535,7 @@ def run(out: Path, quick: bool = False, datasets: list[str] | None = None,
                     paper_advantage.setdefault(ds, {}).setdefault(d, {})[str(st)] = round(
                         row["bayes"] - max(row[a] for a in ATTACKS[1:]), 2)
     result = {
-        "format": REPRODUCTION_FORMAT, "format_version": 1,
+        "format": BAYES_TABLE2_FORMAT, "format_version": 1,
         "experiment": "seed 001 Table 2 (Bayes vs L2/L1/cosine)",
         "table": table,
         "paper": paper,

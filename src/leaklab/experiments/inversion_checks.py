@@ -30,7 +30,7 @@ from leaklab.attacks.inversion import InversionConfig, invert, recover_input, re
 from leaklab.data import load_images
 from leaklab.errors import LeaklabError
 from leaklab.fl import fedsgd_update
-from leaklab.io import INVERSION_CHECKS_FORMAT, RESULTS_FILE, check_out, make_out_parent, write_json
+from leaklab.io import INVERSION_CHECKS_FORMAT, RESULTS_FILE, check_out, make_out_dir, write_json
 from leaklab.metrics import constant_baseline, psnr
 from leaklab.models import ModelSpec, build_model
 from leaklab.threat import make_view
@@ -116,8 +116,7 @@ def run(out: Path, quick: bool = False, checks: list[str] | None = None, images:
             "ig_batch_stats": lambda: check_ig(1 if quick else min(n, 3), ig_cfg, train_mode=True)}
     results: dict = {"format": INVERSION_CHECKS_FORMAT, "format_version": 1, "targets": TARGETS, "quick": quick,
                      "checks": {}}
-    make_out_parent(out)
-    out.mkdir(exist_ok=True)
+    make_out_dir(out)
     for i, name in enumerate(checks):
         if progress:
             progress(name, i, len(checks))

@@ -21,6 +21,7 @@ import json
 import math
 import multiprocessing
 import os
+import re
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -119,7 +120,7 @@ def layouts_arg(value: str | None) -> tuple[str, ...] | None:
     """``--layouts``: a count (the first N layouts) or comma-separated names; None: all."""
     if value in (None, ""):
         return None
-    if value.strip().lstrip("+-").isdigit():  # a count, not a room's name
+    if re.fullmatch(r"[+-]?[0-9]+", value.strip()):  # a count, not a room's name
         count = int(value)
         if not 1 <= count <= len(LAYOUTS):
             raise LeaklabError(f"--layouts {count}: there are {len(LAYOUTS)} layouts; give 1 to {len(LAYOUTS)}")
@@ -253,7 +254,7 @@ def run_jobs(jobs: Sequence[Job], workers: int, on_result: Callable[[int, RoomRe
     held = journal.held() if journal else set()
     resumed = 0
     todo = [i for i in range(len(jobs)) if i not in held]
-    workers = worker_count(workers, len(todo))
+    workers = worker_count(workers, len(jobs))  # a held entry may not read back and be attacked after all
     running: dict[int, float] = {}
     finished: set[int] = set()
 

@@ -474,7 +474,8 @@ def _write_report(folder: Path, results: dict[str, Any], cells, defenses, truths
         sections.append(Section(title=title, text=text, figures=[Figure("Originals and reconstructions", grid, shown)],
                                 tables=[table]))
     config = results["config"]
-    iterations = sorted({cell["summary"]["iterations"] for cell in results["cells"]})
+    iterations = sorted({run_config.attack.iterations for _, run_config in cells})  # as asked (a no-signal
+    # attack reports 0)
     rooms = len(set(cells[0][1].layouts or ()))
     summary = [("generated", time.strftime("%Y-%m-%d %H:%M:%S")), ("device", results["device"]),
                ("leaklab", results["versions"]["leaklab"]), ("torch", results["versions"]["torch"]),
