@@ -316,13 +316,14 @@ def capture(
                f"model {result.spec.name}, defense {result.defense or 'none'}")
 
 
-def _inv(field: str, key: str | None = None) -> Any:
-    """An attack option's default (``key``: of a mapping field), from :class:`InversionConfig`, the one
-    place it is set."""
+def _attack_opt(flag: str, text: str, field: str, more: str = "", key: str | None = None) -> Any:
+    """An attack option whose help ends with its default (``key``: of a mapping field) and ``more``,
+    read from :class:`InversionConfig`, the one place the default is set."""
     from leaklab.attacks.inversion.config import InversionConfig
 
     value = getattr(InversionConfig(), field)
-    return value if key is None else value[key]
+    return typer.Option(flag, help=f"{text} (default {value if key is None else value[key]}{more})",
+                        rich_help_panel=ATTACK)
 
 
 @attack_app.command("inversion")
@@ -331,34 +332,21 @@ def attack_inversion(
     out: Annotated[Path, typer.Option("--out", help="results folder to write")],
     case: Annotated[Optional[Path], typer.Option("--case", help="case folder from `leaklab capture`; "
                                                  "without it, the capture options make one in OUT/case")] = None,
-    objective: Annotated[Optional[str], typer.Option(
-        "--objective", help=f"l2 | l1 | cosine | bayes (default {_inv('objective')})", rich_help_panel=ATTACK)] = None,
-    optimizer: Annotated[Optional[str], typer.Option(
-        "--optimizer", help=f"adam | lbfgs (default {_inv('optimizer')})", rich_help_panel=ATTACK)] = None,
-    iterations: Annotated[Optional[int], typer.Option(
-        "--iterations", help=f"optimisation steps (default {_inv('iterations')})", rich_help_panel=ATTACK)] = None,
-    lr: Annotated[Optional[float], typer.Option(
-        "--lr", help=f"step size (default {_inv('lr')}; lbfgs 1)", rich_help_panel=ATTACK)] = None,
-    schedule: Annotated[Optional[str], typer.Option(
-        "--schedule", help=f"cosine | exp | step | constant (default {_inv('schedule')})",
-        rich_help_panel=ATTACK)] = None,
-    tv: Annotated[Optional[float], typer.Option(
-        "--tv", help=f"total-variation prior weight, 0: off (default {_inv('priors', 'tv')}; lbfgs 0)",
-        rich_help_panel=ATTACK)] = None,
+    objective: Annotated[Optional[str], _attack_opt("--objective", "l2 | l1 | cosine | bayes", "objective")] = None,
+    optimizer: Annotated[Optional[str], _attack_opt("--optimizer", "adam | lbfgs", "optimizer")] = None,
+    iterations: Annotated[Optional[int], _attack_opt("--iterations", "optimisation steps", "iterations")] = None,
+    lr: Annotated[Optional[float], _attack_opt("--lr", "step size", "lr", "; lbfgs 1")] = None,
+    schedule: Annotated[Optional[str], _attack_opt("--schedule", "cosine | exp | step | constant", "schedule")] = None,
+    tv: Annotated[Optional[float], _attack_opt("--tv", "total-variation prior weight, 0: off", "priors",
+                                               "; lbfgs 0", key="tv")] = None,
     prior: Annotated[Optional[list[str]], typer.Option("--prior", help="NAME=WEIGHT, repeatable "
                                                        "(tv, range, l2)", rich_help_panel=ATTACK)] = None,
-    restarts: Annotated[Optional[int], typer.Option(
-        "--restarts", help=f"independent starts, the best kept (default {_inv('restarts')})",
-        rich_help_panel=ATTACK)] = None,
-    precision: Annotated[Optional[str], typer.Option(
-        "--precision", help=f"fp32 | bf16 (default {_inv('precision')})", rich_help_panel=ATTACK)] = None,
-    init: Annotated[Optional[str], typer.Option(
-        "--init", help=f"gaussian | uniform | mean (default {_inv('init')})", rich_help_panel=ATTACK)] = None,
-    mc_samples: Annotated[Optional[int], typer.Option(
-        "--mc-samples", help=f"k of Algorithm 1 (bayes) (default {_inv('mc_samples')})",
-        rich_help_panel=ATTACK)] = None,
-    mc_radius: Annotated[Optional[float], typer.Option(
-        "--mc-radius", help=f"delta of Algorithm 1 (default {_inv('mc_radius')})", rich_help_panel=ATTACK)] = None,
+    restarts: Annotated[Optional[int], _attack_opt("--restarts", "independent starts, the best kept",
+                                                   "restarts")] = None,
+    precision: Annotated[Optional[str], _attack_opt("--precision", "fp32 | bf16", "precision")] = None,
+    init: Annotated[Optional[str], _attack_opt("--init", "gaussian | uniform | mean", "init")] = None,
+    mc_samples: Annotated[Optional[int], _attack_opt("--mc-samples", "k of Algorithm 1 (bayes)", "mc_samples")] = None,
+    mc_radius: Annotated[Optional[float], _attack_opt("--mc-radius", "delta of Algorithm 1", "mc_radius")] = None,
     config_file: Annotated[Optional[Path], typer.Option("--config", help="YAML/JSON file of "
                                                         "InversionConfig fields; options override it",
                                                         rich_help_panel=ATTACK)] = None,
