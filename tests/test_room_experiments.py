@@ -611,6 +611,11 @@ def test_run_jobs_takes_what_the_journal_holds_and_attacks_the_rest(tmp_path, wo
     shifted = [room_attack.Job("rgi", config.spec, moved, s.update, attack) for s in clean]
     for jobs_b in (other, noisy, shifted):
         assert not set(AttackJournal(tmp_path, jobs_b).digests) & set(journal.digests)
+    # a run that ends says what other runs left behind, and keeps it
+    AttackJournal(tmp_path, other).add(0, first[0])
+    with pytest.warns(UserWarning, match="still holds 1 finished attack"):
+        journal.discard()
+    assert len(list((tmp_path / ".leaklab-resume").iterdir())) == 1
 
 
 def test_a_pool_that_meets_an_error_drops_its_queue_and_keeps_the_running_attacks(tmp_path):

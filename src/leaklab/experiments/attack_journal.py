@@ -142,12 +142,22 @@ class AttackJournal:
                           "will not resume", RuntimeWarning, stacklevel=2)
 
     def discard(self) -> None:
-        """Remove this run's entries, and the folder when no other run's entries are left."""
+        """Remove this run's entries, and the folder when no other run's entries are left; when some
+        are, say how many and how large (an interrupted run that is never rerun leaves them)."""
         for i in range(len(self.digests)):
             with contextlib.suppress(OSError):  # not there (or no folder to hold it)
                 self._path(i).unlink()
-        with contextlib.suppress(OSError):  # not empty: another interrupted run's attacks
+        try:
             self.folder.rmdir()
+        except FileNotFoundError:
+            return
+        except OSError:  # not empty: the attacks of another run, interrupted (or running now)
+            with contextlib.suppress(OSError):
+                others = [p.stat().st_size for p in self.folder.iterdir() if p.suffix == ".safetensors"]
+                if others:
+                    warnings.warn(f"{self.folder} still holds {len(others)} finished attack(s) of other runs "
+                                  f"({sum(others) / 2**20:.0f} MB), kept for when those are rerun; remove the "
+                                  "folder if they will not be", UserWarning, stacklevel=2)
 
 
 @contextlib.contextmanager
