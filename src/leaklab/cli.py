@@ -20,9 +20,8 @@ from typing import Annotated, Any, Optional
 import typer
 from pydantic import ValidationError
 
-from leaklab.data import DATASET_NAMES
 from leaklab.errors import LeaklabError
-from leaklab.models import MODEL_NAMES
+from leaklab.names import DATASET_NAMES, MODEL_NAMES
 from leaklab.words import plural
 
 app = typer.Typer(name="leaklab", no_args_is_help=True, add_completion=False,
@@ -89,14 +88,21 @@ def _one_line_warnings() -> None:
     warnings.formatwarning = lambda message, category, filename, lineno, line=None: f"warning: {message}\n"
 
 
+_run: dict[str, int | None] = {"threads": None}  # this invocation's --threads (the main callback's)
+
+
 def _guard(fn: Callable) -> Callable:
-    """Run a command; user mistakes become one ``error:`` line and exit code 2."""
+    """Run a command with the torch thread count of ``--threads``; user mistakes become one ``error:``
+    line and exit code 2."""
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         _exit_on_sigterm()
         _one_line_warnings()
         try:
+            from leaklab.device import configure_threads
+
+            configure_threads(_run["threads"])
             return fn(*args, **kwargs)
         except LeaklabError as e:
             _fail(str(e))
@@ -120,15 +126,12 @@ def _print_version(value: bool) -> None:
 
 
 @app.callback()
-@_guard
 def _main(threads: Annotated[Optional[int], typer.Option(
         "--threads", min=1, help="torch threads for this run (default: LEAKLAB_THREADS or 1)")] = None,
         show_version: Annotated[bool, typer.Option("--version", callback=_print_version, is_eager=True,
                                                    help="print leaklab's version and exit")] = False) -> None:
     """A laboratory for privacy leakage in federated learning."""
-    from leaklab.device import configure_threads
-
-    configure_threads(threads)
+    _run["threads"] = threads  # set when a command runs (_guard): help and usage errors load no torch
 
 
 PLAIN_EVERY = 30.0  # seconds between progress lines on a non-interactive stderr (a log file, CI)

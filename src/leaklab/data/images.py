@@ -24,8 +24,7 @@ import torch
 from skimage.transform import resize
 
 from leaklab.errors import LeaklabError
-
-DATASET_NAMES = ("photos", "faces", "digits", "mnist")
+from leaklab.names import DATASET_NAMES
 
 _PHOTO_NAMES = ("astronaut", "coffee", "chelsea", "rocket", "immunohistochemistry",
                 "hubble_deep_field", "retina", "colorwheel", "china", "flower")

@@ -10,8 +10,7 @@ from torch import nn
 
 from leaklab.errors import LeaklabError
 from leaklab.models.vision import CNN, MLP, ConvNet, LeNetDLG, ResNet18
-
-MODEL_NAMES = ("lenet", "convnet", "resnet18", "mlp", "cnn")
+from leaklab.names import MODEL_NAMES
 
 
 class ModelSpec(BaseModel):

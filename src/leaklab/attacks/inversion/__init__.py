@@ -1,12 +1,32 @@
 """Gradient inversion: optimisation attacks (DLG, Inverting Gradients, the Bayes-optimal adversary of
-seed 001), label recovery and exact analytic recovery of fully connected layers."""
+seed 001), label recovery and exact analytic recovery of fully connected layers.
 
-from leaklab.attacks.inversion.analytic import linear_input, recover_input
-from leaklab.attacks.inversion.attack import Reconstruction, invert
-from leaklab.attacks.inversion.config import InversionConfig
-from leaklab.attacks.inversion.labels import recover_labels
-from leaklab.attacks.inversion.objectives import OBJECTIVE_NAMES, Objective
-from leaklab.attacks.inversion.priors import PRIOR_NAMES
+The submodules load when one of their names is first used, so that the command line reads
+:class:`InversionConfig`'s defaults without loading torch.
+"""
+
+from __future__ import annotations
+
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from leaklab.attacks.inversion.analytic import linear_input, recover_input
+    from leaklab.attacks.inversion.attack import Reconstruction, invert
+    from leaklab.attacks.inversion.config import InversionConfig
+    from leaklab.attacks.inversion.labels import recover_labels
+    from leaklab.attacks.inversion.objectives import OBJECTIVE_NAMES, Objective
+    from leaklab.attacks.inversion.priors import PRIOR_NAMES
+
+_MODULE_OF = {"linear_input": "analytic", "recover_input": "analytic", "Reconstruction": "attack", "invert": "attack",
+              "InversionConfig": "config", "recover_labels": "labels", "OBJECTIVE_NAMES": "objectives",
+              "Objective": "objectives", "PRIOR_NAMES": "priors"}
 
 __all__ = ["OBJECTIVE_NAMES", "PRIOR_NAMES", "InversionConfig", "Objective", "Reconstruction",
            "invert", "linear_input", "recover_input", "recover_labels"]
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _MODULE_OF:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(import_module(f"{__name__}.{_MODULE_OF[name]}"), name)

@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from leaklab.attacks.inversion.priors import PRIOR_NAMES
+from leaklab.names import PRIOR_NAMES
 
 
 class InversionConfig(BaseModel):

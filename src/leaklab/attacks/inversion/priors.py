@@ -13,8 +13,7 @@ from __future__ import annotations
 import torch
 
 from leaklab.errors import LeaklabError
-
-PRIOR_NAMES = ("tv", "range", "l2")
+from leaklab.names import PRIOR_NAMES
 
 
 def total_variation(x: torch.Tensor) -> torch.Tensor:
