@@ -42,7 +42,7 @@ class Interrupt(KeyboardInterrupt):
 
 def interrupt_after(after: int):
     def progress(task, done, total):
-        if not task.startswith("capture") and done > after:
+        if not task.startswith(("capture", "prepare")) and done > after:
             raise Interrupt
     return progress
 
@@ -124,8 +124,10 @@ def test_quick_room_audit_writes_report_with_defenses(tmp_path):
     with pytest.raises(Interrupt):
         room_audit.run(tmp_path / "audit-1", room_audit.default_config(quick=True), progress)
     assert not (tmp_path / "audit-1").exists()
-    # one client episode per cell (QGI and RGI in S1) is captured before the 6 attacks begin
-    assert calls[:2] == [("capture", 1, 2), ("capture", 2, 2)] and calls[2][0] == "audit"
+    # one client episode per cell (QGI and RGI in S1) is captured, the 6 attacks are prepared (their
+    # defended updates built and named), then they begin
+    assert calls[:2] == [("capture", 1, 2), ("capture", 2, 2)]
+    assert calls[2:8] == [("prepare", n, 6) for n in range(1, 7)] and calls[8][0] == "audit"
     out = tmp_path / "audit"
     result = invoke("audit", "--quick", "--out", out)
     assert result.exit_code == 0, result.output

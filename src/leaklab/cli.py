@@ -772,7 +772,7 @@ def audit(
                                                 "runs/<time>-audit)")] = None,
     quick: Annotated[bool, typer.Option("--quick", help="a seconds-long version (tests)")] = False,
     full: Annotated[bool, typer.Option("--full", help="the paper-scale protocol (48 samples from every "
-                                       "room, S1 and S2, exact and paper mode; hours)")] = False,
+                                       "room, S1 and S2, exact and paper mode; about 7 h on 2 cores)")] = False,
     cases: Annotated[Optional[Path], typer.Option("--cases", help="attack your own saved room cases "
                                                   "(folders as `leaklab env capture` writes them) instead")] = None,
     model_class: Annotated[Optional[str], typer.Option("--model-class", help="with --cases: your own "

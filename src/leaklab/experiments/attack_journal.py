@@ -23,7 +23,7 @@ import json
 import os
 import sys
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import fields
 from pathlib import Path
 from typing import Any
@@ -84,9 +84,11 @@ def state_hash(state: dict[str, torch.Tensor]) -> str:
 
 
 class AttackJournal:
-    """The saved reconstructions of ``jobs`` in ``parent/.leaklab-resume`` (see the module docstring)."""
+    """The saved reconstructions of ``jobs`` in ``parent/.leaklab-resume`` (see the module docstring);
+    ``on_job(n)`` hears how many jobs have been named so far (a paper-scale audit builds and hashes
+    1,920 defended updates, about a minute)."""
 
-    def __init__(self, parent: Path, jobs: Sequence[Any]):
+    def __init__(self, parent: Path, jobs: Sequence[Any], on_job: Callable[[int], None] | None = None):
         self.folder = Path(parent) / RESUME_DIR
         self._unwritable = False
         states: dict[int, str] = {}  # jobs of a run share one state dict: hash it once
@@ -100,6 +102,8 @@ class AttackJournal:
             batch, spec = job.update.metadata.batch_size, job.spec
             self._shapes.append({"images": (batch, spec.in_channels, spec.image_size, spec.image_size),
                                  "box": (batch, spec.box_dim), "action": (batch,)})
+            if on_job:
+                on_job(len(self.digests))
 
     def _path(self, index: int) -> Path:
         return self.folder / f"{self.digests[index]}.safetensors"
@@ -161,9 +165,11 @@ class AttackJournal:
 
 
 @contextlib.contextmanager
-def journal_beside(out: Path, jobs: Sequence[Any]) -> Iterator[AttackJournal]:
-    """The journal of ``jobs`` in ``out``'s parent folder; this run's entries are removed when the
-    block ends without an error (enter it before ``atomic_dir(out, ...)``, so that ``out`` is in place first)."""
-    journal = AttackJournal(Path(out).absolute().parent, jobs)
+def journal_beside(out: Path, jobs: Sequence[Any], on_job: Callable[[int], None] | None = None,
+                   ) -> Iterator[AttackJournal]:
+    """The journal of ``jobs`` in ``out``'s parent folder (``on_job``: as :class:`AttackJournal`'s); this
+    run's entries are removed when the block ends without an error (enter it before
+    ``atomic_dir(out, ...)``, so that ``out`` is in place first)."""
+    journal = AttackJournal(Path(out).absolute().parent, jobs, on_job)
     yield journal
     journal.discard()

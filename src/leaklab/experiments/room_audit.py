@@ -172,7 +172,8 @@ def run(out: Path, config: AuditConfig, progress: ProgressFn | None = None) -> d
             if d == 0:
                 truths.setdefault(c, []).append(sample.truth["images"][:1])
 
-    with journal_beside(out, jobs) as journal, atomic_dir(out, AUDIT_FORMAT) as tmp:
+    with journal_beside(out, jobs, room_attack.task_progress(progress, "prepare", len(jobs))) as journal, \
+            atomic_dir(out, AUDIT_FORMAT) as tmp:
         resumed = room_attack.run_jobs(jobs, config.workers, on_result,
                                        room_attack.task_progress(progress, "audit", len(jobs)), journal)
         results_cells = []
