@@ -235,8 +235,16 @@ def _echo_summary(out: Path, results: dict) -> None:
 # options shared by capture and the one-shot attack
 
 SeedOpt = Annotated[int, typer.Option("--seed", help="seed of everything the command draws (same seed, same numbers)")]
-ModelOpt = Annotated[Optional[str], typer.Option("--model", help=" | ".join(MODEL_NAMES) + " (default convnet)",
-                                                 rich_help_panel=CAPTURE)]
+def _model_opt(default: str) -> Any:
+    return typer.Option("--model", help=" | ".join(MODEL_NAMES) + f" (default {default})", rich_help_panel=CAPTURE)
+
+
+def _run_out(kind: str) -> Any:
+    """``--out`` of a command whose results go to a new ``runs/<time>-<kind>`` unless given (:func:`new_run_dir`)."""
+    return typer.Option("--out", help=f"results folder (default runs/<time>-{kind})")
+
+
+ModelOpt = Annotated[Optional[str], _model_opt("convnet")]
 DataOpt = Annotated[Optional[str], typer.Option("--data", help=" | ".join(DATASET_NAMES) + " (default photos)",
                                                 rich_help_panel=CAPTURE)]
 BatchOpt = Annotated[Optional[int], typer.Option("--batch-size", help="images per update (default 1)",
@@ -386,8 +394,7 @@ def attack_analytic(
     case: Annotated[Optional[Path], typer.Option("--case", help="case folder from `leaklab capture`; "
                                                  "without it, the capture options make one in OUT/case")] = None,
     seed: Annotated[Optional[int], typer.Option("--seed", help="one-shot capture seed (default 0)")] = None,
-    model: Annotated[Optional[str], typer.Option("--model", help=" | ".join(MODEL_NAMES) + " (default mlp)",
-                                                 rich_help_panel=CAPTURE)] = None,
+    model: Annotated[Optional[str], _model_opt("mlp")] = None,
     data: DataOpt = None, batch_size: BatchOpt = None, num_images: NumOpt = None,
     image_seed: ImageSeedOpt = None, image_size: SizeOpt = None, width: WidthOpt = None,
     defense: DefenseOpt = None, train_steps: TrainOpt = None, knows_labels: KnowsLabelsOpt = None,
@@ -602,8 +609,7 @@ def reproduce_bayes_table2(
     steps: Annotated[Optional[list[str]], typer.Option("--steps", help="train steps, e.g. 0,500")] = None,
     images: Annotated[Optional[int], typer.Option("--images", help="images per setting")] = None,
     seed: SeedOpt = 0,
-    out: Annotated[Optional[Path], typer.Option("--out", help="results folder (default "
-                                                "runs/<time>-bayes-table2)")] = None,
+    out: Annotated[Optional[Path], _run_out("bayes-table2")] = None,
 ) -> None:
     """Seed 001 Table 2: Bayes-optimal adversary vs L2/L1/cosine under noise and pruning defenses."""
     from leaklab.experiments import bayes_table2
@@ -672,8 +678,7 @@ def reproduce_room_table1(
     device: DeviceOpt = "cpu",
     cells: Annotated[Optional[str], typer.Option("--cells", help="comma-separated subset of qgi-S1, "
                                                  "qgi-S2, rgi-S1, rgi-S2 (default all)")] = None,
-    out: Annotated[Optional[Path], typer.Option("--out", help="results folder (default "
-                                                "runs/<time>-room-table1)")] = None,
+    out: Annotated[Optional[Path], _run_out("room-table1")] = None,
     update_docs: UpdateDocsOpt = False,
 ) -> None:
     """Seed 000 Table I: QGI and RGI in S1 and S2 on the ViZDoom rooms, beside the paper's numbers."""
@@ -694,8 +699,7 @@ def reproduce_room_table2(
     arch: ArchOpt = "small", seed: SeedOpt = 0,
     workers: Annotated[int, typer.Option("--workers", help="attack processes (0: one per core)")] = 0,
     device: DeviceOpt = "cpu",
-    out: Annotated[Optional[Path], typer.Option("--out", help="results folder (default "
-                                                "runs/<time>-room-table2)")] = None,
+    out: Annotated[Optional[Path], _run_out("room-table2")] = None,
     update_docs: UpdateDocsOpt = False,
 ) -> None:
     """Seed 000 Table II and Fig. 4: objectives and joint vs separate optimisation, and exact mode.
@@ -719,8 +723,7 @@ def reproduce_inversion_checks(
     images: Annotated[Optional[int], typer.Option("--images", help="images of the dlg and analytic checks "
                                                   "(ig: at most 3; idlg always 50, 5 with --quick)")] = None,
     quick: Annotated[bool, typer.Option("--quick", help="a small, fast version (tests)")] = False,
-    out: Annotated[Optional[Path], typer.Option("--out", help="results folder (default "
-                                                "runs/<time>-inversion-checks)")] = None,
+    out: Annotated[Optional[Path], _run_out("inversion-checks")] = None,
 ) -> None:
     """The engine's reference checks: DLG, iDLG labels, analytic MLP recovery, Inverting Gradients."""
     from leaklab.experiments import inversion_checks
@@ -744,8 +747,7 @@ def reproduce_inversion_checks(
 def reproduce_dp_vs_inversion(
     quick: Annotated[bool, typer.Option("--quick", help="a seconds-long version (tests)")] = False,
     seed: SeedOpt = 0,
-    out: Annotated[Optional[Path], typer.Option("--out", help="results folder (default "
-                                                "runs/<time>-dp-vs-inversion)")] = None,
+    out: Annotated[Optional[Path], _run_out("dp-vs-inversion")] = None,
 ) -> None:
     """DP-SGD on MNIST at epsilon 3 (accuracy beside non-private) and inversion PSNR vs epsilon."""
     from leaklab.experiments import dp_vs_inversion
@@ -768,8 +770,7 @@ def reproduce_dp_vs_inversion(
 @app.command()
 @_guard
 def audit(
-    out: Annotated[Optional[Path], typer.Option("--out", help="results folder (default "
-                                                "runs/<time>-audit)")] = None,
+    out: Annotated[Optional[Path], _run_out("audit")] = None,
     quick: Annotated[bool, typer.Option("--quick", help="a seconds-long version (tests)")] = False,
     full: Annotated[bool, typer.Option("--full", help="the paper-scale protocol (48 samples from every "
                                        "room, S1 and S2, exact and paper mode; about 7 h on 2 cores)")] = False,
