@@ -138,15 +138,26 @@ def test_version():
     assert result.exit_code == 0 and result.output == f"leaklab {leaklab.__version__}\n"
 
 
-def test_help_and_version_do_not_load_torch():
-    """`leaklab --help` took 2.6 s here while torch loaded, 0.5 s without it."""
+def test_help_version_and_bad_names_do_not_load_torch(tmp_path):
+    """`leaklab --help` took 2.6 s here while torch loaded, 0.5 s without it; a mistyped name
+    (`--setting S3`) was refused only after the imports, 6-9 s."""
     import subprocess
 
+    bad = [["attack", "qgi", "--setting", "S3"], ["audit", "--arch", "wide"], ["audit", "--kind", "x"],
+           ["env", "capture", "--policy", "x"], ["capture", "--model", "vgg"], ["attack", "inversion", "--data", "x"],
+           ["reproduce", "room-table1", "--mode", "x"]]
+    out = tmp_path / "out"
     code = ("import sys; from typer.testing import CliRunner; from leaklab.cli import app; "
             "r = [CliRunner().invoke(app, a).exit_code for a in (['--version'], ['--help'], ['attack', 'inversion', "
-            "'--help'], ['audit', '--help'])]; print(r, 'torch' in sys.modules)")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    assert out.strip() == "[0, 0, 0, 0] False", out
+            "'--help'], ['audit', '--help'])]; "
+            f"r += [CliRunner().invoke(app, a + ['--out', {str(out)!r}]).exit_code for a in {bad!r}]; "
+            "print(r, 'torch' in sys.modules)")
+    printed = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert printed.strip() == f"{[0, 0, 0, 0] + [2] * len(bad)} False", printed
+    assert not out.exists()
+    for args, word in zip(bad, ["S1 | S2", "small | nature", "rooms | images", "random | agent", "lenet", "photos",
+                                "exact | paper"]):
+        assert_user_error(invoke(*args, "--out", out), out, f"invalid {args[-2]} (got {args[-1]!r})", word)
 
 
 def test_knows_labels_flag(tmp_path):

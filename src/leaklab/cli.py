@@ -21,7 +21,8 @@ import typer
 from pydantic import ValidationError
 
 from leaklab.errors import LeaklabError
-from leaklab.names import DATASET_NAMES, MODEL_NAMES
+from leaklab.names import (ARCH_NAMES, DATASET_NAMES, MODEL_NAMES, POLICY_NAMES, RL_ALGORITHM_NAMES, ROOM_MODE_NAMES,
+                           SETTING_NAMES, UPDATE_NAMES)
 from leaklab.words import plural
 
 app = typer.Typer(name="leaklab", no_args_is_help=True, add_completion=False,
@@ -70,6 +71,19 @@ def _fail(message: str) -> None:
     line = " ".join(str(message).split())
     typer.echo(f"error: {line}", err=True)
     raise typer.Exit(2)
+
+
+def _choice(flag: str, names: tuple[str, ...], help: str = "", **kwargs: Any) -> Any:
+    """A ``flag`` option taking one of ``names`` (its help: the names, then ``help``). A value outside them
+    is refused while the command line is parsed, as one ``error:`` line, before torch loads (the
+    configurations' own check came seconds later)."""
+
+    def check(value: Any) -> Any:
+        if value is not None and value not in names:
+            _fail(f"invalid {flag} (got {value!r}): choose {' | '.join(names)}")
+        return value
+
+    return typer.Option(flag, callback=check, help=" | ".join(names) + (f" {help}" if help else ""), **kwargs)
 
 
 def _exit_on_sigterm() -> None:
@@ -234,9 +248,10 @@ def _echo_summary(out: Path, results: dict) -> None:
 # --------------------------------------------------------------------------------------------
 # options shared by capture and the one-shot attack
 
+AUDIT_KINDS = ("rooms", "images")
 SeedOpt = Annotated[int, typer.Option("--seed", help="seed of everything the command draws (same seed, same numbers)")]
 def _model_opt(default: str) -> Any:
-    return typer.Option("--model", help=" | ".join(MODEL_NAMES) + f" (default {default})", rich_help_panel=CAPTURE)
+    return _choice("--model", MODEL_NAMES, f"(default {default})", rich_help_panel=CAPTURE)
 
 
 def _run_out(kind: str) -> Any:
@@ -245,8 +260,7 @@ def _run_out(kind: str) -> Any:
 
 
 ModelOpt = Annotated[Optional[str], _model_opt("convnet")]
-DataOpt = Annotated[Optional[str], typer.Option("--data", help=" | ".join(DATASET_NAMES) + " (default photos)",
-                                                rich_help_panel=CAPTURE)]
+DataOpt = Annotated[Optional[str], _choice("--data", DATASET_NAMES, "(default photos)", rich_help_panel=CAPTURE)]
 BatchOpt = Annotated[Optional[int], typer.Option("--batch-size", help="images per update (default 1)",
                                                  rich_help_panel=CAPTURE)]
 NumOpt = Annotated[Optional[int], typer.Option("--num-images",
@@ -268,8 +282,7 @@ TrainOpt = Annotated[Optional[int], typer.Option("--train-steps", help="SGD step
 KnowsLabelsOpt = Annotated[Optional[bool], typer.Option("--knows-labels/--no-knows-labels",
                                                         help="grant the server the labels "
                                                              "(default no)", rich_help_panel=CAPTURE)]
-UpdateOpt = Annotated[Optional[str], typer.Option("--update", help="fedsgd | fedavg (default fedsgd)",
-                                                  rich_help_panel=CAPTURE)]
+UpdateOpt = Annotated[Optional[str], _choice("--update", UPDATE_NAMES, "(default fedsgd)", rich_help_panel=CAPTURE)]
 LocalStepsOpt = Annotated[Optional[int], typer.Option("--local-steps", help="FedAvg local steps "
                                                       "(default 1)", rich_help_panel=CAPTURE)]
 BnStatsOpt = Annotated[Optional[str], typer.Option("--bn-stats", help="batch | running: BatchNorm "
@@ -433,12 +446,12 @@ def _attack(out: Path, case: Path | None, method: str, config, seed: int | None,
 # --------------------------------------------------------------------------------------------
 # gradient inversion on reinforcement learning (seed 000): QGI and RGI
 
-SettingOpt = Annotated[str, typer.Option("--setting", help="S1 (RGB + depth + box) | S2 (depth + box)")]
-ModeOpt = Annotated[str, typer.Option("--mode", help="exact (leaklab's closed-form recovery, then the images) "
-                                      "| paper (section IV as written)")]
-ArchOpt = Annotated[str, typer.Option("--arch", help="small | nature | deep | stacked: the perception "
-                                      "network (a conv stream per modality: small, nature at the Nature "
-                                      "DQN's widths, deep with pooling; stacked: RGB-D in one)")]
+SettingOpt = Annotated[str, _choice("--setting", SETTING_NAMES, "(S1: RGB + depth + box; S2: depth + box)")]
+ModeOpt = Annotated[str, _choice("--mode", ROOM_MODE_NAMES, "(exact: leaklab's closed-form recovery, then the "
+                                 "images; paper: section IV as written)")]
+ArchOpt = Annotated[str, _choice("--arch", ARCH_NAMES, "(the perception network: a conv stream per modality: "
+                                 "small, nature at the Nature DQN's widths, deep with pooling; stacked: RGB-D "
+                                 "in one)")]
 SamplesOpt = Annotated[int, typer.Option("--samples", help="private transitions, one client update each")]
 LayoutsOpt = Annotated[Optional[str], typer.Option("--layouts", help="client rooms: a count (the first N) "
                                                    "or comma-separated names (default all)")]
@@ -549,17 +562,17 @@ def env_contact_sheet(
 @_guard
 def env_capture(
     out: Annotated[Path, typer.Option("--out", help="folder to write the room cases to")],
-    algorithm: Annotated[str, typer.Option("--algorithm", help="dqn | reinforce: what the clients train")] = "dqn",
+    algorithm: Annotated[str, _choice("--algorithm", RL_ALGORITHM_NAMES, "(what the clients train)")] = "dqn",
     setting: SettingOpt = "S2",
-    arch: Annotated[Optional[str], typer.Option("--arch", help="small | nature | deep | stacked: leaklab's "
-                                                "perception network (default small)")] = None,
+    arch: Annotated[Optional[str], _choice("--arch", ARCH_NAMES, "(leaklab's perception network; default "
+                                           "small)")] = None,
     samples: Annotated[int, typer.Option("--samples", help="client updates, one case folder each")] = 4,
     layouts: LayoutsOpt = None,
     batch_size: Annotated[int, typer.Option("--batch-size", help="transitions per update (the room attacks "
                                             "read 1 or 2)")] = 1,
     train_steps: TrainStepsOpt = 0,
-    policy: Annotated[str, typer.Option("--policy", help="random | agent: who acts in the private "
-                                        "episodes (agent: epsilon-greedy on the network)")] = "random",
+    policy: Annotated[str, _choice("--policy", POLICY_NAMES, "(who acts in the private episodes; agent: "
+                                   "epsilon-greedy on the network)")] = "random",
     entropy_weight: Annotated[float, typer.Option("--entropy-weight", help="alpha of eq. 4 "
                                                   "(REINFORCE clients)")] = 0.01,
     defense: RoomDefenseOpt = None,
@@ -778,13 +791,12 @@ def audit(
                                                   "(folders as `leaklab env capture` writes them) instead")] = None,
     model_class: Annotated[Optional[str], typer.Option("--model-class", help="with --cases: your own "
                                                        "perception network, package.module:Class")] = None,
-    mode: Annotated[Optional[str], typer.Option("--mode", help="exact | paper (default exact; --full "
-                                                "runs both)")] = None,
-    arch: Annotated[Optional[str], typer.Option("--arch", help="small | nature | deep | stacked: the "
-                                                "robots' perception network (default small)")] = None,
+    mode: Annotated[Optional[str], _choice("--mode", ROOM_MODE_NAMES, "(default exact; --full runs both)")] = None,
+    arch: Annotated[Optional[str], _choice("--arch", ARCH_NAMES, "(the robots' perception network; default "
+                                           "small)")] = None,
     iterations: IterationsOpt = None,
-    kind: Annotated[str, typer.Option("--kind", help="rooms (federated RL) | images "
-                                      "(image classifiers, DLG)")] = "rooms",
+    kind: Annotated[str, _choice("--kind", AUDIT_KINDS, "(rooms: federated RL; images: image classifiers, "
+                                 "DLG)")] = "rooms",
     workers: Annotated[int, typer.Option("--workers", help="attack processes (0: one per core)")] = 0,
     device: DeviceOpt = "cpu",
     seed: SeedOpt = 0,
@@ -794,8 +806,6 @@ def audit(
     Writes OUT/report.html (OUT: runs/<time>-audit unless given) and OUT/results.json."""
     from leaklab.io import new_run_dir
 
-    if kind not in ("rooms", "images"):
-        raise LeaklabError(f"--kind {kind!r}: choose rooms or images")
     out = out or new_run_dir("audit")
     with _progress() as progress:
         if kind == "images":

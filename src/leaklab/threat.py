@@ -20,6 +20,7 @@ from torch import nn
 
 from leaklab.errors import LeaklabError
 from leaklab.models import ModelSpec, PerceptionSpec, build_model, build_perception_net
+from leaklab.names import UPDATE_NAMES
 
 
 class Capabilities(BaseModel):
@@ -37,7 +38,7 @@ class UpdateMetadata(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    kind: Literal["fedsgd", "fedavg"] = "fedsgd"
+    kind: Literal[UPDATE_NAMES] = "fedsgd"
     batch_size: int = Field(default=1, ge=1, le=4096)
     local_steps: int = Field(default=1, ge=1, le=1000)
     local_lr: float = Field(default=0.1, gt=0)

@@ -22,6 +22,7 @@ from leaklab.errors import LeaklabError
 from leaklab.fl import fedavg_update, fedsgd_update, train_steps
 from leaklab.io import VIEW_FORMAT, atomic_dir, write_case
 from leaklab.models import MODEL_NAMES, ModelSpec, build_model
+from leaklab.names import UPDATE_NAMES
 from leaklab.threat import Capabilities, ClientUpdate, UpdateMetadata
 
 # Sizes of the finite image pools (leaklab.data): the training images of ``train_steps`` are drawn
@@ -47,7 +48,7 @@ class CaptureConfig(BaseModel):
     seed: int = 0
     train_steps: int = Field(default=0, ge=0, le=100_000)
     knows_labels: bool = False
-    update: Literal["fedsgd", "fedavg"] = "fedsgd"
+    update: Literal[UPDATE_NAMES] = "fedsgd"
     local_steps: int = Field(default=1, ge=1, le=1000)
     local_lr: float = Field(default=0.1, gt=0)
     bn_stats: Literal["batch", "running"] = Field(

@@ -46,6 +46,7 @@ from leaklab.io import (RECONSTRUCTIONS_FILE, RESULTS_FILE, ROOM_ATTACK_FORMAT, 
 from leaklab.metrics.rooms import matched_first, room_metrics
 from leaklab.models import PerceptionSpec
 from leaklab.models.perception import ArchName, architecture_digest
+from leaklab.names import ROOM_ATTACK_NAMES, SETTING_NAMES
 from leaklab.rl.capture import RoomCaptureConfig, client_rounds, defended
 from leaklab.rl.envs import LAYOUTS
 from leaklab.threat import ClientUpdate, make_view
@@ -77,8 +78,8 @@ class RoomRunConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    algorithm: Literal["qgi", "rgi"] = "qgi"
-    setting: Literal["S1", "S2"] = "S2"
+    algorithm: Literal[ROOM_ATTACK_NAMES] = "qgi"
+    setting: Literal[SETTING_NAMES] = "S2"
     arch: ArchName = "small"
     samples: int = Field(default=48, ge=1, le=10_000)
     layouts: tuple[str, ...] | None = Field(default=None, description="client rooms; None: all")

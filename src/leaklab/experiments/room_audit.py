@@ -33,7 +33,7 @@ import statistics
 import time
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field
@@ -48,6 +48,7 @@ from leaklab.io import (AUDIT_FORMAT, CAPTURE_JSON, RESULTS_FILE, TRUTH_FILE, VI
                         read_json, write_json)
 from leaklab.metrics.rooms import matched_first
 from leaklab.models.perception import ArchName
+from leaklab.names import ROOM_ATTACK_NAMES, ROOM_MODE_NAMES, SETTING_NAMES
 from leaklab.privacy.dpsgd import noise_multiplier_for
 from leaklab.words import plural
 
@@ -70,16 +71,16 @@ class AuditConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    algorithms: tuple[str, ...] = ("qgi", "rgi")
-    settings: tuple[str, ...] = ("S2", "S1")
-    modes: tuple[str, ...] = ("exact",)
+    algorithms: tuple[Literal[ROOM_ATTACK_NAMES], ...] = ("qgi", "rgi")
+    settings: tuple[Literal[SETTING_NAMES], ...] = ("S2", "S1")
+    modes: tuple[Literal[ROOM_MODE_NAMES], ...] = ("exact",)
     arch: ArchName = "small"
     samples: int = Field(default=3, ge=1)
     layouts: tuple[str, ...] | None = Field(default=None, description="None: the first `samples` layouts")
     iterations: int | None = Field(default=None, ge=1, description="image-stage iterations; None: the mode's")
     gaussian_sigmas: tuple[float, ...] = (1e-5, 1e-3)
     dp_epsilons: tuple[float, ...] = (8.0, 1.0)
-    workers: int = 0
+    workers: int = Field(default=0, ge=0, description="attack processes; 0: one per CPU core")
     device: str = Field(default="cpu", pattern=DEVICE_PATTERN,
                         description="where the attacks run: cpu, or cuda[:N] (the workers share the GPU)")
     seed: int = Field(default=0, ge=0)

@@ -18,7 +18,7 @@ class ModelSpec(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    name: Literal["lenet", "convnet", "resnet18", "mlp", "cnn"]
+    name: Literal[MODEL_NAMES]
     num_classes: int = Field(gt=1, le=100_000)
     in_channels: int = Field(gt=0, le=16)
     image_size: int = Field(ge=8, le=512)

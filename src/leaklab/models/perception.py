@@ -31,17 +31,17 @@ from __future__ import annotations
 import functools
 import hashlib
 import importlib
-from typing import Literal, get_args
+from typing import Literal
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 from torch import nn
 
 from leaklab.errors import LeaklabError
+from leaklab.names import ARCH_NAMES, SETTING_NAMES
 
 SETTING_CHANNELS = {"S1": 4, "S2": 1}
-ArchName = Literal["small", "nature", "deep", "stacked"]
-ARCH_NAMES: tuple[str, ...] = get_args(ArchName)
+ArchName = Literal[ARCH_NAMES]
 
 
 class PerceptionSpec(BaseModel):
@@ -49,7 +49,7 @@ class PerceptionSpec(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    setting: Literal["S1", "S2"] = "S2"
+    setting: Literal[SETTING_NAMES] = "S2"
     arch: ArchName = "small"
     num_actions: int = Field(default=7, gt=1, le=1024)
     image_size: int = Field(default=150, ge=36, le=512)  # small/nature/stacked: 36 -> 8 -> 3 -> 1

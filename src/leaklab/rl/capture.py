@@ -31,6 +31,7 @@ from leaklab.defenses import DefenseOption, parse_defense
 from leaklab.errors import LeaklabError
 from leaklab.io import CAPTURE_JSON, ROOM_CAPTURE_FORMAT, atomic_dir, check_out, write_json
 from leaklab.models import PerceptionNet, PerceptionSpec, build_perception_net
+from leaklab.names import POLICY_NAMES, RL_ALGORITHM_NAMES
 from leaklab.rl.agents import (DQNConfig, ReinforceConfig, epsilon_greedy, td_targets, train_dqn,
                                train_reinforce)
 from leaklab.rl.agents.common import Rooms, observation_tensors
@@ -205,7 +206,7 @@ def reinforce_client_update(net: PerceptionNet, transitions: Sequence[Transition
     return ClientUpdate(metadata=meta, tensors=grads), truth
 
 
-def partly_trained_net(algorithm: Literal["dqn", "reinforce"], spec: PerceptionSpec, steps: int,
+def partly_trained_net(algorithm: Literal[RL_ALGORITHM_NAMES], spec: PerceptionSpec, steps: int,
                        layouts: Sequence[str] | None = None, seed: int = 0,
                        model_class: str | None = None) -> PerceptionNet:
     """The network a capture attacks: initialised with ``seed`` (``steps=0``), or partly trained by a
@@ -213,7 +214,7 @@ def partly_trained_net(algorithm: Literal["dqn", "reinforce"], spec: PerceptionS
     ``model_class`` ("module:Class"): a user's own perception network instead of leaklab's."""
     if steps < 0:
         raise LeaklabError(f"steps must be >= 0 (got {steps})")
-    if algorithm not in ("dqn", "reinforce"):
+    if algorithm not in RL_ALGORITHM_NAMES:
         raise LeaklabError(f"unknown algorithm {algorithm!r}; choose dqn or reinforce")
     if steps == 0:
         return build_perception_net(spec, seed=seed, model_class=model_class)
@@ -239,13 +240,13 @@ class RoomCaptureConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    algorithm: Literal["dqn", "reinforce"] = "dqn"
+    algorithm: Literal[RL_ALGORITHM_NAMES] = "dqn"
     spec: PerceptionSpec = PerceptionSpec(setting="S1")
     layouts: tuple[str, ...] | None = Field(default=None, description="room layouts; None: all of them")
     samples: int = Field(default=4, ge=1, le=10_000, description="client updates, one case folder each")
     batch_size: int = Field(default=1, ge=1, le=MAX_BATCH)
     train_steps: int = Field(default=0, ge=0, description="0: initialised network; else partly trained")
-    policy: Literal["random", "agent"] = Field(default="random", description="who acts in the private "
+    policy: Literal[POLICY_NAMES] = Field(default="random", description="who acts in the private "
                                                                            "episodes (agent: ε-greedy)")
     epsilon: float = Field(default=0.1, ge=0, le=1)
     warmup_steps: int = Field(default=0, ge=0)

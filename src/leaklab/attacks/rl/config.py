@@ -21,6 +21,8 @@ from typing import Literal
 import torch
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from leaklab.names import ROOM_MODE_NAMES
+
 
 EXACT_ONLY = ("tv_final", "feature_weight", "gradient_weight", "layerwise")  # fields the paper mode never reads
 # Per mode, raised whenever a change alters what the room attacks compute for the same configuration,
@@ -40,7 +42,7 @@ class RoomAttackConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    mode: Literal["exact", "paper"] = "exact"
+    mode: Literal[ROOM_MODE_NAMES] = "exact"
     iterations: int = Field(default=2000, ge=1, le=1_000_000)
     stage1_iterations: int = Field(default=2000, ge=1, le=1_000_000, description="paper mode, IV-A stage 1")
     lr: float = Field(default=0.1, gt=0, description="Adam step size of the image stage")
