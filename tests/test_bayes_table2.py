@@ -60,6 +60,20 @@ def test_quick_run_structure_and_resume(tmp_path):
     assert not any("search" in text or "reported" in text for text in again)
 
 
+def test_resume_records_that_do_not_read_back_are_recomputed(tmp_path):
+    """An edited or foreign tuning log line was an AttributeError or KeyError, and a NaN mean was taken."""
+    good = '{"fp": "x", "key": "k", "mean": 1.5, "psnr": [1.5]}'
+    bad = ['[1, 2]', '{"fp": "x"}', '{"fp": "x", "key": "j", "mean": NaN, "psnr": [1]}', '{"fp": "x", "key": "j", '
+           '"mean": "1", "psnr": [1]}', '{"fp": "x", "key": "j", "mean": 1, "psnr": []}', '{"fp": "x", "key": 3, '
+           '"mean": 1, "psnr": [1]}', '{"fp": "y", "key": "j", "mean": 1, "psnr": [1]}', '{"fp": "x", "mean": tr']
+    log = tmp_path / "cell.tune.jsonl"
+    log.write_text("\n".join([*bad, good]) + "\n")
+    tuner = t2._Tuner(log, "x", evaluate=lambda cfg: [0.0], tick=lambda: None)
+    assert list(tuner.records) == ["k"] and tuner.records["k"]["mean"] == 1.5
+    assert t2._saved('{"fingerprint": "f", "psnr_mean": 2, "psnr": [2]}', "fingerprint", "f", "psnr_mean", "psnr")
+    assert t2._saved('{"fingerprint": "f", "psnr_mean": true, "psnr": [2]}', "fingerprint", "f", "psnr_mean") is None
+
+
 def test_bad_selection_is_refused(tmp_path):
     with pytest.raises(LeaklabError):
         t2.run(tmp_path, quick=True, datasets=["cifar"])

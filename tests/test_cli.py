@@ -140,24 +140,30 @@ def test_version():
 
 def test_help_version_and_bad_names_do_not_load_torch(tmp_path):
     """`leaklab --help` took 2.6 s here while torch loaded, 0.5 s without it; a mistyped name
-    (`--setting S3`) was refused only after the imports, 6-9 s."""
+    (`--setting S3`) was refused only after the imports, 6-9 s, and a negative seed was a traceback in
+    some commands (`reproduce bayes-table2` also left its cells folder behind)."""
     import subprocess
 
-    bad = [["attack", "qgi", "--setting", "S3"], ["audit", "--arch", "wide"], ["audit", "--kind", "x"],
-           ["env", "capture", "--policy", "x"], ["capture", "--model", "vgg"], ["attack", "inversion", "--data", "x"],
-           ["reproduce", "room-table1", "--mode", "x"]]
     out = tmp_path / "out"
+    o = ["--out", str(out)]
+    bad = {("attack", "qgi", "--setting", "S3", *o): "choose S1 | S2",
+           ("audit", "--arch", "wide", *o): "choose small | nature", ("audit", "--kind", "x", *o): "rooms | images",
+           ("env", "capture", "--policy", "x", *o): "random | agent", ("capture", "--model", "vgg", *o): "lenet",
+           ("attack", "inversion", "--data", "x", *o): "photos", ("reproduce", "room-table1", "--mode", "x", *o): "paper",
+           ("reproduce", "bayes-table2", "--quick", "--seed", "-1", *o): "from 0 to 4294967295",
+           ("mechanisms", "audit", "--mechanism", "laplace", "--seed", "-1"): "from 0",
+           ("capture", "--image-seed", "4294967296", *o): "from 0", ("env", "contact-sheet", "--seed", "-3"): "from 0"}
     code = ("import sys; from typer.testing import CliRunner; from leaklab.cli import app; "
             "r = [CliRunner().invoke(app, a).exit_code for a in (['--version'], ['--help'], ['attack', 'inversion', "
-            "'--help'], ['audit', '--help'])]; "
-            f"r += [CliRunner().invoke(app, a + ['--out', {str(out)!r}]).exit_code for a in {bad!r}]; "
+            f"'--help'], ['audit', '--help'])] + [CliRunner().invoke(app, list(a)).exit_code for a in {list(bad)!r}]; "
             "print(r, 'torch' in sys.modules)")
     printed = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert printed.strip() == f"{[0, 0, 0, 0] + [2] * len(bad)} False", printed
-    assert not out.exists()
-    for args, word in zip(bad, ["S1 | S2", "small | nature", "rooms | images", "random | agent", "lenet", "photos",
-                                "exact | paper"]):
-        assert_user_error(invoke(*args, "--out", out), out, f"invalid {args[-2]} (got {args[-1]!r})", word)
+    for args, need in bad.items():
+        flag = next(a for a in args if a.startswith("--") and a not in ("--quick", "--mechanism", "--out"))
+        value = args[args.index(flag) + 1]
+        got = value if flag not in ("--seed", "--image-seed") else int(value)
+        assert_user_error(invoke(*args), out, f"invalid {flag} (got {got!r})", need)
 
 
 def test_knows_labels_flag(tmp_path):

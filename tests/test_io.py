@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 
@@ -12,7 +13,7 @@ from leaklab.errors import LeaklabError
 from leaklab.experiments.capture import CaptureConfig, capture, write
 from leaklab.io import (AUDIT_FORMAT, BAYES_TABLE2_FORMAT, REPRODUCTION_FORMAT, ROOM_ATTACK_FORMAT, UPDATE_FILE,
                         UPDATE_JSON, VIEW_FILE, VIEW_FORMAT, atomic_dir, check_out, load_case, load_tensors, load_truth,
-                        make_out_dir, new_run_dir, read_config, read_json, save_tensors, sha256_file, write_json)
+                        make_out_dir, new_run_dir, read_config, read_json, save_tensors, write_json)
 
 torch.set_num_threads(1)
 
@@ -49,7 +50,7 @@ def test_tensors_round_trip(tmp_path):
     back, meta = load_tensors(tmp_path / "x.safetensors", "test", sha)
     assert torch.equal(back["a"], t["a"]) and torch.equal(back["b"], t["b"])
     assert meta["note"] == "hi"
-    assert sha == sha256_file(tmp_path / "x.safetensors")
+    assert sha == hashlib.sha256((tmp_path / "x.safetensors").read_bytes()).hexdigest()
 
 
 def test_truncated_and_garbage_tensor_files(tmp_path):
@@ -327,6 +328,33 @@ def test_a_tensor_file_that_is_not_a_regular_file_is_refused(case_dir):
     os.mkfifo(case_dir / UPDATE_FILE)  # reading it would block forever
     with pytest.raises(LeaklabError, match="not a regular file"):
         load_case(case_dir)
+
+
+@pytest.mark.parametrize("name", [UPDATE_JSON, "view.json"])
+def test_a_json_file_that_is_not_a_regular_file_is_refused(case_dir, name):
+    """A FIFO made the loader hang, a link to /dev/zero filled the memory."""
+    import os
+
+    (case_dir / name).unlink()
+    os.mkfifo(case_dir / name)
+    with pytest.raises(LeaklabError, match="not a regular file"):
+        load_case(case_dir)
+    (case_dir / name).unlink()
+    (case_dir / name).symlink_to("/dev/zero")
+    with pytest.raises(LeaklabError, match="outside the case folder"):
+        load_case(case_dir)
+
+
+def test_a_case_file_may_be_a_link_inside_its_folder_only(case_dir, tmp_path):
+    outside = tmp_path / "elsewhere.safetensors"
+    (case_dir / UPDATE_FILE).rename(outside)
+    (case_dir / UPDATE_FILE).symlink_to(outside)
+    with pytest.raises(LeaklabError, match="update.safetensors is a link to a file outside the case folder"):
+        load_case(case_dir)
+    (case_dir / UPDATE_FILE).unlink()
+    outside.rename(case_dir / "kept.safetensors")
+    (case_dir / UPDATE_FILE).symlink_to("kept.safetensors")
+    assert load_case(case_dir).updates
 
 
 @pytest.mark.parametrize("text", ['{"a": NaN}', '{"a": [Infinity]}', '{"a": 1e999}', "[" * 100_000 + "]" * 100_000])

@@ -1,6 +1,7 @@
 """The perception network's architectures (seed 000, section III) and the run-time device options."""
 
 import os
+import re
 
 import pytest
 import torch
@@ -144,6 +145,62 @@ def test_a_user_class_that_fails_to_import_or_build_is_one_line(tmp_path, monkey
         build_perception_net(PerceptionSpec(), model_class="torch.nn:Linear")
 
 
+_USER_NETS = """
+import torch
+from torch import nn
+
+
+class Good(nn.Module):
+    def __init__(self, spec, actions=None, box_in=None):
+        super().__init__()
+        self.conv = nn.Sequential(nn.Conv2d(spec.in_channels, 2, 10, stride=10), nn.ReLU(), nn.Flatten())
+        self.box = nn.Sequential(nn.Linear(box_in or spec.box_dim, 8), nn.ReLU())
+        self.head = nn.Sequential(nn.Linear(2 * 15 * 15 + 8, 16), nn.ReLU(), nn.Linear(16, actions or spec.num_actions))
+
+    def forward(self, images, box):
+        return self.head(torch.cat([self.conv(images), self.box(box)], 1))
+
+
+class ThreeActions(Good):
+    def __init__(self, spec):
+        super().__init__(spec, actions=3)
+
+
+class TwoBoxInputs(Good):
+    def __init__(self, spec):
+        super().__init__(spec, box_in=2)
+
+    def forward(self, images, box):
+        return super().forward(images, box[:, :2])
+
+
+class ExtraAxis(Good):
+    def forward(self, images, box):
+        return super().forward(images, box)[..., None]
+
+
+class Doubled(Good):
+    def forward(self, images, box):
+        return 2 * super().forward(images, box)
+"""
+
+
+@pytest.mark.parametrize("name, words", [("ThreeActions", "7 outputs (got 4 and 3)"), ("TwoBoxInputs", "got 2 and"),
+                                         ("ExtraAxis", "(2, 7, 1)"), ("Doubled", "is not head(cat(")])
+def test_a_user_class_is_checked_against_the_spec_before_any_work(tmp_path, monkeypatch, name, words):
+    """Such classes passed the module-name check and failed later, with a traceback, after the episodes
+    were played (or after the attacks ran)."""
+    (tmp_path / "user_nets.py").write_text(_USER_NETS)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    torch.manual_seed(5)
+    __import__("user_nets").Good(PerceptionSpec())
+    after_building = torch.get_rng_state()
+    net = build_perception_net(PerceptionSpec(), seed=5, model_class="user_nets:Good")
+    assert net.training and torch.equal(torch.get_rng_state(), after_building)  # the check draws nothing
+    with pytest.raises(LeaklabError, match=re.escape(words)):
+        build_perception_net(PerceptionSpec(), model_class=f"user_nets:{name}")
+
+
 def test_room_truth_out_of_range_is_refused():
     from leaklab.rl.cases import check_room_truth, truth_shapes
     from leaklab.threat import UpdateMetadata
@@ -156,3 +213,8 @@ def test_room_truth_out_of_range_is_refused():
         bad = dict(good, **{name: torch.full_like(good[name], 0.5) * scale})
         with pytest.raises(LeaklabError, match=match):
             check_room_truth(bad, spec, meta)
+    # integer Q-values were truncated (and scored inf), half precision shifted the metrics, a bool was an action
+    for name, dtype, match in (("q_pred", torch.int64, "float32 or float64"), ("box", torch.float16, "float32"),
+                               ("action", torch.bool, "int64")):
+        with pytest.raises(LeaklabError, match=match):
+            check_room_truth(dict(good, **{name: good[name].to(dtype)}), spec, meta)

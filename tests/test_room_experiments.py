@@ -233,10 +233,12 @@ def test_audit_of_cases_checks_every_truth_before_attacking(tmp_path):
     last = sorted(p for p in cases.iterdir() if p.is_dir())[-1] / "truth.safetensors"
     with safe_open(str(last), "pt") as f:
         tensors, meta = {k: f.get_tensor(k) for k in f.keys()}, f.metadata()
-    save_file(tensors, str(last), metadata={**meta, "provenance": "[1, 2]"})
     out = tmp_path / "audit"
-    assert_user_error(invoke("audit", "--cases", cases, "--iterations", "3", "--workers", "1", "--out", out),
-                      out, "provenance")
+    # not an object; more rooms than the update has transitions (the summary counted them as rooms audited)
+    for provenance in ("[1, 2]", '{"layouts": ["e1m1-stalactite", "map01-hangar", "map02-vault"]}'):
+        save_file(tensors, str(last), metadata={**meta, "provenance": provenance})
+        assert_user_error(invoke("audit", "--cases", cases, "--iterations", "3", "--workers", "1", "--out", out),
+                          out, "provenance")
 
 
 def test_audit_of_cases_refuses_batches_the_attack_cannot_read_before_attacking(tmp_path):
@@ -247,6 +249,17 @@ def test_audit_of_cases_refuses_batches_the_attack_cannot_read_before_attacking(
                       "--layouts", "e1m1-stalactite", "--out", cases).exit_code == 0
         assert_user_error(invoke("audit", "--cases", cases, "--mode", mode, "--out", out), out,
                           f"0000 is an update of {batch} transitions", f"reads at most {limit}")
+    # a FedAvg update in the second case: refused before the first case is attacked (it was after)
+    cases = tmp_path / "fedavg"
+    assert invoke("env", "capture", "--samples", "2", "--layouts", "e1m1-stalactite", "--out", cases).exit_code == 0
+    for name in ("view.json", "update.json"):
+        path = cases / "0001" / name
+        data = json.loads(path.read_text())
+        data["metadata"]["kind"] = "fedavg"
+        path.write_text(json.dumps(data))
+    assert_user_error(invoke("audit", "--cases", cases, "--out", out), out,
+                      "0001 is a fedavg update; the room attacks read FedSGD updates")
+    assert not (tmp_path / ".leaklab-resume").exists()
 
 
 def test_audit_refuses_conflicting_options(tmp_path):

@@ -70,3 +70,49 @@ def test_capabilities_gate_what_the_attack_may_read():
     assert view.labels is None and view.defense is None
     with pytest.raises(LeaklabError, match="knows_defense"):
         view.known_defense()
+
+
+@pytest.mark.parametrize("dtype", [torch.float8_e4m3fn, torch.complex64, torch.int64])
+def test_update_and_model_tensors_of_other_dtypes_are_refused(dtype):
+    """float8 was a traceback (isfinite is not implemented for it), complex lost its imaginary part and
+    integer weights were cast silently."""
+    model = build_model(SPEC, seed=0)
+    upd = fedsgd_update(model, torch.rand(1, 3, 16, 16), torch.tensor([0]))
+    upd.tensors["fc.weight"] = upd.tensors["fc.weight"].to(dtype)
+    with pytest.raises(LeaklabError, match=r"'fc.weight' has dtype .*float16, bfloat16, float32, float64"):
+        upd.validate_against(model)
+    state = {**model.state_dict(), "fc.weight": model.fc.weight.detach().to(dtype)}
+    with pytest.raises(LeaklabError, match=r"model tensor 'fc.weight' has dtype"):
+        make_view(SPEC, state, upd.metadata)
+
+
+def test_model_buffers_must_hold_counters_and_variances():
+    """A negative running variance gave NaN PSNRs and exit code 0; a float counter of 1e30 became a
+    negative integer."""
+    model = build_model(SPEC, seed=0)
+    meta = fedsgd_update(model, torch.rand(1, 3, 16, 16), torch.tensor([0])).metadata
+    var = next(k for k in model.state_dict() if k.endswith("running_var"))
+    count = var.replace("running_var", "num_batches_tracked")
+    with pytest.raises(LeaklabError, match=f"'{var}' holds negative values"):
+        make_view(SPEC, {**model.state_dict(), var: -model.state_dict()[var]}, meta)
+    with pytest.raises(LeaklabError, match=f"'{count}' has dtype torch.float64; it must be int64"):
+        make_view(SPEC, {**model.state_dict(), count: torch.tensor(1e30, dtype=torch.float64)}, meta)
+    assert make_view(SPEC, {k: v.half() if v.is_floating_point() else v for k, v in model.state_dict().items()},
+                     meta).model.fc.weight.dtype == torch.float32
+
+
+def test_a_spec_larger_than_its_model_file_is_refused_before_it_is_built(monkeypatch):
+    """A view.json may declare a model of up to 16 GiB: it was built before its file was compared."""
+    import leaklab.threat as threat
+
+    built = []
+    real = threat.build_model
+    monkeypatch.setattr(threat, "build_model", lambda spec: built.append(torch.empty(0).device) or real(spec))
+    model = build_model(SPEC, seed=0)
+    meta = fedsgd_update(model, torch.rand(1, 3, 16, 16), torch.tensor([0])).metadata
+    huge = SPEC.model_copy(update={"image_size": 512, "width": 1024, "num_classes": 100_000})
+    with pytest.raises(LeaklabError, match="does not fit a convnet model"):
+        make_view(huge, model.state_dict(), meta)
+    assert built == [torch.device("meta")]
+    make_view(SPEC, model.state_dict(), meta)
+    assert built[1:] == [torch.device("meta"), torch.device("cpu")]

@@ -21,6 +21,7 @@ import typer
 from pydantic import ValidationError
 
 from leaklab.errors import LeaklabError
+from leaklab.fields import MAX_SEED
 from leaklab.names import (ARCH_NAMES, DATASET_NAMES, MODEL_NAMES, POLICY_NAMES, RL_ALGORITHM_NAMES, ROOM_MODE_NAMES,
                            SETTING_NAMES, UPDATE_NAMES)
 from leaklab.words import plural
@@ -73,17 +74,30 @@ def _fail(message: str) -> None:
     raise typer.Exit(2)
 
 
-def _choice(flag: str, names: tuple[str, ...], help: str = "", **kwargs: Any) -> Any:
-    """A ``flag`` option taking one of ``names`` (its help: the names, then ``help``). A value outside them
-    is refused while the command line is parsed, as one ``error:`` line, before torch loads (the
-    configurations' own check came seconds later)."""
+def _checked(flag: str, ok: Callable[[Any], bool], need: str) -> Callable[[Any], Any]:
+    """An option callback refusing a value for which ``ok`` is false while the command line is parsed, as
+    one ``error:`` line, before torch loads (the configurations' own checks come seconds later, and a
+    few commands have none)."""
 
     def check(value: Any) -> Any:
-        if value is not None and value not in names:
-            _fail(f"invalid {flag} (got {value!r}): choose {' | '.join(names)}")
+        if value is not None and not ok(value):
+            _fail(f"invalid {flag} (got {value!r}): {need}")
         return value
 
-    return typer.Option(flag, callback=check, help=" | ".join(names) + (f" {help}" if help else ""), **kwargs)
+    return check
+
+
+def _choice(flag: str, names: tuple[str, ...], help: str = "", **kwargs: Any) -> Any:
+    """A ``flag`` option taking one of ``names`` (its help: the names, then ``help``)."""
+    return typer.Option(flag, callback=_checked(flag, lambda v: v in names, "choose " + " | ".join(names)),
+                        help=" | ".join(names) + (f" {help}" if help else ""), **kwargs)
+
+
+def _seed_opt(help: str = "seed of everything the command draws (same seed, same numbers)", flag: str = "--seed",
+              **kwargs: Any) -> Any:
+    """A seed option: a whole number from 0 to :data:`~leaklab.fields.MAX_SEED`."""
+    return typer.Option(flag, callback=_checked(flag, lambda v: 0 <= v <= MAX_SEED,
+                                                f"a seed is a whole number from 0 to {MAX_SEED}"), help=help, **kwargs)
 
 
 def _exit_on_sigterm() -> None:
@@ -249,7 +263,7 @@ def _echo_summary(out: Path, results: dict) -> None:
 # options shared by capture and the one-shot attack
 
 AUDIT_KINDS = ("rooms", "images")
-SeedOpt = Annotated[int, typer.Option("--seed", help="seed of everything the command draws (same seed, same numbers)")]
+SeedOpt = Annotated[int, _seed_opt()]
 def _model_opt(default: str) -> Any:
     return _choice("--model", MODEL_NAMES, f"(default {default})", rich_help_panel=CAPTURE)
 
@@ -266,7 +280,7 @@ BatchOpt = Annotated[Optional[int], typer.Option("--batch-size", help="images pe
 NumOpt = Annotated[Optional[int], typer.Option("--num-images",
                                                help="private images in all (a multiple of --batch-size) "
                                                     "(default 1)", rich_help_panel=CAPTURE)]
-ImageSeedOpt = Annotated[Optional[int], typer.Option("--image-seed", help="which images (default 0)",
+ImageSeedOpt = Annotated[Optional[int], _seed_opt("which images (default 0)", "--image-seed",
                                                      rich_help_panel=CAPTURE)]
 SizeOpt = Annotated[Optional[int], typer.Option("--image-size", help="pixels per side (default 32)",
                                                 rich_help_panel=CAPTURE)]
@@ -323,8 +337,7 @@ def capture(
     model: ModelOpt = None, data: DataOpt = None, batch_size: BatchOpt = None, num_images: NumOpt = None,
     image_seed: ImageSeedOpt = None, image_size: SizeOpt = None, width: WidthOpt = None,
     defense: DefenseOpt = None,
-    seed: Annotated[Optional[int], typer.Option("--seed", help="model initialisation and defense noise "
-                                                "(default 0)")] = None,
+    seed: Annotated[Optional[int], _seed_opt("model initialisation and defense noise (default 0)")] = None,
     train_steps: TrainOpt = None, knows_labels: KnowsLabelsOpt = None, update: UpdateOpt = None,
     local_steps: LocalStepsOpt = None, local_lr: LocalLrOpt = None, bn_stats: BnStatsOpt = None,
 ) -> None:
@@ -374,8 +387,7 @@ def attack_inversion(
     config_file: Annotated[Optional[Path], typer.Option("--config", help="YAML/JSON file of "
                                                         "InversionConfig fields; options override it",
                                                         rich_help_panel=ATTACK)] = None,
-    seed: Annotated[Optional[int], typer.Option("--seed", help="attack seed (and, one-shot, the capture "
-                                                "seed) (default 0)")] = None,
+    seed: Annotated[Optional[int], _seed_opt("attack seed (and, one-shot, the capture seed) (default 0)")] = None,
     model: ModelOpt = None, data: DataOpt = None, batch_size: BatchOpt = None, num_images: NumOpt = None,
     image_seed: ImageSeedOpt = None, image_size: SizeOpt = None, width: WidthOpt = None,
     defense: DefenseOpt = None, train_steps: TrainOpt = None, knows_labels: KnowsLabelsOpt = None,
@@ -406,7 +418,7 @@ def attack_analytic(
     out: Annotated[Path, typer.Option("--out", help="results folder to write")],
     case: Annotated[Optional[Path], typer.Option("--case", help="case folder from `leaklab capture`; "
                                                  "without it, the capture options make one in OUT/case")] = None,
-    seed: Annotated[Optional[int], typer.Option("--seed", help="one-shot capture seed (default 0)")] = None,
+    seed: Annotated[Optional[int], _seed_opt("one-shot capture seed (default 0)")] = None,
     model: Annotated[Optional[str], _model_opt("mlp")] = None,
     data: DataOpt = None, batch_size: BatchOpt = None, num_images: NumOpt = None,
     image_seed: ImageSeedOpt = None, image_size: SizeOpt = None, width: WidthOpt = None,
@@ -512,7 +524,7 @@ def _room_command(algorithm: str, doc: str) -> Callable:
         out: Annotated[Path, typer.Option("--out", help="results folder to write")],
         setting: SettingOpt = "S2", mode: ModeOpt = "exact", arch: ArchOpt = "small",
         samples: SamplesOpt = 4, layouts: LayoutsOpt = None,
-        seed: Annotated[int, typer.Option("--seed", help="network, rooms and attack seed")] = 0,
+        seed: Annotated[int, _seed_opt("network, rooms and attack seed")] = 0,
         iterations: IterationsOpt = None,
         batch_size: Annotated[int, typer.Option("--batch-size", help="transitions per update (1 or 2; "
                                                                    "RGI reads 2 in exact mode)")] = 1,
@@ -548,7 +560,7 @@ app.add_typer(env_app, name="env")
 def env_contact_sheet(
     out: Annotated[Path, typer.Option("--out", help="PNG file to write")] = Path("rooms.png"),
     layouts: LayoutsOpt = None,
-    seed: Annotated[int, typer.Option("--seed", help="start poses")] = 0,
+    seed: Annotated[int, _seed_opt("start poses")] = 0,
 ) -> None:
     """Every room layout of the active-perception environment: RGB with the target box, and depth."""
     from leaklab.experiments.room_attack import layouts_arg
@@ -578,7 +590,7 @@ def env_capture(
     defense: RoomDefenseOpt = None,
     model_class: Annotated[Optional[str], typer.Option("--model-class", help="your own perception network, "
                                                        "package.module:Class (default leaklab's --arch)")] = None,
-    seed: Annotated[int, typer.Option("--seed", help="network, rooms and defense noise")] = 0,
+    seed: Annotated[int, _seed_opt("network, rooms and defense noise")] = 0,
 ) -> None:
     """Capture robots' federated updates in their rooms as case folders for `leaklab audit --cases`.
 

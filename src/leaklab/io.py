@@ -44,7 +44,7 @@ from leaklab.threat import Capabilities, ClientUpdate, ServerView, UpdateMetadat
 
 FORMAT_VERSION = 1
 MAX_TENSOR_FILE_BYTES = 16 << 30  # a model or update file larger than this is refused, never read
-MAX_MARKER_BYTES = 256 << 20  # a marker JSON file larger than this is not taken as leaklab's output
+MAX_MARKER_BYTES = 256 << 20  # a JSON file larger than this is never read (nor taken as leaklab's output)
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 VIEW_FILE = "view.json"
@@ -130,10 +130,14 @@ def write_json(path: Path, data: Any) -> None:
 
 
 def read_json(path: Path, what: str | None = None) -> Any:
-    """Parse a JSON file; a missing file or a syntax error is a :class:`LeaklabError`."""
+    """Parse a JSON file; a missing file, anything but a regular file (a FIFO, a device), one over
+    :data:`MAX_MARKER_BYTES` or a syntax error is a :class:`LeaklabError`."""
     path = Path(path)
     what = what or path.name
     try:
+        if path.exists() and (not path.is_file() or path.stat().st_size > MAX_MARKER_BYTES):
+            raise LeaklabError(f"{what} file {path} is not a regular file of at most {MAX_MARKER_BYTES >> 20} MiB; "
+                               f"{_missing_hint(path)}")
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise LeaklabError(f"{what} file {path} is missing; {_missing_hint(path)}") from None
@@ -200,10 +204,6 @@ def write_bytes(path: Path, data: bytes) -> None:
 
 # --------------------------------------------------------------------------------------------
 # safetensors
-
-
-def sha256_file(path: Path) -> str:
-    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 
 def save_tensors(path: Path, tensors: dict[str, torch.Tensor],
@@ -483,11 +483,14 @@ def check_format(data: Any, path: Path, kind: str) -> dict:
 
 def member_file(folder: Path, name: Any, default: str, where: Path) -> Path:
     """The file ``name`` (``default`` when absent) that ``where`` names inside the case ``folder``: a
-    plain file name, so a case never makes leaklab read outside its own folder."""
+    plain file name, and no link out of the folder, so a case never makes leaklab read outside it."""
     name = default if name is None else name
     if not isinstance(name, str) or not name or name in (".", "..") or "/" in name or "\\" in name:
         raise LeaklabError(f"{where}: file names must be plain names inside the case folder, not {name!r}")
-    return Path(folder) / name
+    path = Path(folder) / name
+    if path.is_symlink() and Path(folder).resolve() not in path.resolve().parents:
+        raise LeaklabError(f"{where}: {name} is a link to a file outside the case folder; copy the file in")
+    return path
 
 
 def parse_model(model_cls, value: Any, what: str):
@@ -521,7 +524,7 @@ def load_case(folder: Path) -> Case:
     if not folder.is_dir():
         what = "is not a folder" if folder.exists() else "does not exist"
         raise LeaklabError(f"case folder {folder} {what}; write one with `leaklab capture`")
-    view_path = folder / VIEW_FILE
+    view_path = member_file(folder, None, VIEW_FILE, folder)
     view_json = check_format(read_json(view_path, "view"), view_path, "view")
     if view_json.get("model_type") == "perception":
         raise LeaklabError(f"{folder} is a room case (a perception network's RL update); attack it with "
@@ -537,7 +540,7 @@ def load_case(folder: Path) -> Case:
     except LeaklabError as e:
         raise LeaklabError(f"{model_path}: {e}") from None
 
-    upd_path = folder / UPDATE_JSON
+    upd_path = member_file(folder, None, UPDATE_JSON, folder)
     upd_json = check_format(read_json(upd_path, "update metadata"), upd_path, "update")
     upd_meta = parse_model(UpdateMetadata, upd_json.get("metadata"), f"{upd_path}: metadata")
     if upd_meta != metadata:
@@ -566,17 +569,12 @@ def load_case(folder: Path) -> Case:
         if not own:
             raise LeaklabError(f"{tensor_file} has no tensors named {prefix}*; the update file does not "
                                f"belong to {upd_path}")
-        for name, t in own.items():
-            if not t.is_floating_point():
-                raise LeaklabError(f"update tensor {prefix}{name} has dtype {t.dtype}; updates are "
-                                   "floating-point tensors")
-        update = ClientUpdate(metadata=upd_meta, tensors={k: v.float() for k, v in own.items()},
-                              defense=defense)  # the view's, validated (update.json repeats it)
+        update = ClientUpdate(metadata=upd_meta, tensors=own, defense=defense)  # the view's, validated
         try:
             update.validate_against(view.model)
         except LeaklabError as e:
             raise LeaklabError(f"{tensor_file} ({prefix}): {e}") from None
-        updates.append(update)
+        updates.append(update.with_tensors({k: v.float() for k, v in own.items()}, defense))
         y = entry.get("labels")
         if y is not None and capabilities.knows_labels:
             if not isinstance(y, list) or len(y) != metadata.batch_size or \
@@ -613,7 +611,7 @@ def load_truth(folder: Path, case: Case | None = None,
 
     With ``case``, the truth is checked against it: one image per batch slot of every update.
     """
-    path = Path(folder) / TRUTH_FILE
+    path = member_file(Path(folder), None, TRUTH_FILE, Path(folder))
     if not path.exists():
         return None
     tensors, meta = load_tensors(path, "truth")

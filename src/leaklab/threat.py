@@ -60,6 +60,13 @@ class UpdateMetadata(BaseModel):
         return self.local_batch_size or self.batch_size
 
 
+FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)  # what a model or update may hold
+
+
+def _dtype_names(dtypes: tuple[torch.dtype, ...]) -> str:
+    return ", ".join(str(d).removeprefix("torch.") for d in dtypes)
+
+
 @dataclass
 class ClientUpdate:
     """A client's message: ``tensors`` maps parameter names to gradients (FedSGD) or to the weight
@@ -71,7 +78,8 @@ class ClientUpdate:
     privacy: dict | None = None  # DP-SGD report of a private client (epsilon spent, settings; fl.fedavg_update)
 
     def validate_against(self, model: nn.Module) -> None:
-        """Raise :class:`LeaklabError` unless every trainable parameter has a finite tensor of its shape."""
+        """Raise :class:`LeaklabError` unless every trainable parameter has a finite floating-point tensor
+        (of :data:`FLOAT_DTYPES`) of its shape."""
         expected = {n: p.shape for n, p in model.named_parameters() if p.requires_grad}
         missing = sorted(set(expected) - set(self.tensors))
         extra = sorted(set(self.tensors) - set(expected))
@@ -84,6 +92,9 @@ class ClientUpdate:
             if tuple(t.shape) != tuple(shape):
                 raise LeaklabError(f"update tensor {name!r} has shape {tuple(t.shape)}, the model "
                                    f"expects {tuple(shape)}; capture it with the same model")
+            if t.dtype not in FLOAT_DTYPES:
+                raise LeaklabError(f"update tensor {name!r} has dtype {t.dtype}; updates are tensors of "
+                                   f"{_dtype_names(FLOAT_DTYPES)}")
             if not torch.isfinite(t).all():
                 raise LeaklabError(f"update tensor {name!r} contains NaN or Inf values; "
                                    "the update is corrupt or the client diverged")
@@ -127,15 +138,11 @@ class ServerView:
         return self.defense
 
 
-def make_view(spec: ModelSpec | PerceptionSpec, state: dict[str, torch.Tensor], metadata: UpdateMetadata,
-              capabilities: Capabilities | None = None, defense: str | None = None,
-              labels: torch.Tensor | None = None, model_class: str | None = None) -> ServerView:
-    """Rebuild the model of ``spec`` (an image classifier or a perception network; ``model_class``:
-    a user's own perception class, see :func:`leaklab.models.perception.perception_class`) and load
-    ``state`` (parameters and buffers) into it, strictly."""
-    model = build_perception_net(spec, model_class=model_class) if isinstance(spec, PerceptionSpec) \
-        else build_model(spec)
-    own = model.state_dict()
+def _check_state(own: dict[str, torch.Tensor], state: dict[str, torch.Tensor],
+                 spec: ModelSpec | PerceptionSpec) -> None:
+    """Raise :class:`LeaklabError` unless ``state`` has exactly the tensors of ``own`` (a model's state
+    dict), of their shapes, finite, floating-point where the model's are (:data:`FLOAT_DTYPES`) and of
+    the model's dtype otherwise (counters such as ``num_batches_tracked``)."""
     problems = [k for k in own if k not in state or tuple(state[k].shape) != tuple(own[k].shape)]
     problems += [k for k in state if k not in own]
     if problems:
@@ -144,9 +151,44 @@ def make_view(spec: ModelSpec | PerceptionSpec, state: dict[str, torch.Tensor], 
         raise LeaklabError(f"model file does not fit a {name} model (first mismatch: "
                            f"{problems[0]!r}); re-capture with the same {how}")
     for k, v in state.items():
+        allowed = FLOAT_DTYPES if own[k].is_floating_point() else (own[k].dtype,)
+        if v.dtype not in allowed:
+            raise LeaklabError(f"model tensor {k!r} has dtype {v.dtype}; it must be {_dtype_names(allowed)}")
         if v.is_floating_point() and not torch.isfinite(v).all():
             raise LeaklabError(f"model tensor {k!r} contains NaN or Inf values")
+
+
+def model_with_state(spec: ModelSpec | PerceptionSpec, state: dict[str, torch.Tensor],
+                     model_class: str | None = None) -> nn.Module:
+    """The model of ``spec`` (``model_class``: a user's own perception class) holding ``state``, strictly:
+    every tensor of its shape and kind (:func:`_check_state`), no negative variance or counter. Leaklab's
+    networks are compared on the meta device before they are built, so that a spec cannot make leaklab
+    allocate a model its file does not hold."""
+    def build() -> nn.Module:
+        return build_perception_net(spec, model_class=model_class) if isinstance(spec, PerceptionSpec) \
+            else build_model(spec)
+
+    if model_class is None:
+        with torch.device("meta"):  # shapes and dtypes alone: no memory, no draw from the generator
+            _check_state(build().state_dict(), state, spec)
+    model = build()
+    own = model.state_dict()
+    _check_state(own, state, spec)
     model.load_state_dict({k: v.to(own[k].dtype) for k, v in state.items()})
+    for k, v in model.named_buffers():
+        if (k.endswith("running_var") or k.endswith("num_batches_tracked")) and (v < 0).any():
+            raise LeaklabError(f"model tensor {k!r} holds negative values (a variance or a counter); "
+                               "the file is damaged")
+    return model
+
+
+def make_view(spec: ModelSpec | PerceptionSpec, state: dict[str, torch.Tensor], metadata: UpdateMetadata,
+              capabilities: Capabilities | None = None, defense: str | None = None,
+              labels: torch.Tensor | None = None, model_class: str | None = None) -> ServerView:
+    """Rebuild the model of ``spec`` (an image classifier or a perception network; ``model_class``:
+    a user's own perception class, see :func:`leaklab.models.perception.perception_class`) and load
+    ``state`` (parameters and buffers) into it, strictly (:func:`model_with_state`)."""
+    model = model_with_state(spec, state, model_class)
     capabilities = capabilities or Capabilities()
     if labels is not None and (isinstance(spec, PerceptionSpec) or labels.ndim != 1 or len(labels) != metadata.batch_size or
                                labels.min() < 0 or labels.max() >= spec.num_classes):

@@ -108,14 +108,6 @@ def _flat(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
     return torch.cat([t.reshape(-1) for t in tensors])
 
 
-def _unflat(vector: torch.Tensor, like: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-    out, start = [], 0
-    for t in like:
-        out.append(vector[start:start + t.numel()].view_as(t))
-        start += t.numel()
-    return out
-
-
 @dataclass(frozen=True)
 class TopK(Defense):
     """Magnitude pruning: the fraction ``p`` of entries with the smallest |value| is set to 0."""

@@ -56,6 +56,7 @@ import zlib
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -285,6 +286,25 @@ def _hyper(config: InversionConfig) -> dict:
             "layer_weighting": config.layer_weighting}
 
 
+def _saved(text: str, fingerprint_field: str, fingerprint: str, *numbers: str) -> dict | None:
+    """A resume record (a cell file, a line of a tuning log) of this computation: a JSON object with
+    ``fingerprint`` in ``fingerprint_field`` and a finite number, or a non-empty list of them, in each of
+    ``numbers``; None for anything else (a line cut by an interruption, another run's, an edited one)."""
+    try:
+        rec = json.loads(text)
+    except (json.JSONDecodeError, RecursionError):
+        return None
+    if not isinstance(rec, dict) or rec.get(fingerprint_field) != fingerprint:
+        return None
+
+    def finite(v: Any) -> bool:
+        return type(v) in (int, float) and math.isfinite(v)
+
+    ok = all(finite(rec.get(n)) or (isinstance(rec.get(n), list) and rec[n] and all(map(finite, rec[n])))
+             for n in numbers)
+    return rec if ok else None
+
+
 class _Tuner:
     """The staged grid search of one cell, resumable from its log."""
 
@@ -295,11 +315,8 @@ class _Tuner:
         self.ticked: set[str] = set()
         if log.exists():
             for line in log.read_text().splitlines():
-                try:
-                    rec = json.loads(line)
-                except json.JSONDecodeError:
-                    continue  # a line cut by an interruption
-                if rec.get("fp") == fingerprint:
+                rec = _saved(line, "fp", fingerprint, "mean", "psnr")
+                if rec is not None and isinstance(rec.get("key"), str):
                     self.records[rec["key"]] = rec
 
     def score(self, config: InversionConfig) -> float:
@@ -441,12 +458,9 @@ def run(out: Path, quick: bool = False, datasets: list[str] | None = None,
         path = out / CELLS_DIR / f"{key}.json"
         used = {k: v for k, v in settings.items() if st > 0 or k not in TRAIN_FIELDS}
         cell_fp = _fingerprint({"settings": used, "seed": seed, "cell": [ds, d, st, attack]})
-        if path.exists():
-            try:
-                saved = json.loads(path.read_text())
-            except json.JSONDecodeError:
-                saved = {}
-            if saved.get("fingerprint") == cell_fp:
+        if path.is_file():
+            saved = _saved(path.read_text(), "fingerprint", cell_fp, "psnr_mean", "psnr")
+            if saved is not None:
                 results[(ds, d, st, attack)] = saved
                 done += per_cell[attack]
                 report(f"{ds} {d} step {st} {attack}: done earlier")

@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from leaklab.data import DATASET_NAMES, load_images
 from leaklab.defenses import parse_defense
 from leaklab.errors import LeaklabError
+from leaklab.fields import Seed
 from leaklab.fl import fedavg_update, fedsgd_update, train_steps
 from leaklab.io import VIEW_FORMAT, atomic_dir, write_case
 from leaklab.models import MODEL_NAMES, ModelSpec, build_model
@@ -40,12 +41,12 @@ class CaptureConfig(BaseModel):
     data: str = "photos"
     batch_size: int = Field(default=1, ge=1, le=256)
     num_images: int = Field(default=1, ge=1, le=4096)
-    image_seed: int = 0
+    image_seed: Seed = 0
     image_offset: int = Field(default=0, ge=0, description="skip the first images of the seed's order")
     image_size: int = Field(default=32, ge=8, le=256)
     width: int | None = Field(default=None, ge=1, le=1024)
     defense: str = "none"
-    seed: int = 0
+    seed: Seed = 0
     train_steps: int = Field(default=0, ge=0, le=100_000)
     knows_labels: bool = False
     update: Literal[UPDATE_NAMES] = "fedsgd"

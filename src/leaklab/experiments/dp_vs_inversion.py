@@ -31,6 +31,7 @@ from leaklab.attacks.inversion import InversionConfig, invert
 from leaklab.data import load_images
 from leaklab.errors import LeaklabError
 from leaklab.experiments import ProgressFn
+from leaklab.fields import Seed
 from leaklab.fl import fedsgd_update, train_steps
 from leaklab.io import DP_VS_INVERSION_FORMAT, RESULTS_FILE, atomic_dir, write_json
 from leaklab.metrics import constant_baseline, psnr, ssim
@@ -63,7 +64,7 @@ class DpVsInversionConfig(BaseModel):
     attack_epsilons: list[float] = Field(default_factory=lambda: [math.inf, 1e4, 1e3, 100.0, 8.0, 3.0, 1.0])
     attack_images: int = Field(default=4, ge=1, le=64)
     iterations: int = Field(default=300, ge=1)
-    seed: int = 0
+    seed: Seed = 0
 
     @classmethod
     def quick(cls, seed: int = 0) -> "DpVsInversionConfig":

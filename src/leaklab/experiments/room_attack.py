@@ -41,6 +41,7 @@ from leaklab.errors import LeaklabError
 from leaklab.experiments import ProgressFn
 from leaklab.experiments.attack_journal import AttackJournal, journal_beside
 from leaklab.experiments.image_attack import versions
+from leaklab.fields import Seed
 from leaklab.io import (RECONSTRUCTIONS_FILE, RESULTS_FILE, ROOM_ATTACK_FORMAT, atomic_dir, check_out, save_tensors,
                         write_json)
 from leaklab.metrics.rooms import matched_first, room_metrics
@@ -92,7 +93,7 @@ class RoomRunConfig(BaseModel):
     workers: int = Field(default=0, ge=0, description="attack processes; 0: one per CPU core")
     device: str = Field(default="cpu", pattern=DEVICE_PATTERN,
                         description="where the attacks run: cpu, or cuda[:N] (the workers share the GPU)")
-    seed: int = Field(default=0, ge=0)
+    seed: Seed = 0
 
     @field_validator("layouts")
     @classmethod

@@ -44,6 +44,7 @@ from leaklab.errors import LeaklabError
 from leaklab.experiments import ProgressFn, room_attack
 from leaklab.experiments.attack_journal import journal_beside
 from leaklab.experiments.image_attack import versions
+from leaklab.fields import Seed
 from leaklab.io import (AUDIT_FORMAT, CAPTURE_JSON, RESULTS_FILE, TRUTH_FILE, VIEW_FILE, atomic_dir, check_out,
                         read_json, write_json)
 from leaklab.metrics.rooms import matched_first
@@ -83,7 +84,7 @@ class AuditConfig(BaseModel):
     workers: int = Field(default=0, ge=0, description="attack processes; 0: one per CPU core")
     device: str = Field(default="cpu", pattern=DEVICE_PATTERN,
                         description="where the attacks run: cpu, or cuda[:N] (the workers share the GPU)")
-    seed: int = Field(default=0, ge=0)
+    seed: Seed = 0
 
     def defenses(self) -> list[tuple[str, str | None]]:
         """(label, defense chain) from the weakest to the strongest."""
@@ -223,6 +224,9 @@ def run_cases(out: Path, cases_dir: Path, attack: RoomAttackConfig, workers: int
     start = time.perf_counter()
     cases = [load_room_case(f, model_class) for f in folders]
     for c in cases:  # before any attack runs, as the truths below
+        if c.update.metadata.kind != "fedsgd":
+            raise LeaklabError(f"--cases: {c.folder.name} is a {c.update.metadata.kind} update; the room attacks "
+                               "read FedSGD updates (one gradient)")
         limit = max_batch(c.view.metadata.loss, attack.mode)
         if c.update.metadata.batch_size > limit:
             raise LeaklabError(f"--cases: {c.folder.name} is an update of {c.update.metadata.batch_size} transitions; "

@@ -203,9 +203,46 @@ def build_perception_net(spec: PerceptionSpec, seed: int | None = None,
         raise LeaklabError(f"--model-class {model_class!r}: {cls.__name__}(spec) failed "
                            f"({type(e).__name__}: {e}); it must build from a PerceptionSpec") from None
     check_contract(net, model_class)
+    check_forward(net, spec, model_class)
     if getattr(net, "spec", None) is None:
         net.spec = spec
     return net
+
+
+def check_forward(net: nn.Module, spec: PerceptionSpec, where: str) -> None:
+    """Raise :class:`LeaklabError` unless ``net`` computes what the room attacks assume for ``spec``:
+    ``box.0`` takes the box, ``conv`` gives ``[B, F]`` flat features with F the conv part of
+    ``head.0``'s inputs, and the output, ``[B, num_actions]``, is ``head(cat(conv(images), box(box)))``.
+    Checked on one batch of two random states, in eval mode, without touching the global generator."""
+    if net.box[0].in_features != spec.box_dim or net.head[-1].out_features != spec.num_actions:
+        raise LeaklabError(f"{where}: box.0 must take the {spec.box_dim}-d box and the last head layer give "
+                           f"{spec.num_actions} outputs (got {net.box[0].in_features} and "
+                           f"{net.head[-1].out_features})")
+    gen = torch.Generator().manual_seed(0)
+    dtype = net.head[0].weight.dtype
+    images = torch.rand(2, spec.in_channels, spec.image_size, spec.image_size, generator=gen).to(dtype)
+    box = (torch.rand(2, spec.box_dim, generator=gen) * 2 - 1).to(dtype)
+    training = net.training
+    try:
+        with torch.no_grad(), torch.random.fork_rng(devices=[]):
+            net.eval()
+            features = net.conv(images)
+            out = net(images, box)
+            composed = net.head(torch.cat([features, net.box(box)], dim=1)) if features.ndim == 2 else None
+    except Exception as e:  # the user's forward fails on inputs of the spec's shapes
+        raise LeaklabError(f"{where}: a forward pass of two states of the spec's shapes failed "
+                           f"({type(e).__name__}: {e})") from None
+    finally:
+        net.train(training)
+    if tuple(features.shape) != (2, conv_feature_count(net)):
+        raise LeaklabError(f"{where}: conv gives features of shape {tuple(features.shape)} for two states; "
+                           f"head.0 expects (2, {conv_feature_count(net)})")
+    if tuple(out.shape) != (2, spec.num_actions):
+        raise LeaklabError(f"{where}: the network's output has shape {tuple(out.shape)} for two states, not "
+                           f"(2, {spec.num_actions})")
+    if not torch.allclose(out, composed, rtol=1e-4, atol=1e-5):
+        raise LeaklabError(f"{where}: the output is not head(cat(conv(images), box(box))), the computation "
+                           "the room attacks invert")
 
 
 def stack_images(rgb: torch.Tensor | None, depth: torch.Tensor, setting: str) -> torch.Tensor:

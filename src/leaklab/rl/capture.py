@@ -29,6 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from leaklab.defenses import DefenseOption, parse_defense
 from leaklab.errors import LeaklabError
+from leaklab.fields import Seed
 from leaklab.io import CAPTURE_JSON, ROOM_CAPTURE_FORMAT, atomic_dir, check_out, write_json
 from leaklab.models import PerceptionNet, PerceptionSpec, build_perception_net
 from leaklab.names import POLICY_NAMES, RL_ALGORITHM_NAMES
@@ -256,7 +257,7 @@ class RoomCaptureConfig(BaseModel):
     defense: DefenseOption = Field(default=None, description="defense chain the clients apply")
     model_class: str | None = Field(default=None, description="a user's own perception network "
                                                               "(package.module:Class); None: leaklab's")
-    seed: int = 0
+    seed: Seed = 0
 
 
 @dataclass(frozen=True)

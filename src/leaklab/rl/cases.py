@@ -54,8 +54,9 @@ def truth_shapes(spec: PerceptionSpec, metadata: UpdateMetadata) -> dict[str, tu
 
 def check_room_truth(truth: dict[str, torch.Tensor], spec: PerceptionSpec, metadata: UpdateMetadata,
                      where: str = "truth") -> None:
-    """Raise :class:`LeaklabError` unless ``truth`` has exactly the tensors of :func:`truth_shapes`,
-    finite, with integer actions of the network's range, images in [0, 1] and the box in [-1, 1]."""
+    """Raise :class:`LeaklabError` unless ``truth`` has exactly the tensors of :func:`truth_shapes`:
+    float32 or float64 and finite (an int64 action of the network's range), images in [0, 1] and the
+    box in [-1, 1]."""
     shapes = truth_shapes(spec, metadata)
     missing, extra = sorted(set(shapes) - set(truth)), sorted(set(truth) - set(shapes))
     if missing or extra:
@@ -65,18 +66,20 @@ def check_room_truth(truth: dict[str, torch.Tensor], spec: PerceptionSpec, metad
         t = truth[name]
         if tuple(t.shape) != shape:
             raise LeaklabError(f"{where}: tensor {name!r} has shape {tuple(t.shape)}, the case needs {shape}")
+        if name != "action" and t.dtype not in (torch.float32, torch.float64):
+            raise LeaklabError(f"{where}: tensor {name!r} has dtype {t.dtype}; the truth is float32 or float64")
         if t.is_floating_point() and not torch.isfinite(t).all():
             raise LeaklabError(f"{where}: tensor {name!r} holds NaN or Inf values")
     action = truth["action"]
-    if action.is_floating_point() or action.min() < 0 or action.max() >= spec.num_actions:
-        raise LeaklabError(f"{where}: actions must be integers in 0..{spec.num_actions - 1}")
+    if action.dtype != torch.int64 or action.min() < 0 or action.max() >= spec.num_actions:
+        raise LeaklabError(f"{where}: actions must be int64 in 0..{spec.num_actions - 1}")
     for name in ("images", "depth", "rgb"):  # pixels and normalised depth, as the environment gives them
         t = truth.get(name)
-        if t is not None and (not t.is_floating_point() or t.min() < 0 or t.max() > 1):
-            raise LeaklabError(f"{where}: tensor {name!r} must hold floating-point values in [0, 1]")
+        if t is not None and (t.min() < 0 or t.max() > 1):
+            raise LeaklabError(f"{where}: tensor {name!r} must hold values in [0, 1]")
     box = truth["box"]
-    if not box.is_floating_point() or box.min() < -1 or box.max() > 1:
-        raise LeaklabError(f"{where}: the box must hold floating-point coordinates in [-1, 1]")
+    if box.min() < -1 or box.max() > 1:
+        raise LeaklabError(f"{where}: the box must hold coordinates in [-1, 1]")
 
 
 def write_room_case(folder: Path, spec: PerceptionSpec, state: dict[str, torch.Tensor],
@@ -115,7 +118,7 @@ def load_room_case(folder: Path, model_class: str | None = None) -> RoomCase:
     if not folder.is_dir():
         what = "is not a folder" if folder.exists() else "does not exist"
         raise LeaklabError(f"room case folder {folder} {what}; write one with `leaklab env capture`")
-    view_path, upd_path = folder / VIEW_FILE, folder / UPDATE_JSON
+    view_path, upd_path = (member_file(folder, None, name, folder) for name in (VIEW_FILE, UPDATE_JSON))
     view_json = check_format(read_json(view_path, "view"), view_path, "view")
     if view_json.get("model_type") != MODEL_TYPE:
         raise LeaklabError(f"{view_path} is an image-classification case, not a room case; attack it with "
@@ -137,8 +140,6 @@ def load_room_case(folder: Path, model_class: str | None = None) -> RoomCase:
     tensors, _ = load_tensors(tensor_file, "update", upd_json.get("sha256"))
     if upd_json.get("count") != 1 or any(not k.startswith("u0/") for k in tensors):
         raise LeaklabError(f"{upd_path}: a room case holds exactly one update (prefix u0/); re-capture it")
-    if any(not t.is_floating_point() for t in tensors.values()):
-        raise LeaklabError(f"{tensor_file}: update tensors must be floating-point; re-capture the case")
     update = ClientUpdate(metadata=metadata, tensors={k[3:]: v for k, v in tensors.items()},
                           defense=defense)  # the view's, validated (update.json repeats it)
     try:
@@ -152,7 +153,7 @@ def load_room_truth(folder: Path, case: RoomCase | None = None,
                     ) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     """The client's truth of a room case and its provenance (evaluation only). With ``case`` the
     tensors are checked against the case's network and update."""
-    path = Path(folder) / TRUTH_FILE
+    path = member_file(Path(folder), None, TRUTH_FILE, Path(folder))
     tensors, meta = load_tensors(path, "truth")
     if meta.get("format") != TRUTH_FORMAT:
         raise LeaklabError(f"{path} is not the truth of a room case (format {meta.get('format')!r})")
@@ -160,6 +161,8 @@ def load_room_truth(folder: Path, case: RoomCase | None = None,
         check_room_truth(tensors, case.view.spec, case.view.metadata, where=str(path))
     provenance = truth_provenance(meta, path)
     layouts = provenance.get("layouts", [])
-    if not isinstance(layouts, list) or not all(isinstance(x, str) for x in layouts):
-        raise LeaklabError(f"{path}: provenance 'layouts' must be a list of room names; re-capture the case")
+    if not isinstance(layouts, list) or not all(isinstance(x, str) for x in layouts) or \
+            (case is not None and layouts and len(layouts) != case.view.metadata.batch_size):
+        raise LeaklabError(f"{path}: provenance 'layouts' must be a list of room names, one per transition; "
+                           "re-capture the case")
     return tensors, provenance

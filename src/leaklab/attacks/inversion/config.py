@@ -6,6 +6,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from leaklab.fields import Seed
 from leaklab.names import PRIOR_NAMES
 
 
@@ -37,7 +38,7 @@ class InversionConfig(BaseModel):
     init: Literal["gaussian", "uniform", "mean"] = "gaussian"
     clamp: bool = True
     precision: Literal["fp32", "bf16"] = "fp32"
-    seed: int = 0
+    seed: Seed = 0
 
     @field_validator("priors")
     @classmethod

@@ -47,9 +47,11 @@ def _check(view: ServerView, update: ClientUpdate, loss: str, cfg: RoomAttackCon
     if not isinstance(view.spec, PerceptionSpec):
         raise LeaklabError("room attacks need a perception network view (seed 000); build it with make_view")
     meta = update.metadata
-    if meta.kind != "fedsgd" or meta.loss != loss:
-        raise LeaklabError(f"this attack reads a FedSGD update of the {loss!r} loss; the update is "
-                           f"{meta.kind} with loss {meta.loss!r} (use {'rgi' if loss == 'dqn_mse' else 'qgi'}?)")
+    if meta.kind != "fedsgd":
+        raise LeaklabError(f"this attack reads a FedSGD update (one gradient); the update is {meta.kind}")
+    if meta.loss != loss:
+        raise LeaklabError(f"this attack reads an update of the {loss!r} loss; the update's loss is {meta.loss!r} "
+                           f"(use {'rgi' if loss == 'dqn_mse' else 'qgi'}?)")
     if meta.batch_size > max_batch(loss, cfg.mode):
         raise LeaklabError(f"batch size {meta.batch_size} is not supported; this attack handles at most "
                            f"{max_batch(loss, cfg.mode)}")

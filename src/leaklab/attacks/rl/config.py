@@ -21,6 +21,7 @@ from typing import Literal
 import torch
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from leaklab.fields import Seed
 from leaklab.names import ROOM_MODE_NAMES
 
 
@@ -56,7 +57,7 @@ class RoomAttackConfig(BaseModel):
     objective: Literal["error_direction", "dlg", "inverting"] = "error_direction"
     action: Literal["rule", "optimised"] = "rule"
     multimodal: Literal["separate", "joint"] = "separate"
-    seed: int = Field(default=0, ge=0)
+    seed: Seed = 0
 
     @model_validator(mode="after")
     def _ablations_where_they_apply(self) -> "RoomAttackConfig":

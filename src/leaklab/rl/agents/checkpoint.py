@@ -7,12 +7,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import torch
 from pydantic import ValidationError
 
 from leaklab.errors import LeaklabError
 from leaklab.io import load_tensors, save_tensors, validation_message
-from leaklab.models import PerceptionNet, PerceptionSpec, build_perception_net
+from leaklab.models import PerceptionNet, PerceptionSpec
+from leaklab.threat import model_with_state
 
 AGENT_FORMAT = "leaklab.agent"
 
@@ -30,22 +30,14 @@ def load_agent(path: Path) -> tuple[PerceptionSpec, PerceptionNet]:
     state, meta = load_tensors(Path(path), "agent")
     if meta.get("format") != AGENT_FORMAT:
         raise LeaklabError(f"{path} is not a leaklab agent checkpoint (format {meta.get('format')!r}); "
-                           "save one with save_agent or `leaklab train`")
+                           "save one with save_agent")
     try:
         spec = PerceptionSpec.model_validate(json.loads(meta.get("spec", "")))
     except (json.JSONDecodeError, RecursionError):
         raise LeaklabError(f"{path}: the agent's spec is not valid JSON; save the agent again") from None
     except ValidationError as e:
         raise LeaklabError(validation_message(e, f"{path}: spec")) from None
-    net = build_perception_net(spec)
-    own = net.state_dict()
-    mismatch = [k for k in own if k not in state or tuple(state[k].shape) != tuple(own[k].shape)]
-    mismatch += [k for k in state if k not in own]
-    if mismatch:
-        raise LeaklabError(f"{path}: tensor {mismatch[0]!r} does not fit a perception-{spec.arch} "
-                           f"network of setting {spec.setting}; the file is damaged, save it again")
-    bad = [k for k, v in state.items() if not torch.isfinite(v).all()]
-    if bad:
-        raise LeaklabError(f"{path}: tensor {bad[0]!r} holds NaN or Inf values; the agent diverged")
-    net.load_state_dict({k: v.to(own[k].dtype) for k, v in state.items()})
-    return spec, net
+    try:
+        return spec, model_with_state(spec, state)
+    except LeaklabError as e:
+        raise LeaklabError(f"{path}: {e}") from None

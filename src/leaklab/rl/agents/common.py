@@ -17,6 +17,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from leaklab.errors import LeaklabError
+from leaklab.fields import Seed
 from leaklab.models import PerceptionNet, PerceptionSpec, stack_images
 from leaklab.privacy.dpsgd import DPConfig
 
@@ -51,7 +52,7 @@ class AgentConfig(BaseModel):
     max_episode_steps: int = Field(default=50, ge=1, le=10_000)
     lr: float = Field(default=1e-4, gt=0)
     gamma: float = Field(default=0.99, ge=0, le=1)
-    seed: int = 0
+    seed: Seed = 0
     privacy: DPConfig | None = Field(default=None, description="DP-SGD settings; None: ordinary training")
 
     @field_validator("layouts")
