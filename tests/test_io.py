@@ -330,6 +330,18 @@ def test_a_tensor_file_that_is_not_a_regular_file_is_refused(case_dir):
         load_case(case_dir)
 
 
+@pytest.mark.parametrize("file, change, words", [
+    (UPDATE_JSON, lambda d: d["metadata"].update(batch_size="1"), "batch_size"),
+    (VIEW_FILE, lambda d: d["metadata"].update(batch_size=True), "batch_size"),
+    (VIEW_FILE, lambda d: d["capabilities"].update(knows_labels="yes"), "knows_labels"),
+    (UPDATE_JSON, lambda d: d.update(count=True), "'count'")])
+def test_case_json_values_are_not_coerced(case_dir, file, change, words):
+    """"1", true and "yes" were taken as 1, 1 and True."""
+    _edit_json(case_dir / file, change)
+    with pytest.raises(LeaklabError, match=words):
+        load_case(case_dir)
+
+
 @pytest.mark.parametrize("name", [UPDATE_JSON, "view.json"])
 def test_a_json_file_that_is_not_a_regular_file_is_refused(case_dir, name):
     """A FIFO made the loader hang, a link to /dev/zero filled the memory."""

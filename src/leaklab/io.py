@@ -550,7 +550,8 @@ def load_case(folder: Path) -> Case:
     if not isinstance(entries, list) or not entries:
         raise LeaklabError(f"{upd_path}: 'updates' must be a non-empty list of {{prefix, labels}}")
     prefixes = [e.get("prefix") if isinstance(e, dict) else None for e in entries]
-    if upd_json.get("count", len(entries)) != len(entries):
+    count = upd_json.get("count", len(entries))
+    if type(count) is not int or count != len(entries):
         raise LeaklabError(f"{upd_path}: 'count' is {upd_json.get('count')!r} but {len(entries)} updates are listed")
     if any(isinstance(a, str) and isinstance(b, str) and b.startswith(a)
            for i, a in enumerate(prefixes) for j, b in enumerate(prefixes) if i != j):

@@ -24,9 +24,10 @@ from leaklab.names import UPDATE_NAMES
 
 
 class Capabilities(BaseModel):
-    """What the attacker is granted beyond the model and the update."""
+    """What the attacker is granted beyond the model and the update (read from a case's view.json
+    strictly: ``"yes"`` is not a boolean)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
     knows_labels: bool = False
     knows_batch_size: bool = True
@@ -34,9 +35,10 @@ class Capabilities(BaseModel):
 
 
 class UpdateMetadata(BaseModel):
-    """What the client declares with its update (the server needs it to apply the update)."""
+    """What the client declares with its update (the server needs it to apply the update); read from a
+    case's JSON strictly (``true`` or ``"1"`` is not a batch size)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
     kind: Literal[UPDATE_NAMES] = "fedsgd"
     batch_size: int = Field(default=1, ge=1, le=4096)
