@@ -149,7 +149,8 @@ def test_help_version_and_bad_names_do_not_load_torch(tmp_path):
     bad = {("attack", "qgi", "--setting", "S3", *o): "choose S1 | S2",
            ("audit", "--arch", "wide", *o): "choose small | nature", ("audit", "--kind", "x", *o): "rooms | images",
            ("env", "capture", "--policy", "x", *o): "random | agent", ("capture", "--model", "vgg", *o): "lenet",
-           ("attack", "inversion", "--data", "x", *o): "photos", ("reproduce", "room-table1", "--mode", "x", *o): "paper",
+           ("attack", "inversion", "--data", "x", *o): "photos",
+           ("reproduce", "room-table1", "--mode", "x", *o): "paper",
            ("reproduce", "bayes-table2", "--quick", "--seed", "-1", *o): "from 0 to 4294967295",
            ("mechanisms", "audit", "--mechanism", "laplace", "--seed", "-1"): "from 0",
            ("capture", "--image-seed", "4294967296", *o): "from 0", ("env", "contact-sheet", "--seed", "-3"): "from 0"}

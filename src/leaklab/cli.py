@@ -22,8 +22,8 @@ from pydantic import ValidationError
 
 from leaklab.errors import LeaklabError
 from leaklab.fields import MAX_SEED
-from leaklab.names import (ARCH_NAMES, DATASET_NAMES, MODEL_NAMES, POLICY_NAMES, RL_ALGORITHM_NAMES, ROOM_MODE_NAMES,
-                           SETTING_NAMES, UPDATE_NAMES)
+from leaklab.names import (ARCH_NAMES, AUDIT_KIND_NAMES, DATASET_NAMES, MODEL_NAMES, POLICY_NAMES,
+                           RL_ALGORITHM_NAMES, ROOM_MODE_NAMES, SETTING_NAMES, UPDATE_NAMES)
 from leaklab.words import plural
 
 app = typer.Typer(name="leaklab", no_args_is_help=True, add_completion=False,
@@ -262,8 +262,9 @@ def _echo_summary(out: Path, results: dict) -> None:
 # --------------------------------------------------------------------------------------------
 # options shared by capture and the one-shot attack
 
-AUDIT_KINDS = ("rooms", "images")
 SeedOpt = Annotated[int, _seed_opt()]
+
+
 def _model_opt(default: str) -> Any:
     return _choice("--model", MODEL_NAMES, f"(default {default})", rich_help_panel=CAPTURE)
 
@@ -807,7 +808,7 @@ def audit(
     arch: Annotated[Optional[str], _choice("--arch", ARCH_NAMES, "(the robots' perception network; default "
                                            "small)")] = None,
     iterations: IterationsOpt = None,
-    kind: Annotated[str, _choice("--kind", AUDIT_KINDS, "(rooms: federated RL; images: image classifiers, "
+    kind: Annotated[str, _choice("--kind", AUDIT_KIND_NAMES, "(rooms: federated RL; images: image classifiers, "
                                  "DLG)")] = "rooms",
     workers: Annotated[int, typer.Option("--workers", help="attack processes (0: one per core)")] = 0,
     device: DeviceOpt = "cpu",

@@ -13,3 +13,4 @@ ROOM_MODE_NAMES = ("exact", "paper")
 ROOM_ATTACK_NAMES = ("qgi", "rgi")
 RL_ALGORITHM_NAMES = ("dqn", "reinforce")
 POLICY_NAMES = ("random", "agent")
+AUDIT_KIND_NAMES = ("rooms", "images")  # leaklab audit --kind

@@ -138,7 +138,8 @@ def load_room_case(folder: Path, model_class: str | None = None) -> RoomCase:
         raise LeaklabError(f"{upd_path} declares metadata that differs from {view_path}; re-capture the case")
     tensor_file = member_file(folder, upd_json.get("tensor_file"), UPDATE_FILE, upd_path)
     tensors, _ = load_tensors(tensor_file, "update", upd_json.get("sha256"))
-    if type(upd_json.get("count")) is not int or upd_json["count"] != 1 or any(not k.startswith("u0/") for k in tensors):
+    if type(upd_json.get("count")) is not int or upd_json["count"] != 1 or \
+            any(not k.startswith("u0/") for k in tensors):
         raise LeaklabError(f"{upd_path}: a room case holds exactly one update (prefix u0/); re-capture it")
     update = ClientUpdate(metadata=metadata, tensors={k[3:]: v for k, v in tensors.items()},
                           defense=defense)  # the view's, validated (update.json repeats it)
