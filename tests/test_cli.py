@@ -382,3 +382,25 @@ def test_plain_progress_clock_counts_hours():
     from leaklab.cli import _clock
 
     assert (_clock(31), _clock(3599), _clock(3723), _clock(36000)) == ("0:31", "59:59", "1:02:03", "10:00:00")
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--tv", "inf"], ["--prior/--tv", "finite"]), (["--prior", "tv=nan"], ["finite"]),
+    (["--mc-radius", "inf"], ["--mc-radius", "finite"]), (["--lr", "1e308"], ["--lr", "less than or equal"]),
+])
+def test_non_finite_or_huge_attack_options_are_refused(tmp_path, args, words):
+    """--tv inf was a traceback (or NaN PSNRs with exit code 0), --tv nan silently dropped the prior."""
+    out = tmp_path / "out"
+    assert_user_error(invoke("attack", "inversion", *TINY, *FAST, *args, "--out", out), out, *words)
+
+
+def test_a_diverging_attack_is_an_error_not_nan_scores(tmp_path):
+    """Updates of 1e29 (FedAvg at a local learning rate of 1e30) gave PSNR nan and exit code 0."""
+    case = tmp_path / "case"
+    assert invoke("capture", *TINY, "--update", "fedavg", "--local-lr", "1e30", "--local-steps", "3",
+                  "--out", case).exit_code == 0
+    out = tmp_path / "out"
+    assert_user_error(invoke("attack", "inversion", "--case", case, "--iterations", "20", "--out", out), out,
+                      "the attack diverged")
+    assert_user_error(invoke("capture", *TINY, "--update", "fedavg", "--local-lr", "inf", "--out", out), out,
+                      "--local-lr", "finite")

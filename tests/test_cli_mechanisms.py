@@ -154,3 +154,25 @@ def test_audit_dpsgd_options_belong_to_dpsgd():
     assert_error(invoke("mechanisms", "audit", "--mechanism", "dpsgd", "--q", "0.1", "--steps", "5"), "--sigma")
     assert_error(invoke("mechanisms", "audit", "--mechanism", "laplace", "--epsilon", "1", "--q", "0.1"),
                  "--q", "dpsgd")
+
+
+@pytest.mark.parametrize("args, words", [
+    # allocations of 84 GiB, 745 GiB and a division by zero, all tracebacks before
+    (["account", "dpsgd", "--q", "0.01", "--sigma", "1e-3", "--steps", "10"], ["needs more memory", "rdp"]),
+    (["audit", "--mechanism", "laplace", "--epsilon", "1", "--runs", "100000000000"], ["--runs must be from 4"]),
+    (["audit", "--mechanism", "dpsgd", "--q", "0.5", "--sigma", "1", "--steps", "2", "--runs", "2", "--canaries", "0"],
+     ["even number of canaries"]),
+    (["audit", "--mechanism", "dpsgd", "--q", "0.5", "--sigma", "1", "--steps", "2", "--runs", "2",
+      "--canaries", "-2"], ["canaries", "(got -2)"]),
+    (["audit", "--mechanism", "laplace", "--epsilon", "1", "--eta", "0.1"], ["--eta belongs to"]),
+])
+def test_sizes_that_cannot_run_are_one_line(args, words):
+    assert_error(invoke("mechanisms", *args), *words)
+
+
+def test_the_canary_audit_says_what_it_counted():
+    result = invoke("mechanisms", "audit", "--mechanism", "dpsgd", "--q", "0.01", "--sigma", "1", "--steps", "2",
+                    "--runs", "2", "--canaries", "10")
+    assert result.exit_code == 0, result.output
+    assert "from 10 canary scores per side (2 training runs of 10 canaries)" in result.stdout
+    assert "batch is empty" not in result.output  # opacus' note on the empty Poisson batches it draws by design

@@ -156,3 +156,15 @@ def test_contact_sheet_writes_a_png_grid(tmp_path):
     assert 100 < height < 400 and 300 < width < 1000 and width > 1.5 * height
     with pytest.raises(LeaklabError, match="layout"):
         contact_sheet(tmp_path / "none.png", layouts=[])
+
+
+def test_a_new_engine_settings_file_leaves_no_folder_in_the_working_directory(tmp_path, monkeypatch):
+    """The engine makes an empty `_vizdoom/` in the working directory when it writes a new settings file
+    (a user's first run of `leaklab env contact-sheet` left one)."""
+    from leaklab.rl.envs import active_perception
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(active_perception, "_ENGINE_CONFIG", tmp_path / "engine.ini")
+    game = active_perception._new_game(LAYOUTS[next(iter(LAYOUTS))], 150)
+    game.close()
+    assert (tmp_path / "engine.ini").is_file() and not (tmp_path / "_vizdoom").exists()

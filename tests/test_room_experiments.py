@@ -266,6 +266,12 @@ def test_audit_refuses_conflicting_options(tmp_path):
     out = tmp_path / "a"
     assert_user_error(invoke("audit", "--quick", "--full", "--out", out), out, "--quick", "--full")
     assert_user_error(invoke("audit", "--cases", tmp_path, "--out", out), out, "no room case")
+    assert_user_error(invoke("audit", "--cases", tmp_path / "nothing", "--out", out), out, "does not exist")
+    # a negative count ran; an empty selection started the whole 48-sample table
+    assert_user_error(invoke("audit", "--cases", tmp_path, "--workers", "-3", "--out", out), out, "--workers")
+    assert_user_error(invoke("reproduce", "room-table1", "--cells", ",", "--out", out), out, "--cells",
+                      "at least one name")
+    assert_user_error(invoke("attack", "qgi", "--layouts", "", "--out", out), out, "--layouts")
     assert_user_error(invoke("audit", "--kind", "robots", "--out", out), out, "--kind")
     assert_user_error(invoke("audit", "--quick", "--device", "tpu", "--out", out), out, "--device", "cpu or cuda")
     assert_user_error(invoke("audit", "--kind", "images", "--device", "cuda", "--out", out), out, "--device")
@@ -373,7 +379,13 @@ def test_audit_attacks_saved_cases_of_the_users_own_network(tmp_path):
     assert f"--model-class {cls}`" in result.output
     out = tmp_path / "audit"
     assert_user_error(invoke("audit", "--cases", cases, "--out", out), out,
-                      "model.safetensors: model file does not fit", "--arch (or --model-class)")
+                      "model.safetensors: model file does not fit", "--arch (or --model-class)",
+                      f"(the cases were captured with --model-class {cls})")
+    # leaklab's cases under a user's class: the error names that class, not leaklab's network
+    ours = tmp_path / "ours"
+    capture_rooms(RoomCaptureConfig(spec=PerceptionSpec(setting="S2"), samples=1, layouts=("e1m1-stalactite",)), ours)
+    assert_user_error(invoke("audit", "--cases", ours, "--model-class", cls, "--out", out), out,
+                      f"does not fit a {cls} model", "(the cases were captured with a network of leaklab)")
     # interrupted during the second case, then run again: the first case's attack is taken as saved
     from leaklab.attacks.rl import RoomAttackConfig
     from leaklab.experiments import room_audit

@@ -93,6 +93,13 @@ def _choice(flag: str, names: tuple[str, ...], help: str = "", **kwargs: Any) ->
                         help=" | ".join(names) + (f" {help}" if help else ""), **kwargs)
 
 
+def _some(flag: str) -> Callable[[Any], Any]:
+    """A callback refusing a list option given only empty values (``--cells ''``, ``--defenses ';'``),
+    which would otherwise select everything, the longest run."""
+    return _checked(flag, lambda v: any(part.strip(" ,;") for part in (v if isinstance(v, list) else [v])),
+                    "give at least one name (leave the option out for all)")
+
+
 def _seed_opt(help: str = "seed of everything the command draws (same seed, same numbers)", flag: str = "--seed",
               **kwargs: Any) -> Any:
     """A seed option: a whole number from 0 to :data:`~leaklab.fields.MAX_SEED`."""
@@ -465,9 +472,12 @@ ModeOpt = Annotated[str, _choice("--mode", ROOM_MODE_NAMES, "(exact: leaklab's c
 ArchOpt = Annotated[str, _choice("--arch", ARCH_NAMES, "(the perception network: a conv stream per modality: "
                                  "small, nature at the Nature DQN's widths, deep with pooling; stacked: RGB-D "
                                  "in one)")]
+WorkersOpt = Annotated[int, typer.Option("--workers", help="attack processes (0: one per core)",
+                                        callback=_checked("--workers", lambda v: v >= 0, "0 (one per core) or more"))]
 SamplesOpt = Annotated[int, typer.Option("--samples", help="private transitions, one client update each")]
 LayoutsOpt = Annotated[Optional[str], typer.Option("--layouts", help="client rooms: a count (the first N) "
-                                                   "or comma-separated names (default all)")]
+                                                   "or comma-separated names (default all)",
+                                                   callback=_some("--layouts"))]
 IterationsOpt = Annotated[Optional[int], typer.Option("--iterations", help="image-stage iterations "
                                                       "(default 2000; exact mode's layerwise stage needs "
                                                       "1000, its images are poor under 500)")]
@@ -531,7 +541,7 @@ def _room_command(algorithm: str, doc: str) -> Callable:
                                                                    "RGI reads 2 in exact mode)")] = 1,
         train_steps: TrainStepsOpt = 0,
         defense: RoomDefenseOpt = None,
-        workers: Annotated[int, typer.Option("--workers", help="attack processes (0: one per core)")] = 0,
+        workers: WorkersOpt = 0,
         device: DeviceOpt = "cpu",
         layerwise: Annotated[bool, typer.Option("--layerwise/--no-layerwise", help="exact mode: recover "
                                                 "each conv stream's penultimate activations exactly and "
@@ -628,11 +638,13 @@ def _split(values: list[str] | None, sep: str = ",") -> list[str] | None:
 @_guard
 def reproduce_bayes_table2(
     quick: Annotated[bool, typer.Option("--quick", help="a small, fast version (tests)")] = False,
-    datasets: Annotated[Optional[list[str]], typer.Option("--datasets", help="repeatable or "
-                                                          "comma-separated, e.g. digits,photos")] = None,
-    defenses: Annotated[Optional[list[str]], typer.Option("--defenses", help="repeatable; one defense "
-                                                          "chain each, chains separated by ';'")] = None,
-    steps: Annotated[Optional[list[str]], typer.Option("--steps", help="train steps, e.g. 0,500")] = None,
+    datasets: Annotated[Optional[list[str]], typer.Option("--datasets", help="repeatable or comma-separated, e.g. "
+                                                          "digits,photos", callback=_some("--datasets"))] = None,
+    defenses: Annotated[Optional[list[str]], typer.Option("--defenses", help="repeatable; one defense chain each, "
+                                                          "chains separated by ';'",
+                                                          callback=_some("--defenses"))] = None,
+    steps: Annotated[Optional[list[str]], typer.Option("--steps", help="train steps, e.g. 0,500",
+                                                       callback=_some("--steps"))] = None,
     images: Annotated[Optional[int], typer.Option("--images", help="images per setting")] = None,
     seed: SeedOpt = 0,
     out: Annotated[Optional[Path], _run_out("bayes-table2")] = None,
@@ -700,10 +712,11 @@ def reproduce_room_table1(
     mode: ModeOpt = "paper", samples: RoomSamplesOpt = 48, layouts: LayoutsOpt = None,
     iterations: IterationsOpt = None, arch: ArchOpt = "small",
     seed: SeedOpt = 0,
-    workers: Annotated[int, typer.Option("--workers", help="attack processes (0: one per core)")] = 0,
+    workers: WorkersOpt = 0,
     device: DeviceOpt = "cpu",
     cells: Annotated[Optional[str], typer.Option("--cells", help="comma-separated subset of qgi-S1, "
-                                                 "qgi-S2, rgi-S1, rgi-S2 (default all)")] = None,
+                                                 "qgi-S2, rgi-S1, rgi-S2 (default all)",
+                                                 callback=_some("--cells"))] = None,
     out: Annotated[Optional[Path], _run_out("room-table1")] = None,
     update_docs: UpdateDocsOpt = False,
 ) -> None:
@@ -723,7 +736,7 @@ def reproduce_room_table1(
 def reproduce_room_table2(
     samples: RoomSamplesOpt = 48, layouts: LayoutsOpt = None, iterations: IterationsOpt = None,
     arch: ArchOpt = "small", seed: SeedOpt = 0,
-    workers: Annotated[int, typer.Option("--workers", help="attack processes (0: one per core)")] = 0,
+    workers: WorkersOpt = 0,
     device: DeviceOpt = "cpu",
     out: Annotated[Optional[Path], _run_out("room-table2")] = None,
     update_docs: UpdateDocsOpt = False,
@@ -745,7 +758,8 @@ def reproduce_room_table2(
 def reproduce_inversion_checks(
     checks: Annotated[Optional[list[str]], typer.Option("--checks", help="dlg, idlg, analytic, ig, ig_batch_stats "
                                                         "(IG on a BatchNorm client in training mode; repeatable or "
-                                                        "comma-separated; default all)")] = None,
+                                                        "comma-separated; default all)",
+                                                        callback=_some("--checks"))] = None,
     images: Annotated[Optional[int], typer.Option("--images", help="images of the dlg and analytic checks "
                                                   "(ig: at most 3; idlg always 50, 5 with --quick)")] = None,
     quick: Annotated[bool, typer.Option("--quick", help="a small, fast version (tests)")] = False,
@@ -810,7 +824,7 @@ def audit(
     iterations: IterationsOpt = None,
     kind: Annotated[str, _choice("--kind", AUDIT_KIND_NAMES, "(rooms: federated RL; images: image classifiers, "
                                  "DLG)")] = "rooms",
-    workers: Annotated[int, typer.Option("--workers", help="attack processes (0: one per core)")] = 0,
+    workers: WorkersOpt = 0,
     device: DeviceOpt = "cpu",
     seed: SeedOpt = 0,
 ) -> None:
@@ -947,7 +961,7 @@ def mechanisms_account_dpsgd(
     if as_json:
         _echo_json(payload)
         return
-    typer.echo(f"DP-SGD q={q:g}, sigma={sigma:g}, {steps} steps: epsilon {epsilon:.4f} at delta {delta:g} "
+    typer.echo(f"DP-SGD q={q:g}, sigma={sigma:g}, {plural(steps, 'step')}: epsilon {epsilon:.4f} at delta {delta:g} "
                f"({accountant.lower()} accountant)")
 
 
@@ -1011,7 +1025,7 @@ def mechanisms_audit(
         if name != "dirichlet":
             given = sorted("--" + key.replace("_", "-") for key, v in extra.items() if v is not None)
             if given:
-                raise LeaklabError(f"{', '.join(given)} belong to --mechanism dirichlet")
+                raise LeaklabError(f"{', '.join(given)} belong{'s' if len(given) == 1 else ''} to --mechanism dirichlet")
             extra = {}
         if k is not None and int(k) != k and name == "randomized-response":
             raise LeaklabError(f"--k for randomized-response is a whole number of categories (got {k})")
@@ -1025,9 +1039,12 @@ def mechanisms_audit(
         _echo_json(payload)
         return
     verdict = "VIOLATED" if payload["violated"] else "consistent"
+    d = result.details
+    source = (f"{result.runs} canary scores per side ({plural(d['training_runs'], 'training run')} of "
+              f"{d['canaries']} canaries)") if result.mechanism == "dpsgd" else f"{result.runs} runs per input"
     typer.echo(f"{result.mechanism}{' (broken)' if broken else ''}: claimed epsilon {result.claimed_epsilon:.4g} "
                f"(delta {result.claimed_delta:g}); audited lower bound {result.epsilon_lower_bound:.4f} "
-               f"at confidence {result.confidence:g} from {result.runs} runs per input: {verdict}")
+               f"at confidence {result.confidence:g} from {source}: {verdict}")
 
 
 def main() -> None:  # pragma: no cover - console entry for `python -m leaklab.cli`

@@ -27,7 +27,7 @@ class Capabilities(BaseModel):
     """What the attacker is granted beyond the model and the update (read from a case's view.json
     strictly: ``"yes"`` is not a boolean)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
 
     knows_labels: bool = False
     knows_batch_size: bool = True
@@ -38,7 +38,7 @@ class UpdateMetadata(BaseModel):
     """What the client declares with its update (the server needs it to apply the update); read from a
     case's JSON strictly (``true`` or ``"1"`` is not a batch size)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
 
     kind: Literal[UPDATE_NAMES] = "fedsgd"
     batch_size: int = Field(default=1, ge=1, le=4096)
@@ -141,14 +141,14 @@ class ServerView:
 
 
 def _check_state(own: dict[str, torch.Tensor], state: dict[str, torch.Tensor],
-                 spec: ModelSpec | PerceptionSpec) -> None:
+                 spec: ModelSpec | PerceptionSpec, model_class: str | None = None) -> None:
     """Raise :class:`LeaklabError` unless ``state`` has exactly the tensors of ``own`` (a model's state
     dict), of their shapes, finite, floating-point where the model's are (:data:`FLOAT_DTYPES`) and of
     the model's dtype otherwise (counters such as ``num_batches_tracked``)."""
     problems = [k for k in own if k not in state or tuple(state[k].shape) != tuple(own[k].shape)]
     problems += [k for k in state if k not in own]
     if problems:
-        name = getattr(spec, "name", None) or f"perception-{spec.arch}"
+        name = getattr(spec, "name", None) or model_class or f"perception-{spec.arch}"
         how = "--arch (or --model-class)" if isinstance(spec, PerceptionSpec) else "--model"
         raise LeaklabError(f"model file does not fit a {name} model (first mismatch: "
                            f"{problems[0]!r}); re-capture with the same {how}")
@@ -175,7 +175,7 @@ def model_with_state(spec: ModelSpec | PerceptionSpec, state: dict[str, torch.Te
             _check_state(build().state_dict(), state, spec)
     model = build()
     own = model.state_dict()
-    _check_state(own, state, spec)
+    _check_state(own, state, spec, model_class)
     model.load_state_dict({k: v.to(own[k].dtype) for k, v in state.items()})
     for k, v in model.named_buffers():
         if (k.endswith("running_var") or k.endswith("num_batches_tracked")) and (v < 0).any():

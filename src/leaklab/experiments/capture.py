@@ -35,7 +35,7 @@ _TRAIN_POOL = 256
 class CaptureConfig(BaseModel):
     """One client round: model, private data, update kind, defense, and what the server is granted."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     model: str = "convnet"
     data: str = "photos"

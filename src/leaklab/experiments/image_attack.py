@@ -100,6 +100,8 @@ def attack(case: Case, method: Method, config: InversionConfig | None = None,
     chunks = [list(range(s, min(n, s + step))) for s in range(0, n, step)]
     total = config.iterations * len(chunks)
     out: list[Reconstruction] = []
+    if progress:  # the bar and its clock start with the attack, not at its first report
+        progress("inversion", 0, total)
     for k, idx in enumerate(chunks):
         cfg = config.model_copy(update={"seed": config.seed + k})
 

@@ -77,7 +77,7 @@ SPREAD_KEYS = {"rgb_psnr_std": "rgb_paper_psnr", "rgb_ssim_std": "rgb_paper_ssim
 class RoomRunConfig(BaseModel):
     """One room-attack experiment: what the clients share and how the server attacks it."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     algorithm: Literal[ROOM_ATTACK_NAMES] = "qgi"
     setting: Literal[SETTING_NAMES] = "S2"

@@ -70,7 +70,7 @@ def dpsgd_defense(epsilon: float, clip: float = DP_CLIP, delta: float = DP_DELTA
 class AuditConfig(BaseModel):
     """What the audit attacks; the defaults are sized for about ten minutes on two CPU cores."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     algorithms: tuple[Literal[ROOM_ATTACK_NAMES], ...] = ("qgi", "rgi")
     settings: tuple[Literal[SETTING_NAMES], ...] = ("S2", "S1")
@@ -222,7 +222,14 @@ def run_cases(out: Path, cases_dir: Path, attack: RoomAttackConfig, workers: int
         raise LeaklabError(f"--cases {cases_dir}: no room case folders (with {VIEW_FILE}) found (the format of "
                            "docs/formats.md; `leaklab env capture` writes them from the rooms)")
     start = time.perf_counter()
-    cases = [load_room_case(f, model_class) for f in folders]
+    try:
+        cases = [load_room_case(f, model_class) for f in folders]
+    except LeaklabError as e:
+        recorded = _captured_model_class(cases_dir)
+        if recorded == model_class:
+            raise
+        raise LeaklabError(f"{e} (the cases were captured with "
+                           f"{f'--model-class {recorded}' if recorded else 'a network of leaklab'})") from None
     for c in cases:  # before any attack runs, as the truths below
         if c.update.metadata.kind != "fedsgd":
             raise LeaklabError(f"--cases: {c.folder.name} is a {c.update.metadata.kind} update; the room attacks "
@@ -277,6 +284,16 @@ def run_cases(out: Path, cases_dir: Path, attack: RoomAttackConfig, workers: int
     return results
 
 
+def _captured_model_class(cases_dir: Path) -> str | None:
+    """The ``--model-class`` that ``leaklab env capture`` recorded for the cases in ``cases_dir``; None
+    for leaklab's own networks, or when no capture index records it."""
+    path = cases_dir / CAPTURE_JSON
+    index = read_json(path) if path.is_file() else {}
+    config = index.get("config") if isinstance(index, dict) else None
+    recorded = config.get("model_class") if isinstance(config, dict) else None
+    return recorded if isinstance(recorded, str) else None
+
+
 def _case_folders(cases_dir: Path) -> list[Path]:
     """The case folders under ``cases_dir`` (or ``cases_dir`` itself when it is one). A case that its
     capture's ``capture.json`` lists but that lacks its view is an error; another sub-folder without
@@ -284,7 +301,8 @@ def _case_folders(cases_dir: Path) -> list[Path]:
     if (cases_dir / VIEW_FILE).is_file():
         return [cases_dir]
     if not cases_dir.is_dir():
-        return []
+        raise LeaklabError(f"--cases {cases_dir} {'is not a folder' if cases_dir.exists() else 'does not exist'}; "
+                           "give a folder that `leaklab env capture` wrote")
     index = read_json(cases_dir / CAPTURE_JSON) if (cases_dir / CAPTURE_JSON).is_file() else {}
     listed = index.get("cases") if isinstance(index, dict) else None
     lost = [name for name in listed if not (cases_dir / str(name) / VIEW_FILE).is_file()] \

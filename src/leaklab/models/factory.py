@@ -16,7 +16,7 @@ from leaklab.names import MODEL_NAMES
 class ModelSpec(BaseModel):
     """Architecture and input normalisation of a model; enough to rebuild it exactly."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     name: Literal[MODEL_NAMES]
     num_classes: int = Field(gt=1, le=100_000)

@@ -47,7 +47,7 @@ ArchName = Literal[ARCH_NAMES]
 class PerceptionSpec(BaseModel):
     """Architecture of a perception network; enough for a server to rebuild it exactly."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     setting: Literal[SETTING_NAMES] = "S2"
     arch: ArchName = "small"

@@ -125,6 +125,9 @@ def dpsgd_epsilon(q: float, sigma: float, steps: int, delta: float, accountant: 
         except (RuntimeError, ValueError) as e:  # the PRV discretisation fails far from typical settings
             raise LeaklabError(f"the {name} accountant fails at q={q:g}, sigma={sigma:g}, steps={steps} "
                                f"({e}); use the pld accountant") from None
+        except MemoryError:  # its grid grows with steps / sigma: 84 GiB at sigma 1e-3, 345 GiB at 1e8 steps
+            raise LeaklabError(f"the {name} accountant needs more memory than there is at q={q:g}, sigma={sigma:g}, "
+                               f"steps={steps}; use the rdp accountant") from None
 
 
 def dpsgd_sigma(q: float, steps: int, epsilon: float, delta: float, accountant: str = DEFAULT_ACCOUNTANT,

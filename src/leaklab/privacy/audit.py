@@ -40,6 +40,8 @@ __all__ = ["AuditCase", "AuditResult", "clopper_pearson", "epsilon_lower_bound",
            "MECHANISMS", "audit_dpsgd", "canary_batch", "dpsgd_canary_scores"]
 
 MECHANISMS = ("laplace", "gaussian", "exponential", "randomized-response", "dirichlet")
+MAX_RUNS = 10_000_000  # runs per input: two float64 score arrays of 80 MB each
+MAX_CANARIES = 10_000  # per training run: the canaries are rows of an identity matrix of this size (400 MB)
 
 
 def clopper_pearson(successes: Any, trials: int, level: float) -> tuple[np.ndarray, np.ndarray]:
@@ -174,8 +176,8 @@ def _check_confidence(confidence: float) -> None:
 def audit(case: AuditCase, runs: int = 100_000, seed: int = 0, confidence: float = 0.95,
           test: str = "split") -> AuditResult:
     """Audit one case: ``runs`` runs on each input; ``test``: split or scan (epsilon_lower_bound)."""
-    if runs < 4:
-        raise LeaklabError(f"--runs must be at least 4 (got {runs})")
+    if not 4 <= runs <= MAX_RUNS:
+        raise LeaklabError(f"--runs must be from 4 to {MAX_RUNS:,} (got {runs})")
     _check_confidence(confidence)
     rng = np.random.default_rng(seed)
     scores_a, scores_b = case.sample_scores(runs, rng)
@@ -303,8 +305,6 @@ def dpsgd_canary_scores(q: float, noise_multiplier: float, steps: int, *, canari
 
     from leaklab.privacy.dpsgd import make_private
 
-    if canaries < 2 or canaries % 2:
-        raise LeaklabError(f"the canary audit needs an even number of canaries >= 2 (got {canaries})")
     if runs < 1:
         raise LeaklabError(f"the canary audit needs at least one run (got {runs})")
     half = canaries // 2
@@ -332,6 +332,9 @@ def canary_batch(q: float, canaries: int) -> tuple[int, float]:
     """The batch size the canary trainings use for sampling rate ``q`` over half of ``canaries``, and
     the rate opacus then realises (one over the number of batches, ``1 / ceil(half / batch)``): the
     rate the claim must be computed at (``q`` = 0.7 over 1,000 canaries runs at 0.5)."""
+    if not 2 <= canaries <= MAX_CANARIES or canaries % 2:
+        raise LeaklabError(f"the canary audit needs an even number of canaries from 2 to {MAX_CANARIES:,} "
+                           f"(got {canaries})")
     half = canaries // 2
     batch = max(1, round(q * half))
     return batch, 1 / math.ceil(half / batch)

@@ -22,6 +22,7 @@ reuse the update defenses ``clip`` and ``gaussian`` of :mod:`leaklab.defenses`.
 
 from __future__ import annotations
 
+import logging
 import math
 import warnings
 from collections.abc import Callable, Sequence
@@ -37,6 +38,15 @@ from leaklab.defenses import Clip, Gaussian
 from leaklab.errors import LeaklabError
 from leaklab.privacy.accounting import ACCOUNTANTS, DEFAULT_ACCOUNTANT, dpsgd_epsilon, dpsgd_sigma
 from leaklab.privacy.mechanisms import analytic_gaussian_sigma
+
+
+def _not_the_empty_batch_note(record: logging.LogRecord) -> bool:
+    """opacus logs a warning for every empty Poisson batch, which DP-SGD at a small sampling rate draws
+    by design (the step still adds its noise): on a terminal it read as a fault."""
+    return "batch is empty" not in record.getMessage()
+
+
+logging.getLogger("opacus.data_loader").addFilter(_not_the_empty_batch_note)
 
 __all__ = ["CentralDP", "DPConfig", "DPSGDConfig", "PrivateTraining", "clip_and_noise", "make_private",
            "noise_multiplier_for", "private_optimizer", "spent_epsilon", "train_private"]
@@ -234,7 +244,7 @@ class DPConfig(BaseModel):
     ``target_epsilon`` at ``delta`` (the noise multiplier is then the smallest that reaches it,
     :meth:`noise_for`), with the accountant that reports epsilon."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     clip: float = Field(default=1.0, gt=0)
     noise_multiplier: float | None = Field(default=None, ge=0)

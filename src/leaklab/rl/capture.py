@@ -239,7 +239,7 @@ class RoomCaptureConfig(BaseModel):
     """A capture of ``samples`` client updates of ``batch_size`` private transitions each (seed 000
     section V: single-sample gradients of an initialised network, ``train_steps=0``)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     algorithm: Literal[RL_ALGORITHM_NAMES] = "dqn"
     spec: PerceptionSpec = PerceptionSpec(setting="S1")

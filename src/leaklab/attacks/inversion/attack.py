@@ -85,6 +85,10 @@ def invert(view: ServerView, updates: ClientUpdate | list[ClientUpdate], config:
     for i in range(len(updates)):
         losses = result.losses[i * restarts:(i + 1) * restarts]
         best = i * restarts + int(torch.argmin(torch.nan_to_num(losses, nan=float("inf"))))
+        if not torch.isfinite(result.images[best]).all():
+            largest = max(float(t.abs().max()) for t in updates[i].tensors.values())
+            raise LeaklabError(f"the attack diverged: its reconstruction is not finite (the update's largest entry "
+                               f"is {largest:.3g}); lower --lr, or check how the update was made")
         out.append(Reconstruction(images=result.images[best].clamp(0, 1), labels=labels[i].cpu(),
                                   loss=float(result.losses[best]), iterations=result.iterations,
                                   evaluations=result.evaluations, seconds=result.seconds,

@@ -19,12 +19,12 @@ class InversionConfig(BaseModel):
     differ by orders of magnitude. ``prior_scale="absolute"`` uses ``beta`` as given (eq. 3 with beta).
     """
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     objective: Literal["l2", "l1", "cosine", "bayes"] = "cosine"
     optimizer: Literal["adam", "lbfgs"] = "adam"
     iterations: int = Field(default=2000, ge=1, le=1_000_000)
-    lr: float = Field(default=0.1, gt=0)
+    lr: float = Field(default=0.1, gt=0, le=1e4)
     schedule: Literal["cosine", "exp", "step", "constant"] = "cosine"
     lr_decay: float = Field(default=0.01, gt=0, le=1, description="exp: final lr / initial lr")
     signed_gradients: bool = False
@@ -34,7 +34,7 @@ class InversionConfig(BaseModel):
     layer_weighting: Literal["none", "linear", "exp"] = "none"
     restarts: int = Field(default=1, ge=1, le=64)
     mc_samples: int = Field(default=1, ge=1, le=64, description="k of Algorithm 1")
-    mc_radius: float = Field(default=0.0, ge=0, description="delta of Algorithm 1 (L2, pixel units)")
+    mc_radius: float = Field(default=0.0, ge=0, le=1e4, description="delta of Algorithm 1 (L2, pixel units)")
     init: Literal["gaussian", "uniform", "mean"] = "gaussian"
     clamp: bool = True
     precision: Literal["fp32", "bf16"] = "fp32"
@@ -46,6 +46,6 @@ class InversionConfig(BaseModel):
         for name, beta in value.items():
             if name not in PRIOR_NAMES:
                 raise ValueError(f"unknown prior {name!r}; choose from {', '.join(PRIOR_NAMES)}")
-            if beta < 0:
-                raise ValueError("prior weights must be non-negative")
+            if not 0 <= beta <= 1e6:
+                raise ValueError("prior weights must lie in [0, 1e6]")
         return {k: v for k, v in value.items() if v > 0}

@@ -156,8 +156,8 @@ class InversionLoop:
                         x.clamp_(0, 1)
                 if (it + 1) % 10 == 0 or it + 1 == cfg.iterations:
                     history.append((it + 1, float(value) / r))
-                    if progress:
-                        progress(it + 1, float(value) / r)
+                if progress:  # every step: the first bar showed only after 10 steps (9.5 s on a ConvNet)
+                    progress(it + 1, float(value) / r)
         final = x.detach()
         with torch.enable_grad():
             losses = self.loss(final).detach()

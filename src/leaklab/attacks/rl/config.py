@@ -41,7 +41,7 @@ METHOD_VERSION = {"exact": 4, "paper": 1}
 class RoomAttackConfig(BaseModel):
     """Every field has a working default; ``iterations`` counts image-stage (stage 2) steps."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     mode: Literal[ROOM_MODE_NAMES] = "exact"
     iterations: int = Field(default=2000, ge=1, le=1_000_000)

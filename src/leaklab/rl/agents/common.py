@@ -44,7 +44,7 @@ class AgentConfig(BaseModel):
     """Settings every agent shares: network, rooms, budget of environment steps, optimiser, seed, and
     optionally DP-SGD (``privacy``; :mod:`leaklab.rl.agents.private`)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     spec: PerceptionSpec = PerceptionSpec()
     layouts: tuple[str, ...] | None = Field(default=None, description="room layouts; None: all of them")

@@ -36,6 +36,7 @@ The paper's AI2-THOR rooms are replaced by the ViZDoom rooms of :mod:`.layouts`.
   over a line that ends the map).
 """
 
+import contextlib
 import functools
 import math
 import os
@@ -105,7 +106,12 @@ def _new_game(layout: Layout, render_height: int, map_info: bool = False) -> vzd
     game.set_available_buttons(_BUTTONS)
     game.set_available_game_variables([vzd.GameVariable.POSITION_X, vzd.GameVariable.POSITION_Y,
                                        vzd.GameVariable.POSITION_Z, vzd.GameVariable.ANGLE])
+    home = Path("_vizdoom")  # the engine makes this folder in the working directory when it writes a new
+    made = not home.exists()  # settings file (its search path, never used here); leave no trace of it
     game.init()
+    if made:
+        with contextlib.suppress(OSError):  # not empty, or another process removed it first
+            home.rmdir()
     return game
 
 
