@@ -404,3 +404,21 @@ def test_a_diverging_attack_is_an_error_not_nan_scores(tmp_path):
                       "the attack diverged")
     assert_user_error(invoke("capture", *TINY, "--update", "fedavg", "--local-lr", "inf", "--out", out), out,
                       "--local-lr", "finite")
+
+
+def test_an_attacks_output_given_as_a_case_points_to_its_case(tmp_path):
+    first = tmp_path / "first"
+    assert invoke("attack", "analytic", "--data", "digits", "--image-size", "8", "--width", "32",
+                  "--out", first).exit_code == 0
+    out = tmp_path / "out"
+    assert_user_error(invoke("attack", "inversion", "--case", first, "--out", out), out,
+                      f"{first} is an attack's output; its case is {first / 'case'}")
+
+
+def test_a_room_named_twice_is_refused():
+    from leaklab.errors import LeaklabError
+    from leaklab.experiments.room_attack import layouts_arg
+
+    assert layouts_arg("e1m1-stalactite, map01-hangar") == ("e1m1-stalactite", "map01-hangar")
+    with pytest.raises(LeaklabError, match="names e1m1-stalactite more than once"):
+        layouts_arg("e1m1-stalactite,map01-hangar,e1m1-stalactite")

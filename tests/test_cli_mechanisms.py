@@ -133,7 +133,7 @@ def test_audit_dpsgd_json_and_text():
     assert data["training_runs"] == 4 and data["runs"] == 4 * 100 and data["trained_noise_multiplier"] == 1.0
     text = invoke(*AUDIT_DPSGD, "--broken")
     assert text.exit_code == 0, text.output
-    assert text.stdout.startswith("dpsgd (broken): claimed epsilon 11.") and "from 400 runs per input" in text.stdout
+    assert text.stdout.startswith("dpsgd (broken): claimed epsilon 11.") and "from 400 canary scores per side (4 training runs of 200 canaries)" in text.stdout
 
 
 @pytest.mark.parametrize("extra,word", [

@@ -54,6 +54,7 @@ UPDATE_JSON = "update.json"
 TRUTH_FILE = "truth.safetensors"
 RESULTS_FILE = "results.json"
 RECONSTRUCTIONS_FILE = "reconstructions.safetensors"
+CASE_SUBDIR = "case"  # where a one-shot attack (capture and attack in one command) keeps its case
 
 CAPTURE_JSON = "capture.json"
 
@@ -174,6 +175,9 @@ def _first_line(e: BaseException) -> str:
 
 def _missing_hint(path: Path) -> str:
     if path.name in (VIEW_FILE, MODEL_FILE, UPDATE_FILE, UPDATE_JSON):
+        inner = path.parent / CASE_SUBDIR  # a one-shot attack's output keeps its case there
+        if (inner / VIEW_FILE).is_file():
+            return f"{path.parent} is an attack's output; its case is {inner}"
         return "point --case at a folder written by `leaklab capture`"
     return "check the path"
 

@@ -28,14 +28,13 @@ from leaklab.device import default_device, describe
 from leaklab.errors import LeaklabError
 from leaklab.experiments import ProgressFn
 from leaklab.experiments import capture as capture_mod
-from leaklab.io import (IMAGE_ATTACK_FORMAT, RECONSTRUCTIONS_FILE, RESULTS_FILE, Case, atomic_dir, load_case,
-                        load_truth, save_tensors, write_json)
+from leaklab.io import (CASE_SUBDIR, IMAGE_ATTACK_FORMAT, RECONSTRUCTIONS_FILE, RESULTS_FILE, Case, atomic_dir,
+                        load_case, load_truth, save_tensors, write_json)
 from leaklab.metrics import constant_baseline, match_order, psnr, ssim
 
 Method = Literal["inversion", "analytic"]
 
 PNG_FILE = "reconstructions.png"
-CASE_SUBDIR = "case"
 TOGETHER = 16  # updates optimised together (batched) by one inversion call
 
 # DLG's settings for L-BFGS (Zhu et al. 2019): step size 1 and no image prior, unless given.

@@ -127,7 +127,11 @@ def layouts_arg(value: str | None) -> tuple[str, ...] | None:
         if not 1 <= count <= len(LAYOUTS):
             raise LeaklabError(f"--layouts {count}: there are {len(LAYOUTS)} layouts; give 1 to {len(LAYOUTS)}")
         return tuple(LAYOUTS)[:count]
-    return tuple(v.strip() for v in value.split(",") if v.strip())
+    names = tuple(v.strip() for v in value.split(",") if v.strip())
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise LeaklabError(f"--layouts names {', '.join(twice)} more than once; name each room once")
+    return names
 
 
 @dataclass
