@@ -223,6 +223,21 @@ def test_audit_attacks_saved_room_cases(tmp_path, monkeypatch):
         assert [p.name for p in _case_folders(cases)] == ["0000", "0001"]
 
 
+def test_the_cases_report_pictures_rgb_and_counts_rgi_actions(tmp_path):
+    """An S1 case was pictured in depth only, and RGI's actions never counted in the verdict."""
+    cases = tmp_path / "cases"
+    capture_rooms(RoomCaptureConfig(algorithm="reinforce", spec=PerceptionSpec(setting="S1"), samples=2,
+                                    layouts=("e1m1-stalactite",)), cases)
+    out = tmp_path / "audit"
+    assert invoke("audit", "--cases", cases, "--iterations", "3", "--workers", "1", "--out", out).exit_code == 0
+    html = (out / "report.html").read_text()
+    assert (out / "figures" / "cases_rgb.png").stat().st_size > 0 and "reconstructions (RGB)" in html
+    held = [c for c in json.loads((out / "results.json").read_text())["cases"] if all(c["action_identified"])]
+    assert held, "both sampled returns are 0: choose other samples for this test"
+    right = sum(c["metrics"]["action"] for c in held)
+    assert f"{100 * right / len(held):.0f}% of {len(held)} case" in html
+
+
 def test_audit_of_cases_checks_every_truth_before_attacking(tmp_path):
     from safetensors import safe_open
     from safetensors.torch import save_file
