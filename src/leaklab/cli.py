@@ -823,7 +823,7 @@ def audit(
                                            "small)")] = None,
     iterations: IterationsOpt = None,
     kind: Annotated[str, _choice("--kind", AUDIT_KIND_NAMES, "(rooms: federated RL; images: image classifiers, "
-                                 "DLG)")] = "rooms",
+                                 "DLG, which takes only --quick, --seed and --out)")] = "rooms",
     workers: WorkersOpt = 0,
     device: DeviceOpt = "cpu",
     seed: SeedOpt = 0,

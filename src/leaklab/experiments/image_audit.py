@@ -189,4 +189,6 @@ def _write_report(path: Path, results: dict[str, Any], chosen: list[Scenario],
                   figures=[Figure("PSNR per defense", bars,
                                   "higher is more leakage; dashed lines: the constant-image baseline "
                                   "of each scenario (no information beyond the mean colour)")],
-                  sections=sections)
+                  sections=sections,
+                  notice=("a --quick run: each attack ran a few iterations, so these numbers show that the "
+                          "audit works, not how much the updates leak") if results["quick"] else "")
