@@ -133,7 +133,8 @@ def test_audit_dpsgd_json_and_text():
     assert data["training_runs"] == 4 and data["runs"] == 4 * 100 and data["trained_noise_multiplier"] == 1.0
     text = invoke(*AUDIT_DPSGD, "--broken")
     assert text.exit_code == 0, text.output
-    assert text.stdout.startswith("dpsgd (broken): claimed epsilon 11.") and "from 400 canary scores per side (4 training runs of 200 canaries)" in text.stdout
+    assert text.stdout.startswith("dpsgd (broken): claimed epsilon 11.")
+    assert "from 400 canary scores per side (4 training runs of 200 canaries)" in text.stdout
 
 
 @pytest.mark.parametrize("extra,word", [
@@ -164,7 +165,10 @@ def test_audit_dpsgd_options_belong_to_dpsgd():
      ["even number of canaries"]),
     (["audit", "--mechanism", "dpsgd", "--q", "0.5", "--sigma", "1", "--steps", "2", "--runs", "2",
       "--canaries", "-2"], ["canaries", "(got -2)"]),
-    (["audit", "--mechanism", "laplace", "--epsilon", "1", "--eta", "0.1"], ["--eta belongs to"]),
+    # options a mechanism has no use for were ignored (--delta, --k) or refused with bad grammar (--eta)
+    (["audit", "--mechanism", "laplace", "--epsilon", "1", "--eta", "0.1"], ["--eta: not an option of the laplace"]),
+    (["audit", "--mechanism", "laplace", "--epsilon", "1", "--delta", "0.5"], ["--delta: not an option"]),
+    (["audit", "--mechanism", "exponential", "--epsilon", "1", "--k", "3"], ["--k: not an option"]),
 ])
 def test_sizes_that_cannot_run_are_one_line(args, words):
     assert_error(invoke("mechanisms", *args), *words)

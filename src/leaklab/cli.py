@@ -1021,16 +1021,11 @@ def mechanisms_audit(
         if any(v is not None for v in dpsgd.values()):
             raise LeaklabError(f"{', '.join(o for o, v in dpsgd.items() if v is not None)}: only for "
                                "--mechanism dpsgd")
-        extra = {"eta": eta, "eta_bar": eta_bar, "b": b, "w": w}
-        if name != "dirichlet":
-            given = sorted("--" + key.replace("_", "-") for key, v in extra.items() if v is not None)
-            if given:
-                raise LeaklabError(f"{', '.join(given)} belong{'s' if len(given) == 1 else ''} to --mechanism dirichlet")
-            extra = {}
-        if k is not None and int(k) != k and name == "randomized-response":
-            raise LeaklabError(f"--k for randomized-response is a whole number of categories (got {k})")
-        if k is not None:
-            extra["k"] = int(k) if name == "randomized-response" else k
+        extra = {"eta": eta, "eta_bar": eta_bar, "b": b, "w": w, "k": k}  # audit_case refuses what does not apply
+        if k is not None and name in ("randomized-response", "rr"):
+            if int(k) != k:
+                raise LeaklabError(f"--k for randomized-response is a whole number of categories (got {k})")
+            extra["k"] = int(k)
         result = audit(audit_case(name, epsilon, broken=broken, delta=delta, **extra),
                        runs=100_000 if runs is None else runs, seed=seed, confidence=confidence, test=test)
     payload = result.to_dict()

@@ -25,6 +25,7 @@ DP-SGD training is audited with gradient canaries through the same test (:func:`
 
 from __future__ import annotations
 
+import inspect
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -193,21 +194,21 @@ def audit(case: AuditCase, runs: int = 100_000, seed: int = 0, confidence: float
 # cases for the mechanisms
 
 
-def _laplace(epsilon: float, broken: bool, **_: Any) -> AuditCase:
+def _laplace(epsilon: float, broken: bool) -> AuditCase:
     m = mech.LaplaceMechanism(epsilon, sensitivity=1.0, scale_factor=0.5 if broken else 1.0)
     return AuditCase("laplace", m.epsilon, 0.0,
                      lambda n, rng: (m.sample(0.0, rng, n), m.sample(1.0, rng, n)),
                      {"inputs": [0.0, 1.0], "noise_scale": m.scale})
 
 
-def _gaussian(epsilon: float, broken: bool, delta: float | None = None, **_: Any) -> AuditCase:
+def _gaussian(epsilon: float, broken: bool, delta: float | None = None) -> AuditCase:
     m = mech.GaussianMechanism(epsilon, 1e-5 if delta is None else delta, scale_factor=0.5 if broken else 1.0)
     return AuditCase("gaussian", m.epsilon, m.delta,
                      lambda n, rng: (m.sample(0.0, rng, n), m.sample(1.0, rng, n)),
                      {"inputs": [0.0, 1.0], "sigma": m.sigma, "calibration": m.calibration})
 
 
-def _exponential(epsilon: float, broken: bool, candidates: int = 10, **_: Any) -> AuditCase:
+def _exponential(epsilon: float, broken: bool, candidates: int = 10) -> AuditCase:
     # u and u' differ by the sensitivity on every candidate: +1 on candidate 0, -1 elsewhere
     m = mech.ExponentialMechanism(epsilon, 1.0, scale_factor=0.5 if broken else 1.0)
     u = np.zeros(candidates)
@@ -219,7 +220,7 @@ def _exponential(epsilon: float, broken: bool, candidates: int = 10, **_: Any) -
                      {"candidates": candidates, "score": "log-likelihood ratio"})
 
 
-def _randomized_response(epsilon: float, broken: bool, k: int = 4, **_: Any) -> AuditCase:
+def _randomized_response(epsilon: float, broken: bool, k: int = 4) -> AuditCase:
     m = mech.RandomizedResponse(epsilon, k)
     real = mech.RandomizedResponse(2 * epsilon, k) if broken else m
     return AuditCase("randomized-response", m.epsilon, 0.0,
@@ -229,7 +230,7 @@ def _randomized_response(epsilon: float, broken: bool, k: int = 4, **_: Any) -> 
 
 
 def _dirichlet(epsilon: float | None, broken: bool, delta: float | None = None, k: float = 6.7,
-               eta: float = 0.15, eta_bar: float = 0.15, b: float = 0.1, w: int = 3, **_: Any) -> AuditCase:
+               eta: float = 0.15, eta_bar: float = 0.15, b: float = 0.1, w: int = 3) -> AuditCase:
     if epsilon is not None:
         raise LeaklabError("the Dirichlet mechanism's epsilon follows from --k, --eta, --eta-bar, --b, --w and "
                            "--delta; leave out --epsilon")
@@ -275,6 +276,14 @@ def audit_case(mechanism: str, epsilon: float | None = None, *, broken: bool = F
         if not (epsilon > 0 and math.isfinite(epsilon)):
             raise LeaklabError(f"--epsilon must be a positive number (got {epsilon})")
     options = {k: v for k, v in options.items() if v is not None}
+    def takes(builder: Callable) -> set[str]:
+        return set(inspect.signature(builder).parameters) - {"epsilon", "broken"}
+
+    unused = sorted(o for o in options if o not in takes(_BUILDERS[name]))
+    if unused:  # an option the mechanism has no use for was silently ignored (--delta for laplace)
+        owners = sorted(m for m, builder in _BUILDERS.items() if unused[0] in takes(builder))
+        raise LeaklabError(f"{', '.join('--' + o.replace('_', '-') for o in unused)}: not an option of the {name} "
+                           f"mechanism (--{unused[0].replace('_', '-')} is {' and '.join(owners)}'s); leave it out")
     return _BUILDERS[name](epsilon, broken, **options)
 
 
