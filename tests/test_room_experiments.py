@@ -287,6 +287,8 @@ def test_audit_refuses_conflicting_options(tmp_path):
     assert_user_error(invoke("reproduce", "room-table1", "--cells", ",", "--out", out), out, "--cells",
                       "at least one name")
     assert_user_error(invoke("attack", "qgi", "--layouts", "", "--out", out), out, "--layouts")
+    assert_user_error(invoke("env", "capture", "--entropy-weight", "0.5", "--out", out), out,
+                      "--entropy-weight", "--algorithm reinforce")  # a DQN client has no entropy term: it was ignored
     assert_user_error(invoke("audit", "--kind", "robots", "--out", out), out, "--kind")
     assert_user_error(invoke("audit", "--quick", "--device", "tpu", "--out", out), out, "--device", "cpu or cuda")
     assert_user_error(invoke("audit", "--kind", "images", "--device", "cuda", "--out", out), out, "--device")

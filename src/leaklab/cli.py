@@ -596,8 +596,8 @@ def env_capture(
     train_steps: TrainStepsOpt = 0,
     policy: Annotated[str, _choice("--policy", POLICY_NAMES, "(who acts in the private episodes; agent: "
                                    "epsilon-greedy on the network)")] = "random",
-    entropy_weight: Annotated[float, typer.Option("--entropy-weight", help="alpha of eq. 4 "
-                                                  "(REINFORCE clients)")] = 0.01,
+    entropy_weight: Annotated[Optional[float], typer.Option("--entropy-weight", help="alpha of eq. 4 "
+                                                            "(REINFORCE clients; default 0.01)")] = None,
     defense: RoomDefenseOpt = None,
     model_class: Annotated[Optional[str], typer.Option("--model-class", help="your own perception network, "
                                                        "package.module:Class (default leaklab's --arch)")] = None,
@@ -612,11 +612,14 @@ def env_capture(
 
     if arch is not None and model_class is not None:
         raise LeaklabError("--arch picks one of leaklab's networks, --model-class your own; give one of them")
+    if entropy_weight is not None and algorithm != "reinforce":
+        raise LeaklabError("--entropy-weight is the REINFORCE clients' alpha; add --algorithm reinforce")
     arch = arch or "small"
     spec = PerceptionSpec(setting=setting, arch=arch)
     config = RoomCaptureConfig(algorithm=algorithm, spec=spec, layouts=layouts_arg(layouts), samples=samples,
                                batch_size=batch_size, train_steps=train_steps, policy=policy,
-                               entropy_weight=entropy_weight, defense=defense, model_class=model_class, seed=seed)
+                               defense=defense, model_class=model_class, seed=seed,
+                               **({} if entropy_weight is None else {"entropy_weight": entropy_weight}))
     with _progress() as progress:
         folders = capture_rooms(config, out, task_progress(progress, f"capture {algorithm} {setting}",
                                                            samples * batch_size))
