@@ -187,7 +187,8 @@ def test_yaml_config_file_with_override(case, tmp_path):
     assert_user_error(invoke("attack", "inversion", "--case", case, "--config", cfg, "--out", bad), bad,
                       "mapping of option names")
     # the file's own mistakes are named as its fields, not as options the user never typed
-    for text, words in (("bogus: 1\n", ["--config", "field 'bogus'"]), ("iterations: -1\n", ["field 'iterations'"])):
+    for text, words in (("bogus: 1\n", ["--config", "field 'bogus'"]), ("iterations: -1\n", ["field 'iterations'"]),
+                        ("restarts: true\n", ["field 'restarts'"]), ("seed: 2.0\n", ["field 'seed'"])):  # coerced
         cfg.write_text(text)
         line = assert_user_error(invoke("attack", "inversion", "--case", case, "--config", cfg, "--out", bad), bad,
                                  *words)
@@ -422,3 +423,12 @@ def test_a_room_named_twice_is_refused():
     assert layouts_arg("e1m1-stalactite, map01-hangar") == ("e1m1-stalactite", "map01-hangar")
     with pytest.raises(LeaklabError, match="names e1m1-stalactite more than once"):
         layouts_arg("e1m1-stalactite,map01-hangar,e1m1-stalactite")
+
+
+def test_monte_carlo_points_that_cannot_act_are_refused(case, tmp_path):
+    """--mc-samples 3 without a radius drew 3 equal points (3 times the work for nothing); L-BFGS never drew."""
+    out = tmp_path / "out"
+    assert_user_error(invoke("attack", "inversion", "--case", case, *FAST, "--mc-samples", "3", "--out", out), out,
+                      "give mc_radius > 0")
+    assert_user_error(invoke("attack", "inversion", "--case", case, "--optimizer", "lbfgs", "--mc-radius", "0.1",
+                             "--out", out), out, "need the adam optimizer")

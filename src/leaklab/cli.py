@@ -409,7 +409,10 @@ def attack_inversion(
     capture_fields = _capture_fields(locals())
     base = read_config(config_file) if config_file else None
     if base is not None:  # the file's own mistakes named in the file, not as options never typed
-        try:
+        from leaklab.attacks.inversion.config import InversionConfig
+
+        try:  # as written: `restarts: true` is not 1, `seed: 2.0` not 2
+            InversionConfig.model_validate(base, strict=True)
             image_attack.inversion_config(base)
         except ValidationError as e:
             raise LeaklabError(f"--config {config_file}: {_validation_line(e, field=True)}") from None

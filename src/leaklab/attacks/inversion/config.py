@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from leaklab.fields import Seed
 from leaklab.names import PRIOR_NAMES
@@ -39,6 +39,16 @@ class InversionConfig(BaseModel):
     clamp: bool = True
     precision: Literal["fp32", "bf16"] = "fp32"
     seed: Seed = 0
+
+    @model_validator(mode="after")
+    def _monte_carlo_needs_a_ball(self) -> "InversionConfig":
+        # Algorithm 1's k points are drawn in the delta-ball around the iterate, in the Adam loop
+        if self.mc_samples > 1 and self.mc_radius == 0:
+            raise ValueError("mc_samples > 1 draws points in the ball of radius mc_radius: give mc_radius > 0 "
+                             "(with 0 the points coincide)")
+        if self.optimizer == "lbfgs" and (self.mc_samples > 1 or self.mc_radius > 0):
+            raise ValueError("Algorithm 1's Monte-Carlo points (mc_samples, mc_radius) need the adam optimizer")
+        return self
 
     @field_validator("priors")
     @classmethod
