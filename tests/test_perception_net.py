@@ -197,6 +197,7 @@ def test_a_user_class_is_checked_against_the_spec_before_any_work(tmp_path, monk
     after_building = torch.get_rng_state()
     net = build_perception_net(PerceptionSpec(), seed=5, model_class="user_nets:Good")
     assert net.training and torch.equal(torch.get_rng_state(), after_building)  # the check draws nothing
+    assert all(m.training for m in net.modules())  # each module back in its own mode
     with pytest.raises(LeaklabError, match=re.escape(words)):
         build_perception_net(PerceptionSpec(), model_class=f"user_nets:{name}")
 

@@ -222,7 +222,7 @@ def check_forward(net: nn.Module, spec: PerceptionSpec, where: str) -> None:
     dtype = net.head[0].weight.dtype
     images = torch.rand(2, spec.in_channels, spec.image_size, spec.image_size, generator=gen).to(dtype)
     box = (torch.rand(2, spec.box_dim, generator=gen) * 2 - 1).to(dtype)
-    training = net.training
+    modes = [(m, m.training) for m in net.modules()]  # restored module by module afterwards
     try:
         with torch.no_grad(), torch.random.fork_rng(devices=[]):
             net.eval()
@@ -233,7 +233,8 @@ def check_forward(net: nn.Module, spec: PerceptionSpec, where: str) -> None:
         raise LeaklabError(f"{where}: a forward pass of two states of the spec's shapes failed "
                            f"({type(e).__name__}: {e})") from None
     finally:
-        net.train(training)
+        for m, training in modes:
+            m.training = training
     if tuple(features.shape) != (2, conv_feature_count(net)):
         raise LeaklabError(f"{where}: conv gives features of shape {tuple(features.shape)} for two states; "
                            f"head.0 expects (2, {conv_feature_count(net)})")
