@@ -20,3 +20,11 @@ def test_unknown_check_is_one_line_exit_2(tmp_path):
                                       "--out", str(tmp_path / "x")])
     assert result.exit_code == 2
     assert not (tmp_path / "x").exists()
+
+
+def test_images_for_the_idlg_check_alone_is_refused(tmp_path):
+    """--images was ignored by --checks idlg, whose 50 images are its acceptance line."""
+    result = CliRunner().invoke(app, ["reproduce", "inversion-checks", "--checks", "idlg", "--images", "3",
+                                      "--out", str(tmp_path / "x")])
+    assert result.exit_code == 2 and "idlg always runs 50" in result.stderr
+    assert not (tmp_path / "x").exists()

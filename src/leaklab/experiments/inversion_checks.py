@@ -107,6 +107,9 @@ def run(out: Path, quick: bool = False, checks: list[str] | None = None, images:
     checks = checks or ["dlg", "idlg", "analytic", "ig"]
     if images is not None and images < 1:
         raise LeaklabError(f"--images must be at least 1 (got {images})")
+    if images is not None and checks == ["idlg"]:  # it was ignored: iDLG's 50 images are its acceptance line
+        raise LeaklabError("--images sets the dlg, analytic and ig checks' images; idlg always runs 50 "
+                           "(5 with --quick)")
     n = images if images is not None else (1 if quick else 5)
     check_out(out, INVERSION_CHECKS_FORMAT)
     dlg_cfg = DLG_CONFIG.model_copy(update={"iterations": 20}) if quick else DLG_CONFIG
