@@ -39,7 +39,7 @@ from safetensors.torch import load as _st_load
 from safetensors.torch import save as _st_save
 
 from leaklab.errors import LeaklabError
-from leaklab.models import ModelSpec
+from leaklab.models import ModelSpec, PerceptionSpec
 from leaklab.threat import Capabilities, ClientUpdate, ServerView, UpdateMetadata, make_view
 
 FORMAT_VERSION = 1
@@ -54,6 +54,7 @@ UPDATE_JSON = "update.json"
 TRUTH_FILE = "truth.safetensors"
 RESULTS_FILE = "results.json"
 RECONSTRUCTIONS_FILE = "reconstructions.safetensors"
+PERCEPTION_MODEL_TYPE = "perception"  # view.json's model_type of a room case (leaklab.rl.cases)
 CASE_SUBDIR = "case"  # where a one-shot attack (capture and attack in one command) keeps its case
 
 CAPTURE_JSON = "capture.json"
@@ -522,34 +523,62 @@ def view_parts(view_json: dict[str, Any], view_path: Path, spec_class) -> tuple[
     return spec, metadata, capabilities, defense
 
 
-def load_case(folder: Path) -> Case:
-    """Read and validate the server's files of a case folder (never the truth)."""
+@dataclass
+class CaseFiles:
+    """What an image case and a room case share, read and validated by :func:`read_case_files`."""
+
+    view: ServerView
+    view_path: Path
+    update_json: dict[str, Any]
+    update_path: Path
+    tensors: dict[str, torch.Tensor]  # the update file's, named as stored (``u0/<parameter>`` ...)
+    tensor_file: Path
+    defense: str | None  # the client's defense chain as the view declares it (granted to the attack or not)
+
+
+def read_case_files(folder: Path, room: bool, model_class: str | None = None) -> CaseFiles:
+    """The server's files of a case folder (never the truth): ``view.json`` of an image case (or, with
+    ``room``, of a room case), the model file it names loaded into its network (``model_class``: a
+    user's own perception network), and ``update.json`` (its metadata the view's) with its tensor file."""
     folder = Path(folder)
+    kind, writer = ("room case", "env capture") if room else ("case", "capture")
     if not folder.is_dir():
         what = "is not a folder" if folder.exists() else "does not exist"
-        raise LeaklabError(f"case folder {folder} {what}; write one with `leaklab capture`")
+        raise LeaklabError(f"{kind} folder {folder} {what}; write one with `leaklab {writer}`")
     view_path = member_file(folder, None, VIEW_FILE, folder)
     view_json = check_format(read_json(view_path, "view"), view_path, "view")
-    if view_json.get("model_type") == "perception":
-        raise LeaklabError(f"{folder} is a room case (a perception network's RL update); attack it with "
+    if (view_json.get("model_type") == PERCEPTION_MODEL_TYPE) != room:
+        raise LeaklabError(f"{view_path} is an image-classification case, not a room case; attack it with "
+                           f"`leaklab attack inversion --case {folder}`" if room else
+                           f"{folder} is a room case (a perception network's RL update); attack it with "
                            f"`leaklab audit --cases {folder}`")
-    spec, metadata, capabilities, defense = view_parts(view_json, view_path, ModelSpec)
-    if metadata.loss != "cross_entropy":
-        raise LeaklabError(f"{view_path}: an image case's update comes from the cross-entropy loss, not "
-                           f"{metadata.loss!r}; re-capture the case")
+    spec, metadata, capabilities, defense = view_parts(view_json, view_path, PerceptionSpec if room else ModelSpec)
+    losses = {"dqn_mse": "DQN", "reinforce": "REINFORCE"} if room else {"cross_entropy": "cross-entropy"}
+    if metadata.loss not in losses:
+        named = " or ".join(f"{what} ({loss!r})" for loss, what in losses.items())
+        raise LeaklabError(f"{view_path}: a {'room' if room else 'image'} case's update comes from the {named} loss, "
+                           f"not {metadata.loss!r}; re-capture the case")
     model_path = member_file(folder, view_json.get("model_file"), MODEL_FILE, view_path)
     state, _ = load_tensors(model_path, "model", view_json.get("model_sha256"))
     try:
-        view = make_view(spec, state, metadata, capabilities, defense)
+        view = make_view(spec, state, metadata, capabilities, defense, model_class=model_class)
     except LeaklabError as e:
         raise LeaklabError(f"{model_path}: {e}") from None
-
     upd_path = member_file(folder, None, UPDATE_JSON, folder)
     upd_json = check_format(read_json(upd_path, "update metadata"), upd_path, "update")
-    upd_meta = parse_model(UpdateMetadata, upd_json.get("metadata"), f"{upd_path}: metadata")
-    if upd_meta != metadata:
-        raise LeaklabError(f"{upd_path} declares metadata that differs from {view_path}; "
-                           "re-capture the case")
+    if parse_model(UpdateMetadata, upd_json.get("metadata"), f"{upd_path}: metadata") != metadata:
+        raise LeaklabError(f"{upd_path} declares metadata that differs from {view_path}; re-capture the case")
+    tensor_file = member_file(folder, upd_json.get("tensor_file"), UPDATE_FILE, upd_path)
+    tensors, _ = load_tensors(tensor_file, "update", upd_json.get("sha256"))
+    return CaseFiles(view, view_path, upd_json, upd_path, tensors, tensor_file, defense)
+
+
+def load_case(folder: Path) -> Case:
+    """Read and validate the server's files of an image case folder (never the truth)."""
+    files = read_case_files(folder, room=False)
+    view, upd_json, upd_path, tensors, tensor_file = (files.view, files.update_json, files.update_path,
+                                                      files.tensors, files.tensor_file)
+    metadata, capabilities, spec = view.metadata, view.capabilities, view.spec
     entries = upd_json.get("updates")
     if not isinstance(entries, list) or not entries:
         raise LeaklabError(f"{upd_path}: 'updates' must be a non-empty list of {{prefix, labels}}")
@@ -561,8 +590,6 @@ def load_case(folder: Path) -> Case:
            for i, a in enumerate(prefixes) for j, b in enumerate(prefixes) if i != j):
         raise LeaklabError(f"{upd_path}: two updates share tensors (a prefix repeats or starts another); "
                            "re-capture the case")
-    tensor_file = member_file(folder, upd_json.get("tensor_file"), UPDATE_FILE, upd_path)
-    tensors, _ = load_tensors(tensor_file, "update", upd_json.get("sha256"))
 
     updates, labels, used = [], [], set()
     for i, entry in enumerate(entries):
@@ -574,12 +601,12 @@ def load_case(folder: Path) -> Case:
         if not own:
             raise LeaklabError(f"{tensor_file} has no tensors named {prefix}*; the update file does not "
                                f"belong to {upd_path}")
-        update = ClientUpdate(metadata=upd_meta, tensors=own, defense=defense)  # the view's, validated
+        update = ClientUpdate(metadata=metadata, tensors=own, defense=files.defense)  # the view's, validated
         try:
             update.validate_against(view.model)
         except LeaklabError as e:
             raise LeaklabError(f"{tensor_file} ({prefix}): {e}") from None
-        updates.append(update.with_tensors({k: v.float() for k, v in own.items()}, defense))
+        updates.append(update.with_tensors({k: v.float() for k, v in own.items()}, files.defense))
         y = entry.get("labels")
         if y is not None and capabilities.knows_labels:
             if not isinstance(y, list) or len(y) != metadata.batch_size or \
@@ -596,7 +623,7 @@ def load_case(folder: Path) -> Case:
     if unused:
         raise LeaklabError(f"{tensor_file} holds tensors no update claims (first: {unused[0]!r}); "
                            "re-capture the case")
-    return Case(view=view, updates=updates, labels=labels, folder=folder)
+    return Case(view=view, updates=updates, labels=labels, folder=Path(folder))
 
 
 def truth_provenance(metadata: dict[str, str], path: Path) -> dict[str, Any]:

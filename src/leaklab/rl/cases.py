@@ -19,13 +19,12 @@ from typing import Any
 import torch
 
 from leaklab.errors import LeaklabError
-from leaklab.io import (FORMAT_VERSION, MODEL_FILE, TRUTH_FILE, UPDATE_FILE, UPDATE_JSON, VIEW_FILE, VIEW_FORMAT,
-                        check_format, dumps_json, load_tensors, member_file, parse_model, read_json, save_tensors,
-                        truth_provenance, view_parts, write_json)
+from leaklab.io import (FORMAT_VERSION, MODEL_FILE, PERCEPTION_MODEL_TYPE, TRUTH_FILE, UPDATE_FILE, UPDATE_JSON,
+                        VIEW_FILE, VIEW_FORMAT, dumps_json, load_tensors, member_file, read_case_files, save_tensors,
+                        truth_provenance, write_json)
 from leaklab.models import PerceptionSpec
 from leaklab.threat import Capabilities, ClientUpdate, ServerView, UpdateMetadata, make_view
 
-MODEL_TYPE = "perception"
 TRUTH_FORMAT = "leaklab.room_truth"
 
 
@@ -103,7 +102,7 @@ def write_room_case(folder: Path, spec: PerceptionSpec, state: dict[str, torch.T
         "defense": update.defense, "tensor_file": UPDATE_FILE, "sha256": update_sha, "count": 1,
         "updates": [{"prefix": "u0/", "labels": None}]})
     write_json(folder / VIEW_FILE, {
-        "format": VIEW_FORMAT, "format_version": FORMAT_VERSION, "model_type": MODEL_TYPE,
+        "format": VIEW_FORMAT, "format_version": FORMAT_VERSION, "model_type": PERCEPTION_MODEL_TYPE,
         "model": spec.model_dump(mode="json"), "model_file": MODEL_FILE, "model_sha256": model_sha,
         "metadata": meta, "capabilities": Capabilities().model_dump(mode="json"),
         "defense": update.defense})
@@ -114,40 +113,17 @@ def write_room_case(folder: Path, spec: PerceptionSpec, state: dict[str, torch.T
 def load_room_case(folder: Path, model_class: str | None = None) -> RoomCase:
     """Read and validate the server's files of a room case (never the truth); ``model_class``: the
     user's own perception network class the case was captured with ("module:Class")."""
-    folder = Path(folder)
-    if not folder.is_dir():
-        what = "is not a folder" if folder.exists() else "does not exist"
-        raise LeaklabError(f"room case folder {folder} {what}; write one with `leaklab env capture`")
-    view_path, upd_path = (member_file(folder, None, name, folder) for name in (VIEW_FILE, UPDATE_JSON))
-    view_json = check_format(read_json(view_path, "view"), view_path, "view")
-    if view_json.get("model_type") != MODEL_TYPE:
-        raise LeaklabError(f"{view_path} is an image-classification case, not a room case; attack it with "
-                           f"`leaklab attack inversion --case {folder}`")
-    spec, metadata, capabilities, defense = view_parts(view_json, view_path, PerceptionSpec)
-    if metadata.loss not in ("dqn_mse", "reinforce"):
-        raise LeaklabError(f"{view_path}: a room case's update comes from a DQN ('dqn_mse') or REINFORCE "
-                           f"('reinforce') loss, not {metadata.loss!r}; re-capture the case")
-    model_path = member_file(folder, view_json.get("model_file"), MODEL_FILE, view_path)
-    state, _ = load_tensors(model_path, "model", view_json.get("model_sha256"))
+    files = read_case_files(folder, room=True, model_class=model_class)
+    count, tensors = files.update_json.get("count"), files.tensors
+    if type(count) is not int or count != 1 or any(not k.startswith("u0/") for k in tensors):
+        raise LeaklabError(f"{files.update_path}: a room case holds exactly one update (prefix u0/); re-capture it")
+    update = ClientUpdate(metadata=files.view.metadata, tensors={k[3:]: v for k, v in tensors.items()},
+                          defense=files.defense)  # the view's, validated (update.json repeats it)
     try:
-        view = make_view(spec, state, metadata, capabilities, defense, model_class=model_class)
+        update.validate_against(files.view.model)
     except LeaklabError as e:
-        raise LeaklabError(f"{model_path}: {e}") from None
-    upd_json = check_format(read_json(upd_path, "update metadata"), upd_path, "update")
-    if parse_model(UpdateMetadata, upd_json.get("metadata"), f"{upd_path}: metadata") != metadata:
-        raise LeaklabError(f"{upd_path} declares metadata that differs from {view_path}; re-capture the case")
-    tensor_file = member_file(folder, upd_json.get("tensor_file"), UPDATE_FILE, upd_path)
-    tensors, _ = load_tensors(tensor_file, "update", upd_json.get("sha256"))
-    if type(upd_json.get("count")) is not int or upd_json["count"] != 1 or \
-            any(not k.startswith("u0/") for k in tensors):
-        raise LeaklabError(f"{upd_path}: a room case holds exactly one update (prefix u0/); re-capture it")
-    update = ClientUpdate(metadata=metadata, tensors={k[3:]: v for k, v in tensors.items()},
-                          defense=defense)  # the view's, validated (update.json repeats it)
-    try:
-        update.validate_against(view.model)
-    except LeaklabError as e:
-        raise LeaklabError(f"{tensor_file}: {e}") from None
-    return RoomCase(view=view, update=update, folder=folder)
+        raise LeaklabError(f"{files.tensor_file}: {e}") from None
+    return RoomCase(view=files.view, update=update, folder=Path(folder))
 
 
 def load_room_truth(folder: Path, case: RoomCase | None = None,
