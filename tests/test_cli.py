@@ -150,6 +150,8 @@ def test_help_version_and_bad_names_do_not_load_torch(tmp_path):
            ("audit", "--arch", "wide", *o): "choose small | nature", ("audit", "--kind", "x", *o): "rooms | images",
            ("env", "capture", "--policy", "x", *o): "random | agent", ("capture", "--model", "vgg", *o): "lenet",
            ("attack", "inversion", "--data", "x", *o): "photos",
+           ("attack", "inversion", "--objective", "x", *o): "choose l2 | l1 | cosine | bayes",
+           ("capture", "--bn-stats", "z", *o): "choose batch | running",
            ("reproduce", "room-table1", "--mode", "x", *o): "paper",
            ("reproduce", "bayes-table2", "--quick", "--seed", "-1", *o): "from 0 to 4294967295",
            ("mechanisms", "audit", "--mechanism", "laplace", "--seed", "-1"): "from 0",

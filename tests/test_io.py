@@ -369,10 +369,11 @@ def test_a_case_file_may_be_a_link_inside_its_folder_only(case_dir, tmp_path):
     assert load_case(case_dir).updates
 
 
-@pytest.mark.parametrize("text", ['{"a": NaN}', '{"a": [Infinity]}', '{"a": 1e999}', "[" * 100_000 + "]" * 100_000])
+@pytest.mark.parametrize("text", ['{"a": NaN}', '{"a": [Infinity]}', '{"a": 1e999}', "[" * 100_000 + "]" * 100_000,
+                                  '{"a": ' + "9" * 5000 + "}"])
 def test_json_with_non_finite_numbers_or_deep_nesting_is_refused(tmp_path, text):
     (tmp_path / "f.json").write_text(text)
-    with pytest.raises(LeaklabError, match="non-finite|nests too deeply"):
+    with pytest.raises(LeaklabError, match="non-finite|nests too deeply|not a leaklab file"):
         read_json(tmp_path / "f.json")
 
 

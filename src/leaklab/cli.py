@@ -22,7 +22,7 @@ from pydantic import ValidationError
 
 from leaklab.errors import LeaklabError
 from leaklab.fields import MAX_SEED
-from leaklab.names import (ARCH_NAMES, AUDIT_KIND_NAMES, DATASET_NAMES, MODEL_NAMES, POLICY_NAMES,
+from leaklab.names import (ARCH_NAMES, AUDIT_KIND_NAMES, BN_STATS_NAMES, DATASET_NAMES, MODEL_NAMES, POLICY_NAMES,
                            RL_ALGORITHM_NAMES, ROOM_MODE_NAMES, SETTING_NAMES, UPDATE_NAMES)
 from leaklab.words import plural
 
@@ -307,9 +307,8 @@ KnowsLabelsOpt = Annotated[Optional[bool], typer.Option("--knows-labels/--no-kno
 UpdateOpt = Annotated[Optional[str], _choice("--update", UPDATE_NAMES, "(default fedsgd)", rich_help_panel=CAPTURE)]
 LocalStepsOpt = Annotated[Optional[int], typer.Option("--local-steps", help="FedAvg local steps "
                                                       "(default 1)", rich_help_panel=CAPTURE)]
-BnStatsOpt = Annotated[Optional[str], typer.Option("--bn-stats", help="batch | running: BatchNorm "
-                                                  "statistics on the client (default batch)",
-                                                  rich_help_panel=CAPTURE)]
+BnStatsOpt = Annotated[Optional[str], _choice("--bn-stats", BN_STATS_NAMES, "(BatchNorm statistics on the client; "
+                                              "default batch)", rich_help_panel=CAPTURE)]
 LocalLrOpt = Annotated[Optional[float], typer.Option("--local-lr", help="FedAvg local learning rate "
                                                      "(default 0.1)", rich_help_panel=CAPTURE)]
 
@@ -363,12 +362,19 @@ def capture(
 
 def _attack_opt(flag: str, text: str, field: str, more: str = "", key: str | None = None) -> Any:
     """An attack option whose help ends with its default (``key``: of a mapping field) and ``more``,
-    read from :class:`InversionConfig`, the one place the default is set."""
+    read from :class:`InversionConfig`, the one place the default is set; a field of named values
+    (a ``Literal``) is a :func:`_choice` of those names, ``text`` then saying what it is."""
+    from typing import Literal, get_args, get_origin
+
     from leaklab.attacks.inversion.config import InversionConfig
 
     value = getattr(InversionConfig(), field)
-    return typer.Option(flag, help=f"{text} (default {value if key is None else value[key]}{more})",
-                        rich_help_panel=ATTACK)
+    default = f"default {value if key is None else value[key]}{more}"
+    annotation = InversionConfig.model_fields[field].annotation
+    if get_origin(annotation) is Literal:
+        return _choice(flag, get_args(annotation), f"({text}; {default})" if text else f"({default})",
+                       rich_help_panel=ATTACK)
+    return typer.Option(flag, help=f"{text} ({default})", rich_help_panel=ATTACK)
 
 
 @attack_app.command("inversion")
@@ -377,19 +383,19 @@ def attack_inversion(
     out: Annotated[Path, typer.Option("--out", help="results folder to write")],
     case: Annotated[Optional[Path], typer.Option("--case", help="case folder from `leaklab capture`; "
                                                  "without it, the capture options make one in OUT/case")] = None,
-    objective: Annotated[Optional[str], _attack_opt("--objective", "l2 | l1 | cosine | bayes", "objective")] = None,
-    optimizer: Annotated[Optional[str], _attack_opt("--optimizer", "adam | lbfgs", "optimizer")] = None,
+    objective: Annotated[Optional[str], _attack_opt("--objective", "", "objective")] = None,
+    optimizer: Annotated[Optional[str], _attack_opt("--optimizer", "", "optimizer")] = None,
     iterations: Annotated[Optional[int], _attack_opt("--iterations", "optimisation steps", "iterations")] = None,
     lr: Annotated[Optional[float], _attack_opt("--lr", "step size", "lr", "; lbfgs 1")] = None,
-    schedule: Annotated[Optional[str], _attack_opt("--schedule", "cosine | exp | step | constant", "schedule")] = None,
+    schedule: Annotated[Optional[str], _attack_opt("--schedule", "the learning rate's", "schedule")] = None,
     tv: Annotated[Optional[float], _attack_opt("--tv", "total-variation prior weight, 0: off", "priors",
                                                "; lbfgs 0", key="tv")] = None,
     prior: Annotated[Optional[list[str]], typer.Option("--prior", help="NAME=WEIGHT, repeatable "
                                                        "(tv, range, l2)", rich_help_panel=ATTACK)] = None,
     restarts: Annotated[Optional[int], _attack_opt("--restarts", "independent starts, the best kept",
                                                    "restarts")] = None,
-    precision: Annotated[Optional[str], _attack_opt("--precision", "fp32 | bf16", "precision")] = None,
-    init: Annotated[Optional[str], _attack_opt("--init", "gaussian | uniform | mean", "init")] = None,
+    precision: Annotated[Optional[str], _attack_opt("--precision", "", "precision")] = None,
+    init: Annotated[Optional[str], _attack_opt("--init", "the starting images", "init")] = None,
     mc_samples: Annotated[Optional[int], _attack_opt("--mc-samples", "k of Algorithm 1 (bayes)", "mc_samples")] = None,
     mc_radius: Annotated[Optional[float], _attack_opt("--mc-radius", "delta of Algorithm 1", "mc_radius")] = None,
     config_file: Annotated[Optional[Path], typer.Option("--config", help="YAML/JSON file of "
@@ -1027,12 +1033,7 @@ def mechanisms_audit(
         if any(v is not None for v in dpsgd.values()):
             raise LeaklabError(f"{', '.join(o for o, v in dpsgd.items() if v is not None)}: only for "
                                "--mechanism dpsgd")
-        extra = {"eta": eta, "eta_bar": eta_bar, "b": b, "w": w, "k": k}  # audit_case refuses what does not apply
-        if k is not None and name in ("randomized-response", "rr"):
-            if int(k) != k:
-                raise LeaklabError(f"--k for randomized-response is a whole number of categories (got {k})")
-            extra["k"] = int(k)
-        result = audit(audit_case(name, epsilon, broken=broken, delta=delta, **extra),
+        result = audit(audit_case(name, epsilon, broken=broken, delta=delta, eta=eta, eta_bar=eta_bar, b=b, w=w, k=k),
                        runs=100_000 if runs is None else runs, seed=seed, confidence=confidence, test=test)
     payload = result.to_dict()
     payload["broken"] = broken

@@ -152,6 +152,8 @@ def read_json(path: Path, what: str | None = None) -> Any:
                            f"{e.msg}); re-create it") from None
     except RecursionError:
         raise LeaklabError(f"{what} file {path} nests too deeply to be a leaklab file; re-create it") from None
+    except ValueError as e:  # a number past Python's digit limit for integers
+        raise LeaklabError(f"{what} file {path} is not a leaklab file ({_first_line(e)}); re-create it") from None
     return _finite(data, f"{what} file {path}")
 
 
@@ -263,12 +265,11 @@ def load_tensors(path: Path, what: str, sha256: str | None = None,
 
 
 def _leaklab_format(path: Path) -> str | None:
-    """The ``format`` of a JSON file leaklab wrote (``leaklab.…``); None for anything else."""
+    """The ``format`` of a JSON file leaklab wrote (``leaklab.…``); None for anything else (anything
+    :func:`read_json` refuses included)."""
     try:
-        if not path.is_file() or path.stat().st_size > MAX_MARKER_BYTES:
-            return None
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError, RecursionError):  # ValueError: JSON syntax, huge numbers
+        data = read_json(path)
+    except LeaklabError:
         return None
     fmt = data.get("format") if isinstance(data, dict) else None
     return fmt if isinstance(fmt, str) and fmt.startswith("leaklab.") else None
@@ -535,6 +536,17 @@ class CaseFiles:
     tensor_file: Path
     defense: str | None  # the client's defense chain as the view declares it (granted to the attack or not)
 
+    def update(self, tensors: dict[str, torch.Tensor], where: str) -> ClientUpdate:
+        """One update of ``tensors`` (named by parameter), validated against the view's model
+        (:meth:`ClientUpdate.validate_against`: names, shapes, dtypes, finite) and then in float32, as
+        the attacks read it (an error names ``where``)."""
+        update = ClientUpdate(metadata=self.view.metadata, tensors=tensors, defense=self.defense)
+        try:
+            update.validate_against(self.view.model)
+        except LeaklabError as e:
+            raise LeaklabError(f"{where}: {e}") from None
+        return update.with_tensors({k: v.float() for k, v in tensors.items()}, self.defense)
+
 
 def read_case_files(folder: Path, room: bool, model_class: str | None = None) -> CaseFiles:
     """The server's files of a case folder (never the truth): ``view.json`` of an image case (or, with
@@ -578,7 +590,7 @@ def load_case(folder: Path) -> Case:
     files = read_case_files(folder, room=False)
     view, upd_json, upd_path, tensors, tensor_file = (files.view, files.update_json, files.update_path,
                                                       files.tensors, files.tensor_file)
-    metadata, capabilities, spec = view.metadata, view.capabilities, view.spec
+    metadata, spec = view.metadata, view.spec
     entries = upd_json.get("updates")
     if not isinstance(entries, list) or not entries:
         raise LeaklabError(f"{upd_path}: 'updates' must be a non-empty list of {{prefix, labels}}")
@@ -601,21 +613,16 @@ def load_case(folder: Path) -> Case:
         if not own:
             raise LeaklabError(f"{tensor_file} has no tensors named {prefix}*; the update file does not "
                                f"belong to {upd_path}")
-        update = ClientUpdate(metadata=metadata, tensors=own, defense=files.defense)  # the view's, validated
-        try:
-            update.validate_against(view.model)
-        except LeaklabError as e:
-            raise LeaklabError(f"{tensor_file} ({prefix}): {e}") from None
-        updates.append(update.with_tensors({k: v.float() for k, v in own.items()}, files.defense))
+        updates.append(files.update(own, f"{tensor_file} ({prefix})"))
         y = entry.get("labels")
-        if y is not None and capabilities.knows_labels:
+        if y is not None and view.capabilities.knows_labels:
             if not isinstance(y, list) or len(y) != metadata.batch_size or \
                     not all(type(v) is int and 0 <= v < spec.num_classes for v in y):
                 raise LeaklabError(f"{upd_path}: updates[{i}].labels must be {metadata.batch_size} class "
                                    f"indices in 0..{spec.num_classes - 1}")
             labels.append(torch.tensor(y, dtype=torch.long))
         else:
-            if capabilities.knows_labels:
+            if view.capabilities.knows_labels:
                 raise LeaklabError(f"{upd_path}: the view grants knows_labels but updates[{i}] has no "
                                    "labels")
             labels.append(None)

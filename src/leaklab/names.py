@@ -6,6 +6,7 @@ DATASET_NAMES = ("photos", "faces", "digits", "mnist")
 MODEL_NAMES = ("lenet", "convnet", "resnet18", "mlp", "cnn")
 PRIOR_NAMES = ("tv", "range", "l2")
 UPDATE_NAMES = ("fedsgd", "fedavg")
+BN_STATS_NAMES = ("batch", "running")  # BatchNorm statistics on an image client
 
 SETTING_NAMES = ("S1", "S2")  # seed 000 V: S1 = RGB + depth + box, S2 = depth + box
 ARCH_NAMES = ("small", "nature", "deep", "stacked")

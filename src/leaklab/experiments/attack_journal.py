@@ -35,6 +35,7 @@ from leaklab.attacks.rl.config import METHOD_VERSION
 from leaklab.errors import LeaklabError
 from leaklab.io import load_tensors, save_tensors
 from leaklab.models.perception import architecture_digest, perception_class
+from leaklab.words import plural
 
 RESUME_DIR = ".leaklab-resume"
 _TENSORS = tuple(f.name for f in fields(RoomReconstruction) if f.name not in
@@ -159,8 +160,8 @@ class AttackJournal:
             with contextlib.suppress(OSError):
                 others = [p.stat().st_size for p in self.folder.iterdir() if p.suffix == ".safetensors"]
                 if others:
-                    warnings.warn(f"{self.folder} still holds {len(others)} finished attack(s) of other runs "
-                                  f"({sum(others) / 2**20:.0f} MB), kept for when those are rerun; remove the "
+                    warnings.warn(f"{self.folder} still holds {plural(len(others), 'finished attack')} of other "
+                                  f"runs ({sum(others) / 2**20:.0f} MB), kept for when those are rerun; remove the "
                                   "folder if they will not be", UserWarning, stacklevel=2)
 
 

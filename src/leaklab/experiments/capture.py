@@ -23,7 +23,7 @@ from leaklab.fields import Seed
 from leaklab.fl import fedavg_update, fedsgd_update, train_steps
 from leaklab.io import VIEW_FORMAT, atomic_dir, write_case
 from leaklab.models import MODEL_NAMES, ModelSpec, build_model
-from leaklab.names import UPDATE_NAMES
+from leaklab.names import BN_STATS_NAMES, UPDATE_NAMES
 from leaklab.threat import Capabilities, ClientUpdate, UpdateMetadata
 
 # Sizes of the finite image pools (leaklab.data): the training images of ``train_steps`` are drawn
@@ -52,7 +52,7 @@ class CaptureConfig(BaseModel):
     update: Literal[UPDATE_NAMES] = "fedsgd"
     local_steps: int = Field(default=1, ge=1, le=1000)
     local_lr: float = Field(default=0.1, gt=0)
-    bn_stats: Literal["batch", "running"] = Field(
+    bn_stats: Literal[BN_STATS_NAMES] = Field(
         default="batch", description="BatchNorm statistics on the client: the batch's (training mode) or "
                                      "the running ones sent by the server (breaching's public-buffer default)")
 

@@ -284,12 +284,17 @@ def run_cases(out: Path, cases_dir: Path, attack: RoomAttackConfig, workers: int
     return results
 
 
+def _capture_index(cases_dir: Path) -> dict[str, Any]:
+    """The ``capture.json`` that ``leaklab env capture`` wrote beside the cases; {} when there is none."""
+    path = cases_dir / CAPTURE_JSON
+    index = read_json(path) if path.is_file() else {}
+    return index if isinstance(index, dict) else {}
+
+
 def _captured_model_class(cases_dir: Path) -> str | None:
     """The ``--model-class`` that ``leaklab env capture`` recorded for the cases in ``cases_dir``; None
     for leaklab's own networks, or when no capture index records it."""
-    path = cases_dir / CAPTURE_JSON
-    index = read_json(path) if path.is_file() else {}
-    config = index.get("config") if isinstance(index, dict) else None
+    config = _capture_index(cases_dir).get("config")
     recorded = config.get("model_class") if isinstance(config, dict) else None
     return recorded if isinstance(recorded, str) else None
 
@@ -303,8 +308,7 @@ def _case_folders(cases_dir: Path) -> list[Path]:
     if not cases_dir.is_dir():
         raise LeaklabError(f"--cases {cases_dir} {'is not a folder' if cases_dir.exists() else 'does not exist'}; "
                            "give a folder that `leaklab env capture` wrote")
-    index = read_json(cases_dir / CAPTURE_JSON) if (cases_dir / CAPTURE_JSON).is_file() else {}
-    listed = index.get("cases") if isinstance(index, dict) else None
+    listed = _capture_index(cases_dir).get("cases")
     lost = [name for name in listed if not (cases_dir / str(name) / VIEW_FILE).is_file()] \
         if isinstance(listed, list) else []
     if lost:
@@ -432,7 +436,7 @@ def verdicts(results: dict[str, Any]) -> list[list[Any]]:
 
 def _verdict(gain: float, where: str, iou: float, action: float | None) -> str:
     """What leaks, in words: the room at an image gain of :data:`IMAGE_LEAK_DB`, the box at a mean IoU
-    of :data:`BOX_LEAK_IOU`, QGI's action (``action``; None: no QGI update) at :data:`ACTION_LEAK`."""
+    of :data:`BOX_LEAK_IOU`, the action at an accuracy (``action``; None: not measured) of :data:`ACTION_LEAK`."""
     leaks = [f"the room ({where} {gain:+.1f} dB over the baseline)"] if gain >= IMAGE_LEAK_DB else []
     leaks += [f"the target's box (IoU {iou:.2f})"] if iou >= BOX_LEAK_IOU else []
     leaks += [f"the action ({100 * action:.0f}%)"] if action is not None and action >= ACTION_LEAK else []

@@ -220,7 +220,10 @@ def _exponential(epsilon: float, broken: bool, candidates: int = 10) -> AuditCas
                      {"candidates": candidates, "score": "log-likelihood ratio"})
 
 
-def _randomized_response(epsilon: float, broken: bool, k: int = 4) -> AuditCase:
+def _randomized_response(epsilon: float, broken: bool, k: float = 4) -> AuditCase:
+    if int(k) != k:
+        raise LeaklabError(f"--k for randomized-response is a whole number of categories (got {k})")
+    k = int(k)
     m = mech.RandomizedResponse(epsilon, k)
     real = mech.RandomizedResponse(2 * epsilon, k) if broken else m
     return AuditCase("randomized-response", m.epsilon, 0.0,

@@ -117,12 +117,7 @@ def load_room_case(folder: Path, model_class: str | None = None) -> RoomCase:
     count, tensors = files.update_json.get("count"), files.tensors
     if type(count) is not int or count != 1 or any(not k.startswith("u0/") for k in tensors):
         raise LeaklabError(f"{files.update_path}: a room case holds exactly one update (prefix u0/); re-capture it")
-    update = ClientUpdate(metadata=files.view.metadata, tensors={k[3:]: v for k, v in tensors.items()},
-                          defense=files.defense)  # the view's, validated (update.json repeats it)
-    try:
-        update.validate_against(files.view.model)
-    except LeaklabError as e:
-        raise LeaklabError(f"{files.tensor_file}: {e}") from None
+    update = files.update({k[3:]: v for k, v in tensors.items()}, str(files.tensor_file))
     return RoomCase(view=files.view, update=update, folder=Path(folder))
 
 
