@@ -155,7 +155,13 @@ def test_help_version_and_bad_names_do_not_load_torch(tmp_path):
            ("reproduce", "room-table1", "--mode", "x", *o): "paper",
            ("reproduce", "bayes-table2", "--quick", "--seed", "-1", *o): "from 0 to 4294967295",
            ("mechanisms", "audit", "--mechanism", "laplace", "--seed", "-1"): "from 0",
-           ("capture", "--image-seed", "4294967296", *o): "from 0", ("env", "contact-sheet", "--seed", "-3"): "from 0"}
+           ("capture", "--image-seed", "4294967296", *o): "from 0", ("env", "contact-sheet", "--seed", "-3"): "from 0",
+           ("attack", "qgi", "--device", "tpu", *o): "cpu or cuda[:N]", ("audit", "--device", "cuda:x", *o): "cuda[:N]",
+           ("attack", "rgi", "--defense", "clip:1,gauss:2", *o): "unknown defense 'gauss'",
+           ("capture", "--defense", "prune:1", *o): "out of range",
+           ("mechanisms", "account", "dpsgd", "--q", "0.1", "--sigma", "1", "--steps", "9", "--accountant", "x"): "prv",
+           ("mechanisms", "audit", "--epsilon", "1", "--mechanism", "lap"): "randomized-response | dirichlet | dpsgd",
+           ("mechanisms", "audit", "--mechanism", "laplace", "--epsilon", "1", "--test", "x"): "choose split | scan"}
     code = ("import sys; from typer.testing import CliRunner; from leaklab.cli import app; "
             "r = [CliRunner().invoke(app, a).exit_code for a in (['--version'], ['--help'], ['attack', 'inversion', "
             f"'--help'], ['audit', '--help'])] + [CliRunner().invoke(app, list(a)).exit_code for a in {list(bad)!r}]; "
@@ -163,7 +169,7 @@ def test_help_version_and_bad_names_do_not_load_torch(tmp_path):
     printed = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert printed.strip() == f"{[0, 0, 0, 0] + [2] * len(bad)} False", printed
     for args, need in bad.items():
-        flag = next(a for a in args if a.startswith("--") and a not in ("--quick", "--mechanism", "--out"))
+        flag = next(a for a in reversed(args) if a.startswith("--") and a != "--out")
         value = args[args.index(flag) + 1]
         got = value if flag not in ("--seed", "--image-seed") else int(value)
         assert_user_error(invoke(*args), out, f"invalid {flag} (got {got!r})", need)

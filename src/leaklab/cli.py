@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import math
+import re
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -21,9 +22,10 @@ import typer
 from pydantic import ValidationError
 
 from leaklab.errors import LeaklabError
-from leaklab.fields import MAX_SEED
-from leaklab.names import (ARCH_NAMES, AUDIT_KIND_NAMES, BN_STATS_NAMES, DATASET_NAMES, MODEL_NAMES, POLICY_NAMES,
-                           RL_ALGORITHM_NAMES, ROOM_MODE_NAMES, SETTING_NAMES, UPDATE_NAMES)
+from leaklab.fields import MAX_SEED, defense_steps
+from leaklab.names import (ACCOUNTANT_NAMES, ARCH_NAMES, AUDIT_KIND_NAMES, AUDIT_TEST_NAMES, BN_STATS_NAMES,
+                           DATASET_NAMES, DEVICE_PATTERN, MECHANISM_ALIASES, MECHANISM_NAMES, MODEL_NAMES,
+                           POLICY_NAMES, RL_ALGORITHM_NAMES, ROOM_MODE_NAMES, SETTING_NAMES, UPDATE_NAMES)
 from leaklab.words import plural
 
 app = typer.Typer(name="leaklab", no_args_is_help=True, add_completion=False,
@@ -91,6 +93,35 @@ def _choice(flag: str, names: tuple[str, ...], help: str = "", **kwargs: Any) ->
     """A ``flag`` option taking one of ``names`` (its help: the names, then ``help``)."""
     return typer.Option(flag, callback=_checked(flag, lambda v: v in names, "choose " + " | ".join(names)),
                         help=" | ".join(names) + (f" {help}" if help else ""), **kwargs)
+
+
+def _named(flag: str, names: tuple[str, ...], aliases: dict[str, str] | None = None) -> Callable[[Any], Any]:
+    """A callback taking one of ``names`` in any case, ``_`` for ``-``, or an alias of one, and passing on
+    the name itself (``--mechanism Randomized_Response`` and ``rr`` give ``randomized-response``)."""
+
+    def name(value: Any) -> Any:
+        if value is None:
+            return value
+        key = str(value).lower().replace("_", "-")
+        key = (aliases or {}).get(key, key)
+        if key not in names:
+            _fail(f"invalid {flag} (got {value!r}): choose {' | '.join(names)}")
+        return key
+
+    return name
+
+
+def _defense_chain(flag: str = "--defense") -> Callable[[Any], Any]:
+    """A callback refusing a defense chain that does not parse (:func:`leaklab.fields.defense_steps`)."""
+
+    def check(value: Any) -> Any:
+        try:
+            defense_steps(value)
+        except LeaklabError as e:
+            _fail(f"invalid {flag} (got {value!r}): {e}")
+        return value
+
+    return check
 
 
 def _some(flag: str) -> Callable[[Any], Any]:
@@ -298,7 +329,8 @@ WidthOpt = Annotated[Optional[int], typer.Option("--width", help="model width (c
 DefenseOpt = Annotated[Optional[str], typer.Option("--defense",
                                                    help="defense chain, e.g. prune:0.5,gaussian:0.1 "
                                                         "(gaussian:σ laplace:b prune:p topk:p clip:c) "
-                                                        "(default none)", rich_help_panel=CAPTURE)]
+                                                        "(default none)", rich_help_panel=CAPTURE,
+                                                   callback=_defense_chain())]
 TrainOpt = Annotated[Optional[int], typer.Option("--train-steps", help="SGD steps on other images before "
                                                  "the round (default 0)", rich_help_panel=CAPTURE)]
 KnowsLabelsOpt = Annotated[Optional[bool], typer.Option("--knows-labels/--no-knows-labels",
@@ -491,11 +523,14 @@ IterationsOpt = Annotated[Optional[int], typer.Option("--iterations", help="imag
                                                       "(default 2000; exact mode's layerwise stage needs "
                                                       "1000, its images are poor under 500)")]
 DeviceOpt = Annotated[str, typer.Option("--device", help="cpu | cuda[:N]: where the attacks run "
-                                         "(on cuda the worker processes share the GPU)")]
+                                         "(on cuda the worker processes share the GPU)",
+                                         callback=_checked("--device", lambda v: re.fullmatch(DEVICE_PATTERN, v),
+                                                           "choose cpu or cuda[:N]"))]
 TrainStepsOpt = Annotated[int, typer.Option("--train-steps", help="environment steps of training before the "
                                              "round (0: initialised network)")]
 RoomDefenseOpt = Annotated[Optional[str], typer.Option("--defense", help="defense chain the clients apply, "
-                                                       "e.g. clip:1,gaussian:0.5 (default none)")]
+                                                       "e.g. clip:1,gaussian:0.5 (default none)",
+                                                       callback=_defense_chain())]
 
 
 def _room_attack(algorithm: str, setting: str, mode: str, arch: str, samples: int, layouts: str | None,
@@ -961,7 +996,8 @@ def mechanisms_account_dpsgd(
     sigma: Annotated[float, typer.Option("--sigma", help="noise multiplier: noise std / clipping norm")],
     steps: Annotated[int, typer.Option("--steps", help="DP-SGD steps")],
     delta: Annotated[float, typer.Option("--delta", help="target delta, in (0, 1)")] = 1e-5,
-    accountant: Annotated[str, typer.Option("--accountant", help="rdp | prv (opacus) | pld (dp-accounting)")] = "prv",
+    accountant: Annotated[str, typer.Option("--accountant", help="rdp | prv (opacus) | pld (dp-accounting)",
+                                            callback=_named("--accountant", ACCOUNTANT_NAMES))] = "prv",
     as_json: JsonOpt = False,
 ) -> None:
     """Epsilon spent by DP-SGD (Poisson-subsampled Gaussian mechanism, composed over the steps)."""
@@ -969,19 +1005,20 @@ def mechanisms_account_dpsgd(
 
     epsilon = dpsgd_epsilon(q, sigma, steps, delta, accountant)
     payload = {"mechanism": "dpsgd", "q": q, "sigma": sigma, "steps": steps, "delta": delta,
-               "accountant": accountant.lower(), "epsilon": epsilon}
+               "accountant": accountant, "epsilon": epsilon}
     if as_json:
         _echo_json(payload)
         return
     typer.echo(f"DP-SGD q={q:g}, sigma={sigma:g}, {plural(steps, 'step')}: epsilon {epsilon:.4f} at delta {delta:g} "
-               f"({accountant.lower()} accountant)")
+               f"({accountant} accountant)")
 
 
 @mechanisms_app.command("audit")
 @_guard
 def mechanisms_audit(
-    mechanism: Annotated[str, typer.Option("--mechanism", help="laplace | gaussian | exponential | "
-                                           "randomized-response | dirichlet | dpsgd")],
+    mechanism: Annotated[str, typer.Option("--mechanism", help=" | ".join((*MECHANISM_NAMES, "dpsgd")),
+                                           callback=_named("--mechanism", (*MECHANISM_NAMES, "dpsgd"),
+                                                           MECHANISM_ALIASES))],
     epsilon: Annotated[Optional[float], typer.Option("--epsilon", help="claimed epsilon (not for "
                                                      "dirichlet: it follows from --k ...)")] = None,
     delta: Annotated[Optional[float], typer.Option("--delta", help="claimed delta (gaussian 1e-5, "
@@ -990,8 +1027,8 @@ def mechanisms_audit(
                                                 "dpsgd: training runs (10)")] = None,
     seed: SeedOpt = 0,
     confidence: Annotated[float, typer.Option("--confidence", help="of the lower bound")] = 0.95,
-    test: Annotated[str, typer.Option("--test", help="split: threshold chosen on half the runs; scan: "
-                                      "all thresholds, Bonferroni-corrected")] = "split",
+    test: Annotated[str, _choice("--test", AUDIT_TEST_NAMES, "(split: threshold chosen on half the runs; scan: "
+                                 "all thresholds, Bonferroni-corrected)")] = "split",
     broken: Annotated[bool, typer.Option("--broken", help="halve the noise scale, keep the claim "
                                          "(the audit should catch it)")] = False,
     k: Annotated[Optional[float], typer.Option("--k", help="dirichlet concentration (6.7) or "
@@ -1010,11 +1047,10 @@ def mechanisms_audit(
     """Empirical lower bound on epsilon (Clopper-Pearson) from runs on two neighbouring inputs.
 
     dpsgd: from gradient canaries in opacus DP-SGD trainings."""
-    from leaklab.privacy.audit import MECHANISMS, audit, audit_case, audit_dpsgd
+    from leaklab.privacy.audit import audit, audit_case, audit_dpsgd
 
-    name = mechanism.lower().replace("_", "-")
     dpsgd = {"--q": q, "--sigma": sigma, "--steps": steps, "--canaries": canaries}
-    if name == "dpsgd":
+    if mechanism == "dpsgd":
         others = {"--epsilon": epsilon, "--k": k, "--eta": eta, "--eta-bar": eta_bar, "--b": b, "--w": w}
         if any(v is not None for v in others.values()):
             given = ", ".join(o for o, v in others.items() if v is not None)
@@ -1028,13 +1064,11 @@ def mechanisms_audit(
                              runs=10 if runs is None else runs, seed=seed, confidence=confidence, test=test,
                              broken=broken)
     else:
-        if name not in (*MECHANISMS, "rr"):
-            raise LeaklabError(f"unknown mechanism {mechanism!r}; choose from {', '.join(MECHANISMS)}, dpsgd")
         if any(v is not None for v in dpsgd.values()):
             raise LeaklabError(f"{', '.join(o for o, v in dpsgd.items() if v is not None)}: only for "
                                "--mechanism dpsgd")
-        result = audit(audit_case(name, epsilon, broken=broken, delta=delta, eta=eta, eta_bar=eta_bar, b=b, w=w, k=k),
-                       runs=100_000 if runs is None else runs, seed=seed, confidence=confidence, test=test)
+        case = audit_case(mechanism, epsilon, broken=broken, delta=delta, eta=eta, eta_bar=eta_bar, b=b, w=w, k=k)
+        result = audit(case, runs=100_000 if runs is None else runs, seed=seed, confidence=confidence, test=test)
     payload = result.to_dict()
     payload["broken"] = broken
     if as_json:

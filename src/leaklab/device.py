@@ -12,6 +12,7 @@ from pathlib import Path
 import torch
 
 from leaklab.errors import LeaklabError
+from leaklab.names import DEVICE_PATTERN
 
 
 def default_device() -> torch.device:
@@ -22,7 +23,6 @@ def default_device() -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
-DEVICE_PATTERN = r"^(cpu|cuda(:\d+)?)$"  # the room attacks' --device values
 
 
 def require_device(name: str) -> None:

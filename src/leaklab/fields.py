@@ -1,8 +1,48 @@
-"""Field types the configurations share."""
+"""Field types the configurations share, checked without loading torch (the command line checks its
+options with them while it parses)."""
 
-from typing import Annotated
+import math
+from typing import Annotated, Optional
 
-from pydantic import Field
+from pydantic import AfterValidator, Field
+
+from leaklab.errors import LeaklabError
+from leaklab.names import DEFENSE_NAMES
 
 MAX_SEED = 2**32 - 1  # the widest range every generator leaklab seeds takes (ViZDoom's is 32-bit)
 Seed = Annotated[int, Field(ge=0, le=MAX_SEED, description=f"0 to {MAX_SEED}")]
+
+
+def defense_steps(spec: str | None) -> tuple[tuple[str, float], ...]:
+    """The steps of a defense chain such as ``"prune:0.5,gaussian:0.1"``, as ``(name, value)`` pairs
+    in order (none for None, ``""`` or ``"none"``); raises :class:`LeaklabError` naming the bad part.
+    :func:`leaklab.defenses.parse_defense` builds the chain from them."""
+    if spec is None or spec.strip().lower() in ("", "none"):
+        return ()
+    steps = []
+    for part in spec.split(","):
+        name, _, value = part.strip().partition(":")
+        name = name.lower()
+        if name not in DEFENSE_NAMES:
+            raise LeaklabError(f"unknown defense {name!r}; use a comma-separated chain of "
+                               f"{', '.join(n + ':VALUE' for n in DEFENSE_NAMES)}")
+        try:
+            v = float(value)
+        except ValueError:
+            raise LeaklabError(f"defense {name!r} needs a number, as in {name}:0.1") from None
+        if not math.isfinite(v) or v < 0 or (name in ("prune", "topk") and v >= 1) or \
+                (name in ("gaussian", "laplace", "clip") and v == 0):
+            raise LeaklabError(f"defense parameter {part.strip()!r} is out of range "
+                               "(noise scales and clip norms > 0, pruning fractions in [0, 1))")
+        steps.append((name, v))
+    return tuple(steps)
+
+
+def checked_defense(spec: str | None) -> str | None:
+    """A defense option as configs keep it: None for no defense, else the chain as given once it
+    parses (a bad one raises with a message naming the bad part)."""
+    return spec if defense_steps(spec) else None
+
+
+# a config field holding a defense chain, e.g. ``defense: DefenseOption = None``
+DefenseOption = Annotated[Optional[str], AfterValidator(checked_defense)]

@@ -15,3 +15,11 @@ ROOM_ATTACK_NAMES = ("qgi", "rgi")
 RL_ALGORITHM_NAMES = ("dqn", "reinforce")
 POLICY_NAMES = ("random", "agent")
 AUDIT_KIND_NAMES = ("rooms", "images")  # leaklab audit --kind
+
+DEFENSE_NAMES = ("gaussian", "laplace", "prune", "topk", "clip")  # steps of a --defense chain
+DEVICE_PATTERN = r"^(cpu|cuda(:\d+)?)$"  # the room attacks' --device values
+
+ACCOUNTANT_NAMES = ("rdp", "prv", "pld")  # DP-SGD accountants (leaklab.privacy.accounting)
+MECHANISM_NAMES = ("laplace", "gaussian", "exponential", "randomized-response", "dirichlet")  # audit cases
+MECHANISM_ALIASES = {"rr": "randomized-response"}
+AUDIT_TEST_NAMES = ("split", "scan")  # how an audit picks its threshold (leaklab.privacy.audit)

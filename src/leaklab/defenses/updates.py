@@ -22,15 +22,12 @@ import math
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Annotated, Optional
 
 import torch
-from pydantic import AfterValidator
 
 from leaklab.errors import LeaklabError
+from leaklab.fields import defense_steps
 from leaklab.threat import ClientUpdate
-
-DEFENSE_NAMES = ("gaussian", "laplace", "prune", "topk", "clip")
 
 
 class Defense(ABC):
@@ -232,37 +229,9 @@ class DefenseChain:
 
 
 def parse_defense(spec: str | None) -> DefenseChain:
-    """Parse ``"prune:0.5,gaussian:0.1"``; an empty string or ``"none"`` is the empty chain."""
-    if spec is None or spec.strip().lower() in ("", "none"):
-        return DefenseChain()
-    steps: list[Defense] = []
-    for part in spec.split(","):
-        name, _, value = part.strip().partition(":")
-        name = name.lower()
-        if name not in DEFENSE_NAMES:
-            raise LeaklabError(f"unknown defense {name!r}; use a comma-separated chain of "
-                               f"{', '.join(n + ':VALUE' for n in DEFENSE_NAMES)}")
-        try:
-            v = float(value)
-        except ValueError:
-            raise LeaklabError(f"defense {name!r} needs a number, as in {name}:0.1") from None
-        if not math.isfinite(v) or v < 0 or (name in ("prune", "topk") and v >= 1) or \
-                (name in ("gaussian", "laplace", "clip") and v == 0):
-            raise LeaklabError(f"defense parameter {part.strip()!r} is out of range "
-                               "(noise scales and clip norms > 0, pruning fractions in [0, 1))")
-        steps.append({"gaussian": Gaussian, "laplace": Laplace, "prune": Prune, "topk": TopK,
-                      "clip": Clip}[name](v))
-    return DefenseChain(steps)
+    """Parse ``"prune:0.5,gaussian:0.1"`` (:func:`leaklab.fields.defense_steps`); an empty string or
+    ``"none"`` is the empty chain."""
+    return DefenseChain([_STEPS[name](value) for name, value in defense_steps(spec)])
 
 
-def checked_defense(spec: str | None) -> str | None:
-    """A defense option as configs keep it: None for no defense, else the chain as given once it
-    parses (a bad one raises with a message naming the bad part)."""
-    if spec is None or spec.strip().lower() in ("", "none"):
-        return None
-    parse_defense(spec)
-    return spec
-
-
-# a config field holding a defense chain, e.g. ``defense: DefenseOption = None``
-DefenseOption = Annotated[Optional[str], AfterValidator(checked_defense)]
+_STEPS = {"gaussian": Gaussian, "laplace": Laplace, "prune": Prune, "topk": TopK, "clip": Clip}

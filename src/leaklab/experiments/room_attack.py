@@ -35,13 +35,12 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from leaklab.attacks.rl import RoomAttackConfig, RoomReconstruction, qgi, rgi
 from leaklab.attacks.rl.config import METHOD_VERSION
-from leaklab.defenses import DefenseOption
 from leaklab.device import DEVICE_PATTERN, describe, repeatable, require_device
 from leaklab.errors import LeaklabError
 from leaklab.experiments import ProgressFn
 from leaklab.experiments.attack_journal import AttackJournal, journal_beside
 from leaklab.experiments.image_attack import versions
-from leaklab.fields import Seed
+from leaklab.fields import DefenseOption, Seed
 from leaklab.io import (RECONSTRUCTIONS_FILE, RESULTS_FILE, ROOM_ATTACK_FORMAT, atomic_dir, check_out, save_tensors,
                         write_json)
 from leaklab.metrics.rooms import matched_first, room_metrics

@@ -35,11 +35,11 @@ from dp_accounting import rdp as dpa_rdp
 from scipy.optimize import brentq
 
 from leaklab.errors import LeaklabError
+from leaklab.names import ACCOUNTANT_NAMES
 
-__all__ = ["ACCOUNTANTS", "COMPOSE_ACCOUNTANTS", "DEFAULT_ACCOUNTANT", "Ledger", "compose", "dpsgd_epsilon",
+__all__ = ["COMPOSE_ACCOUNTANTS", "DEFAULT_ACCOUNTANT", "Ledger", "compose", "dpsgd_epsilon",
            "dpsgd_sigma", "gaussian", "laplace", "subsampled_gaussian"]
 
-ACCOUNTANTS = ("rdp", "prv", "pld")
 COMPOSE_ACCOUNTANTS = ("rdp", "pld")
 DEFAULT_ACCOUNTANT = "prv"
 _MAX_SIGMA = 1e4
@@ -62,7 +62,7 @@ def _check_delta(delta: float) -> None:
         raise LeaklabError(f"delta must lie in (0, 1) (got {delta!r})")
 
 
-def _check_accountant(accountant: str, allowed: tuple[str, ...] = ACCOUNTANTS) -> str:
+def _check_accountant(accountant: str, allowed: tuple[str, ...] = ACCOUNTANT_NAMES) -> str:
     name = str(accountant).lower()
     if name not in allowed:
         raise LeaklabError(f"unknown accountant {accountant!r}; choose from {', '.join(allowed)}")

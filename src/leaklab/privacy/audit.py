@@ -35,12 +35,12 @@ import numpy as np
 from scipy import stats
 
 from leaklab.errors import LeaklabError
+from leaklab.names import AUDIT_TEST_NAMES, MECHANISM_ALIASES, MECHANISM_NAMES
 from leaklab.privacy import mechanisms as mech
 
 __all__ = ["AuditCase", "AuditResult", "clopper_pearson", "epsilon_lower_bound", "audit", "audit_case",
-           "MECHANISMS", "audit_dpsgd", "canary_batch", "dpsgd_canary_scores"]
+           "audit_dpsgd", "canary_batch", "dpsgd_canary_scores"]
 
-MECHANISMS = ("laplace", "gaussian", "exponential", "randomized-response", "dirichlet")
 MAX_RUNS = 10_000_000  # runs per input: two float64 score arrays of 80 MB each
 MAX_CANARIES = 10_000  # per training run: the canaries are rows of an identity matrix of this size (400 MB)
 
@@ -143,7 +143,7 @@ def epsilon_lower_bound(scores_a: np.ndarray, scores_b: np.ndarray, delta: float
     if test == "scan":
         return _scan(a, b, delta, confidence, min(max_thresholds, 200))
     if test != "split":
-        raise LeaklabError(f"unknown test {test!r}; choose split or scan")
+        raise LeaklabError(f"unknown test {test!r}; choose {' or '.join(AUDIT_TEST_NAMES)}")
     level = 1 - (1 - confidence) / 2
     ha, hb = a.size // 2, b.size // 2
     sel_a, ev_a = np.sort(a[:ha]), np.sort(a[ha:])
@@ -265,14 +265,13 @@ _BUILDERS = {"laplace": _laplace, "gaussian": _gaussian, "exponential": _exponen
 
 
 def audit_case(mechanism: str, epsilon: float | None = None, *, broken: bool = False, **options: Any) -> AuditCase:
-    """The audit case of a named mechanism (``MECHANISMS``) at a claimed epsilon; ``broken`` halves
-    its noise. Options: ``delta`` (gaussian 1e-5, dirichlet 0.05), ``k``/``eta``/``eta_bar``/``b``/
+    """The audit case of a named mechanism (:data:`~leaklab.names.MECHANISM_NAMES`, or an alias) at a
+    claimed epsilon; ``broken`` halves its noise. Options: ``delta`` (gaussian 1e-5, dirichlet 0.05), ``k``/``eta``/``eta_bar``/``b``/
     ``w`` (dirichlet), ``candidates`` (exponential), ``k`` (randomized response categories)."""
     name = mechanism.lower().replace("_", "-")
-    if name == "rr":
-        name = "randomized-response"
+    name = MECHANISM_ALIASES.get(name, name)
     if name not in _BUILDERS:
-        raise LeaklabError(f"unknown mechanism {mechanism!r}; choose from {', '.join(MECHANISMS)}")
+        raise LeaklabError(f"unknown mechanism {mechanism!r}; choose from {', '.join(MECHANISM_NAMES)}")
     if name != "dirichlet":
         if epsilon is None:
             raise LeaklabError(f"give --epsilon for the {name} mechanism")

@@ -36,7 +36,8 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from leaklab.defenses import Clip, Gaussian
 from leaklab.errors import LeaklabError
-from leaklab.privacy.accounting import ACCOUNTANTS, DEFAULT_ACCOUNTANT, dpsgd_epsilon, dpsgd_sigma
+from leaklab.names import ACCOUNTANT_NAMES
+from leaklab.privacy.accounting import DEFAULT_ACCOUNTANT, dpsgd_epsilon, dpsgd_sigma
 from leaklab.privacy.mechanisms import analytic_gaussian_sigma
 
 
@@ -256,8 +257,8 @@ class DPConfig(BaseModel):
     def _one_noise(self) -> "DPConfig":
         if (self.noise_multiplier is None) == (self.target_epsilon is None):
             raise ValueError("give exactly one of noise_multiplier and target_epsilon")
-        if self.accountant not in ACCOUNTANTS:
-            raise ValueError(f"unknown accountant {self.accountant!r}; choose from {', '.join(ACCOUNTANTS)}")
+        if self.accountant not in ACCOUNTANT_NAMES:
+            raise ValueError(f"unknown accountant {self.accountant!r}; choose from {', '.join(ACCOUNTANT_NAMES)}")
         return self
 
     def noise_for(self, q: float, steps: int) -> float:

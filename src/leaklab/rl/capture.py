@@ -27,9 +27,9 @@ import numpy as np
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
-from leaklab.defenses import DefenseOption, parse_defense
+from leaklab.defenses import parse_defense
 from leaklab.errors import LeaklabError
-from leaklab.fields import Seed
+from leaklab.fields import DefenseOption, Seed
 from leaklab.io import CAPTURE_JSON, ROOM_CAPTURE_FORMAT, atomic_dir, check_out, write_json
 from leaklab.models import PerceptionNet, PerceptionSpec, build_perception_net
 from leaklab.names import POLICY_NAMES, RL_ALGORITHM_NAMES
