@@ -175,6 +175,21 @@ def test_help_version_and_bad_names_do_not_load_torch(tmp_path):
         assert_user_error(invoke(*args), out, f"invalid {flag} (got {got!r})", need)
 
 
+def test_mistakes_click_finds_are_one_line_too(tmp_path):
+    """A value of the wrong type, a missing or unknown option, an unknown command: one `error:` line naming
+    it and the command's help, exit code 2 (they were boxed panels of 5 lines)."""
+    out = tmp_path / "out"
+    for args, words in ((("attack", "qgi", "--samples", "abc", "--out", out), ["'--samples'", "'abc'"]),
+                        (("attack", "qgi"), ["missing option '--out'", "leaklab attack qgi --help"]),
+                        (("attack", "qgi", "--out", out, "--bogus"), ["'--bogus'"]),
+                        (("--threads", "0", "attack", "qgi", "--out", out), ["'--threads'"]),
+                        (("nosuch",), ["'nosuch'", "leaklab --help"])):
+        assert_user_error(invoke(*args), out, *words)
+    for args in (("attack",), ()):  # a group without its command shows its help
+        result = invoke(*args)
+        assert result.exit_code == 2 and "Usage: leaklab" in result.output
+
+
 def test_knows_labels_flag(tmp_path):
     out = tmp_path / "case"
     assert invoke("capture", *TINY, "--knows-labels", "--out", out).exit_code == 0

@@ -18,8 +18,10 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated, Any, Optional
 
+import click
 import typer
 from pydantic import ValidationError
+from typer.core import TyperGroup
 
 from leaklab.errors import LeaklabError
 from leaklab.fields import MAX_SEED, defense_steps
@@ -28,7 +30,32 @@ from leaklab.names import (ACCOUNTANT_NAMES, ARCH_NAMES, AUDIT_KIND_NAMES, AUDIT
                            POLICY_NAMES, RL_ALGORITHM_NAMES, ROOM_MODE_NAMES, SETTING_NAMES, UPDATE_NAMES)
 from leaklab.words import plural
 
-app = typer.Typer(name="leaklab", no_args_is_help=True, add_completion=False,
+class _OneLineErrors(TyperGroup):
+    """The top command group: a mistake click itself finds (an option missing or unknown, a value of the
+    wrong type) is one ``error:`` line with exit code 2, as leaklab's own checks are, instead of a boxed
+    panel; a command group called without a command still prints its help."""
+
+    def main(self, args: Any = None, prog_name: Any = None, complete_var: Any = None, standalone_mode: bool = True,
+             **extra: Any) -> Any:
+        if not standalone_mode:
+            return super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        try:
+            code = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        except click.exceptions.NoArgsIsHelpError as e:
+            e.show()
+            sys.exit(e.exit_code)
+        except click.ClickException as e:
+            message = e.format_message().rstrip(".")
+            where = f" (see {e.ctx.command_path} --help)" if getattr(e, "ctx", None) is not None else ""
+            typer.echo(f"error: {' '.join((message[:1].lower() + message[1:]).split())}{where}", err=True)
+            sys.exit(2)
+        except click.Abort:
+            typer.echo("error: aborted", err=True)
+            sys.exit(1)
+        sys.exit(code if isinstance(code, int) else 0)
+
+
+app = typer.Typer(name="leaklab", cls=_OneLineErrors, no_args_is_help=True, add_completion=False,
                   pretty_exceptions_show_locals=False,
                   help="A laboratory for privacy leakage in federated learning: capture client updates, "
                        "attack them, and report how much they leak.")
