@@ -119,8 +119,13 @@ def test_initialised_and_partly_trained_networks():
         partly_trained_net("ppo", spec, 5)
 
 
-def test_capture_rooms_writes_one_case_per_update(tmp_path):
+def test_capture_rooms_writes_one_case_per_update(tmp_path, monkeypatch):
+    from leaklab.rl import capture as capture_module
     from leaklab.rl.capture import RoomCaptureConfig, capture_rooms
+
+    titles, draw = [], capture_module.frame_sheet
+    monkeypatch.setattr(capture_module, "frame_sheet", lambda path, frames: (titles.extend(f.title for f in frames),
+                                                                             draw(path, frames))[1])
 
     config = RoomCaptureConfig(algorithm="reinforce", spec=PerceptionSpec(setting="S2", image_size=64),
                                layouts=ROOMS[:2], samples=2, batch_size=2, max_episode_steps=10,
@@ -134,6 +139,11 @@ def test_capture_rooms_writes_one_case_per_update(tmp_path):
         truth, provenance = load_room_truth(folder, case)
         assert case.view.metadata.batch_size == 2 and case.view.metadata.entropy_weight == 0.1
         assert provenance["layouts"] == list(ROOMS[:2]) and truth["probs"].shape == (2, 7)
+        # the sheet names the truth's reward as what it is for REINFORCE: the return weighting log pi
+        for k, value in enumerate(truth["reward"].tolist()):
+            title = titles[2 * int(folder.name) + k]
+            assert title.startswith(f"{folder.name}/{k} ") and title.endswith(f", return {value:.2f}"), title
+    assert len(titles) == 4
     again = capture_rooms(config.model_copy(update={"samples": 1}), tmp_path / "cap")
     assert _same(load_room_case(again[0]).update.tensors, load_room_case(folders[0]).update.tensors)
     # an earlier capture is replaced whole: no stale case of it is left to be attacked

@@ -299,6 +299,9 @@ def test_audit_refuses_conflicting_options(tmp_path):
     assert_user_error(invoke("audit", "--quick", "--iterations", "0", "--out", out), out, "--iterations")
     assert_user_error(invoke("audit", "--quick", "--arch", "wide", "--out", out), out, "--arch", "nature")
     assert_user_error(invoke("audit", "--kind", "images", "--arch", "nature", "--out", out), out, "--arch")
+    # the message names the option given, not every option of --kind rooms
+    assert_user_error(invoke("audit", "--kind", "images", "--iterations", "3", "--out", out), out,
+                      "error: --iterations: only for --kind rooms")
     assert_user_error(invoke("audit", "--cases", tmp_path, "--arch", "nature", "--out", out), out, "--arch",
                       "view.json")
     assert_user_error(invoke("attack", "rgi", "--mode", "paper", "--batch-size", "2", "--out", out), out,
@@ -561,7 +564,7 @@ def test_rgi_summary_counts_samples_not_updates_in_a_batch():
     # the zero-return sample guessed right, the other wrong; then a batch of two non-zero returns, right
     s = summarise([row(0.5, 0.5, 0.0), row(1.0, 1.0, 1.0)], 1, 1.0)
     assert s["action_accuracy_nonzero_return"] == pytest.approx(2 / 3) and s["zero_return_samples"] == 1
-    assert s["samples"] == 2  # updates, as before
+    assert s["samples"] == 2 and s["transitions"] == 4  # updates, as before, and their transitions
     # a user's case without provenance names no rooms: its batch still counts two samples
     s = summarise([row(0.5, 0.5, 0.0, layouts=()), row(1.0, 1.0, 1.0, layouts=())], 1, 1.0)
     assert s["action_accuracy_nonzero_return"] == pytest.approx(2 / 3) and s["zero_return_samples"] == 1

@@ -540,9 +540,10 @@ ModeOpt = Annotated[str, _choice("--mode", ROOM_MODE_NAMES, "(exact: leaklab's c
 ArchOpt = Annotated[str, _choice("--arch", ARCH_NAMES, "(the perception network: a conv stream per modality: "
                                  "small, nature at the Nature DQN's widths, deep with pooling; stacked: RGB-D "
                                  "in one)")]
-WorkersOpt = Annotated[int, typer.Option("--workers", help="attack processes (0: one per core)",
+WorkersOpt = Annotated[int, typer.Option("--workers", help="attack processes (0: one per core; audit --quick: one)",
                                         callback=_checked("--workers", lambda v: v >= 0, "0 (one per core) or more"))]
-SamplesOpt = Annotated[int, typer.Option("--samples", help="private transitions, one client update each")]
+SamplesOpt = Annotated[int, typer.Option("--samples", help="client updates, each of --batch-size private "
+                                                             "transitions")]
 LayoutsOpt = Annotated[Optional[str], typer.Option("--layouts", help="client rooms: a count (the first N) "
                                                    "or comma-separated names (default all)",
                                                    callback=_some("--layouts"))]
@@ -578,8 +579,9 @@ def _room_attack(algorithm: str, setting: str, mode: str, arch: str, samples: in
         results = room_attack.run(config, out, progress=progress)
     s = results["summary"]
     typer.echo(f"wrote {out}: " + _room_summary_line(s, defended=config.defense is not None) + "; "
-               f"{plural(s['samples'], 'sample')} from {plural(s['layouts'], 'room')}, "
-               f"{s['seconds_per_sample']:.1f} s each"
+               + (plural(s["samples"], "sample") if s["transitions"] == s["samples"] else
+                  f"{plural(s['samples'], 'update')} of {plural(s['transitions'], 'transition')} in all")
+               + f" from {plural(s['layouts'], 'room')}, {s['seconds_per_sample']:.1f} s each"
                + _resumed(s["resumed_samples"], " ({} resumed from an interrupted run)"))
 
 
@@ -832,7 +834,7 @@ def reproduce_room_table2(
 def reproduce_inversion_checks(
     checks: Annotated[Optional[list[str]], typer.Option("--checks", help="dlg, idlg, analytic, ig, ig_batch_stats "
                                                         "(IG on a BatchNorm client in training mode; repeatable or "
-                                                        "comma-separated; default all)",
+                                                        "comma-separated; default all but ig_batch_stats)",
                                                         callback=_some("--checks"))] = None,
     images: Annotated[Optional[int], typer.Option("--images", help="images of the dlg and analytic checks "
                                                   "(ig: at most 3; idlg always 50, 5 with --quick)")] = None,
@@ -910,10 +912,12 @@ def audit(
     out = out or new_run_dir("audit")
     with _progress() as progress:
         if kind == "images":
-            if full or cases or model_class or iterations is not None or device != "cpu" or mode is not None \
-                    or workers or arch is not None:
-                raise LeaklabError("--full, --cases, --model-class, --mode, --arch, --iterations, --workers and "
-                                   "--device belong to --kind rooms")
+            given = [flag for flag, used in (("--full", full), ("--cases", cases), ("--model-class", model_class),
+                                             ("--mode", mode), ("--arch", arch), ("--iterations", iterations),
+                                             ("--workers", workers), ("--device", device != "cpu")) if used]
+            if given:
+                raise LeaklabError(f"{', '.join(given)}: only for --kind rooms (--kind images takes --quick, "
+                                   "--seed and --out)")
             _image_audit(out, quick, seed, progress)
             return
         from leaklab.attacks.rl import RoomAttackConfig
@@ -1046,10 +1050,10 @@ def mechanisms_audit(
     mechanism: Annotated[str, typer.Option("--mechanism", help=" | ".join((*MECHANISM_NAMES, "dpsgd")),
                                            callback=_named("--mechanism", (*MECHANISM_NAMES, "dpsgd"),
                                                            MECHANISM_ALIASES))],
-    epsilon: Annotated[Optional[float], typer.Option("--epsilon", help="claimed epsilon (not for "
-                                                     "dirichlet: it follows from --k ...)")] = None,
+    epsilon: Annotated[Optional[float], typer.Option("--epsilon", help="claimed epsilon (not for dirichlet, "
+                                                     "whose follows from --k ..., nor dpsgd, from --q ...)")] = None,
     delta: Annotated[Optional[float], typer.Option("--delta", help="claimed delta (gaussian 1e-5, "
-                                                   "dirichlet 0.05)")] = None,
+                                                   "dirichlet 0.05, dpsgd 1e-5)")] = None,
     runs: Annotated[Optional[int], typer.Option("--runs", help="runs on each of the two inputs (100000); "
                                                 "dpsgd: training runs (10)")] = None,
     seed: SeedOpt = 0,

@@ -361,7 +361,9 @@ def _mean(values: list[float]) -> float | None:
 
 def summarise(rows: list[dict[str, Any]], iterations: int, seconds: float) -> dict[str, Any]:
     """The ``summary`` of ``results.json`` from the per-sample rows: means (``SUMMARY_KEYS``; ``_min``: the
-    least) and the images' population standard deviations (``SPREAD_KEYS``)."""
+    least) and the images' population standard deviations (``SPREAD_KEYS``). A row is one client update:
+    ``samples`` counts them, ``transitions`` their transitions (more with batches of 2), and
+    ``seconds_per_sample`` is per update."""
     summary: dict[str, Any] = {}
     for key, metric in SUMMARY_KEYS.items():
         values = [r["metrics"][metric] for r in rows if metric in r["metrics"]]
@@ -378,7 +380,8 @@ def summarise(rows: list[dict[str, Any]], iterations: int, seconds: float) -> di
         correct = sum(b * r["metrics"]["action_informative_correct"] for b, r in zip(sizes, rows))
         summary["action_accuracy_nonzero_return"] = correct / informative if informative else None
         summary["zero_return_samples"] = round(sum(sizes) - informative)
-    summary["samples"] = len(rows)
+    summary["samples"] = len(rows)  # client updates, each of its row's batch_size transitions
+    summary["transitions"] = sum(r["batch_size"] for r in rows)
     summary["layouts"] = len({name for r in rows for name in r["layouts"]})
     summary["iterations"] = iterations
     summary["seconds_per_sample"] = seconds / max(len(rows), 1)

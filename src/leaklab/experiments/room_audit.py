@@ -237,7 +237,8 @@ def run_cases(out: Path, cases_dir: Path, attack: RoomAttackConfig, workers: int
         limit = max_batch(c.view.metadata.loss, attack.mode)
         if c.update.metadata.batch_size > limit:
             raise LeaklabError(f"--cases: {c.folder.name} is an update of {c.update.metadata.batch_size} transitions; "
-                               f"{_algorithm(c.view.metadata.loss).upper()} in {attack.mode} mode reads at most {limit}")
+                               f"{_algorithm(c.view.metadata.loss).upper()} in {attack.mode} mode reads at most "
+                               f"{limit}")
     # every truth is read and checked before any attack runs: a bad file fails in seconds
     truth_of = {i: load_room_truth(c.folder, c) for i, c in enumerate(cases) if (c.folder / TRUTH_FILE).is_file()}
     jobs = [room_attack.Job(_algorithm(c.view.metadata.loss), c.view.spec,
@@ -277,7 +278,8 @@ def run_cases(out: Path, cases_dir: Path, attack: RoomAttackConfig, workers: int
             summary.update(room_attack.summarise(scored, max(r["iterations"] for r in scored),
                                                  sum(r["seconds"] for r in scored)))
         results = {"format": AUDIT_FORMAT, "format_version": 2, "kind": "room-cases",
-                   "cases_dir": str(cases_dir), "model_class": model_class, "attack": attack.model_dump(mode="json"), "summary": summary,
+                   "cases_dir": str(cases_dir), "model_class": model_class,
+                   "attack": attack.model_dump(mode="json"), "summary": summary,
                    "cases": rows, "versions": versions(), "device": describe(torch.device(device))}
         write_json(tmp / RESULTS_FILE, results)
         _write_cases_report(tmp, results, truths, pictures)

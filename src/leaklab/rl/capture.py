@@ -328,18 +328,22 @@ def capture_rooms(config: RoomCaptureConfig, out: Path,
         write_json(tmp / CAPTURE_JSON, {"format": ROOM_CAPTURE_FORMAT, "format_version": 1,
                                         "config": config.model_dump(mode="json"),
                                         "cases": names})
-        frame_sheet(tmp / CAPTURE_PNG, _sheet_frames(names, rounds, config.spec.setting))
+        frame_sheet(tmp / CAPTURE_PNG, _sheet_frames(names, rounds, config.spec.setting,
+                                                     config.algorithm == "reinforce"))
     return [out / name for name in names]
 
 
-def _sheet_frames(names: Sequence[str], rounds: Sequence[ClientRound], setting: str) -> list[Frame]:
+def _sheet_frames(names: Sequence[str], rounds: Sequence[ClientRound], setting: str, reinforce: bool) -> list[Frame]:
     """The first :data:`SHEET_FRAMES` private states as the network sees them (RGB in S1 only; the
-    box where the target is in view, an all-zero box where it is not)."""
+    box where the target is in view, an all-zero box where it is not), titled with the action and the
+    truth's ``reward``: the step's reward for DQN, the discounted return that weights ``log π`` for
+    REINFORCE (``reinforce``)."""
     frames = []
     for name, r in zip(names, rounds):
         for k, t in enumerate(r.transitions):
             label = f"{name}/{k}" if len(r.transitions) > 1 else name
-            frames.append(Frame(f"{label} {t.layout}\naction {t.action}, reward {t.reward:.2f}",
+            reward = f"return {t.ret:.2f}" if reinforce else f"reward {t.reward:.2f}"
+            frames.append(Frame(f"{label} {t.layout}\naction {t.action}, {reward}",
                                 t.rgb.numpy() if setting == "S1" else None, t.depth.numpy(),
                                 t.box.numpy() if bool(t.box.any()) else None))
     return frames[:SHEET_FRAMES]
