@@ -137,7 +137,7 @@ def test_quick_room_audit_writes_report_with_defenses(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["audit"]  # the journal went with its run
     html = (out / "report.html").read_text()
     assert html.count("data:image/png;base64,") >= 3  # leakage plot + one grid per attack
-    assert "RGB baseline" in html and "DP-SGD" in html
+    assert "RGB baseline (dB)" in html and "RGB SSIM baseline" in html and "DP-SGD" in html
     res = json.loads((out / "results.json").read_text())
     assert res["kind"] == "rooms"
     cells = {(c["algorithm"], c["defense"]) for c in res["cells"]}
@@ -169,19 +169,29 @@ def test_audit_report_pictures_a_cells_first_samples_and_scores_them_all(tmp_pat
 
 
 def test_audit_verdicts_in_words():
-    from leaklab.experiments.room_audit import verdicts
+    from leaklab.experiments.room_audit import conclusion, verdicts
 
-    def cell(defense, depth, iou, action):
-        return {"defense": defense, "algorithm": "qgi", "setting": "S2",
+    def cell(defense, chain, depth, iou, action, frames):
+        return {"defense": defense, "defense_chain": chain, "algorithm": "qgi", "setting": "S2",
                 "summary": {"depth_psnr_mean": depth, "depth_psnr_baseline_mean": 15.0, "iou_mean": iou,
-                            "action_accuracy": action}}
+                            "action_accuracy": action},
+                "samples": [{"metrics": {"depth_paper_psnr": d, "depth_paper_psnr_baseline": 15.0}} for d in frames]}
 
+    # the mean of the noisy cell is under the 3 dB line, but one of its two updates shows its room
     rows = verdicts({"summary": {"defenses": ["none", "noise", "dp"]},
-                     "cells": [cell("none", 40.0, 1.0, 1.0), cell("noise", 17.0, 0.6, 1.0), cell("dp", 5.0, 0.0, 0.25)]})
-    assert rows[0][5] == ("leaks the room (QGI S2 depth +25.0 dB over the baseline), the target's box "
+                     "cells": [cell("none", None, 40.0, 1.0, 1.0, [45.0, 35.0]),
+                               cell("noise", "gaussian:0.001", 17.0, 0.6, 1.0, [19.0, 15.0]),
+                               cell("dp", "clip:1,gaussian:0.6", 5.0, 0.0, 0.25, [5.0, 5.0])]})
+    assert [r[1] for r in rows] == ["nothing", "noise std 0.001", "clip to norm 1, noise std 0.6"]
+    assert [r[4] for r in rows] == ["2 of 2", "1 of 2", "0 of 2"]
+    assert rows[0][7] == ("leaks the room (QGI S2 depth +25.0 dB over the baseline), the target's box "
                           "(IoU 1.00), the action (100%)")
-    assert rows[1][5] == "leaks the target's box (IoU 0.60), the action (100%)"
-    assert rows[2][5] == "nothing measured leaks" and rows[2][4] == "25%"
+    assert rows[1][7] == "leaks the target's box (IoU 0.60), the action (100%)"
+    assert rows[2][7] == "nothing measured leaks" and rows[2][6] == "25%"
+    assert conclusion(rows) == ("dp is the weakest defense tested behind which nothing measured leaks; behind noise "
+                                "the update still leaks the target's box (IoU 0.60), the action (100%).")
+    assert conclusion(rows[:2]).startswith("Every defense tested leaks: behind noise the update still leaks")
+    assert conclusion(rows[2:]) == "Nothing measured leaks behind any defense tested, dp included."
 
 
 def test_audit_attacks_saved_room_cases(tmp_path, monkeypatch):
@@ -198,7 +208,7 @@ def test_audit_attacks_saved_room_cases(tmp_path, monkeypatch):
     html = (out / "report.html").read_text()
     assert "the first 1 of 2 scored cases; results.json has every one" in html
     assert "At a glance" in html and "fewer than the 2000" in html and "--quick" not in html
-    assert html.count("<td>yes</td>") + html.count("<td>no</td>") == 2  # each case's action judged
+    assert html.count(">yes</td>") + html.count(">no</td>") == 2  # each case's action judged
     res = json.loads((out / "results.json").read_text())
     assert res["summary"]["cases"] == 2 and res["summary"]["scored"] == 2
     assert all(c["algorithm"] == "rgi" for c in res["cases"])

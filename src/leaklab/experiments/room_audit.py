@@ -28,7 +28,6 @@ layout of :func:`leaklab.models.perception.check_contract`); they are scored whe
 
 from __future__ import annotations
 
-import math
 import statistics
 import time
 import warnings
@@ -414,26 +413,60 @@ def _leakage_plot(results: dict[str, Any], labels: list[str], path: Path) -> byt
             if s.get(f"{image}_psnr_mean") is not None:
                 gain = s[f"{image}_psnr_mean"] - s[f"{image}_psnr_baseline_mean"]
                 series.setdefault(f"{key} {image}", [None] * len(labels))[labels.index(cell["defense"])] = gain
-    return bar_plot(labels, series, path, ylabel="PSNR over baseline (dB)",
-                    title="Leakage per defense: reconstruction PSNR minus the constant-image baseline")
+    return bar_plot(labels, series, path, ylabel="PSNR over baseline (dB)", xlabel="defense, weakest first",
+                    title="Leakage per defense: reconstruction PSNR minus the constant-image baseline",
+                    threshold=(IMAGE_LEAK_DB, f"the room shows from +{IMAGE_LEAK_DB:g} dB"))
+
+
+def _frame_gain(row: dict[str, Any]) -> float | None:
+    """One attacked update's largest image gain over its constant baseline (RGB or depth, dB)."""
+    m = row.get("metrics", {})
+    gains = [m[f"{im}_paper_psnr"] - m[f"{im}_paper_psnr_baseline"] for im in ("rgb", "depth")
+             if m.get(f"{im}_paper_psnr") is not None and m.get(f"{im}_paper_psnr_baseline") is not None]
+    return max(gains) if gains else None
+
+
+def chain_in_words(chain: str | None) -> str:
+    """What a client does to its update behind a defense chain, e.g. ``clip to norm 1, noise std 0.6``."""
+    from leaklab.fields import defense_steps
+
+    words = {"gaussian": "noise std {:.3g}", "laplace": "Laplace noise of scale {:.3g}", "clip": "clip to norm {:g}",
+             "prune": "drop each entry with probability {:g}", "topk": "drop the smallest {:g} of the entries"}
+    return ", ".join(words[name].format(value) for name, value in defense_steps(chain)) or "nothing"
 
 
 def verdicts(results: dict[str, Any]) -> list[list[Any]]:
-    """One row per defense, weakest first: the largest image gain over the constant baseline (and
-    where), the best mean box IoU, QGI's action accuracy, and a verdict in words naming what leaks
-    (:data:`IMAGE_LEAK_DB`, :data:`BOX_LEAK_IOU`, :data:`ACTION_LEAK`)."""
+    """One row per defense, weakest first: what the clients add, the largest image gain over the constant
+    baseline (and where), how many attacked updates show their room (an image at :data:`IMAGE_LEAK_DB`
+    or more over its own baseline), the best mean box IoU, QGI's action accuracy, and a verdict in words
+    naming what leaks (:data:`IMAGE_LEAK_DB`, :data:`BOX_LEAK_IOU`, :data:`ACTION_LEAK`)."""
     rows = []
     for label in results["summary"]["defenses"]:
         cells = [c for c in results["cells"] if c["defense"] == label]
         gains = [(s[f"{im}_psnr_mean"] - s[f"{im}_psnr_baseline_mean"], f"{c['algorithm'].upper()} {c['setting']} {im}")
                  for c in cells for im in ("rgb", "depth") if (s := c["summary"]).get(f"{im}_psnr_mean") is not None]
         gain, where = max(gains)
+        frames = [g for c in cells for r in c["samples"] if (g := _frame_gain(r)) is not None]
+        shown = f"{sum(g >= IMAGE_LEAK_DB for g in frames)} of {len(frames)}"
         iou = max(c["summary"]["iou_mean"] for c in cells)
         actions = [c["summary"]["action_accuracy"] for c in cells if c["algorithm"] == "qgi"]
         action = statistics.fmean(actions) if actions else None
-        rows.append([label, gain, where, iou, None if action is None else f"{100 * action:.0f}%",
-                     _verdict(gain, where, iou, action)])
+        rows.append([label, chain_in_words(cells[0].get("defense_chain")), gain, where, shown, iou,
+                     None if action is None else f"{100 * action:.0f}%", _verdict(gain, where, iou, action)])
     return rows
+
+
+def conclusion(rows: list[list[Any]]) -> str:
+    """The audit in one sentence, from :func:`verdicts`' rows (weakest defense first)."""
+    safe = [r[0] for r in rows if r[-1] == NOTHING_LEAKS]
+    leaky = [r for r in rows if r[-1] != NOTHING_LEAKS]
+    if not leaky:
+        return f"Nothing measured leaks behind any defense tested, {rows[0][0]} included."
+    last = leaky[-1]
+    sees = f"behind {last[0]} the update still {last[-1]}"
+    if not safe:
+        return f"Every defense tested leaks: {sees}."
+    return f"{safe[0]} is the weakest defense tested behind which nothing measured leaks; {sees}."
 
 
 def _verdict(gain: float, where: str, iou: float, action: float | None) -> str:
@@ -442,13 +475,19 @@ def _verdict(gain: float, where: str, iou: float, action: float | None) -> str:
     leaks = [f"the room ({where} {gain:+.1f} dB over the baseline)"] if gain >= IMAGE_LEAK_DB else []
     leaks += [f"the target's box (IoU {iou:.2f})"] if iou >= BOX_LEAK_IOU else []
     leaks += [f"the action ({100 * action:.0f}%)"] if action is not None and action >= ACTION_LEAK else []
-    return "leaks " + ", ".join(leaks) if leaks else "nothing measured leaks"
+    return "leaks " + ", ".join(leaks) if leaks else NOTHING_LEAKS
+
+
+NOTHING_LEAKS = "nothing measured leaks"
 
 
 def _glance_caption() -> str:
-    return (f"Image gain: reconstruction PSNR minus the constant-image baseline; the room leaks at "
-            f"{IMAGE_LEAK_DB:g} dB or more, the box at a mean IoU of {BOX_LEAK_IOU:g} or more, the action at an "
-            f"accuracy of {100 * ACTION_LEAK:.0f}% or more (chance: 1 in 7).")
+    return (f"Image gain: reconstruction PSNR minus the constant-image baseline (a mean over the cell's samples); "
+            f"the room leaks at {IMAGE_LEAK_DB:g} dB or more, and an attacked update shows its room when one of "
+            f"its images is {IMAGE_LEAK_DB:g} dB or more above its own baseline. The box leaks at a mean IoU of "
+            f"{BOX_LEAK_IOU:g} or more, the action at a QGI accuracy of {100 * ACTION_LEAK:.0f}% or more (chance: "
+            "1 in 7). RGI's action is left out of the verdict: a REINFORCE update whose return is 0 holds no "
+            "trace of the action, and under noise RGI's rule reads the noise; its per-attack tables show it.")
 
 
 def _effort_notice(iterations: int, after: str = "") -> str:
@@ -460,6 +499,34 @@ def _effort_notice(iterations: int, after: str = "") -> str:
             if iterations < full else "")
 
 
+def _cell_table(meta: dict[str, str], images: tuple[str, ...], labels: list[str], by: dict) -> Any:
+    """One attack's metrics under every defense: each image score beside its constant baseline, the
+    box, the action and the Q-value (QGI) or reward (RGI) error, and the time per sample."""
+    from leaklab.report.html import Table
+
+    names = {"rgb": "RGB", "depth": "depth"}
+    columns = ["defense"] + [f"{names[im]} {col}" for im in images for col in
+                             ("PSNR (dB)", "baseline (dB)", "SSIM", "SSIM baseline")]
+    qgi = meta["algorithm"] == "qgi"
+    columns += ["box IoU", "action", "target-Q error (%)" if qgi else "reward error (absolute)", "s per sample"]
+    rows = []
+    for label in labels:
+        cell = by[(meta["algorithm"], meta["setting"], meta["mode"], label)]
+        s = cell["summary"]
+        row = [label] + [s.get(f"{im}_{key}") for im in images for key in
+                         ("psnr_mean", "psnr_baseline_mean", "ssim_mean", "ssim_baseline_mean")]
+        error = s.get("q_target_err_mean" if qgi else "reward_abs_err_mean")
+        row += [s.get("iou_mean"), room_attack.action_share(s, cell["defense_chain"] is not None),
+                None if error is None else f"{error:.3g}", s.get("seconds_per_sample")]
+        rows.append(row)
+    return Table(columns=columns, rows=rows,
+                 caption="Baseline: a constant image at the true mean, what an attacker gets with no information; "
+                         "a PSNR well above it means the update shows the room (SSIM likewise). PSNR and SSIM on "
+                         "the Y channel (RGB) and on depth, with seed 000's normalisation (the reconstruction's "
+                         "brightest RGB pixel scaled to white). Means over the samples; the picture above gives "
+                         "each one's PSNR and, in brackets, its gain over its own baseline.")
+
+
 def _write_report(folder: Path, results: dict[str, Any], cells, defenses, truths, pictures) -> None:
     from leaklab.report.html import Figure, Section, Table, render_report
     from leaklab.report.plots import image_grid
@@ -467,9 +534,9 @@ def _write_report(folder: Path, results: dict[str, Any], cells, defenses, truths
     labels = [label for label, _ in defenses]
     plot = _leakage_plot(results, labels, folder / "figures" / "leakage_per_defense.png")
     by = {(c["algorithm"], c["setting"], c["mode"], c["defense"]): c for c in results["cells"]}
-    glance = Table(columns=["defense", "largest image gain (dB)", "where", "box IoU (best)", "action (QGI)",
-                            "verdict"], rows=verdicts(results),
-                   caption=_glance_caption())
+    glance = Table(columns=["defense", "what each client does", "largest image gain (dB)", "where",
+                            "updates showing their room", "box IoU (best)", "action (QGI)", "verdict"],
+                   rows=verdicts(results), caption=_glance_caption())
     sections = [Section(title="At a glance", tables=[glance])]
     for c, (meta, run_config) in enumerate(cells):
         rows = []
@@ -482,30 +549,13 @@ def _write_report(folder: Path, results: dict[str, Any], cells, defenses, truths
             for d, label in enumerate(labels):
                 rows.append((f"{image}, {label}", torch.cat([p[:, sl] for p in pictures[(c, d)]])))
                 cell = by[(meta["algorithm"], meta["setting"], meta["mode"], label)]
-                captions.append([f"{r['metrics'][f'{image}_paper_psnr']:.1f} dB"
-                                 for r in cell["samples"][:SHOWN_SAMPLES]])
+                captions.append([f"{m[f'{image}_paper_psnr']:.1f} dB "
+                                 f"({m[f'{image}_paper_psnr'] - m[f'{image}_paper_psnr_baseline']:+.1f})"
+                                 for m in (r["metrics"] for r in cell["samples"][:SHOWN_SAMPLES])])
         title = f"{meta['algorithm'].upper()} {meta['setting']} ({meta['mode']} mode)"
         slug = f"{meta['algorithm']}-{meta['setting']}-{meta['mode']}"
         grid = image_grid(rows, folder / "figures" / f"{slug}.png", captions=captions, max_cols=8, title=title)
-        table_rows = []
-        for label in labels:
-            cell = by[(meta["algorithm"], meta["setting"], meta["mode"], label)]
-            s = cell["summary"]
-            supervision = (f"{s['q_target_err_mean']:.3g} %" if s.get("q_target_err_mean") is not None
-                           else f"{s.get('reward_abs_err_mean', math.nan):.3g}")
-            table_rows.append([label, s.get("rgb_psnr_mean"), s.get("rgb_psnr_baseline_mean"), s.get("rgb_ssim_mean"),
-                               s.get("depth_psnr_mean"), s.get("depth_psnr_baseline_mean"), s.get("depth_ssim_mean"),
-                               s.get("iou_mean"), room_attack.action_share(s, cell["defense_chain"] is not None),
-                               supervision,
-                               s.get("seconds_per_sample")])
-        table = Table(columns=["defense", "RGB PSNR (dB)", "RGB baseline", "RGB SSIM", "depth PSNR (dB)",
-                               "depth baseline", "depth SSIM", "box IoU", "action",
-                               "target-Q error (%) or reward error (absolute)",
-                               "s per sample"],
-                      rows=table_rows,
-                      caption="Baseline: a constant image at the true mean, what an attacker gets with no "
-                              "information. PSNR well above it means the update shows the room. PSNR/SSIM on "
-                              "the Y channel (RGB) and on depth, with the paper's normalisation.")
+        table = _cell_table(meta, images, labels, by)
         what = ("a DQN client (MSE TD loss); QGI recovers the state, the action and the target Q-value"
                 if meta["algorithm"] == "qgi" else
                 "a REINFORCE client (with entropy bonus); RGI recovers the state, the action and the reward")
@@ -526,14 +576,20 @@ def _write_report(folder: Path, results: dict[str, Any], cells, defenses, truths
                            f"each; {plural(config['samples'], 'sample')} per cell from {plural(rooms, 'room')}"),
                ("seconds", results["summary"]["seconds"]),
                ("attacks resumed from an interrupted run", results["summary"]["resumed_attacks"])]
-    notice = _effort_notice(iterations[0], " --quick is a smoke test of the pipeline, not an audit.")
-    intro = ("Can an honest-but-curious federated-learning server see a robot's private room? Robots "
-             "training an active-perception policy in ViZDoom rooms share one gradient per step; the server "
-             "inverts it (seed 000: QGI for DQN, RGI for REINFORCE). Defenses: Gaussian noise on every "
-             "gradient entry, and one DP-SGD step (clip to norm 1, Gaussian noise calibrated to ε at "
-             "δ = 1e-5).")
+    notice = _effort_notice(iterations[0], " Rerun without --quick or --iterations for the audit's verdicts.")
+    intro = ("Can an honest-but-curious federated-learning server (one that follows the protocol but studies "
+             "what it receives) see a robot's private room? Robots training an active-perception policy in "
+             "ViZDoom rooms share one gradient per step; the server inverts it (seed 000, \"Your Room is not "
+             "Private\": QGI against DQN clients, RGI against REINFORCE clients). Defenses: Gaussian noise "
+             "on every gradient entry, and one DP-SGD step (clip to norm 1, then Gaussian noise calibrated to "
+             "ε at δ = 1e-5 for that one step: a training run of many steps spends a larger ε). "
+             "S1: the robot sees RGB, depth and the target's box; S2: depth and the box. Exact mode: "
+             "leaklab's attack, which reads every linear layer's input in closed form before it reconstructs "
+             "the images. Baseline: a constant image at the true mean, what an attacker with no information "
+             "scores; the gain over it is what the update gave away.")
+    lead = f"{conclusion(verdicts(results))} ({plural(config['samples'], 'sample')} per attack and defense.)"
     render_report(folder / REPORT_FILE, "leaklab audit: your room through federated RL updates",
-                  summary=summary, intro=intro, notice=notice,
+                  summary=summary, intro=intro, notice=notice, lead=lead,
                   figures=[Figure("Leakage per defense", plot, "bars: PSNR minus the constant-image "
                                   "baseline; at or below 0 the reconstruction shows nothing of the room")],
                   sections=sections)

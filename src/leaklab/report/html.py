@@ -13,6 +13,7 @@ mailed or archived on its own. Every string is HTML-escaped.
 from __future__ import annotations
 
 import base64
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -62,21 +63,28 @@ def _fmt(value: Any) -> str:
     return str(value)
 
 
+def _is_text(value: Any) -> bool:
+    """Whether a table cell is words (left-aligned) rather than a number, a share or a count."""
+    return isinstance(value, str) and not re.match(r"[-+]?\d", value)
+
+
 def _environment() -> jinja2.Environment:
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(_TEMPLATES)),
                              autoescape=jinja2.select_autoescape(["html"]),
                              undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
     env.filters["fmt"] = _fmt
+    env.tests["text"] = _is_text
     return env
 
 
 def render_report(path: Path | None, title: str, summary: list[tuple[str, Any]] | None = None,
                   figures: list[Figure] | None = None, sections: list[Section] | None = None,
-                  intro: str = "", notice: str = "") -> str:
-    """Render the report (``notice``: a highlighted caveat above everything else); with ``path`` also
-    write it (atomically). Returns the HTML."""
+                  intro: str = "", notice: str = "", lead: str = "") -> str:
+    """Render the report (``notice``: a highlighted caveat above everything else; ``lead``: the report's
+    conclusion in a sentence or two, in bold before the introduction); with ``path`` also write it
+    (atomically). Returns the HTML."""
     html = _environment().get_template("report.html").render(
-        title=title, notice=notice, intro=intro, summary=summary or [], figures=figures or [],
+        title=title, notice=notice, lead=lead, intro=intro, summary=summary or [], figures=figures or [],
         sections=sections or [])
     if path is not None:
         write_bytes(Path(path), html.encode("utf-8"))

@@ -79,7 +79,8 @@ def image_grid(rows: Sequence[tuple[str, torch.Tensor]], path: Path | None = Non
                     ax.set_xlabel(caption, fontsize=7)
     if title:
         fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
+    # keep the title's strip free: tight_layout alone lets the first row's images run into it
+    fig.tight_layout(rect=(0, 0, 1, 1 - 0.4 / fig.get_figheight()) if title else None)
     data = _to_png(fig)
     if path is not None:
         write_bytes(Path(path), data)
@@ -95,14 +96,20 @@ def _plain(label: str) -> str:
 
 def bar_plot(groups: Sequence[str], series: dict[str, Sequence[float | None]],
              path: Path | None = None, ylabel: str = "PSNR (dB)", title: str | None = None,
-             baselines: dict[str, float | None] | None = None) -> bytes:
+             baselines: dict[str, float | None] | None = None, xlabel: str | None = None,
+             threshold: tuple[float, str] | None = None) -> bytes:
     """Grouped bars: one group per entry of ``groups``, one bar per series (None leaves a gap).
 
-    ``baselines`` maps a series name to a reference value, drawn as a dashed line in its colour.
+    ``baselines`` maps a series name to a reference value, drawn as a dashed line in its colour;
+    ``threshold`` ``(value, label)`` is one grey dotted line for all. The figure is at most 11 inches
+    wide, so that a report page shows its text at a readable size.
     """
     k = max(1, len(series))
     width = 0.8 / k
-    fig, ax = plt.subplots(figsize=(max(4.0, 1.4 * len(groups) * max(1, k / 2) + 1.5), 3.2), dpi=100)
+    fig, ax = plt.subplots(figsize=(min(11.0, max(4.0, 1.4 * len(groups) * max(1, k / 2) + 1.5)),
+                                    3.2 if k <= 3 else 4.2), dpi=100)
+    if threshold is not None:
+        ax.axhline(threshold[0], color="0.45", linestyle=":", linewidth=1.2, label=_plain(threshold[1]))
     for j, (name, values) in enumerate(series.items()):
         xs = [g + (j - (k - 1) / 2) * width for g in range(len(groups))]
         heights = [float("nan") if v is None else float(v) for v in values]
@@ -118,9 +125,11 @@ def bar_plot(groups: Sequence[str], series: dict[str, Sequence[float | None]],
     ax.set_xticks(range(len(groups)))
     ax.set_xticklabels([_plain(g) for g in groups], fontsize=8)
     ax.set_ylabel(ylabel)
+    if xlabel:
+        ax.set_xlabel(xlabel)
     if title:
         ax.set_title(title, fontsize=10)
-    if len(series) > 1 or baselines:
+    if len(series) > 1 or baselines or threshold:
         ax.legend(fontsize=7, loc="best")
     ax.spines[["top", "right"]].set_visible(False)
     fig.tight_layout()
