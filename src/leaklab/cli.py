@@ -30,6 +30,7 @@ from leaklab.names import (ACCOUNTANT_NAMES, ARCH_NAMES, AUDIT_KIND_NAMES, AUDIT
                            POLICY_NAMES, RL_ALGORITHM_NAMES, ROOM_MODE_NAMES, SETTING_NAMES, UPDATE_NAMES)
 from leaklab.words import plural
 
+
 class _OneLineErrors(TyperGroup):
     """The top command group: a mistake click itself finds (an option missing or unknown, a value of the
     wrong type) is one ``error:`` line with exit code 2, as leaklab's own checks are, instead of a boxed
@@ -138,17 +139,13 @@ def _named(flag: str, names: tuple[str, ...], aliases: dict[str, str] | None = N
     return name
 
 
-def _defense_chain(flag: str = "--defense") -> Callable[[Any], Any]:
-    """A callback refusing a defense chain that does not parse (:func:`leaklab.fields.defense_steps`)."""
-
-    def check(value: Any) -> Any:
-        try:
-            defense_steps(value)
-        except LeaklabError as e:
-            _fail(f"invalid {flag} (got {value!r}): {e}")
-        return value
-
-    return check
+def _defense_chain(value: str | None) -> str | None:
+    """The ``--defense`` callback: refuses a chain that does not parse (:func:`leaklab.fields.defense_steps`)."""
+    try:
+        defense_steps(value)
+    except LeaklabError as e:
+        _fail(f"invalid --defense (got {value!r}): {e}")
+    return value
 
 
 def _some(flag: str) -> Callable[[Any], Any]:
@@ -357,7 +354,7 @@ DefenseOpt = Annotated[Optional[str], typer.Option("--defense",
                                                    help="defense chain, e.g. prune:0.5,gaussian:0.1 "
                                                         "(gaussian:σ laplace:b prune:p topk:p clip:c) "
                                                         "(default none)", rich_help_panel=CAPTURE,
-                                                   callback=_defense_chain())]
+                                                   callback=_defense_chain)]
 TrainOpt = Annotated[Optional[int], typer.Option("--train-steps", help="SGD steps on other images before "
                                                  "the round (default 0)", rich_help_panel=CAPTURE)]
 KnowsLabelsOpt = Annotated[Optional[bool], typer.Option("--knows-labels/--no-knows-labels",
@@ -558,7 +555,7 @@ TrainStepsOpt = Annotated[int, typer.Option("--train-steps", help="environment s
                                              "round (0: initialised network)")]
 RoomDefenseOpt = Annotated[Optional[str], typer.Option("--defense", help="defense chain the clients apply, "
                                                        "e.g. clip:1,gaussian:0.5 (default none)",
-                                                       callback=_defense_chain())]
+                                                       callback=_defense_chain)]
 
 
 def _room_attack(algorithm: str, setting: str, mode: str, arch: str, samples: int, layouts: str | None,

@@ -43,7 +43,7 @@ from leaklab.errors import LeaklabError
 from leaklab.experiments import ProgressFn, room_attack
 from leaklab.experiments.attack_journal import journal_beside
 from leaklab.experiments.image_attack import versions
-from leaklab.fields import Seed
+from leaklab.fields import Seed, defense_steps
 from leaklab.io import (AUDIT_FORMAT, CAPTURE_JSON, RESULTS_FILE, TRUTH_FILE, VIEW_FILE, atomic_dir, check_out,
                         read_json, write_json)
 from leaklab.metrics.rooms import matched_first
@@ -428,8 +428,6 @@ def _frame_gain(row: dict[str, Any]) -> float | None:
 
 def chain_in_words(chain: str | None) -> str:
     """What a client does to its update behind a defense chain, e.g. ``clip to norm 1, noise std 0.6``."""
-    from leaklab.fields import defense_steps
-
     words = {"gaussian": "noise std {:.3g}", "laplace": "Laplace noise of scale {:.3g}", "clip": "clip to norm {:g}",
              "prune": "drop each entry with probability {:g}", "topk": "drop the smallest {:g} of the entries"}
     return ", ".join(words[name].format(value) for name, value in defense_steps(chain)) or "nothing"
