@@ -335,7 +335,7 @@ def _write_cases_report(folder: Path, results: dict[str, Any], truths, pictures)
     from leaklab.report.plots import image_grid
 
     s, attack = results["summary"], results["attack"]
-    sections = []
+    sections, lead = [], ""
     if s["scored"]:
         gains = [(s[f"{im}_psnr_mean"] - s[f"{im}_psnr_baseline_mean"], im) for im in ("rgb", "depth")
                  if s.get(f"{im}_psnr_mean") is not None]
@@ -344,10 +344,14 @@ def _write_cases_report(folder: Path, results: dict[str, Any], truths, pictures)
         held = [r["metrics"]["action"] for r in results["cases"]
                 if "metrics" in r and all(r.get("action_identified", [True]))]
         action = statistics.fmean(held) if held else None
-        glance = Table(columns=["largest image gain (dB)", "where", "box IoU (mean)", "action", "verdict"],
-                       rows=[[gain, where, s["iou_mean"],
+        verdict = _verdict(gain, where, s["iou_mean"], action)
+        lead = (f"Over {plural(s['scored'], 'scored case')}, the saved updates give away "
+                f"{verdict.removeprefix('leaks ') if verdict != NOTHING_LEAKS else 'nothing measured'}.")
+        glance = Table(columns=["largest image gain (dB)", "where", "cases showing their room", "box IoU (mean)",
+                                "action", "verdict"],
+                       rows=[[gain, where, _leak_share(results["cases"]), s["iou_mean"],
                               None if action is None else f"{100 * action:.0f}% of {plural(len(held), 'case')}",
-                              _verdict(gain, where, s["iou_mean"], action)]],
+                              verdict]],
                        caption=_glance_caption() + " Over the scored cases; the action over those whose update "
                                                    "holds it (an RGI update with a return of 0 does not).")
         sections.append(Section(title="At a glance", tables=[glance]))
@@ -372,14 +376,14 @@ def _write_cases_report(folder: Path, results: dict[str, Any], truths, pictures)
         return "yes" if row["metrics"]["action"] == 1 else "no" if row["metrics"]["action"] == 0 else \
             f"{100 * row['metrics']['action']:.0f}%"
 
-    columns = ["case", "attack", "setting", "defense", "action", "action right", "box IoU", "depth PSNR (dB)",
-               "depth baseline", "depth SSIM", "RGB PSNR (dB)", "RGB baseline", "RGB SSIM", "s"]
+    scores = [f"{im}_paper_{key}" for im in ("depth", "rgb")
+              for key in ("psnr", "psnr_baseline", "ssim", "ssim_baseline")]
+    columns = ["case", "attack", "setting", "defense", "action", "action right", "box IoU",
+               *(f"{name} {col}" for name in ("depth", "RGB") for col in ("PSNR (dB)", "baseline (dB)", "SSIM",
+                                                                         "SSIM baseline")), "s"]
     table = Table(columns=columns, rows=[
         [r["case"], r["algorithm"].upper(), r["setting"], r["defense"] or "none", _action_text(r), right(r),
-         *(r.get("metrics", {}).get(k) for k in ("box_iou", "depth_paper_psnr", "depth_paper_psnr_baseline",
-                                                 "depth_paper_ssim", "rgb_paper_psnr", "rgb_paper_psnr_baseline",
-                                                 "rgb_paper_ssim")),
-         r["seconds"]] for r in results["cases"]],
+         *(r.get("metrics", {}).get(k) for k in ("box_iou", *scores)), r["seconds"]] for r in results["cases"]],
         caption="Metrics appear for cases whose truth.safetensors is present; PSNR/SSIM with the paper's "
                 "normalisation, baseline: a constant image at the true mean.")
     sections.append(Section(title="Cases", figures=figures, tables=[table]))
@@ -390,7 +394,7 @@ def _write_cases_report(folder: Path, results: dict[str, Any], truths, pictures)
                ("torch", results["versions"]["torch"]), ("seconds", s["seconds"]),
                ("attacks resumed from an interrupted run", s["resumed_attacks"])]
     render_report(folder / REPORT_FILE, "leaklab audit of saved room updates", summary=summary,
-                  notice=_effort_notice(attack["iterations"]),
+                  notice=_effort_notice(attack["iterations"]), lead=lead,
                   intro="Each saved client update was attacked from the server's files only (QGI for DQN "
                         "updates, RGI for REINFORCE updates).",
                   sections=sections)
@@ -444,8 +448,7 @@ def verdicts(results: dict[str, Any]) -> list[list[Any]]:
         gains = [(s[f"{im}_psnr_mean"] - s[f"{im}_psnr_baseline_mean"], f"{c['algorithm'].upper()} {c['setting']} {im}")
                  for c in cells for im in ("rgb", "depth") if (s := c["summary"]).get(f"{im}_psnr_mean") is not None]
         gain, where = max(gains)
-        frames = [g for c in cells for r in c["samples"] if (g := _frame_gain(r)) is not None]
-        shown = f"{sum(g >= IMAGE_LEAK_DB for g in frames)} of {len(frames)}"
+        shown = _leak_share([r for c in cells for r in c["samples"]])
         iou = max(c["summary"]["iou_mean"] for c in cells)
         actions = [c["summary"]["action_accuracy"] for c in cells if c["algorithm"] == "qgi"]
         action = statistics.fmean(actions) if actions else None
@@ -480,12 +483,17 @@ NOTHING_LEAKS = "nothing measured leaks"
 
 
 def _glance_caption() -> str:
-    return (f"Image gain: reconstruction PSNR minus the constant-image baseline (a mean over the cell's samples); "
+    return (f"Image gain: reconstruction PSNR minus the constant-image baseline (a mean over the samples); "
             f"the room leaks at {IMAGE_LEAK_DB:g} dB or more, and an attacked update shows its room when one of "
             f"its images is {IMAGE_LEAK_DB:g} dB or more above its own baseline. The box leaks at a mean IoU of "
-            f"{BOX_LEAK_IOU:g} or more, the action at a QGI accuracy of {100 * ACTION_LEAK:.0f}% or more (chance: "
-            "1 in 7). RGI's action is left out of the verdict: a REINFORCE update whose return is 0 holds no "
-            "trace of the action, and under noise RGI's rule reads the noise; its per-attack tables show it.")
+            f"{BOX_LEAK_IOU:g} or more, the action at an accuracy of {100 * ACTION_LEAK:.0f}% or more (chance: "
+            "1 in 7).")
+
+
+def _leak_share(rows: list[dict[str, Any]]) -> str:
+    """How many of the attacked updates ``rows`` show their room (:func:`_frame_gain`), as ``k of n``."""
+    gains = [g for r in rows if (g := _frame_gain(r)) is not None]
+    return f"{sum(g >= IMAGE_LEAK_DB for g in gains)} of {len(gains)}"
 
 
 def _effort_notice(iterations: int, after: str = "") -> str:
@@ -534,7 +542,10 @@ def _write_report(folder: Path, results: dict[str, Any], cells, defenses, truths
     by = {(c["algorithm"], c["setting"], c["mode"], c["defense"]): c for c in results["cells"]}
     glance = Table(columns=["defense", "what each client does", "largest image gain (dB)", "where",
                             "updates showing their room", "box IoU (best)", "action (QGI)", "verdict"],
-                   rows=verdicts(results), caption=_glance_caption())
+                   rows=verdicts(results),
+                   caption=_glance_caption() + " The action column is QGI's: RGI's is left out of the verdict, as a "
+                   "REINFORCE update whose return is 0 holds no trace of the action and under noise RGI's rule "
+                   "reads the noise; the per-attack tables show it.")
     sections = [Section(title="At a glance", tables=[glance])]
     for c, (meta, run_config) in enumerate(cells):
         rows = []
@@ -566,12 +577,13 @@ def _write_report(folder: Path, results: dict[str, Any], cells, defenses, truths
     config = results["config"]
     iterations = sorted({run_config.attack.iterations for _, run_config in cells})  # as asked (a no-signal
     # attack reports 0)
-    rooms = len(set(cells[0][1].layouts or ()))
+    rooms = sorted(set(cells[0][1].layouts or ()))
     summary = [("generated", time.strftime("%Y-%m-%d %H:%M:%S")), ("device", results["device"]),
                ("leaklab", results["versions"]["leaklab"]), ("torch", results["versions"]["torch"]),
                ("network", config["arch"]), ("seed", config["seed"]),
                ("attacks", f"{' and '.join(config['modes'])} mode, {'/'.join(map(str, iterations))} image iterations "
-                           f"each; {plural(config['samples'], 'sample')} per cell from {plural(rooms, 'room')}"),
+                           f"each; {plural(config['samples'], 'sample')} per cell from {plural(len(rooms), 'room')}"),
+               ("rooms", ", ".join(rooms)),
                ("seconds", results["summary"]["seconds"]),
                ("attacks resumed from an interrupted run", results["summary"]["resumed_attacks"])]
     notice = _effort_notice(iterations[0], " Rerun without --quick or --iterations for the audit's verdicts.")
