@@ -92,6 +92,29 @@ def test_paper_mode_rules_recover_the_action():
     assert rgi(rview, rupdate, cfg).action.tolist() == [2]
 
 
+def test_paper_target_q_rule_gives_the_target_from_the_true_last_input():
+    """IV-C2 on its own: with the last layer's true input, sign, norm ratio and Q̂ give the client's
+    target Q (the attack's error is then only stage 1's error in that input)."""
+    from leaklab.attacks.inversion.analytic import linear_input
+    from leaklab.attacks.rl.paper import last_layer_norm_ratio
+    from leaklab.attacks.rl.rules import dqn_target_paper
+
+    for q_target in (0.7, 5.0):  # Q̂ above and below the target: both signs of the error
+        view, update, truth = client()
+        net, g = view.model, update.tensors
+        last = f"head.{len(net.head) - 1}"
+        h = linear_input(g[f"{last}.weight"].double(), g[f"{last}.bias"].double()).unsqueeze(0)
+        a = truth["action"]
+        if q_target == 5.0:  # the same network and state, another target: rebuild the update
+            out = net(truth["images"], truth["box"])
+            grads = torch.autograd.grad(dqn_loss(out, a, torch.tensor([q_target])), list(net.parameters()))
+            g = {n: t for (n, _), t in zip(net.named_parameters(), grads)}
+        q_pred = truth["q_pred"].double()
+        ratio = last_layer_norm_ratio(net, g, h, a, 1)
+        q = dqn_target_paper(q_pred, g[f"{last}.bias"].double(), a, ratio)
+        assert torch.allclose(q, torch.tensor([q_target], dtype=torch.float64), atol=1e-5), (q, q_target)
+
+
 def test_rgi_paper_step1_reads_the_probabilities_off_the_last_layer():
     view, update, truth = client(loss="reinforce")
     rec = rgi(view, update, RoomAttackConfig(mode="paper", iterations=2, stage1_iterations=300))

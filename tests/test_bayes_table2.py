@@ -44,7 +44,7 @@ def test_quick_run_structure_and_resume(tmp_path):
             assert all(math.isfinite(v) and 0 < v < 100 for v in row.values())
             for attack in t2.ATTACKS:
                 cell = result["cells"]["digits"][defense][step][attack]
-                assert len(cell["psnr"]) == 1
+                assert len(cell["psnr"]) == 1 and row[attack] == round(cell["psnr"][0], 3)  # the table is the cells'
                 assert {"lr", "lr_decay", "beta_tv", "layer_weighting"} <= set(cell["hyperparameters"])
                 assert cell["tuning"]
                 assert result["paper"]["digits"][defense][step][attack] == cell["paper"]
@@ -107,3 +107,25 @@ def test_bayes_likelihood_prefers_the_true_image_under_pruning(noise):
         obs = [torch.stack([o, o]) for o in observed]
         nll = Objective("bayes", obs, chain)(simulated)
         assert nll[0] < nll[1], f"draw {draw}: -log p(g|x) {nll[0]:.2f} >= perturbed {nll[1]:.2f}"
+
+
+def test_acceptance_verdict_from_a_table():
+    """The Table 2 line (Bayes at least ACCEPT_MARGIN_DB ahead of the best other attack at step 0, under
+    both prune+noise defenses, on both datasets) computed from made-up rows: it holds at the margin, fails
+    just under it, and is not evaluated while a cell is missing."""
+    def table(gaps):
+        return {ds: {d: {"0": {"bayes": 20.0 + gaps.get((ds, d), 2.0), "l2": 20.0, "l1": 19.0, "cosine": 18.5}}
+                     for d in t2.ACCEPT_DEFENSES} for ds in t2.DATASETS}
+
+    def verdict(t):
+        return t2._acceptance(t, list(t2.DATASETS), [0], list(t2.ACCEPT_DEFENSES))
+
+    margin = t2.ACCEPT_MARGIN_DB
+    held = verdict(table({("photos", "prune+laplace"): margin}))
+    assert held["evaluated"] is True and held["holds"] is True
+    assert held["gaps_db"]["photos"]["prune+laplace"] == margin and held["gaps_db"]["digits"]["prune+gaussian"] == 2.0
+    failed = verdict(table({("digits", "prune+gaussian"): margin - 0.01}))
+    assert failed["evaluated"] is True and failed["holds"] is False
+    partial = table({})
+    del partial["photos"]["prune+gaussian"]
+    assert verdict(partial)["evaluated"] is False and verdict(partial)["holds"] is None

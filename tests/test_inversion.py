@@ -80,11 +80,27 @@ def test_same_seed_same_reconstruction():
     assert torch.equal(a.images, b.images)
 
 
-def test_restarts_keep_the_lowest_loss():
+def test_restarts_keep_the_lowest_loss(monkeypatch):
     view, upd, _ = case(model="convnet", width=4, size=16)
     single = [invert(view, upd, InversionConfig(iterations=10, seed=s))[0].loss for s in range(1)]
     best = invert(view, upd, InversionConfig(iterations=10, restarts=3))[0].loss
     assert best <= single[0] + 1e-6
+    # each update keeps its own lowest-loss restart, wherever it lies (a NaN loss never wins)
+    from leaklab.attacks.inversion import attack as attack_module
+    from leaklab.attacks.inversion.optimize import OptimisationResult
+
+    class Loop:  # the optimisation's result, with restart r's pixels all equal to r
+        def __init__(self, config, simulator, objective, labels, shape, *rest):
+            self.n, self.shape = len(labels), shape
+
+        def run(self, progress=None):
+            images = torch.arange(self.n, dtype=torch.float32).view(-1, 1, 1, 1, 1).expand(self.n, *self.shape) / 10
+            return OptimisationResult(images, torch.tensor([3.0, 1.0, 2.0, float("nan"), 5.0, 4.0]), 1, 1, 0.0)
+
+    monkeypatch.setattr(attack_module, "InversionLoop", Loop)
+    first, second = invert(view, [upd, upd], InversionConfig(iterations=1, restarts=3))
+    assert first.loss == 1.0 and first.images.unique().tolist() == [pytest.approx(0.1)]  # restart 1 of update 0
+    assert second.loss == 4.0 and second.images.unique().tolist() == [pytest.approx(0.5)]  # its restart 2 (index 5)
 
 
 def test_several_updates_attacked_together_match_one_by_one():

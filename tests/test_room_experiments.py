@@ -143,7 +143,11 @@ def test_quick_room_audit_writes_report_with_defenses(tmp_path):
     cells = {(c["algorithm"], c["defense"]) for c in res["cells"]}
     assert cells == {(a, d) for a in ("qgi", "rgi") for d in ("none", "gaussian σ=0.001", "DP-SGD ε=8")}
     dp = next(c for c in res["cells"] if c["defense"] == "DP-SGD ε=8")
-    assert dp["defense_chain"].startswith("clip:1,gaussian:")
+    # one DP-SGD release at epsilon 8: clip to 1, then the analytic Gaussian's sigma (about 0.600)
+    from leaklab.privacy.mechanisms import analytic_gaussian_sigma
+
+    sigma = dp["defense_chain"].removeprefix("clip:1,gaussian:")
+    assert sigma != dp["defense_chain"] and float(sigma) == pytest.approx(analytic_gaussian_sigma(8.0, 1e-5), rel=1e-5)
     clean = next(c for c in res["cells"] if c["defense"] == "none" and c["algorithm"] == "qgi")
     assert clean["summary"]["iou_min"] > 0.999
     assert (out / "figures" / "leakage_per_defense.png").read_bytes().startswith(PNG)
