@@ -36,7 +36,8 @@ def test_objective_values_and_gradients_match_their_formulas(name, weighting):
     for a, b in zip(torch.autograd.grad(got.sum(), sim), torch.autograd.grad(want.sum(), sim)):
         assert torch.allclose(a, b, rtol=1e-9, atol=1e-12)
     # identical updates: nothing to gain
-    assert torch.allclose(Objective(name, obs, parse_defense(None), weighting)(obs), torch.zeros(2, dtype=torch.float64), atol=1e-12)
+    same = Objective(name, obs, parse_defense(None), weighting)(obs)
+    assert torch.allclose(same, torch.zeros(2, dtype=torch.float64), atol=1e-12)
 
 
 def test_layer_weights_and_total_variation():
