@@ -27,6 +27,25 @@ def test_image_grid_rgb_grey_and_wrapping(tmp_path):
     assert image_grid([("faces", grey)], max_cols=4).startswith(PNG)
 
 
+def test_boxes_are_drawn_where_they_are_in_the_frame(monkeypatch):
+    """A box in [-1, 1] lands on the image's pixels (the whole frame: -0.5 to size - 0.5); an all-zero
+    box, the target out of view, draws nothing; image_grid draws a row's boxes on its images."""
+    from matplotlib.figure import Figure as MplFigure
+
+    from leaklab.report import plots
+
+    ax = MplFigure().subplots()
+    plots.draw_box(ax, torch.tensor([-1.0, -1.0, 1.0, 0.0]), 150)
+    plots.draw_box(ax, torch.zeros(4), 150)
+    (patch,) = ax.patches
+    assert (patch.get_x(), patch.get_y(), patch.get_width(), patch.get_height()) == (-0.5, -0.5, 150.0, 75.0)
+    drawn = []
+    monkeypatch.setattr(plots, "draw_box", lambda ax, box, size, color="lime": drawn.append((box.tolist(), size)))
+    images = torch.rand(2, 1, 8, 8)
+    plots.image_grid([("a", images), ("b", images)], boxes=[None, [torch.ones(4), -torch.ones(4)]])
+    assert drawn == [([1.0] * 4, 8), ([-1.0] * 4, 8)]
+
+
 def test_image_grid_rejects_ragged_rows():
     try:
         image_grid([("a", torch.rand(2, 1, 4, 4)), ("b", torch.rand(3, 1, 4, 4))])

@@ -46,7 +46,7 @@ from leaklab.experiments.image_attack import versions
 from leaklab.fields import Seed, defense_steps
 from leaklab.io import (AUDIT_FORMAT, CAPTURE_JSON, RESULTS_FILE, TRUTH_FILE, VIEW_FILE, atomic_dir, check_out,
                         read_json, write_json)
-from leaklab.metrics.rooms import matched_first
+from leaklab.metrics.rooms import first_match, matched_first
 from leaklab.models.perception import ArchName
 from leaklab.names import ROOM_ATTACK_NAMES, ROOM_MODE_NAMES, SETTING_NAMES
 from leaklab.privacy.dpsgd import noise_multiplier_for
@@ -161,6 +161,7 @@ def run(out: Path, config: AuditConfig, progress: ProgressFn | None = None) -> d
     rows: dict[tuple[int, int], list[dict[str, Any]]] = {}
     pictures: dict[tuple[int, int], list[torch.Tensor]] = {}
     truths: dict[int, list[torch.Tensor]] = {}
+    boxes: dict[tuple[int, int], list[torch.Tensor]] = {}  # the pictured samples' boxes; (c, -1): the truth
     seconds: dict[tuple[int, int], float] = {}
 
     def on_result(i: int, rec) -> None:
@@ -169,9 +170,12 @@ def run(out: Path, config: AuditConfig, progress: ProgressFn | None = None) -> d
         rows.setdefault((c, d), []).append(room_attack.score(sample, rec, setting))
         seconds[(c, d)] = seconds.get((c, d), 0.0) + rec.seconds
         if len(rows[(c, d)]) <= SHOWN_SAMPLES:  # results arrive in sample order
-            pictures.setdefault((c, d), []).append(matched_first(rec.images, sample.truth["images"]))
+            r = first_match(rec.images, sample.truth["images"])
+            pictures.setdefault((c, d), []).append(rec.images[r:r + 1].detach().float().clamp(0, 1))
+            boxes.setdefault((c, d), []).append(rec.box[r].detach().float())
             if d == 0:
                 truths.setdefault(c, []).append(sample.truth["images"][:1])
+                boxes.setdefault((c, -1), []).append(sample.truth["box"][0].float())
 
     with journal_beside(out, jobs, room_attack.task_progress(progress, "prepare", len(jobs))) as journal, \
             atomic_dir(out, AUDIT_FORMAT) as tmp:
@@ -191,7 +195,7 @@ def run(out: Path, config: AuditConfig, progress: ProgressFn | None = None) -> d
                                "resumed_attacks": resumed, "defenses": [label for label, _ in defenses]},
                    "cells": results_cells, "versions": versions(), "device": describe(torch.device(config.device))}
         write_json(tmp / RESULTS_FILE, results)
-        _write_report(tmp, results, cells, defenses, truths, pictures)
+        _write_report(tmp, results, cells, defenses, truths, pictures, boxes)
     return results
 
 
@@ -533,7 +537,7 @@ def _cell_table(meta: dict[str, str], images: tuple[str, ...], labels: list[str]
                          "each one's PSNR and, in brackets, its gain over its own baseline.")
 
 
-def _write_report(folder: Path, results: dict[str, Any], cells, defenses, truths, pictures) -> None:
+def _write_report(folder: Path, results: dict[str, Any], cells, defenses, truths, pictures, boxes) -> None:
     from leaklab.report.html import Figure, Section, Table, render_report
     from leaklab.report.plots import image_grid
 
@@ -550,27 +554,32 @@ def _write_report(folder: Path, results: dict[str, Any], cells, defenses, truths
     for c, (meta, run_config) in enumerate(cells):
         rows = []
         captions: list[list[str] | None] = []
+        row_boxes: list[list[torch.Tensor]] = []  # the true box on the originals, the recovered one below
         images = ("rgb", "depth") if run_config.setting == "S1" else ("depth",)
         for image in images:
             sl = slice(0, 3) if image == "rgb" else slice(-1, None)
             rows.append((f"{image} original", torch.cat([t[:, sl] for t in truths[c]])))
             captions.append(None)
+            row_boxes.append(boxes[(c, -1)])
             for d, label in enumerate(labels):
                 rows.append((f"{image}, {label}", torch.cat([p[:, sl] for p in pictures[(c, d)]])))
+                row_boxes.append(boxes[(c, d)])
                 cell = by[(meta["algorithm"], meta["setting"], meta["mode"], label)]
                 captions.append([f"{m[f'{image}_paper_psnr']:.1f} dB "
                                  f"({m[f'{image}_paper_psnr'] - m[f'{image}_paper_psnr_baseline']:+.1f})"
                                  for m in (r["metrics"] for r in cell["samples"][:SHOWN_SAMPLES])])
         title = f"{meta['algorithm'].upper()} {meta['setting']} ({meta['mode']} mode)"
         slug = f"{meta['algorithm']}-{meta['setting']}-{meta['mode']}"
-        grid = image_grid(rows, folder / "figures" / f"{slug}.png", captions=captions, max_cols=8, title=title)
+        grid = image_grid(rows, folder / "figures" / f"{slug}.png", captions=captions, max_cols=8, title=title,
+                          boxes=row_boxes)
         table = _cell_table(meta, images, labels, by)
         what = ("a DQN client (MSE TD loss); QGI recovers the state, the action and the target Q-value"
                 if meta["algorithm"] == "qgi" else
                 "a REINFORCE client (with entropy bonus); RGI recovers the state, the action and the reward")
         text = (f"{plural(run_config.samples, 'private transition')} from "
                 f"{plural(len(set(run_config.layouts or ())), 'room')}, each sent alone as the FedSGD gradient "
-                f"of {what}. Top: the originals; below, the server's reconstruction under each defense.")
+                f"of {what}. Top: the originals with the target's box; below, the server's reconstruction and "
+                f"recovered box under each defense.")
         shown = _shown(len(truths[c]), run_config.samples, "sample")
         sections.append(Section(title=title, text=text, figures=[Figure("Originals and reconstructions", grid, shown)],
                                 tables=[table]))

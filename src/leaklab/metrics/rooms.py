@@ -65,10 +65,15 @@ def room_metrics(rec, truth: Mapping[str, torch.Tensor], setting: str) -> dict[s
     return {key: fmean(m[key] for m in per_sample) for key in per_sample[0]}
 
 
+def first_match(rec_images: torch.Tensor, truth_images: torch.Tensor) -> int:
+    """The index of the reconstructed sample matched to the first true one (a batch has no order)."""
+    return int(match_order(rec_images.detach().float(), truth_images.float())[0]) if len(truth_images) > 1 else 0
+
+
 def matched_first(rec_images: torch.Tensor, truth_images: torch.Tensor) -> torch.Tensor:
     """The reconstructed image ``[1, C, H, W]`` (float, in [0, 1]) matched to the first true sample,
     the one a picture shows beside ``truth_images[:1]``."""
-    r = int(match_order(rec_images.detach().float(), truth_images.float())[0]) if len(truth_images) > 1 else 0
+    r = first_match(rec_images, truth_images)
     return rec_images[r:r + 1].detach().float().clamp(0, 1)
 
 

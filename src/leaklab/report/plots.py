@@ -1,7 +1,7 @@
 """Figures for results and reports (matplotlib, Agg backend: no display needed).
 
 * :func:`image_grid`: rows of images (e.g. originals above reconstructions), wrapped into blocks of
-  ``max_cols`` columns, with an optional caption under each image;
+  ``max_cols`` columns, with an optional caption under each image and a box drawn on it (:func:`draw_box`);
 * :func:`bar_plot`: grouped bars, e.g. mean PSNR per defense with the constant-image baseline;
 * :func:`spread_panels`: one panel per metric, each series' mean ± standard deviation with its samples.
 
@@ -21,6 +21,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import torch  # noqa: E402
+from matplotlib.patches import Rectangle  # noqa: E402
 
 from leaklab.io import write_bytes  # noqa: E402
 
@@ -44,11 +45,23 @@ def _show(ax, image: torch.Tensor) -> None:
         spine.set_visible(False)
 
 
+def draw_box(ax, box, size: int, color: str = "lime") -> None:
+    """Draw a target box ``(x1, y1, x2, y2)`` in [-1, 1] (seed 000's box, :mod:`leaklab.rl.envs`) on an
+    image of ``size`` pixels a side; an all-zero box (the target out of view) draws nothing."""
+    values = [float(v) for v in box]
+    if not any(values):
+        return
+    x1, y1, x2, y2 = ((v + 1) * size / 2 - 0.5 for v in values)
+    ax.add_patch(Rectangle((x1, y1), x2 - x1, y2 - y1, fill=False, edgecolor=color, linewidth=1.2))
+
+
 def image_grid(rows: Sequence[tuple[str, torch.Tensor]], path: Path | None = None,
                captions: Sequence[Sequence[str] | None] | None = None, max_cols: int = 8,
-               title: str | None = None, cell: float = 1.3) -> bytes:
+               title: str | None = None, cell: float = 1.3,
+               boxes: Sequence[Sequence[Sequence[float]] | None] | None = None) -> bytes:
     """A grid with one row per ``(name, images)`` entry (images (N, C, H, W) in [0, 1], same N in
-    every row); more than ``max_cols`` images wrap into further blocks of rows."""
+    every row); more than ``max_cols`` images wrap into further blocks of rows. ``boxes`` gives a row's
+    target box per image (:func:`draw_box`; None: no boxes in that row)."""
     if not rows:
         raise ValueError("image_grid needs at least one row")
     n = len(rows[0][1])
@@ -77,6 +90,8 @@ def image_grid(rows: Sequence[tuple[str, torch.Tensor]], path: Path | None = Non
                 caption = captions[r][i] if captions is not None and captions[r] else None
                 if caption:
                     ax.set_xlabel(caption, fontsize=7)
+                if boxes is not None and boxes[r] is not None:
+                    draw_box(ax, boxes[r][i], images.shape[-1])
     if title:
         fig.suptitle(title, fontsize=10)
     # keep the title's strip free: tight_layout alone lets the first row's images run into it

@@ -17,10 +17,10 @@ import numpy as np
 
 matplotlib.use("Agg")
 from matplotlib.figure import Figure  # noqa: E402
-from matplotlib.patches import Rectangle  # noqa: E402
 
 from leaklab.errors import LeaklabError  # noqa: E402
 from leaklab.io import check_png_out, write_bytes  # noqa: E402
+from leaklab.report.plots import draw_box  # noqa: E402
 from leaklab.rl.envs.active_perception import ActivePerceptionEnv  # noqa: E402
 from leaklab.rl.envs.layouts import LAYOUTS  # noqa: E402
 
@@ -76,9 +76,7 @@ def frame_sheet(out: Path, frames: Sequence[Frame]) -> Path:
         first = axes[row, col]
         first.set_title(frame.title, fontsize=7)
         if frame.box is not None:
-            size = np.asarray(frame.depth).shape[-1]
-            x1, y1, x2, y2 = (float(v + 1) * size / 2 - 0.5 for v in frame.box)
-            first.add_patch(Rectangle((x1, y1), x2 - x1, y2 - y1, fill=False, edgecolor="lime", linewidth=1.2))
+            draw_box(first, frame.box, np.asarray(frame.depth).shape[-1])
     fig.tight_layout()
     buf = io.BytesIO()
     fig.savefig(buf, format="png")
