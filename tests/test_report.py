@@ -61,10 +61,24 @@ def test_bar_plot_with_baselines_and_gaps():
     assert data.startswith(PNG)
 
 
-def test_bar_plot_labels_are_shown_as_written():
+def test_bar_plot_labels_are_shown_as_written(monkeypatch):
     # '$' pairs would be parsed as (here invalid) math, a leading '_' would hide the legend entry
+    from leaklab.report import plots
+
+    shown, real = {}, plots._to_png
+
+    def keep(fig):  # the figure's texts, read before it becomes a PNG
+        ax = fig.axes[0]
+        shown["ticks"] = [t.get_text() for t in ax.get_xticklabels()]
+        shown["legend"] = [t.get_text() for t in ax.get_legend().get_texts()]
+        return real(fig)
+
+    monkeypatch.setattr(plots, "_to_png", keep)
     data = bar_plot([r"bad $\frac$", "_hidden"], {r"cost $\frac$": [1.0, 2.0], "_private": [3.0, 4.0]})
     assert data.startswith(b"\x89PNG")
+    # drawn as typed: the dollar escaped (shown as '$'), the underscore kept behind a space
+    assert shown["ticks"] == [r"bad \$\frac\$", " _hidden"]
+    assert shown["legend"] == [r"cost \$\frac\$", " _private"]
 
 
 def test_spread_panels_skips_what_it_cannot_draw(tmp_path):
@@ -121,9 +135,14 @@ def test_quick_image_audit_writes_report_and_results(tmp_path):
     defenses = {s["defense"] for s in res["settings"]}
     assert defenses == {"none", "gaussian:0.01", "prune:0.5,gaussian:0.01"}
     assert {s["dataset"] for s in res["settings"]} == {"photos", "faces"}
-    for setting in res["settings"]:
-        assert setting["summary"]["psnr_mean"] is not None
-        assert setting["summary"]["psnr_baseline_mean"] is not None
+    for setting in res["settings"]:  # each summary is its samples' mean, and the report's plot shows it
+        rows = setting["samples"]
+        assert setting["summary"]["psnr_mean"] == pytest.approx(sum(r["psnr"] for r in rows) / len(rows))
+        assert setting["summary"]["psnr_baseline_mean"] == pytest.approx(
+            sum(r["psnr_baseline"] for r in rows) / len(rows))
+        key = next(k for k in res["summary"]["psnr_mean"] if k.startswith(setting["scenario"])
+                   and k.endswith(setting["defense"]))
+        assert res["summary"]["psnr_mean"][key] == pytest.approx(setting["summary"]["psnr_mean"])
         assert (out / setting["case"] / "view.json").exists()
     for name in ("photos.png", "faces.png", "psnr_per_defense.png"):
         assert (out / "figures" / name).read_bytes().startswith(PNG)
