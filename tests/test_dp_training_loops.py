@@ -65,6 +65,17 @@ def test_privacy_off_gives_the_numbers_of_before():
                            local_batch_size=4)
     assert update.privacy is None
     assert float(sum(t.sum() for t in update.tensors.values())) == pytest.approx(0.20403285324573517, rel=1e-6)
+    # and independently of any recording: plain SGD, mini-batches of 4 in order, cycling over the 8 images
+    net = build_model(spec, seed=0)
+    start = {n: p.detach().clone() for n, p in net.named_parameters()}
+    sgd = torch.optim.SGD(net.parameters(), lr=0.1)
+    for step in range(3):
+        idx = torch.arange(4 * step, 4 * step + 4) % 8
+        sgd.zero_grad()
+        F.cross_entropy(net(batch.images[idx]), batch.labels[idx]).backward()
+        sgd.step()
+    for name, p in net.named_parameters():
+        assert torch.allclose(update.tensors[name], p.detach() - start[name], atol=1e-7), name
 
 
 def test_private_dqn_reports_the_accountants_epsilon_and_reruns_identically():
