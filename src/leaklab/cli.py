@@ -48,7 +48,7 @@ class _OneLineErrors(TyperGroup):
         except click.ClickException as e:
             message = e.format_message().rstrip(".")
             where = f" (see {e.ctx.command_path} --help)" if getattr(e, "ctx", None) is not None else ""
-            typer.echo(f"error: {' '.join((message[:1].lower() + message[1:]).split())}{where}", err=True)
+            typer.echo(_error_line(message[:1].lower() + message[1:] + where), err=True)
             sys.exit(2)
         except click.Abort:
             typer.echo("error: aborted", err=True)
@@ -98,9 +98,13 @@ def _validation_line(error: ValidationError, field: bool = False) -> str:
     return f"invalid {name}{shown}: {msg}"
 
 
+def _error_line(message: str) -> str:
+    """A user mistake as the one line the CLI prints: ``error: ...``, on one line whatever the message."""
+    return "error: " + " ".join(str(message).split())
+
+
 def _fail(message: str) -> None:
-    line = " ".join(str(message).split())
-    typer.echo(f"error: {line}", err=True)
+    typer.echo(_error_line(message), err=True)
     raise typer.Exit(2)
 
 

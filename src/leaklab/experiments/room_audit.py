@@ -46,7 +46,7 @@ from leaklab.experiments.image_attack import versions
 from leaklab.fields import Seed, defense_steps
 from leaklab.io import (AUDIT_FORMAT, CAPTURE_JSON, RESULTS_FILE, TRUTH_FILE, VIEW_FILE, atomic_dir, check_out,
                         read_json, write_json)
-from leaklab.metrics.rooms import first_match, matched_first
+from leaklab.metrics.rooms import first_match
 from leaklab.models.perception import ArchName
 from leaklab.names import ROOM_ATTACK_NAMES, ROOM_MODE_NAMES, SETTING_NAMES
 from leaklab.privacy.dpsgd import noise_multiplier_for
@@ -59,6 +59,7 @@ IMAGE_LEAK_DB = 3.0  # verdict: images leak when their PSNR beats the no-informa
 BOX_LEAK_IOU = 0.5  # verdict: the target's box leaks at this mean IoU (the usual detection threshold)
 ACTION_LEAK = 0.5  # verdict: QGI's action leaks at this accuracy (chance: 1 in 7)
 SHOWN_SAMPLES = 16  # the report pictures a cell's (or the cases') first samples; results.json has every row
+Picture = tuple[torch.Tensor, torch.Tensor]  # a pictured state: its images [1, C, H, W] and the target's box [4]
 
 
 def dpsgd_defense(epsilon: float, clip: float = DP_CLIP, delta: float = DP_DELTA) -> str:
@@ -159,9 +160,8 @@ def run(out: Path, config: AuditConfig, progress: ProgressFn | None = None) -> d
 
     jobs = room_attack.JobList(len(where), make_job)
     rows: dict[tuple[int, int], list[dict[str, Any]]] = {}
-    pictures: dict[tuple[int, int], list[torch.Tensor]] = {}
-    truths: dict[int, list[torch.Tensor]] = {}
-    boxes: dict[tuple[int, int], list[torch.Tensor]] = {}  # the pictured samples' boxes; (c, -1): the truth
+    pictures: dict[tuple[int, int], list[Picture]] = {}
+    truths: dict[int, list[Picture]] = {}
     seconds: dict[tuple[int, int], float] = {}
 
     def on_result(i: int, rec) -> None:
@@ -170,12 +170,9 @@ def run(out: Path, config: AuditConfig, progress: ProgressFn | None = None) -> d
         rows.setdefault((c, d), []).append(room_attack.score(sample, rec, setting))
         seconds[(c, d)] = seconds.get((c, d), 0.0) + rec.seconds
         if len(rows[(c, d)]) <= SHOWN_SAMPLES:  # results arrive in sample order
-            r = first_match(rec.images, sample.truth["images"])
-            pictures.setdefault((c, d), []).append(rec.images[r:r + 1].detach().float().clamp(0, 1))
-            boxes.setdefault((c, d), []).append(rec.box[r].detach().float())
+            pictures.setdefault((c, d), []).append(_picture(rec, sample.truth))
             if d == 0:
-                truths.setdefault(c, []).append(sample.truth["images"][:1])
-                boxes.setdefault((c, -1), []).append(sample.truth["box"][0].float())
+                truths.setdefault(c, []).append(_true_picture(sample.truth))
 
     with journal_beside(out, jobs, room_attack.task_progress(progress, "prepare", len(jobs))) as journal, \
             atomic_dir(out, AUDIT_FORMAT) as tmp:
@@ -195,7 +192,7 @@ def run(out: Path, config: AuditConfig, progress: ProgressFn | None = None) -> d
                                "resumed_attacks": resumed, "defenses": [label for label, _ in defenses]},
                    "cells": results_cells, "versions": versions(), "device": describe(torch.device(config.device))}
         write_json(tmp / RESULTS_FILE, results)
-        _write_report(tmp, results, cells, defenses, truths, pictures, boxes)
+        _write_report(tmp, results, cells, defenses, truths, pictures)
     return results
 
 
@@ -267,8 +264,8 @@ def run_cases(out: Path, cases_dir: Path, attack: RoomAttackConfig, workers: int
             scored = room_attack.score(sample, rec, case.view.spec.setting)
             row.update(metrics=scored["metrics"], layouts=scored["layouts"], batch_size=scored["batch_size"])
             if len(truths) < SHOWN_SAMPLES:  # every channel: S1 (RGB, depth), S2 (depth)
-                truths.append(truth["images"][:1])
-                pictures.append(matched_first(rec.images, truth["images"]))
+                truths.append(_true_picture(truth))
+                pictures.append(_picture(rec, truth))
         rows.append(row)
 
     with journal_beside(out, jobs) as journal, atomic_dir(out, AUDIT_FORMAT, inputs=[cases_dir]) as tmp:
@@ -361,16 +358,18 @@ def _write_cases_report(folder: Path, results: dict[str, Any], truths, pictures)
         sections.append(Section(title="At a glance", tables=[glance]))
     figures = []
     if truths:
-        grid = image_grid([("depth original", torch.cat([t[:, -1:] for t in truths])),
-                           ("depth reconstructed", torch.cat([p[:, -1:] for p in pictures]))],
-                          folder / "figures" / "cases.png", max_cols=8, title="Saved cases (depth)")
+        grid = image_grid([("depth original", torch.cat([t[:, -1:] for t, _ in truths])),
+                           ("depth reconstructed", torch.cat([p[:, -1:] for p, _ in pictures]))],
+                          boxes=[[b for _, b in truths], [b for _, b in pictures]],
+                          path=folder / "figures" / "cases.png", max_cols=8, title="Saved cases (depth)")
         figures.append(Figure("Originals and reconstructions (depth)", grid,
                               _shown(len(truths), s["scored"], "scored case")))
-    rgb = [(t[:, :3], p[:, :3]) for t, p in zip(truths, pictures) if t.shape[1] == 4]  # the S1 cases
+    rgb = [(t, p) for t, p in zip(truths, pictures) if t[0].shape[1] == 4]  # the S1 cases
     if rgb:
-        grid = image_grid([("RGB original", torch.cat([t for t, _ in rgb])),
-                           ("RGB reconstructed", torch.cat([p for _, p in rgb]))],
-                          folder / "figures" / "cases_rgb.png", max_cols=8, title="Saved cases (RGB)")
+        grid = image_grid([("RGB original", torch.cat([t[:, :3] for (t, _), _ in rgb])),
+                           ("RGB reconstructed", torch.cat([p[:, :3] for _, (p, _) in rgb]))],
+                          boxes=[[b for (_, b), _ in rgb], [b for _, (_, b) in rgb]],
+                          path=folder / "figures" / "cases_rgb.png", max_cols=8, title="Saved cases (RGB)")
         figures.append(Figure("Originals and reconstructions (RGB)", grid,
                               f"the {plural(len(rgb), 'S1 case')} among the pictured ones"))
 
@@ -402,6 +401,17 @@ def _write_cases_report(folder: Path, results: dict[str, Any], truths, pictures)
                   intro="Each saved client update was attacked from the server's files only (QGI for DQN "
                         "updates, RGI for REINFORCE updates).",
                   sections=sections)
+
+
+def _true_picture(truth: dict[str, torch.Tensor]) -> Picture:
+    """The first true state of an update as the reports picture it, with its box."""
+    return truth["images"][:1], truth["box"][0].float()
+
+
+def _picture(rec, truth: dict[str, torch.Tensor]) -> Picture:
+    """The reconstruction matched to the first true state (a batch has no order), with its recovered box."""
+    r = first_match(rec.images, truth["images"])
+    return rec.images[r:r + 1].detach().float().clamp(0, 1), rec.box[r].detach().float()
 
 
 def _shown(pictured: int, total: int, what: str) -> str:
@@ -537,7 +547,7 @@ def _cell_table(meta: dict[str, str], images: tuple[str, ...], labels: list[str]
                          "each one's PSNR and, in brackets, its gain over its own baseline.")
 
 
-def _write_report(folder: Path, results: dict[str, Any], cells, defenses, truths, pictures, boxes) -> None:
+def _write_report(folder: Path, results: dict[str, Any], cells, defenses, truths, pictures) -> None:
     from leaklab.report.html import Figure, Section, Table, render_report
     from leaklab.report.plots import image_grid
 
@@ -554,16 +564,16 @@ def _write_report(folder: Path, results: dict[str, Any], cells, defenses, truths
     for c, (meta, run_config) in enumerate(cells):
         rows = []
         captions: list[list[str] | None] = []
-        row_boxes: list[list[torch.Tensor]] = []  # the true box on the originals, the recovered one below
+        boxes: list[list[torch.Tensor]] = []  # the true box on the originals, the recovered one below
         images = ("rgb", "depth") if run_config.setting == "S1" else ("depth",)
         for image in images:
             sl = slice(0, 3) if image == "rgb" else slice(-1, None)
-            rows.append((f"{image} original", torch.cat([t[:, sl] for t in truths[c]])))
+            rows.append((f"{image} original", torch.cat([t[:, sl] for t, _ in truths[c]])))
             captions.append(None)
-            row_boxes.append(boxes[(c, -1)])
+            boxes.append([b for _, b in truths[c]])
             for d, label in enumerate(labels):
-                rows.append((f"{image}, {label}", torch.cat([p[:, sl] for p in pictures[(c, d)]])))
-                row_boxes.append(boxes[(c, d)])
+                rows.append((f"{image}, {label}", torch.cat([p[:, sl] for p, _ in pictures[(c, d)]])))
+                boxes.append([b for _, b in pictures[(c, d)]])
                 cell = by[(meta["algorithm"], meta["setting"], meta["mode"], label)]
                 captions.append([f"{m[f'{image}_paper_psnr']:.1f} dB "
                                  f"({m[f'{image}_paper_psnr'] - m[f'{image}_paper_psnr_baseline']:+.1f})"
@@ -571,7 +581,7 @@ def _write_report(folder: Path, results: dict[str, Any], cells, defenses, truths
         title = f"{meta['algorithm'].upper()} {meta['setting']} ({meta['mode']} mode)"
         slug = f"{meta['algorithm']}-{meta['setting']}-{meta['mode']}"
         grid = image_grid(rows, folder / "figures" / f"{slug}.png", captions=captions, max_cols=8, title=title,
-                          boxes=row_boxes)
+                          boxes=boxes)
         table = _cell_table(meta, images, labels, by)
         what = ("a DQN client (MSE TD loss); QGI recovers the state, the action and the target Q-value"
                 if meta["algorithm"] == "qgi" else

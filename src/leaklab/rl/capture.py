@@ -345,5 +345,5 @@ def _sheet_frames(names: Sequence[str], rounds: Sequence[ClientRound], setting: 
             reward = f"return {t.ret:.2f}" if reinforce else f"reward {t.reward:.2f}"
             frames.append(Frame(f"{label} {t.layout}\naction {t.action}, {reward}",
                                 t.rgb.numpy() if setting == "S1" else None, t.depth.numpy(),
-                                t.box.numpy() if bool(t.box.any()) else None))
+                                t.box.numpy()))
     return frames[:SHEET_FRAMES]

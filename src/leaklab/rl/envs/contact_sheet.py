@@ -47,7 +47,7 @@ def contact_sheet(out: Path, layouts: Sequence[str] | None = None, seed: int = 0
 @dataclass(frozen=True)
 class Frame:
     """One state for a sheet: its title, RGB ``[3, S, S]`` (None: not shown), depth ``[1, S, S]`` in
-    [0, 1], and the target's box in [-1, 1] (None: not in view)."""
+    [0, 1], and the target's box in [-1, 1] (None or all zero: not in view, nothing drawn)."""
 
     title: str
     rgb: np.ndarray | None
