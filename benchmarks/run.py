@@ -32,7 +32,6 @@ records the thread count and the load average before and after.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -50,6 +49,7 @@ from leaklab.data import load_images
 from leaklab.device import default_device, describe, processor
 from leaklab.experiments.inversion_checks import IG_CONFIG
 from leaklab.fl import fedsgd_update
+from leaklab.io import write_json
 from leaklab.models import ModelSpec, build_model
 from leaklab.threat import make_view
 
@@ -62,12 +62,6 @@ def _load() -> list[float] | None:
         return [round(v, 2) for v in os.getloadavg()]
     except OSError:
         return None
-
-
-def _write(path: Path, data: dict) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2) + "\n")
-    tmp.replace(path)
 
 
 def _case(instances: int, width: int, image_size: int, seed: int = 0):
@@ -182,9 +176,9 @@ def inversion_speed(out: Path, quick: bool, precisions: list[str], iterations: i
             "speedup": together / apart}
         log(f"batched {precision}: {together:.2f} vs one after another {apart:.2f} "
             f"instance-it/s ({together / apart:.2f}x)")
-        _write(out / "inversion_speed.json", {**result, "load_average_after": _load()})
+        write_json(out / "inversion_speed.json", {**result, "load_average_after": _load()})
     result["load_average_after"] = _load()
-    _write(out / "inversion_speed.json", result)
+    write_json(out / "inversion_speed.json", result)
     return result
 
 
@@ -214,7 +208,7 @@ def room_speed(out: Path, quick: bool, samples: int, log) -> dict:
         log(f"rooms {setting}: {60 * samples / wall:.2f} samples/min ({workers} processes; "
             f"{sum(seconds) / len(seconds):.1f} s per sample in the attack loop)")
     result["load_average_after"] = _load()
-    _write(out / "room_speed.json", result)
+    write_json(out / "room_speed.json", result)
     return result
 
 

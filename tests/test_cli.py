@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import typer
 from typer.testing import CliRunner
 
 from leaklab.cli import app
@@ -173,6 +174,20 @@ def test_help_version_and_bad_names_do_not_load_torch(tmp_path):
         value = args[args.index(flag) + 1]
         got = value if flag not in ("--seed", "--image-seed") else int(value)
         assert_user_error(invoke(*args), out, f"invalid {flag} (got {got!r})", need)
+
+
+def test_a_named_choice_takes_any_case_and_passes_on_the_name_as_listed():
+    """Every closed-list option is a ``_choice``: ``s1``, ``Nature``, ``Randomized_Response`` and the alias
+    ``rr`` are read as the names the configurations know (``S1``, ``nature``, ``randomized-response``)."""
+    from leaklab.cli import _choice
+    from leaklab.names import ARCH_NAMES, MECHANISM_ALIASES, MECHANISM_NAMES, SETTING_NAMES
+
+    assert [_choice("--setting", SETTING_NAMES).callback(v) for v in ("s1", "S2", None)] == ["S1", "S2", None]
+    assert _choice("--arch", ARCH_NAMES).callback("Nature") == "nature"
+    mechanism = _choice("--mechanism", MECHANISM_NAMES, aliases=MECHANISM_ALIASES).callback
+    assert [mechanism(v) for v in ("Randomized_Response", "RR")] == ["randomized-response"] * 2
+    with pytest.raises(typer.Exit):
+        _choice("--setting", SETTING_NAMES).callback("S3")
 
 
 def test_mistakes_click_finds_are_one_line_too(tmp_path):

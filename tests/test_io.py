@@ -12,8 +12,8 @@ import torch
 from leaklab.errors import LeaklabError
 from leaklab.experiments.capture import CaptureConfig, capture, write
 from leaklab.io import (AUDIT_FORMAT, BAYES_TABLE2_FORMAT, REPRODUCTION_FORMAT, ROOM_ATTACK_FORMAT, UPDATE_FILE,
-                        UPDATE_JSON, VIEW_FILE, VIEW_FORMAT, atomic_dir, check_out, load_case, load_tensors, load_truth,
-                        make_out_dir, new_run_dir, read_config, read_json, save_tensors, write_json)
+                        UPDATE_JSON, VIEW_FILE, VIEW_FORMAT, atomic_dir, check_out, json_line, load_case, load_tensors,
+                        load_truth, make_out_dir, new_run_dir, read_config, read_json, save_tensors, write_json)
 
 torch.set_num_threads(1)
 
@@ -83,6 +83,8 @@ def test_checksum_detects_a_flipped_byte(tmp_path):
 def test_json_round_trip_and_errors(tmp_path):
     write_json(tmp_path / "r.json", {"x": float("nan"), "t": torch.tensor([1.5]), "p": Path("a")})
     assert read_json(tmp_path / "r.json") == {"x": None, "t": [1.5], "p": "a"}
+    # a line of samples.jsonl is strict JSON too: an infinite % error (a true Q of 0) is null, not Infinity
+    assert json_line({"q_err": float("inf"), "t": torch.tensor(2.5)}) == '{"q_err": null, "t": 2.5}\n'
     (tmp_path / "bad.json").write_text("{not json")
     with pytest.raises(LeaklabError, match="not valid JSON"):
         read_json(tmp_path / "bad.json")

@@ -121,26 +121,25 @@ def _checked(flag: str, ok: Callable[[Any], bool], need: str) -> Callable[[Any],
     return check
 
 
-def _choice(flag: str, names: tuple[str, ...], help: str = "", **kwargs: Any) -> Any:
-    """A ``flag`` option taking one of ``names`` (its help: the names, then ``help``)."""
-    return typer.Option(flag, callback=_checked(flag, lambda v: v in names, "choose " + " | ".join(names)),
-                        help=" | ".join(names) + (f" {help}" if help else ""), **kwargs)
-
-
-def _named(flag: str, names: tuple[str, ...], aliases: dict[str, str] | None = None) -> Callable[[Any], Any]:
-    """A callback taking one of ``names`` in any case, ``_`` for ``-``, or an alias of one, and passing on
-    the name itself (``--mechanism Randomized_Response`` and ``rr`` give ``randomized-response``)."""
+def _choice(flag: str, names: tuple[str, ...], help: str = "", aliases: dict[str, str] | None = None,
+            **kwargs: Any) -> Any:
+    """A ``flag`` option taking one of ``names`` (its help: the names, then ``help``) in any case, ``_`` for
+    ``-``, or an alias of one; it passes on the name as spelled in ``names`` (``--setting s1`` gives
+    ``S1``, ``--mechanism Randomized_Response`` and ``rr`` give ``randomized-response``)."""
+    spelled = {_name_key(n): n for n in names} | {_name_key(a): n for a, n in (aliases or {}).items()}
 
     def name(value: Any) -> Any:
         if value is None:
             return value
-        key = str(value).lower().replace("_", "-")
-        key = (aliases or {}).get(key, key)
-        if key not in names:
+        if _name_key(value) not in spelled:
             _fail(f"invalid {flag} (got {value!r}): choose {' | '.join(names)}")
-        return key
+        return spelled[_name_key(value)]
 
-    return name
+    return typer.Option(flag, callback=name, help=" | ".join(names) + (f" {help}" if help else ""), **kwargs)
+
+
+def _name_key(value: Any) -> str:
+    return str(value).lower().replace("_", "-")
 
 
 def _defense_chain(value: str | None) -> str | None:
@@ -1028,8 +1027,8 @@ def mechanisms_account_dpsgd(
     sigma: Annotated[float, typer.Option("--sigma", help="noise multiplier: noise std / clipping norm")],
     steps: Annotated[int, typer.Option("--steps", help="DP-SGD steps")],
     delta: Annotated[float, typer.Option("--delta", help="target delta, in (0, 1)")] = 1e-5,
-    accountant: Annotated[str, typer.Option("--accountant", help="rdp | prv (opacus) | pld (dp-accounting)",
-                                            callback=_named("--accountant", ACCOUNTANT_NAMES))] = "prv",
+    accountant: Annotated[str, _choice("--accountant", ACCOUNTANT_NAMES,
+                                       "(rdp, prv: opacus' accountants; pld: dp-accounting's)")] = "prv",
     as_json: JsonOpt = False,
 ) -> None:
     """Epsilon spent by DP-SGD (Poisson-subsampled Gaussian mechanism, composed over the steps)."""
@@ -1048,9 +1047,7 @@ def mechanisms_account_dpsgd(
 @mechanisms_app.command("audit")
 @_guard
 def mechanisms_audit(
-    mechanism: Annotated[str, typer.Option("--mechanism", help=" | ".join((*MECHANISM_NAMES, "dpsgd")),
-                                           callback=_named("--mechanism", (*MECHANISM_NAMES, "dpsgd"),
-                                                           MECHANISM_ALIASES))],
+    mechanism: Annotated[str, _choice("--mechanism", (*MECHANISM_NAMES, "dpsgd"), aliases=MECHANISM_ALIASES)],
     epsilon: Annotated[Optional[float], typer.Option("--epsilon", help="claimed epsilon (not for dirichlet, "
                                                      "whose follows from --k ..., nor dpsgd, from --q ...)")] = None,
     delta: Annotated[Optional[float], typer.Option("--delta", help="claimed delta (gaussian 1e-5, "

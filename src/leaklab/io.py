@@ -126,6 +126,11 @@ def dumps_json(data: Any) -> str:
     return json.dumps(_clean(data), indent=2, allow_nan=False) + "\n"
 
 
+def json_line(data: Any) -> str:
+    """``data`` as one line of JSON (NaN/Inf become null), for the files that grow a line per result."""
+    return json.dumps(_clean(data), allow_nan=False) + "\n"
+
+
 def write_json(path: Path, data: Any) -> None:
     """Write ``data`` as indented JSON (NaN/Inf become null); the file appears complete or not at all."""
     write_bytes(Path(path), dumps_json(data).encode())

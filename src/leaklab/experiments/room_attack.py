@@ -17,7 +17,6 @@ interrupted command attacks only what is left.
 from __future__ import annotations
 
 import functools
-import json
 import math
 import multiprocessing
 import os
@@ -41,8 +40,8 @@ from leaklab.experiments import ProgressFn
 from leaklab.experiments.attack_journal import AttackJournal, journal_beside
 from leaklab.experiments.image_attack import versions
 from leaklab.fields import DefenseOption, Seed
-from leaklab.io import (RECONSTRUCTIONS_FILE, RESULTS_FILE, ROOM_ATTACK_FORMAT, atomic_dir, check_out, save_tensors,
-                        write_json)
+from leaklab.io import (RECONSTRUCTIONS_FILE, RESULTS_FILE, ROOM_ATTACK_FORMAT, atomic_dir, check_out, json_line,
+                        save_tensors, write_json)
 from leaklab.metrics.rooms import matched_first, room_metrics
 from leaklab.models import PerceptionSpec
 from leaklab.models.perception import ArchName, architecture_digest
@@ -467,7 +466,7 @@ def run(config: RoomRunConfig, out: Path, progress: ProgressFn | None = None) ->
             rows.append(row)
             recovered.append(rec)
             seconds_attacking[0] += rec.seconds
-            log.write(json.dumps(row) + "\n")
+            log.write(json_line(row))
             log.flush()
             if len(truths) < GRID_SAMPLES:
                 truths.append(sample.truth["images"][:1])

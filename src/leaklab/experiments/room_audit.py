@@ -73,7 +73,7 @@ class AuditConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     algorithms: tuple[Literal[ROOM_ATTACK_NAMES], ...] = ("qgi", "rgi")
-    settings: tuple[Literal[SETTING_NAMES], ...] = ("S2", "S1")
+    settings: tuple[Literal[SETTING_NAMES], ...] = ("S1", "S2")
     modes: tuple[Literal[ROOM_MODE_NAMES], ...] = ("exact",)
     arch: ArchName = "small"
     samples: int = Field(default=3, ge=1)
