@@ -29,7 +29,8 @@ from leaklab.attacks.rl.config import RoomAttackConfig
 from leaklab.attacks.rl.exact import exact_streams, feature_error
 from leaklab.attacks.rl.images import coupled_tv, gaussian_start
 from leaklab.attacks.rl.optim import adam
-from leaklab.experiments.room_attack import RoomRunConfig, capture_samples, layouts_arg
+from leaklab.experiments.room_attack import RoomRunConfig, capture_samples
+from leaklab.rl.envs.layouts import layouts_arg
 from leaklab.metrics.image import constant_baseline, psnr
 from leaklab.models.perception import build_perception_net
 

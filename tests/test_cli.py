@@ -157,6 +157,8 @@ def test_help_version_and_bad_names_do_not_load_torch(tmp_path):
            ("reproduce", "bayes-table2", "--quick", "--seed", "-1", *o): "from 0 to 4294967295",
            ("mechanisms", "audit", "--mechanism", "laplace", "--seed", "-1"): "from 0",
            ("capture", "--image-seed", "4294967296", *o): "from 0", ("env", "contact-sheet", "--seed", "-3"): "from 0",
+           ("attack", "qgi", "--layouts", "e1m1-stalactite,nowhere", *o): "unknown room layout 'nowhere'",
+           ("env", "contact-sheet", "--layouts", "99", *o): "there are 17 layouts",
            ("attack", "qgi", "--device", "tpu", *o): "cpu or cuda[:N]", ("audit", "--device", "cuda:x", *o): "cuda[:N]",
            ("attack", "rgi", "--defense", "clip:1,gauss:2", *o): "unknown defense 'gauss'",
            ("capture", "--defense", "prune:1", *o): "out of range",
@@ -456,11 +458,11 @@ def test_an_attacks_output_given_as_a_case_points_to_its_case(tmp_path):
 
 def test_a_room_named_twice_is_refused():
     from leaklab.errors import LeaklabError
-    from leaklab.experiments.room_attack import layouts_arg
+    from leaklab.rl.envs.layouts import layouts_arg
 
-    assert layouts_arg("e1m1-stalactite, map01-hangar") == ("e1m1-stalactite", "map01-hangar")
-    with pytest.raises(LeaklabError, match="names e1m1-stalactite more than once"):
-        layouts_arg("e1m1-stalactite,map01-hangar,e1m1-stalactite")
+    assert layouts_arg("e1m1-stalactite, e1m3-column") == ("e1m1-stalactite", "e1m3-column")
+    with pytest.raises(LeaklabError, match="name e1m1-stalactite more than once"):
+        layouts_arg("e1m1-stalactite,e1m3-column,e1m1-stalactite")
 
 
 def test_monte_carlo_points_that_cannot_act_are_refused(case, tmp_path):

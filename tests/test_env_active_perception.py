@@ -139,7 +139,7 @@ def test_gymnasium_make_builds_the_env_at_another_image_size():
 
 
 def test_bad_arguments_raise_leaklab_errors(env):
-    with pytest.raises(LeaklabError, match="unknown layout"):
+    with pytest.raises(LeaklabError, match="unknown room layout"):
         ActivePerceptionEnv(layout="kitchen")
     with pytest.raises(LeaklabError, match="image_size"):
         ActivePerceptionEnv(layout=LAYOUT, image_size=1000)

@@ -12,7 +12,8 @@ from typer.testing import CliRunner
 
 from leaklab.cli import app
 from leaklab.errors import LeaklabError
-from leaklab.experiments.room_attack import SUMMARY_KEYS, layouts_arg
+from leaklab.experiments.room_attack import SUMMARY_KEYS
+from leaklab.rl.envs.layouts import layouts_arg
 from leaklab.rl.capture import RoomCaptureConfig, capture_rooms
 from leaklab.models import PerceptionSpec
 
@@ -70,7 +71,7 @@ def test_attack_qgi_writes_the_results_contract(tmp_path):
     # the reconstructions themselves, re-scored: the rows' metrics come back from the saved tensors
     from leaklab.io import load_tensors
     from leaklab.metrics.image import psnr
-    from leaklab.experiments.room_attack import RoomRunConfig, capture_samples, layouts_arg
+    from leaklab.experiments.room_attack import RoomRunConfig, capture_samples
 
     recs, meta = load_tensors(out / "reconstructions.safetensors", "reconstructions")
     assert meta["format"] == "leaklab.room_reconstructions"
@@ -95,7 +96,7 @@ def test_attack_rgi_reports_the_reward_error_and_is_deterministic(tmp_path):
 
 @pytest.mark.parametrize("args, words", [
     (["--setting", "S3"], ["--setting"]),
-    (["--layouts", "nowhere"], ["unknown layout", "nowhere"]),
+    (["--layouts", "nowhere"], ["unknown room layout", "nowhere"]),
     (["--layouts", "99"], ["--layouts 99"]),
     (["--layouts", "-1"], ["--layouts -1", "give 1 to"]),
     (["--layouts", "--1"], ["--1"]),
@@ -397,7 +398,9 @@ def test_env_contact_sheet(tmp_path):
 
 def test_layouts_argument_and_summary_keys():
     assert len(layouts_arg("3")) == 3 and layouts_arg(None) is None
-    assert layouts_arg("a, b") == ("a", "b")
+    assert layouts_arg("e1m3-column, e1m1-stalactite") == ("e1m3-column", "e1m1-stalactite")
+    with pytest.raises(LeaklabError, match="unknown room layout 'b'"):
+        layouts_arg("e1m3-column, b")
     assert {"rgb_psnr_mean", "depth_psnr_mean", "iou_mean", "action_accuracy"} <= set(SUMMARY_KEYS)
 
 

@@ -151,6 +151,19 @@ def _defense_chain(value: str | None) -> str | None:
     return value
 
 
+def _layouts(value: str | None) -> str | None:
+    """The ``--layouts`` callback: refuses an empty list, a count out of range and an unknown or repeated
+    room (:func:`leaklab.rl.envs.layouts.layouts_arg`); the room table loads without torch or ViZDoom."""
+    _some("--layouts")(value)
+    from leaklab.rl.envs.layouts import layouts_arg
+
+    try:
+        layouts_arg(value)
+    except LeaklabError as e:
+        _fail(f"invalid --layouts (got {value!r}): {e}")
+    return value
+
+
 def _some(flag: str) -> Callable[[Any], Any]:
     """A callback refusing a list option given only empty values (``--cells ''``, ``--defenses ';'``),
     which would otherwise select everything, the longest run."""
@@ -546,7 +559,7 @@ SamplesOpt = Annotated[int, typer.Option("--samples", help="client updates, each
                                                              "transitions")]
 LayoutsOpt = Annotated[Optional[str], typer.Option("--layouts", help="client rooms: a count (the first N) "
                                                    "or comma-separated names (default all)",
-                                                   callback=_some("--layouts"))]
+                                                   callback=_layouts)]
 IterationsOpt = Annotated[Optional[int], typer.Option("--iterations", help="image-stage iterations "
                                                       "(default 2000; exact mode's layerwise stage needs "
                                                       "1000, its images are poor under 500)")]
@@ -567,12 +580,13 @@ def _room_attack(algorithm: str, setting: str, mode: str, arch: str, samples: in
     from leaklab.attacks.rl import RoomAttackConfig
     from leaklab.device import require_device
     from leaklab.experiments import room_attack
+    from leaklab.rl.envs.layouts import layouts_arg
 
     require_device(device)  # before the configs: one plain line for a bad name
     attack = RoomAttackConfig(mode=mode, seed=seed, layerwise=layerwise,
                               **({"iterations": iterations} if iterations is not None else {}))
     config = room_attack.RoomRunConfig(algorithm=algorithm, setting=setting, arch=arch, samples=samples,
-                                       layouts=room_attack.layouts_arg(layouts), batch_size=batch_size,
+                                       layouts=layouts_arg(layouts), batch_size=batch_size,
                                        train_steps=train_steps, defense=defense, attack=attack,
                                        workers=workers, device=device, seed=seed)
     with _progress() as progress:
@@ -647,7 +661,7 @@ def env_contact_sheet(
     seed: Annotated[int, _seed_opt("start poses")] = 0,
 ) -> None:
     """Every room layout of the active-perception environment: RGB with the target box, and depth."""
-    from leaklab.experiments.room_attack import layouts_arg
+    from leaklab.rl.envs.layouts import layouts_arg
     from leaklab.rl.envs.contact_sheet import contact_sheet
 
     path = contact_sheet(out, layouts_arg(layouts), seed=seed)
@@ -679,7 +693,8 @@ def env_capture(
     """Capture robots' federated updates in their rooms as case folders for `leaklab audit --cases`.
 
     Each folder holds what the server sees of one round and, apart, the client's truth."""
-    from leaklab.experiments.room_attack import layouts_arg, task_progress
+    from leaklab.experiments.room_attack import task_progress
+    from leaklab.rl.envs.layouts import layouts_arg
     from leaklab.models import PerceptionSpec
     from leaklab.rl.capture import RoomCaptureConfig, capture_rooms
 
@@ -798,7 +813,7 @@ def reproduce_room_table1(
 ) -> None:
     """Seed 000 Table I: QGI and RGI in S1 and S2 on the ViZDoom rooms, beside the paper's numbers."""
     from leaklab.experiments import room_tables
-    from leaklab.experiments.room_attack import layouts_arg
+    from leaklab.rl.envs.layouts import layouts_arg
 
     chosen = layouts_arg(layouts)
     _room_table("room-table1", out, update_docs, samples, lambda o, p: room_tables.table1(
@@ -821,7 +836,7 @@ def reproduce_room_table2(
 
     The joint row runs stage 1's steps plus --iterations in one stage: the separate rows' total."""
     from leaklab.experiments import room_tables
-    from leaklab.experiments.room_attack import layouts_arg
+    from leaklab.rl.envs.layouts import layouts_arg
 
     chosen = layouts_arg(layouts)
     _room_table("room-table2", out, update_docs, samples, lambda o, p: room_tables.table2(

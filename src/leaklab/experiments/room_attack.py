@@ -20,7 +20,6 @@ import functools
 import math
 import multiprocessing
 import os
-import re
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -47,7 +46,7 @@ from leaklab.models import PerceptionSpec
 from leaklab.models.perception import ArchName, architecture_digest
 from leaklab.names import ROOM_ATTACK_NAMES, SETTING_NAMES
 from leaklab.rl.capture import RoomCaptureConfig, client_rounds, defended
-from leaklab.rl.envs import LAYOUTS
+from leaklab.rl.envs.layouts import check_layouts
 from leaklab.threat import ClientUpdate, make_view
 
 SAMPLES_FILE = "samples.jsonl"
@@ -96,13 +95,7 @@ class RoomRunConfig(BaseModel):
     @field_validator("layouts")
     @classmethod
     def _known_layouts(cls, value: tuple[str, ...] | None) -> tuple[str, ...] | None:
-        if value is not None:
-            unknown = [v for v in value if v not in LAYOUTS]
-            if unknown:
-                raise ValueError(f"unknown layout {unknown[0]!r}; choose from {', '.join(LAYOUTS)}")
-            if not value:
-                raise ValueError("give at least one layout")
-        return value
+        return check_layouts(value)
 
     @model_validator(mode="after")
     def _paper_rgi_reads_one_sample(self) -> "RoomRunConfig":
@@ -114,22 +107,6 @@ class RoomRunConfig(BaseModel):
     @property
     def spec(self) -> PerceptionSpec:
         return PerceptionSpec(setting=self.setting, arch=self.arch)
-
-
-def layouts_arg(value: str | None) -> tuple[str, ...] | None:
-    """``--layouts``: a count (the first N layouts) or comma-separated names; None: all."""
-    if value in (None, ""):
-        return None
-    if re.fullmatch(r"[+-]?[0-9]+", value.strip()):  # a count, not a room's name
-        count = int(value)
-        if not 1 <= count <= len(LAYOUTS):
-            raise LeaklabError(f"--layouts {count}: there are {len(LAYOUTS)} layouts; give 1 to {len(LAYOUTS)}")
-        return tuple(LAYOUTS)[:count]
-    names = tuple(v.strip() for v in value.split(",") if v.strip())
-    twice = sorted({n for n in names if names.count(n) > 1})
-    if twice:
-        raise LeaklabError(f"--layouts names {', '.join(twice)} more than once; name each room once")
-    return names
 
 
 @dataclass

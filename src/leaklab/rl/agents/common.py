@@ -20,24 +20,10 @@ from leaklab.errors import LeaklabError
 from leaklab.fields import Seed
 from leaklab.models import PerceptionNet, PerceptionSpec, stack_images
 from leaklab.privacy.dpsgd import DPConfig
+from leaklab.rl.envs.layouts import LAYOUTS, check_layouts
 
 # progress(done_steps, total_steps, stats) after every episode; stats has "episode", "return", "layout"
 ProgressFn = Callable[[int, int, dict[str, Any]], None]
-
-
-def check_layouts(layouts: tuple[str, ...] | None) -> tuple[str, ...]:
-    """``layouts`` or every layout of the environment; an unknown name is a :class:`LeaklabError`."""
-    from leaklab.rl.envs import LAYOUTS
-
-    known = tuple(LAYOUTS)
-    if layouts is None:
-        return known
-    if not layouts:
-        raise LeaklabError("layouts is empty; name at least one room layout or leave it unset for all")
-    unknown = [name for name in layouts if name not in known]
-    if unknown:
-        raise LeaklabError(f"unknown room layout {unknown[0]!r}; choose from {', '.join(known)}")
-    return tuple(layouts)
 
 
 class AgentConfig(BaseModel):
@@ -57,10 +43,8 @@ class AgentConfig(BaseModel):
 
     @field_validator("layouts")
     @classmethod
-    def _nonempty(cls, value: tuple[str, ...] | None) -> tuple[str, ...] | None:
-        if value is not None and not value:
-            raise ValueError("name at least one room layout, or leave layouts unset for all")
-        return value
+    def _known_layouts(cls, value: tuple[str, ...] | None) -> tuple[str, ...] | None:
+        return check_layouts(value)
 
 
 def check_net(net: PerceptionNet, spec: PerceptionSpec) -> PerceptionNet:
@@ -75,7 +59,7 @@ class Rooms:
     """One environment per layout, created on first use and kept for the run."""
 
     def __init__(self, layouts: tuple[str, ...] | None, image_size: int, max_steps: int):
-        self.layouts = check_layouts(layouts)
+        self.layouts = check_layouts(layouts) or tuple(LAYOUTS)
         self.image_size, self.max_steps = image_size, max_steps
         self._envs: dict[str, Any] = {}
 

@@ -51,7 +51,7 @@ import vizdoom as vzd
 from gymnasium import spaces
 
 from leaklab.errors import LeaklabError
-from leaklab.rl.envs.layouts import LAYOUTS, Layout
+from leaklab.rl.envs.layouts import LAYOUTS, Layout, check_layouts
 
 ACTIONS = ("forward", "backward", "strafe_left", "strafe_right", "turn_left", "turn_right", "stay")
 
@@ -176,8 +176,7 @@ class ActivePerceptionEnv(gym.Env):
     metadata = {"render_modes": []}
 
     def __init__(self, layout: str, image_size: int = 150, max_steps: int = 50):
-        if layout not in LAYOUTS:
-            raise LeaklabError(f"unknown layout {layout!r}; use one of {', '.join(LAYOUTS)}")
+        check_layouts((layout,))
         if not isinstance(image_size, int) or not 32 <= image_size <= 480:
             raise LeaklabError(f"image_size must be an integer in [32, 480], got {image_size!r}")
         if not isinstance(max_steps, int) or max_steps < 1:

@@ -9,7 +9,10 @@ above 70 of 255 when facing the target) and for being reachable: the room around
 open enough to sample start poses that see it.
 """
 
+import re
 from dataclasses import dataclass
+
+from leaklab.errors import LeaklabError
 
 
 @dataclass(frozen=True)
@@ -46,3 +49,33 @@ LAYOUTS: dict[str, Layout] = {
         Layout("map23-tech-lamp", "freedoom2.wad", "MAP23", "TechLamp", 596, 3692),
     )
 }
+
+
+def check_layouts(names: tuple[str, ...] | None) -> tuple[str, ...] | None:
+    """``names`` as a tuple if each is a layout, named once; None (every layout) stays None. An empty
+    tuple, an unknown or a repeated name is a :class:`LeaklabError`."""
+    if names is None:
+        return None
+    names = tuple(names)
+    if not names:
+        raise LeaklabError("no room layout named; name at least one, or leave the layouts unset for all")
+    unknown = [name for name in names if name not in LAYOUTS]
+    if unknown:
+        raise LeaklabError(f"unknown room layout {unknown[0]!r}; choose from {', '.join(LAYOUTS)}")
+    twice = sorted({name for name in names if names.count(name) > 1})
+    if twice:
+        raise LeaklabError(f"the layouts name {', '.join(twice)} more than once; name each room once")
+    return names
+
+
+def layouts_arg(value: str | None) -> tuple[str, ...] | None:
+    """``--layouts``: a count (the first N layouts) or comma-separated names (:func:`check_layouts`);
+    None or empty: every layout (None)."""
+    if value in (None, ""):
+        return None
+    if re.fullmatch(r"[+-]?[0-9]+", value.strip()):  # a count, not a room's name
+        count = int(value)
+        if not 1 <= count <= len(LAYOUTS):
+            raise LeaklabError(f"--layouts {count}: there are {len(LAYOUTS)} layouts; give 1 to {len(LAYOUTS)}")
+        return tuple(LAYOUTS)[:count]
+    return check_layouts(tuple(v.strip() for v in value.split(",") if v.strip()))
