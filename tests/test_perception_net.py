@@ -182,11 +182,41 @@ class ExtraAxis(Good):
 class Doubled(Good):
     def forward(self, images, box):
         return 2 * super().forward(images, box)
+
+
+class InFloat64(Good):
+    def __init__(self, spec):
+        super().__init__(spec)
+        self.double()
+
+    def forward(self, images, box):
+        return super().forward(images.double(), box.double())
+
+
+class NormedHead(Good):
+    def __init__(self, spec):
+        super().__init__(spec)
+        self.head.insert(1, nn.BatchNorm1d(16))
+
+
+class FailsWhenTraining(Good):
+    def forward(self, images, box):
+        if self.training and len(images) == 1:
+            raise ValueError("needs a batch")
+        return super().forward(images, box)
+
+
+class NormedConv(Good):
+    def __init__(self, spec):
+        super().__init__(spec)
+        self.conv.insert(1, nn.BatchNorm2d(2))
 """
 
 
 @pytest.mark.parametrize("name, words", [("ThreeActions", "7 outputs (got 4 and 3)"), ("TwoBoxInputs", "got 2 and"),
-                                         ("ExtraAxis", "(2, 7, 1)"), ("Doubled", "is not head(cat(")])
+                                         ("ExtraAxis", "(2, 7, 1)"), ("Doubled", "is not head(cat("),
+                                         ("InFloat64", "has float64 parameters"), ("NormedHead", "BatchNorm in head.1"),
+                                         ("FailsWhenTraining", "one state in train mode")])
 def test_a_user_class_is_checked_against_the_spec_before_any_work(tmp_path, monkeypatch, name, words):
     """Such classes passed the module-name check and failed later, with a traceback, after the episodes
     were played (or after the attacks ran)."""
@@ -200,6 +230,14 @@ def test_a_user_class_is_checked_against_the_spec_before_any_work(tmp_path, monk
     assert all(m.training for m in net.modules())  # each module back in its own mode
     with pytest.raises(LeaklabError, match=re.escape(words)):
         build_perception_net(PerceptionSpec(), model_class=f"user_nets:{name}")
+
+
+def test_batchnorm_in_conv_is_accepted_and_the_checks_leave_its_statistics(tmp_path, monkeypatch):
+    (tmp_path / "user_nets.py").write_text(_USER_NETS)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    net = build_perception_net(PerceptionSpec(), seed=5, model_class="user_nets:NormedConv")
+    norm = net.conv[1]
+    assert norm.num_batches_tracked == 0 and torch.equal(norm.running_mean, torch.zeros(2))
 
 
 def test_room_truth_out_of_range_is_refused():

@@ -28,6 +28,7 @@ differ: ``conv.depth.0`` against ``conv.0``).
 
 from __future__ import annotations
 
+import copy
 import functools
 import hashlib
 import importlib
@@ -160,6 +161,16 @@ def check_contract(net: nn.Module, where: str) -> nn.Module:
         raise LeaklabError(f"{where} does not follow the perception-network contract (modules conv "
                            "from images to flat features, box starting with Linear, head of Linear "
                            "layers; see leaklab.models.perception)")
+    dtypes = sorted({str(p.dtype).removeprefix("torch.") for p in net.parameters()} - {"float32"})
+    if dtypes:
+        raise LeaklabError(f"{where} has {dtypes[0]} parameters; the room attacks work in float32, so build "
+                           "the network in float32 (a float64 model file is cast when it loads)")
+    mixing = [name for branch in ("box", "head") for name, m in getattr(net, branch).named_modules(prefix=branch)
+              if isinstance(m, nn.modules.batchnorm._BatchNorm)]
+    if mixing:
+        raise LeaklabError(f"{where} has BatchNorm in {mixing[0]}: batch statistics tie an update's transitions "
+                           "together, which the attacks' closed forms for the linear layers do not model; "
+                           "leave BatchNorm out of box and head (conv may have it)")
     return net
 
 
@@ -213,7 +224,8 @@ def check_forward(net: nn.Module, spec: PerceptionSpec, where: str) -> None:
     """Raise :class:`LeaklabError` unless ``net`` computes what the room attacks assume for ``spec``:
     ``box.0`` takes the box, ``conv`` gives ``[B, F]`` flat features with F the conv part of
     ``head.0``'s inputs, and the output, ``[B, num_actions]``, is ``head(cat(conv(images), box(box)))``.
-    Checked on one batch of two random states, in eval mode, without touching the global generator."""
+    Checked on one batch of two random states in eval mode, and on one state in train mode (as a client
+    computes its update) on a copy, without touching the global generator."""
     if net.box[0].in_features != spec.box_dim or net.head[-1].out_features != spec.num_actions:
         raise LeaklabError(f"{where}: box.0 must take the {spec.box_dim}-d box and the last head layer give "
                            f"{spec.num_actions} outputs (got {net.box[0].in_features} and "
@@ -235,6 +247,12 @@ def check_forward(net: nn.Module, spec: PerceptionSpec, where: str) -> None:
     finally:
         for m, training in modes:
             m.training = training
+    try:
+        with torch.no_grad(), torch.random.fork_rng(devices=[]):
+            copy.deepcopy(net).train()(images[:1], box[:1])  # a copy: BatchNorm's running statistics stay
+    except Exception as e:
+        raise LeaklabError(f"{where}: a forward pass of one state in train mode, as a client computes a "
+                           f"single-sample update, failed ({type(e).__name__}: {e})") from None
     if tuple(features.shape) != (2, conv_feature_count(net)):
         raise LeaklabError(f"{where}: conv gives features of shape {tuple(features.shape)} for two states; "
                            f"head.0 expects (2, {conv_feature_count(net)})")
