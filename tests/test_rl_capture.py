@@ -68,6 +68,15 @@ def test_room_case_round_trip(tmp_path, setting, algorithm, batch):
     loaded, provenance = load_room_truth(tmp_path / "case", case)
     assert _same(loaded, truth) and provenance == {"layouts": [t.layout for t in trs]}
     assert "truth" not in json.dumps(read_json(tmp_path / "case" / "view.json"))
+    # a truth written by a user's own exporter may carry no header; one naming another format is refused
+    from safetensors.torch import save_file
+
+    save_file({k: v.contiguous() for k, v in truth.items()}, str(tmp_path / "case" / "truth.safetensors"))
+    assert _same(load_room_truth(tmp_path / "case", case)[0], truth)
+    save_file({k: v.contiguous() for k, v in truth.items()}, str(tmp_path / "case" / "truth.safetensors"),
+              metadata={"format": "leaklab.results"})
+    with pytest.raises(LeaklabError, match="names the format 'leaklab.results'"):
+        load_room_truth(tmp_path / "case", case)
 
 
 def test_room_case_refuses_bad_input(tmp_path):

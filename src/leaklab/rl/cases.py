@@ -127,8 +127,9 @@ def load_room_truth(folder: Path, case: RoomCase | None = None,
     tensors are checked against the case's network and update."""
     path = member_file(Path(folder), None, TRUTH_FILE, Path(folder))
     tensors, meta = load_tensors(path, "truth")
-    if meta.get("format") != TRUTH_FORMAT:
-        raise LeaklabError(f"{path} is not the truth of a room case (format {meta.get('format')!r})")
+    if meta.get("format", TRUTH_FORMAT) != TRUTH_FORMAT:  # a file of its own exporter may name none
+        raise LeaklabError(f"{path} is not the truth of a room case: its header names the format "
+                           f"{meta['format']!r}, a room truth's is {TRUTH_FORMAT!r} (or none)")
     if case is not None:
         check_room_truth(tensors, case.view.spec, case.view.metadata, where=str(path))
     provenance = truth_provenance(meta, path)
