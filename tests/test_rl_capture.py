@@ -84,9 +84,11 @@ def test_room_case_refuses_bad_input(tmp_path):
     net = build_perception_net(spec, seed=0)
     trs = collect_transitions(ROOMS[:1], 1, spec, seed=0, max_episode_steps=8)
     update, truth = dqn_client_update(net, target_copy(net), trs)
-    with pytest.raises(LeaklabError, match="missing tensors"):
+    with pytest.raises(LeaklabError, match=r"missing tensors \['q_target'\]; the truth of a 'dqn_mse' update"):
         write_room_case(tmp_path / "a", spec, net.state_dict(), update, {k: v for k, v in truth.items()
                                                                            if k != "q_target"})
+    with pytest.raises(LeaklabError, match=r": unexpected tensors \['note'\]; .* holds exactly images, depth"):
+        write_room_case(tmp_path / "a", spec, net.state_dict(), update, {**truth, "note": torch.zeros(1)})
     with pytest.raises(LeaklabError, match="shape"):
         write_room_case(tmp_path / "a", spec, net.state_dict(), update, {**truth, "box": torch.zeros(2, 4)})
     other = PerceptionSpec(setting="S1", image_size=64)

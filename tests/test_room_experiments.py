@@ -415,7 +415,7 @@ def test_audit_attacks_saved_cases_of_the_users_own_network(tmp_path):
     assert f"--model-class {cls}`" in result.output
     out = tmp_path / "audit"
     assert_user_error(invoke("audit", "--cases", cases, "--out", out), out,
-                      "model.safetensors: model file does not fit", "--arch (or --model-class)",
+                      "model.safetensors: model file does not fit", "the same --arch, or pass the --model-class",
                       f"(the cases were captured with --model-class {cls})")
     # leaklab's cases under a user's class: the error names that class, not leaklab's network
     ours = tmp_path / "ours"
@@ -436,6 +436,11 @@ def test_audit_attacks_saved_cases_of_the_users_own_network(tmp_path):
     res = json.loads((out / "results.json").read_text())
     assert res["model_class"] == cls and res["summary"]["scored"] == 2 and res["summary"]["resumed_attacks"] == 1
     assert res["summary"]["iou_min"] > 0.999 and res["summary"]["q_target_err_mean"] < 0.01
+    # another class with the same parameters reads the files: the audit runs, but says whose cases they were
+    bare = "tests.plugins.narrow_net:Bare"
+    with pytest.warns(UserWarning, match=f"captured with --model-class {cls}, and are attacked as updates of "
+                                         f"--model-class {bare}"):
+        room_audit.run_cases(tmp_path / "bare", cases, RoomAttackConfig(iterations=3), workers=1, model_class=bare)
 
 
 @pytest.mark.parametrize("cls, words", [

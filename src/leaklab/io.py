@@ -186,7 +186,7 @@ def _missing_hint(path: Path) -> str:
         inner = path.parent / CASE_SUBDIR  # a one-shot attack's output keeps its case there
         if (inner / VIEW_FILE).is_file():
             return f"{path.parent} is an attack's output; its case is {inner}"
-        return "point --case at a folder written by `leaklab capture`"
+        return "give a case folder as `leaklab capture` (images) or `leaklab env capture` (rooms) writes it"
     return "check the path"
 
 

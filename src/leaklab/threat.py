@@ -88,7 +88,7 @@ class ClientUpdate:
         if missing or extra:
             raise LeaklabError(
                 f"update does not match the model: missing {missing[:3]}, unexpected {extra[:3]}; "
-                "capture the update with the same --model")
+                "capture the update with the network the case's view.json names (--model, --arch or --model-class)")
         for name, shape in expected.items():
             t = self.tensors[name]
             if tuple(t.shape) != tuple(shape):
@@ -149,9 +149,11 @@ def _check_state(own: dict[str, torch.Tensor], state: dict[str, torch.Tensor],
     problems += [k for k in state if k not in own]
     if problems:
         name = getattr(spec, "name", None) or model_class or f"perception-{spec.arch}"
-        how = "--arch (or --model-class)" if isinstance(spec, PerceptionSpec) else "--model"
+        how = ("the same --model" if not isinstance(spec, PerceptionSpec) else
+               "the same --model-class" if model_class else
+               "the same --arch, or pass the --model-class the case was captured with")
         raise LeaklabError(f"model file does not fit a {name} model (first mismatch: "
-                           f"{problems[0]!r}); re-capture with the same {how}")
+                           f"{problems[0]!r}); re-capture with {how}")
     for k, v in state.items():
         allowed = FLOAT_DTYPES if own[k].is_floating_point() else (own[k].dtype,)
         if v.dtype not in allowed:

@@ -222,14 +222,16 @@ def run_cases(out: Path, cases_dir: Path, attack: RoomAttackConfig, workers: int
         raise LeaklabError(f"--cases {cases_dir}: no room case folders (with {VIEW_FILE}) found (the format of "
                            "docs/formats.md; `leaklab env capture` writes them from the rooms)")
     start = time.perf_counter()
+    recorded = _captured_model_class(cases_dir)
     try:
         cases = [load_room_case(f, model_class) for f in folders]
     except LeaklabError as e:
-        recorded = _captured_model_class(cases_dir)
         if recorded == model_class:
             raise
-        raise LeaklabError(f"{e} (the cases were captured with "
-                           f"{f'--model-class {recorded}' if recorded else 'a network of leaklab'})") from None
+        raise LeaklabError(f"{e} (the cases were captured with {_network_words(recorded)})") from None
+    if recorded != model_class and "config" in _capture_index(cases_dir):  # same parameters, another class
+        warnings.warn(f"--cases {cases_dir} were captured with {_network_words(recorded)}, and are attacked as "
+                      f"updates of {_network_words(model_class)}", UserWarning, stacklevel=2)
     for c in cases:  # before any attack runs, as the truths below
         if c.update.metadata.kind != "fedsgd":
             raise LeaklabError(f"--cases: {c.folder.name} is a {c.update.metadata.kind} update; the room attacks "
@@ -299,6 +301,10 @@ def _captured_model_class(cases_dir: Path) -> str | None:
     config = _capture_index(cases_dir).get("config")
     recorded = config.get("model_class") if isinstance(config, dict) else None
     return recorded if isinstance(recorded, str) else None
+
+
+def _network_words(model_class: str | None) -> str:
+    return f"--model-class {model_class}" if model_class else "a network of leaklab"
 
 
 def _case_folders(cases_dir: Path) -> list[Path]:

@@ -59,8 +59,9 @@ def check_room_truth(truth: dict[str, torch.Tensor], spec: PerceptionSpec, metad
     shapes = truth_shapes(spec, metadata)
     missing, extra = sorted(set(shapes) - set(truth)), sorted(set(truth) - set(shapes))
     if missing or extra:
-        raise LeaklabError(f"{where}: missing tensors {missing}, unexpected {extra}; capture the truth "
-                           f"with the update's loss {metadata.loss!r}")
+        found = [f"missing tensors {missing}"] * bool(missing) + [f"unexpected tensors {extra}"] * bool(extra)
+        raise LeaklabError(f"{where}: {'; '.join(found)}; the truth of a {metadata.loss!r} update holds exactly "
+                           f"{', '.join(shapes)} (docs/formats.md)")
     for name, shape in shapes.items():
         t = truth[name]
         if tuple(t.shape) != shape:
