@@ -942,7 +942,8 @@ def audit(
         require_device(device)  # before the configs: one plain line for a bad name
         if cases is not None:
             if quick or full:
-                raise LeaklabError("--cases attacks the saved updates as they are; drop --quick/--full")
+                raise LeaklabError("--cases attacks the saved updates as they are; drop --quick/--full (for a "
+                                   "faster, rougher look: --iterations 1000, half the default)")
             if arch is not None:
                 raise LeaklabError("--arch: the cases' view.json names their network (your own: --model-class)")
             attack = RoomAttackConfig(mode=mode or "exact", seed=seed,
