@@ -224,6 +224,15 @@ def test_audit_attacks_saved_room_cases(tmp_path, monkeypatch):
     result = invoke("audit", "--cases", cases, "--iterations", "3", "--workers", "1", "--out", cases)
     assert result.exit_code == 2 and "would replace the input" in result.stderr
     assert len([p for p in cases.iterdir() if p.is_dir()]) == 2
+    # a case without its truth is attacked and pictured as the server reconstructs it, unscored
+    (cases / "0001" / "truth.safetensors").unlink()
+    blind = tmp_path / "blind"
+    assert invoke("audit", "--cases", cases, "--iterations", "3", "--workers", "1", "--out", blind).exit_code == 0
+    html = (blind / "report.html").read_text()
+    assert "Reconstructions of the cases without their truth (depth)" in html and "the first 1 of 1" not in html
+    figures = blind / "figures"
+    assert (figures / "unscored.png").stat().st_size > 0 and not (figures / "unscored_rgb.png").exists()  # S2
+    assert json.loads((blind / "results.json").read_text())["summary"]["scored"] == 1
     # a case of the capture without its view is an error, not a smaller audit; a stray folder is named
     (cases / "0001" / "view.json").rename(cases / "0001" / "view.json.bak")
     again = tmp_path / "again"

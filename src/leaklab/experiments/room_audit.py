@@ -248,7 +248,8 @@ def run_cases(out: Path, cases_dir: Path, attack: RoomAttackConfig, workers: int
                             model_class, device)
             for c in cases]
     rows: list[dict[str, Any]] = []
-    truths, pictures = [], []
+    truths, pictures, unscored = [], [], []
+    names: dict[str, list[str]] = {"scored": [], "unscored": []}  # the pictured cases'
 
     def on_result(i: int, rec) -> None:
         case = cases[i]
@@ -268,6 +269,10 @@ def run_cases(out: Path, cases_dir: Path, attack: RoomAttackConfig, workers: int
             if len(truths) < SHOWN_SAMPLES:  # every channel: S1 (RGB, depth), S2 (depth)
                 truths.append(_true_picture(truth))
                 pictures.append(_picture(rec, truth))
+                names["scored"].append(case.folder.name)
+        elif len(unscored) < SHOWN_SAMPLES:  # what the server sees of a case whose truth nobody gave
+            unscored.append((rec.images[:1].detach().float().clamp(0, 1), rec.box[0].detach().float()))
+            names["unscored"].append(case.folder.name)
         rows.append(row)
 
     with journal_beside(out, jobs) as journal, atomic_dir(out, AUDIT_FORMAT, inputs=[cases_dir]) as tmp:
@@ -284,7 +289,7 @@ def run_cases(out: Path, cases_dir: Path, attack: RoomAttackConfig, workers: int
                    "attack": attack.model_dump(mode="json"), "summary": summary,
                    "cases": rows, "versions": versions(), "device": describe(torch.device(device))}
         write_json(tmp / RESULTS_FILE, results)
-        _write_cases_report(tmp, results, truths, pictures)
+        _write_cases_report(tmp, results, truths, pictures, unscored, names)
     return results
 
 
@@ -337,9 +342,34 @@ def _action_text(row: dict[str, Any]) -> str:
     return ", ".join(str(a) if k else f"{a} (guess: not in the update)" for a, k in zip(row["action"], known))
 
 
-def _write_cases_report(folder: Path, results: dict[str, Any], truths, pictures) -> None:
-    from leaklab.report.html import Figure, Section, Table, render_report
+def _case_figures(folder: Path, rows: list[tuple[str, list[Picture]]], names: list[str], stem: str, title: str,
+                  caption: str) -> list[Any]:
+    """The figures of pictured cases, one grid row per ``(label, pictures)`` of ``rows``, each picture
+    with its box and the case's name under the first row: depth for every case (``figures/STEM.png``),
+    RGB for the S1 ones (``STEM_rgb.png``)."""
+    from leaklab.report.html import Figure
     from leaklab.report.plots import image_grid
+
+    figures = []
+    for channel, channels, suffix in (("depth", slice(-1, None), ""), ("RGB", slice(0, 3), "_rgb")):
+        shown = [i for i, (images, _) in enumerate(rows[0][1]) if channel == "depth" or images.shape[1] == 4]
+        if not shown:
+            continue
+        grid = image_grid([(f"{channel} {label}", torch.cat([pics[i][0][:, channels] for i in shown]))
+                           for label, pics in rows],
+                          boxes=[[pics[i][1] for i in shown] for _, pics in rows],
+                          captions=[[names[i] for i in shown]] + [None] * (len(rows) - 1),
+                          path=folder / "figures" / f"{stem}{suffix}.png", max_cols=8, title=f"{title} ({channel})")
+        figures.append(Figure(f"{title} ({channel})", grid, caption if channel == "depth" else
+                              f"the {plural(len(shown), 'S1 case')} among the pictured ones"))
+    return figures
+
+
+def _write_cases_report(folder: Path, results: dict[str, Any], truths: list[Picture], pictures: list[Picture],
+                        unscored: list[Picture], names: dict[str, list[str]]) -> None:
+    """The report of ``audit --cases``: ``truths`` and ``pictures`` picture the first scored cases,
+    ``unscored`` the first reconstructions of cases without their truth (``names``: of those cases)."""
+    from leaklab.report.html import Section, Table, render_report
 
     s, attack = results["summary"], results["attack"]
     sections, lead = [], ""
@@ -364,20 +394,13 @@ def _write_cases_report(folder: Path, results: dict[str, Any], truths, pictures)
         sections.append(Section(title="At a glance", tables=[glance]))
     figures = []
     if truths:
-        grid = image_grid([("depth original", torch.cat([t[:, -1:] for t, _ in truths])),
-                           ("depth reconstructed", torch.cat([p[:, -1:] for p, _ in pictures]))],
-                          boxes=[[b for _, b in truths], [b for _, b in pictures]],
-                          path=folder / "figures" / "cases.png", max_cols=8, title="Saved cases (depth)")
-        figures.append(Figure("Originals and reconstructions (depth)", grid,
-                              _shown(len(truths), s["scored"], "scored case")))
-    rgb = [(t, p) for t, p in zip(truths, pictures) if t[0].shape[1] == 4]  # the S1 cases
-    if rgb:
-        grid = image_grid([("RGB original", torch.cat([t[:, :3] for (t, _), _ in rgb])),
-                           ("RGB reconstructed", torch.cat([p[:, :3] for _, (p, _) in rgb]))],
-                          boxes=[[b for (_, b), _ in rgb], [b for _, (_, b) in rgb]],
-                          path=folder / "figures" / "cases_rgb.png", max_cols=8, title="Saved cases (RGB)")
-        figures.append(Figure("Originals and reconstructions (RGB)", grid,
-                              f"the {plural(len(rgb), 'S1 case')} among the pictured ones"))
+        figures += _case_figures(folder, [("original", truths), ("reconstructed", pictures)], names["scored"],
+                                 "cases", "Originals and reconstructions",
+                                 _shown(len(truths), s["scored"], "scored case"))
+    if unscored:
+        figures += _case_figures(folder, [("reconstructed", unscored)], names["unscored"], "unscored",
+                                 "Reconstructions of the cases without their truth",
+                                 _shown(len(unscored), s["cases"] - s["scored"], "unscored case"))
 
     def right(row: dict[str, Any]) -> str | None:
         if "metrics" not in row:
