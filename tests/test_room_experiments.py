@@ -212,6 +212,7 @@ def test_audit_attacks_saved_room_cases(tmp_path, monkeypatch):
     html = (out / "report.html").read_text()
     assert "the first 1 of 2 scored cases; results.json has every one" in html
     assert "At a glance" in html and "fewer than the 2000" in html and "--quick" not in html
+    assert "could not read" not in result.output + html  # exact mode read both updates in closed form
     assert html.count(">yes</td>") + html.count(">no</td>") == 2  # each case's action judged
     res = json.loads((out / "results.json").read_text())
     assert res["summary"]["cases"] == 2 and res["summary"]["scored"] == 2
@@ -450,6 +451,22 @@ def test_audit_attacks_saved_cases_of_the_users_own_network(tmp_path):
     with pytest.warns(UserWarning, match=f"captured with --model-class {cls}, and are attacked as updates of "
                                          f"--model-class {bare}"):
         room_audit.run_cases(tmp_path / "bare", cases, RoomAttackConfig(iterations=3), workers=1, model_class=bare)
+
+
+def test_cases_report_says_when_exact_mode_fell_back_on_an_undefended_update(tmp_path):
+    """A batch of two through a head with Tanh is outside exact mode's closed forms: the attack falls back
+    to the paper's optimisation, and its low scores must not read as a private update."""
+    cls = "tests.plugins.narrow_net:TanhHead"
+    cases = tmp_path / "cases"
+    assert invoke("env", "capture", "--model-class", cls, "--batch-size", "2", "--samples", "1", "--layouts",
+                  "e1m1-stalactite", "--out", cases).exit_code == 0
+    out = tmp_path / "audit"
+    result = invoke("audit", "--cases", cases, "--model-class", cls, "--iterations", "3", "--workers", "1",
+                    "--out", out)
+    assert result.exit_code == 0, result.output
+    assert "warning: exact mode could not read 1 undefended case (0000) in closed form" in result.output
+    assert "not a private update" in (out / "report.html").read_text()
+    assert "features" not in json.loads((out / "results.json").read_text())["cases"][0]["exact"]
 
 
 @pytest.mark.parametrize("cls, words", [

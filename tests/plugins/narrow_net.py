@@ -30,3 +30,11 @@ class NoHead(nn.Module):
     def __init__(self, spec):
         super().__init__()
         self.conv = nn.Sequential(nn.Flatten())
+
+
+class TanhHead(NarrowNet):
+    """NarrowNet with Tanh between its head layers: exact mode cannot separate a batch through it."""
+
+    def __init__(self, spec):
+        super().__init__(spec)
+        self.head[1] = nn.Tanh()

@@ -261,6 +261,7 @@ def run_cases(out: Path, cases_dir: Path, attack: RoomAttackConfig, workers: int
             row["action_identified"] = rec.action_identified.tolist()
         if rec.no_signal:
             row["no_signal"] = True
+        row["exact"] = list(rec.exact)
         if i in truth_of:
             truth, provenance = truth_of[i]
             sample = room_attack.Sample(i, list(provenance.get("layouts", [])), case.update, truth)
@@ -290,6 +291,8 @@ def run_cases(out: Path, cases_dir: Path, attack: RoomAttackConfig, workers: int
                    "cases": rows, "versions": versions(), "device": describe(torch.device(device))}
         write_json(tmp / RESULTS_FILE, results)
         _write_cases_report(tmp, results, truths, pictures, unscored, names)
+    if _fell_back(results):
+        warnings.warn(_fell_back(results), UserWarning, stacklevel=2)
     return results
 
 
@@ -426,10 +429,27 @@ def _write_cases_report(folder: Path, results: dict[str, Any], truths: list[Pict
                ("torch", results["versions"]["torch"]), ("seconds", s["seconds"]),
                ("attacks resumed from an interrupted run", s["resumed_attacks"])]
     render_report(folder / REPORT_FILE, "leaklab audit of saved room updates", summary=summary,
-                  notice=_effort_notice(attack["iterations"]), lead=lead,
+                  notice=" ".join(filter(None, (_fell_back(results), _effort_notice(attack["iterations"])))),
+                  lead=lead,
                   intro="Each saved client update was attacked from the server's files only (QGI for DQN "
                         "updates, RGI for REINFORCE updates).",
                   sections=sections)
+
+
+def _fell_back(results: dict[str, Any]) -> str:
+    """The caveat when exact mode could not read an undefended case in closed form (its network computes
+    what the attacks do not model, e.g. a batch through a module other than Linear or ReLU in its head)
+    and fell back to the paper's optimisation; "" when it read every such case."""
+    if results["attack"]["mode"] != "exact":
+        return ""
+    missed = [r["case"] for r in results["cases"]
+              if r["defense"] is None and not r.get("no_signal") and "features" not in r["exact"]]
+    if not missed:
+        return ""
+    return (f"exact mode could not read {plural(len(missed), 'undefended case')} ({', '.join(missed[:3])}"
+            f"{', ...' if len(missed) > 3 else ''}) in closed form: the network computes what its closed forms do "
+            "not model, so the attack fell back to the paper's optimisation; low scores there show a weaker "
+            "attack, not a private update.")
 
 
 def _true_picture(truth: dict[str, torch.Tensor]) -> Picture:
