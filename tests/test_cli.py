@@ -159,6 +159,8 @@ def test_help_version_and_bad_names_do_not_load_torch(tmp_path):
            ("capture", "--image-seed", "4294967296", *o): "from 0", ("env", "contact-sheet", "--seed", "-3"): "from 0",
            ("attack", "qgi", "--layouts", "e1m1-stalactite,nowhere", *o): "unknown room layout 'nowhere'",
            ("env", "contact-sheet", "--layouts", "99", *o): "there are 17 layouts",
+           ("reproduce", "inversion-checks", "--checks", "nope", *o): "choose dlg | idlg | analytic",
+           ("reproduce", "bayes-table2", "--steps", "x", *o): "whole numbers of train steps",
            ("attack", "qgi", "--device", "tpu", *o): "cpu or cuda[:N]", ("audit", "--device", "cuda:x", *o): "cuda[:N]",
            ("attack", "rgi", "--defense", "clip:1,gauss:2", *o): "unknown defense 'gauss'",
            ("capture", "--defense", "prune:1", *o): "out of range",

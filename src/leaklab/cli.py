@@ -26,8 +26,9 @@ from typer.core import TyperGroup
 from leaklab.errors import LeaklabError
 from leaklab.fields import MAX_SEED, defense_steps
 from leaklab.names import (ACCOUNTANT_NAMES, ARCH_NAMES, AUDIT_KIND_NAMES, AUDIT_TEST_NAMES, BN_STATS_NAMES,
-                           DATASET_NAMES, DEVICE_PATTERN, MECHANISM_ALIASES, MECHANISM_NAMES, MODEL_NAMES,
-                           POLICY_NAMES, RL_ALGORITHM_NAMES, ROOM_MODE_NAMES, SETTING_NAMES, UPDATE_NAMES)
+                           DATASET_NAMES, DEVICE_PATTERN, INVERSION_CHECK_NAMES, MECHANISM_ALIASES, MECHANISM_NAMES,
+                           MODEL_NAMES, POLICY_NAMES, RL_ALGORITHM_NAMES, ROOM_MODE_NAMES, SETTING_NAMES,
+                           UPDATE_NAMES)
 from leaklab.words import plural
 
 
@@ -149,6 +150,20 @@ def _defense_chain(value: str | None) -> str | None:
     except LeaklabError as e:
         _fail(f"invalid --defense (got {value!r}): {e}")
     return value
+
+
+def _each(flag: str, ok: Callable[[str], bool], need: str) -> Callable[[Any], Any]:
+    """A callback for a repeatable or comma-separated list option: refuses an empty list (:func:`_some`)
+    and any item for which ``ok`` is false, while the command line is parsed."""
+
+    def check(values: list[str] | None) -> list[str] | None:
+        _some(flag)(values)
+        bad = [item for item in _split(values) or [] if not ok(item)]
+        if bad:
+            _fail(f"invalid {flag} (got {bad[0]!r}): {need}")
+        return values
+
+    return check
 
 
 def _layouts(value: str | None) -> str | None:
@@ -735,7 +750,9 @@ def reproduce_bayes_table2(
                                                           "chains separated by ';'",
                                                           callback=_some("--defenses"))] = None,
     steps: Annotated[Optional[list[str]], typer.Option("--steps", help="train steps, e.g. 0,500",
-                                                       callback=_some("--steps"))] = None,
+                                                       callback=_each("--steps", str.isdigit,
+                                                                      "whole numbers of train steps, e.g. 0,500"))
+                     ] = None,
     images: Annotated[Optional[int], typer.Option("--images", help="images per setting")] = None,
     seed: SeedOpt = 0,
     out: Annotated[Optional[Path], _run_out("bayes-table2")] = None,
@@ -744,10 +761,7 @@ def reproduce_bayes_table2(
     from leaklab.experiments import bayes_table2
     from leaklab.io import new_run_dir
 
-    try:
-        step_values = [int(s) for s in _split(steps) or []] or None
-    except ValueError:
-        raise LeaklabError("--steps takes integers, e.g. --steps 0,500") from None
+    step_values = [int(s) for s in _split(steps) or []] or None
     out = out or new_run_dir("bayes-table2")
     # Not atomic on purpose: the experiment writes each finished cell at once and a rerun resumes;
     # it validates its options before it creates anything.
@@ -850,7 +864,9 @@ def reproduce_inversion_checks(
     checks: Annotated[Optional[list[str]], typer.Option("--checks", help="dlg, idlg, analytic, ig, ig_batch_stats "
                                                         "(IG on a BatchNorm client in training mode; repeatable or "
                                                         "comma-separated; default all but ig_batch_stats)",
-                                                        callback=_some("--checks"))] = None,
+                                                        callback=_each("--checks", INVERSION_CHECK_NAMES.__contains__,
+                                                                       "choose " + " | ".join(INVERSION_CHECK_NAMES)))
+                      ] = None,
     images: Annotated[Optional[int], typer.Option("--images", help="images of the dlg and analytic checks "
                                                   "(ig: at most 3; idlg always 50, 5 with --quick)")] = None,
     quick: Annotated[bool, typer.Option("--quick", help="a small, fast version (tests)")] = False,
@@ -860,13 +876,9 @@ def reproduce_inversion_checks(
     from leaklab.experiments import inversion_checks
     from leaklab.io import new_run_dir
 
-    names = _split(checks)
-    unknown = sorted(set(names or []) - set(inversion_checks.CHECKS))
-    if unknown:
-        raise LeaklabError(f"unknown check {unknown[0]!r}; choose from {', '.join(inversion_checks.CHECKS)}")
     out = out or new_run_dir("inversion-checks")
     with _progress() as progress:
-        result = inversion_checks.run(out, quick=quick, checks=names, images=images, progress=progress)
+        result = inversion_checks.run(out, quick=quick, checks=_split(checks), images=images, progress=progress)
     typer.echo(f"wrote {out / 'results.json'}")
     for name, check in result["checks"].items():
         figures = {k: v for k, v in check.items() if k in ("psnr_mean", "psnr_min", "psnr_baseline_mean", "accuracy")}

@@ -15,6 +15,7 @@ ROOM_ATTACK_NAMES = ("qgi", "rgi")
 RL_ALGORITHM_NAMES = ("dqn", "reinforce")
 POLICY_NAMES = ("random", "agent")
 AUDIT_KIND_NAMES = ("rooms", "images")  # leaklab audit --kind
+INVERSION_CHECK_NAMES = ("dlg", "idlg", "analytic", "ig", "ig_batch_stats")  # reproduce inversion-checks
 
 DEFENSE_NAMES = ("gaussian", "laplace", "prune", "topk", "clip")  # steps of a --defense chain
 DEVICE_PATTERN = r"^(cpu|cuda(:\d+)?)$"  # the room attacks' --device values

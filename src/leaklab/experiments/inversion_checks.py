@@ -33,9 +33,9 @@ from leaklab.fl import fedsgd_update
 from leaklab.io import INVERSION_CHECKS_FORMAT, RESULTS_FILE, check_out, make_out_dir, write_json
 from leaklab.metrics import constant_baseline, psnr
 from leaklab.models import ModelSpec, build_model
+from leaklab.names import INVERSION_CHECK_NAMES
 from leaklab.threat import make_view
 
-CHECKS = ("dlg", "idlg", "analytic", "ig", "ig_batch_stats")
 TARGETS = {"dlg_psnr_min": 30.0, "idlg_accuracy": 1.0, "analytic_psnr_min": 100.0, "ig_psnr_mean": 18.0}
 
 DLG_CONFIG = InversionConfig(objective="l2", optimizer="lbfgs", iterations=300, lr=1.0, priors={},
@@ -105,6 +105,9 @@ def run(out: Path, quick: bool = False, checks: list[str] | None = None, images:
         progress: Progress | None = None) -> dict:
     """Run the checks (all but the slow ``ig_batch_stats`` by default), write ``out/results.json``."""
     checks = checks or ["dlg", "idlg", "analytic", "ig"]
+    unknown = [name for name in checks if name not in INVERSION_CHECK_NAMES]
+    if unknown:
+        raise LeaklabError(f"unknown check {unknown[0]!r}; choose from {', '.join(INVERSION_CHECK_NAMES)}")
     if images is not None and images < 1:
         raise LeaklabError(f"--images must be at least 1 (got {images})")
     if images is not None and checks == ["idlg"]:  # it was ignored: iDLG's 50 images are its acceptance line
