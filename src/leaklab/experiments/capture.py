@@ -14,12 +14,12 @@ from pathlib import Path
 from typing import Literal
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field
 
 from leaklab.data import DATASET_NAMES, load_images
 from leaklab.defenses import parse_defense
 from leaklab.errors import LeaklabError
-from leaklab.fields import Seed
+from leaklab.fields import DefenseOption, Seed
 from leaklab.fl import fedavg_update, fedsgd_update, train_steps
 from leaklab.io import VIEW_FORMAT, atomic_dir, write_case
 from leaklab.models import MODEL_NAMES, ModelSpec, build_model
@@ -37,15 +37,15 @@ class CaptureConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
-    model: str = "convnet"
-    data: str = "photos"
+    model: Literal[MODEL_NAMES] = "convnet"
+    data: Literal[DATASET_NAMES] = "photos"
     batch_size: int = Field(default=1, ge=1, le=256)
     num_images: int = Field(default=1, ge=1, le=4096)
     image_seed: Seed = 0
     image_offset: int = Field(default=0, ge=0, description="skip the first images of the seed's order")
     image_size: int = Field(default=32, ge=8, le=256)
     width: int | None = Field(default=None, ge=1, le=1024)
-    defense: str = "none"
+    defense: DefenseOption = None
     seed: Seed = 0
     train_steps: int = Field(default=0, ge=0, le=100_000)
     knows_labels: bool = False
@@ -55,20 +55,6 @@ class CaptureConfig(BaseModel):
     bn_stats: Literal[BN_STATS_NAMES] = Field(
         default="batch", description="BatchNorm statistics on the client: the batch's (training mode) or "
                                      "the running ones sent by the server (breaching's public-buffer default)")
-
-    @field_validator("model")
-    @classmethod
-    def _known_model(cls, value: str) -> str:
-        if value not in MODEL_NAMES:
-            raise ValueError(f"unknown model {value!r}; choose one of {', '.join(MODEL_NAMES)}")
-        return value
-
-    @field_validator("data")
-    @classmethod
-    def _known_data(cls, value: str) -> str:
-        if value not in DATASET_NAMES:
-            raise ValueError(f"unknown dataset {value!r}; choose one of {', '.join(DATASET_NAMES)}")
-        return value
 
 
 @dataclass

@@ -27,6 +27,7 @@ import math
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
@@ -251,14 +252,12 @@ class DPConfig(BaseModel):
     noise_multiplier: float | None = Field(default=None, ge=0)
     target_epsilon: float | None = Field(default=None, gt=0)
     delta: float = Field(default=1e-5, gt=0, lt=1)
-    accountant: str = DEFAULT_ACCOUNTANT
+    accountant: Literal[ACCOUNTANT_NAMES] = DEFAULT_ACCOUNTANT
 
     @model_validator(mode="after")
     def _one_noise(self) -> "DPConfig":
         if (self.noise_multiplier is None) == (self.target_epsilon is None):
             raise ValueError("give exactly one of noise_multiplier and target_epsilon")
-        if self.accountant not in ACCOUNTANT_NAMES:
-            raise ValueError(f"unknown accountant {self.accountant!r}; choose from {', '.join(ACCOUNTANT_NAMES)}")
         return self
 
     def noise_for(self, q: float, steps: int) -> float:

@@ -7,7 +7,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from leaklab.fields import Seed
-from leaklab.names import PRIOR_NAMES
+from leaklab.names import LAYER_WEIGHTING_NAMES, OBJECTIVE_NAMES, PRIOR_NAMES
 
 
 class InversionConfig(BaseModel):
@@ -21,7 +21,7 @@ class InversionConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
-    objective: Literal["l2", "l1", "cosine", "bayes"] = "cosine"
+    objective: Literal[OBJECTIVE_NAMES] = "cosine"
     optimizer: Literal["adam", "lbfgs"] = "adam"
     iterations: int = Field(default=2000, ge=1, le=1_000_000)
     lr: float = Field(default=0.1, gt=0, le=1e4)
@@ -31,7 +31,7 @@ class InversionConfig(BaseModel):
     lbfgs_inner: int = Field(default=20, ge=1, le=100, description="L-BFGS inner iterations per step")
     priors: dict[str, float] = Field(default_factory=lambda: {"tv": 0.2})
     prior_scale: Literal["relative", "absolute"] = "relative"
-    layer_weighting: Literal["none", "linear", "exp"] = "none"
+    layer_weighting: Literal[LAYER_WEIGHTING_NAMES] = "none"
     restarts: int = Field(default=1, ge=1, le=64)
     mc_samples: int = Field(default=1, ge=1, le=64, description="k of Algorithm 1")
     mc_radius: float = Field(default=0.0, ge=0, le=1e4, description="delta of Algorithm 1 (L2, pixel units)")

@@ -20,9 +20,8 @@ import torch
 
 from leaklab.defenses import DefenseChain
 from leaklab.errors import LeaklabError
+from leaklab.names import LAYER_WEIGHTING_NAMES, OBJECTIVE_NAMES
 
-OBJECTIVE_NAMES = ("l2", "l1", "cosine", "bayes")
-LAYER_WEIGHTINGS = ("none", "linear", "exp")
 
 
 def layer_weights(count: int, weighting: str) -> list[float]:
@@ -34,7 +33,7 @@ def layer_weights(count: int, weighting: str) -> list[float]:
         return (ranks / count).tolist()
     if weighting == "exp":
         return torch.softmax(ranks, 0).tolist()
-    raise LeaklabError(f"unknown layer weighting {weighting!r}; choose one of {', '.join(LAYER_WEIGHTINGS)}")
+    raise LeaklabError(f"unknown layer weighting {weighting!r}; choose one of {', '.join(LAYER_WEIGHTING_NAMES)}")
 
 
 def _dense(shape: torch.Size, stride: tuple[int, ...]) -> bool:
