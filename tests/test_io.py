@@ -244,8 +244,9 @@ def test_the_defense_the_server_reads_is_the_views(tmp_path, tiny_capture):
 
 
 def test_missing_truth_is_none(case_dir):
+    case = load_case(case_dir)
     (case_dir / "truth.safetensors").unlink()
-    assert load_truth(case_dir) is None
+    assert load_truth(case_dir, case) is None
 
 
 def test_shape_mismatch_is_refused(case_dir):

@@ -534,7 +534,6 @@ class CaseFiles:
     """What an image case and a room case share, read and validated by :func:`read_case_files`."""
 
     view: ServerView
-    view_path: Path
     update_json: dict[str, Any]
     update_path: Path
     tensors: dict[str, torch.Tensor]  # the update file's, named as stored (``u0/<parameter>`` ...)
@@ -587,7 +586,7 @@ def read_case_files(folder: Path, room: bool, model_class: str | None = None) ->
         raise LeaklabError(f"{upd_path} declares metadata that differs from {view_path}; re-capture the case")
     tensor_file = member_file(folder, upd_json.get("tensor_file"), UPDATE_FILE, upd_path)
     tensors, _ = load_tensors(tensor_file, "update", upd_json.get("sha256"))
-    return CaseFiles(view, view_path, upd_json, upd_path, tensors, tensor_file, defense)
+    return CaseFiles(view, upd_json, upd_path, tensors, tensor_file, defense)
 
 
 def load_case(folder: Path) -> Case:
@@ -649,12 +648,9 @@ def truth_provenance(metadata: dict[str, str], path: Path) -> dict[str, Any]:
     return _finite(provenance, f"truth file {path}: provenance")
 
 
-def load_truth(folder: Path, case: Case | None = None,
-               ) -> tuple[torch.Tensor, torch.Tensor, dict[str, Any]] | None:
-    """The client's truth of a case (images, labels, provenance), or None when the file is absent.
-
-    With ``case``, the truth is checked against it: one image per batch slot of every update.
-    """
+def load_truth(folder: Path, case: Case) -> tuple[torch.Tensor, torch.Tensor, dict[str, Any]] | None:
+    """The client's truth of ``case`` (images, labels, provenance), or None when the file is absent;
+    checked against the case: one image per batch slot of every update."""
     path = member_file(Path(folder), None, TRUTH_FILE, Path(folder))
     if not path.exists():
         return None
@@ -665,17 +661,16 @@ def load_truth(folder: Path, case: Case | None = None,
     provenance = truth_provenance(meta, path)
     if not images.is_floating_point() or labels.is_floating_point() or labels.dtype == torch.bool:
         raise LeaklabError(f"truth file {path} needs floating-point images and integer labels")
-    if case is not None:
-        spec = case.view.spec
-        n = len(case.updates) * case.view.metadata.batch_size
-        expected = (n, spec.in_channels, spec.image_size, spec.image_size)
-        if tuple(images.shape) != expected or tuple(labels.shape) != (n,):
-            raise LeaklabError(f"truth file {path} holds images {tuple(images.shape)} and labels "
-                               f"{tuple(labels.shape)}; the case needs {expected} and ({n},)")
+    spec = case.view.spec
+    n = len(case.updates) * case.view.metadata.batch_size
+    expected = (n, spec.in_channels, spec.image_size, spec.image_size)
+    if tuple(images.shape) != expected or tuple(labels.shape) != (n,):
+        raise LeaklabError(f"truth file {path} holds images {tuple(images.shape)} and labels "
+                           f"{tuple(labels.shape)}; the case needs {expected} and ({n},)")
     if not torch.isfinite(images).all() or images.min() < 0 or images.max() > 1:
         raise LeaklabError(f"truth file {path} holds pixels outside [0, 1] (or NaN/Inf); re-capture the case")
-    if case is not None and len(labels) and (labels.min() < 0 or labels.max() >= case.view.spec.num_classes):
-        raise LeaklabError(f"truth file {path} holds labels outside 0..{case.view.spec.num_classes - 1}")
+    if len(labels) and (labels.min() < 0 or labels.max() >= spec.num_classes):
+        raise LeaklabError(f"truth file {path} holds labels outside 0..{spec.num_classes - 1}")
     return images.float(), labels.long(), provenance
 
 

@@ -21,7 +21,7 @@ from leaklab.privacy.dpsgd import DPConfig, DPSGDConfig, train_private
 from leaklab.threat import ClientUpdate, UpdateMetadata
 
 
-def _check_batch(model: nn.Module, images: torch.Tensor, labels: torch.Tensor) -> None:
+def _check_batch(images: torch.Tensor, labels: torch.Tensor) -> None:
     if images.ndim != 4 or labels.ndim != 1 or len(images) != len(labels):
         raise LeaklabError("a client batch is images (N, C, H, W) with N labels")
     if not 1 <= len(images) <= 256:
@@ -52,7 +52,7 @@ def fedsgd_update(model: nn.Module, images: torch.Tensor, labels: torch.Tensor,
     default when the server provides public buffers). Either way ``model`` comes back as it was
     (parameters, buffers, train/eval flag).
     """
-    _check_batch(model, images, labels)
+    _check_batch(images, labels)
     params = [p for p in model.parameters() if p.requires_grad]
     with _client_mode(model, train_mode):
         grads = torch.autograd.grad(F.cross_entropy(model(images), labels), params)
@@ -72,7 +72,7 @@ def fedavg_update(model: nn.Module, images: torch.Tensor, labels: torch.Tensor, 
     Poisson mini-batches at rate 1 / ceil(batch / ``local_batch_size``), so of expected size at most
     ``local_batch_size``, each sample's gradient clipped,
     Gaussian noise seeded by ``seed``); the update's ``privacy`` holds the epsilon spent on the batch."""
-    _check_batch(model, images, labels)
+    _check_batch(images, labels)
     meta = UpdateMetadata(kind="fedavg", batch_size=len(images), local_steps=local_steps,
                           local_lr=local_lr, local_batch_size=local_batch_size, train_mode=train_mode)
     if privacy is not None:
