@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 
-def plural(count: int, noun: str, many: str | None = None) -> str:
-    """``"1 sample"``, ``"3 samples"``: ``count`` and ``noun``, or ``many`` (default ``noun + "s"``)
-    unless the count is one."""
-    return f"{count} {noun if count == 1 else many or noun + 's'}"
+def plural(count: int, noun: str) -> str:
+    """``"1 sample"``, ``"3 samples"``: ``count`` and ``noun``, with an ``s`` unless the count is one."""
+    return f"{count} {noun if count == 1 else noun + 's'}"

@@ -83,8 +83,7 @@ def versions() -> dict[str, str]:
 
 
 def attack(case: Case, method: Method, config: InversionConfig | None = None,
-           progress: ProgressFn | None = None, device: torch.device | None = None,
-           together: int = TOGETHER) -> list[Reconstruction]:
+           progress: ProgressFn | None = None, device: torch.device | None = None) -> list[Reconstruction]:
     """One reconstruction per update of ``case``, in order. Sees only the server's view."""
     if method == "analytic":
         return _analytic(case, progress)
@@ -95,7 +94,7 @@ def attack(case: Case, method: Method, config: InversionConfig | None = None,
     n = len(case.updates)
     # L-BFGS takes one joint line search for all instances: attack one update at a time with it.
     alone = config.optimizer == "lbfgs" or any(y is not None for y in case.labels)
-    step = 1 if alone else max(1, together)
+    step = 1 if alone else TOGETHER
     chunks = [list(range(s, min(n, s + step))) for s in range(0, n, step)]
     total = config.iterations * len(chunks)
     out: list[Reconstruction] = []

@@ -50,11 +50,10 @@ def _positive(name: str, value: float) -> float:
     return value
 
 
-def _probability(name: str, value: float, *, zero_ok: bool = False) -> float:
+def _probability(name: str, value: float) -> float:
     value = float(value)
-    ok = (0 <= value < 1) if zero_ok else (0 < value < 1)
-    if not ok:
-        raise LeaklabError(f"{name} must lie in {'[0, 1)' if zero_ok else '(0, 1)'} (got {value!r})")
+    if not 0 < value < 1:
+        raise LeaklabError(f"{name} must lie in (0, 1) (got {value!r})")
     return value
 
 

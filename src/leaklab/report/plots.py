@@ -45,19 +45,22 @@ def _show(ax, image: torch.Tensor) -> None:
         spine.set_visible(False)
 
 
-def draw_box(ax, box, size: int, color: str = "lime") -> None:
+def draw_box(ax, box, size: int) -> None:
     """Draw a target box ``(x1, y1, x2, y2)`` in [-1, 1] (seed 000's box, :mod:`leaklab.rl.envs`) on an
     image of ``size`` pixels a side; an all-zero box (the target out of view) draws nothing."""
     values = [float(v) for v in box]
     if not any(values):
         return
     x1, y1, x2, y2 = ((v + 1) * size / 2 - 0.5 for v in values)
-    ax.add_patch(Rectangle((x1, y1), x2 - x1, y2 - y1, fill=False, edgecolor=color, linewidth=1.2))
+    ax.add_patch(Rectangle((x1, y1), x2 - x1, y2 - y1, fill=False, edgecolor="lime", linewidth=1.2))
+
+
+GRID_CELL = 1.3  # inches a side of one image in a grid
 
 
 def image_grid(rows: Sequence[tuple[str, torch.Tensor]], path: Path | None = None,
                captions: Sequence[Sequence[str] | None] | None = None, max_cols: int = 8,
-               title: str | None = None, cell: float = 1.3,
+               title: str | None = None,
                boxes: Sequence[Sequence[Sequence[float]] | None] | None = None) -> bytes:
     """A grid with one row per ``(name, images)`` entry (images (N, C, H, W) in [0, 1], same N in
     every row); more than ``max_cols`` images wrap into further blocks of rows. ``boxes`` gives a row's
@@ -71,9 +74,9 @@ def image_grid(rows: Sequence[tuple[str, torch.Tensor]], path: Path | None = Non
     blocks = max(1, math.ceil(n / cols))
     total_rows = blocks * len(rows)
     has_captions = captions is not None and any(c for c in captions)
-    height = cell * (1.18 if has_captions else 1.0)
+    height = GRID_CELL * (1.18 if has_captions else 1.0)
     fig, axes = plt.subplots(total_rows, cols, squeeze=False,
-                             figsize=(cell * cols + 1.1, height * total_rows + (0.4 if title else 0)),
+                             figsize=(GRID_CELL * cols + 1.1, height * total_rows + (0.4 if title else 0)),
                              dpi=100)
     for b in range(blocks):
         for r, (name, images) in enumerate(rows):
