@@ -23,7 +23,7 @@ import typer
 from pydantic import ValidationError
 from typer.core import TyperGroup
 
-from leaklab.errors import LeaklabError
+from leaklab.errors import LeaklabError, validation_message
 from leaklab.fields import MAX_SEED, defense_steps
 from leaklab.names import (ACCOUNTANT_NAMES, ARCH_NAMES, AUDIT_KIND_NAMES, AUDIT_TEST_NAMES, BN_STATS_NAMES,
                            DATASET_NAMES, DEVICE_PATTERN, INVERSION_CHECK_NAMES, MECHANISM_ALIASES, MECHANISM_NAMES,
@@ -82,21 +82,6 @@ _OPTION_NAMES = {"priors": "--prior/--tv"}
 def _option_name(loc: tuple) -> str:
     field = str(loc[0])
     return _OPTION_NAMES.get(field, "--" + field.replace("_", "-"))
-
-
-def _validation_line(error: ValidationError, field: bool = False) -> str:
-    """The first problem, naming the option (or, ``field``, the config file's field) it is about."""
-    first = error.errors()[0]
-    msg = str(first.get("msg", "invalid value")).replace("\n", " ")
-    msg = msg.removeprefix("Value error, ")
-    if not first.get("loc"):  # a rule across several options (a model validator)
-        return msg
-    got = first.get("input")
-    if isinstance(got, tuple):  # a comma-separated option, as typed
-        got = ",".join(map(str, got))
-    shown = f" (got {got!r})" if got is not None and not isinstance(got, (dict, list)) else ""
-    name = f"field {'.'.join(map(str, first['loc']))!r}" if field else _option_name(first["loc"])
-    return f"invalid {name}{shown}: {msg}"
 
 
 def _error_line(message: str) -> str:
@@ -228,7 +213,7 @@ def _guard(fn: Callable) -> Callable:
         except LeaklabError as e:
             _fail(str(e))
         except ValidationError as e:
-            _fail(_validation_line(e))
+            _fail(validation_message(e, name=_option_name))
         except KeyboardInterrupt:
             typer.echo("error: interrupted; --out holds no partial results (the room attacks and the room audit "
                        "keep their finished attacks beside it, the reproduce commands their finished cells: the "
@@ -508,7 +493,7 @@ def attack_inversion(
             InversionConfig.model_validate(base, strict=True)
             image_attack.inversion_config(base)
         except ValidationError as e:
-            raise LeaklabError(f"--config {config_file}: {_validation_line(e, field=True)}") from None
+            raise LeaklabError(validation_message(e, f"--config {config_file}")) from None
     config = image_attack.inversion_config(
         base, objective=objective, optimizer=optimizer, iterations=iterations, lr=lr, schedule=schedule,
         priors=image_attack.parse_priors(prior, tv), restarts=restarts, precision=precision, init=init,

@@ -5,6 +5,12 @@ raises :class:`LeaklabError` with a one-line message that names the problem and 
 prints that line and exits with code 2; no traceback is shown for such errors.
 """
 
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from pydantic import ValidationError
+
 
 class LeaklabError(ValueError):
     """A user-facing error: one line naming the problem and how to fix it."""
@@ -13,3 +19,22 @@ class LeaklabError(ValueError):
 class NoSignal(LeaklabError):
     """The update lacks a gradient an attack step reads (an all-zero bias gradient, e.g. after a
     pruning defense): the room attacks then report that they recovered nothing instead of failing."""
+
+
+def validation_message(error: ValidationError, what: str = "", name: Callable[[tuple], str] | None = None) -> str:
+    """One line for a pydantic error, its first problem: ``WHAT: invalid FIELD (got VALUE): PROBLEM``, where
+    FIELD is ``name(loc)`` (the CLI names its option) or the field's dotted path; a rule across several
+    fields (a model validator) has no FIELD."""
+    first = error.errors()[0]
+    msg = " ".join(str(first.get("msg", "invalid value")).split()).removeprefix("Value error, ")
+    more = f"; and {error.error_count() - 1} more problem(s)" if error.error_count() > 1 else ""
+    prefix = f"{what}: " if what else ""
+    loc = tuple(first.get("loc") or ())
+    if not loc:
+        return f"{prefix}{msg}{more}"
+    got = first.get("input")
+    if isinstance(got, tuple):  # a comma-separated option, as typed
+        got = ",".join(map(str, got))
+    shown = f" (got {got!r})" if got is not None and not isinstance(got, (dict, list)) else ""
+    field = name(loc) if name else f"field {'.'.join(map(str, loc))!r}"
+    return f"{prefix}invalid {field}{shown}: {msg}{more}"

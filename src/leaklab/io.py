@@ -38,7 +38,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load as _st_load
 from safetensors.torch import save as _st_save
 
-from leaklab.errors import LeaklabError
+from leaklab.errors import LeaklabError, validation_message
 from leaklab.models import ModelSpec, PerceptionSpec
 from leaklab.threat import Capabilities, ClientUpdate, ServerView, UpdateMetadata, make_view
 
@@ -85,17 +85,6 @@ _WRITTEN_BY = {AUDIT_FORMAT: "leaklab audit", REPRODUCTION_FORMAT: "leaklab repr
 
 # --------------------------------------------------------------------------------------------
 # errors
-
-
-def validation_message(error: ValidationError, what: str) -> str:
-    """One line for a pydantic error: ``what: field: problem (got value)``, first problem only."""
-    first = error.errors()[0]
-    loc = ".".join(str(p) for p in first.get("loc", ())) or "value"
-    got = first.get("input")
-    shown = f" (got {got!r})" if got is not None and not isinstance(got, (dict, list)) else ""
-    more = f"; and {error.error_count() - 1} more problem(s)" if error.error_count() > 1 else ""
-    msg = first.get("msg", "invalid").replace("\n", " ")
-    return f"{what}: {loc}: {msg}{shown}{more}"
 
 
 # --------------------------------------------------------------------------------------------

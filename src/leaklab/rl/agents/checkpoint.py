@@ -9,8 +9,8 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from leaklab.errors import LeaklabError
-from leaklab.io import load_tensors, save_tensors, validation_message
+from leaklab.errors import LeaklabError, validation_message
+from leaklab.io import load_tensors, save_tensors
 from leaklab.models import PerceptionNet, PerceptionSpec
 from leaklab.threat import model_with_state
 
