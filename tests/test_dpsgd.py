@@ -66,6 +66,7 @@ def test_central_dp_clips_each_client_and_accounts_rounds():
         noisy.aggregate(zeros, torch.Generator(), expected_clients=0)
     assert noisy.epsilon(1e-5, "rdp") == pytest.approx(dpsgd_epsilon(0.1, 1.5, 10, 1e-5, "rdp"))
     assert CentralDP(1.0, 1.0).epsilon(1e-5) == 0.0
+    assert dp.epsilon(1e-5) == math.inf  # rounds without noise (it raised: sigma must be positive)
 
 
 def _digits(n: int = 64):

@@ -131,10 +131,9 @@ class CentralDP:
         return [t / expected_clients for t in noised]
 
     def epsilon(self, delta: float, accountant: str = DEFAULT_ACCOUNTANT) -> float:
-        """Client-level epsilon after the rounds so far (0 before the first)."""
-        if self.rounds == 0:
-            return 0.0
-        return dpsgd_epsilon(self.sample_rate, self.noise_multiplier, self.rounds, delta, accountant)
+        """Client-level epsilon after the rounds so far (:func:`spent_epsilon`: 0 before the first, inf
+        without noise)."""
+        return spent_epsilon(self.sample_rate, self.noise_multiplier, self.rounds, delta, accountant)
 
 
 # --------------------------------------------------------------------------------------------
