@@ -30,7 +30,7 @@ from leaklab.experiments import ProgressFn
 from leaklab.experiments import capture as capture_mod
 from leaklab.io import (CASE_SUBDIR, IMAGE_ATTACK_FORMAT, RECONSTRUCTIONS_FILE, RESULTS_FILE, Case, atomic_dir,
                         load_case, load_truth, save_tensors, write_json)
-from leaklab.metrics import constant_baseline, match_order, psnr, ssim
+from leaklab.metrics import match_order, psnr, scores
 
 Method = Literal["inversion", "analytic"]
 
@@ -166,18 +166,15 @@ def evaluate(case: Case, recons: list[Reconstruction],
         t_images, t_labels = truth[0][u * b:(u + 1) * b], truth[1][u * b:(u + 1) * b]
         perm = match_order(rec_images, t_images)
         matched = rec_images[perm]
-        p, s = psnr(matched, t_images), ssim(matched, t_images)
-        p_y = psnr(matched, t_images, channel="y")
-        base = constant_baseline(t_images)
-        p_base, s_base = psnr(base, t_images), ssim(base, t_images)
+        scored, p_y = scores(matched, t_images), psnr(matched, t_images, channel="y")
         if b == 1:
             hits = [int(rec_labels[0]) == int(t_labels[0])]
         else:
             hits = _label_hits(rec_labels.tolist(), t_labels.tolist())
         for j in range(b):
-            samples.append({"index": u * b + j, "update": u, "psnr": float(p[j]), "psnr_y": float(p_y[j]),
-                            "ssim": float(s[j]), "psnr_baseline": float(p_base[j]),
-                            "ssim_baseline": float(s_base[j]), "label": int(rec_labels[perm[j]]),
+            samples.append({"index": u * b + j, "update": u, "psnr": float(scored["psnr"][j]), "psnr_y": float(p_y[j]),
+                            "ssim": float(scored["ssim"][j]), "psnr_baseline": float(scored["psnr_baseline"][j]),
+                            "ssim_baseline": float(scored["ssim_baseline"][j]), "label": int(rec_labels[perm[j]]),
                             "label_true": int(t_labels[j]), "label_correct": bool(hits[j])})
         images.append(matched)
         labels.append(rec_labels[perm])

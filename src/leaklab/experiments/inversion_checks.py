@@ -31,7 +31,7 @@ from leaklab.data import load_images
 from leaklab.errors import LeaklabError
 from leaklab.fl import fedsgd_update
 from leaklab.io import INVERSION_CHECKS_FORMAT, RESULTS_FILE, check_out, make_out_dir, write_json
-from leaklab.metrics import constant_baseline, psnr
+from leaklab.metrics import scores
 from leaklab.models import ModelSpec, build_model
 from leaklab.names import INVERSION_CHECK_NAMES
 from leaklab.threat import make_view
@@ -56,8 +56,8 @@ def _case(model: str, image_seed: int, width: int | None = None, train_mode: boo
 
 
 def _scores(images: torch.Tensor, truth: torch.Tensor) -> dict[str, float]:
-    return {"psnr": float(psnr(images, truth)[0]),
-            "psnr_baseline": float(psnr(constant_baseline(truth), truth)[0])}
+    scored = scores(images, truth)
+    return {"psnr": float(scored["psnr"][0]), "psnr_baseline": float(scored["psnr_baseline"][0])}
 
 
 def check_dlg(images: int, config: InversionConfig = DLG_CONFIG) -> dict:

@@ -59,6 +59,14 @@ def constant_baseline(truth: torch.Tensor) -> torch.Tensor:
     return truth.mean(dim=(2, 3), keepdim=True).expand_as(truth).clone()
 
 
+def scores(recon: torch.Tensor, truth: torch.Tensor, channel: str = "rgb") -> dict[str, torch.Tensor]:
+    """Per-image PSNR and SSIM of ``recon`` and, beside them, of the no-information baseline
+    (:func:`constant_baseline`): ``psnr``, ``ssim``, ``psnr_baseline``, ``ssim_baseline``, each (N,)."""
+    base = constant_baseline(truth)
+    return {"psnr": psnr(recon, truth, channel), "ssim": ssim(recon, truth, channel),
+            "psnr_baseline": psnr(base, truth, channel), "ssim_baseline": ssim(base, truth, channel)}
+
+
 def match_order(recon: torch.Tensor, truth: torch.Tensor) -> torch.Tensor:
     """Permutation ``perm`` such that ``recon[perm[i]]`` best matches ``truth[i]`` (maximum total PSNR,
     Hungarian assignment): a batch reconstruction recovers images in no particular order."""

@@ -27,7 +27,7 @@ from statistics import fmean
 
 import torch
 
-from leaklab.metrics.image import constant_baseline, match_order, psnr, ssim
+from leaklab.metrics.image import match_order, scores
 from leaklab.metrics.vectors import box_iou, percent_error
 
 
@@ -40,10 +40,7 @@ def paper_scale(images: torch.Tensor, setting: str) -> torch.Tensor:
 
 
 def _image_scores(rec: torch.Tensor, truth: torch.Tensor, channel: str, prefix: str) -> dict[str, float]:
-    base = constant_baseline(truth)
-    return {f"{prefix}_psnr": float(psnr(rec, truth, channel)), f"{prefix}_ssim": float(ssim(rec, truth, channel)),
-            f"{prefix}_psnr_baseline": float(psnr(base, truth, channel)),
-            f"{prefix}_ssim_baseline": float(ssim(base, truth, channel))}
+    return {f"{prefix}_{key}": float(value) for key, value in scores(rec, truth, channel).items()}
 
 
 def _box_scores(rec: torch.Tensor, truth: torch.Tensor) -> dict[str, float]:
