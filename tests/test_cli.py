@@ -161,6 +161,7 @@ def test_help_version_and_bad_names_do_not_load_torch(tmp_path):
            ("env", "contact-sheet", "--layouts", "99", *o): "there are 17 layouts",
            ("reproduce", "inversion-checks", "--checks", "nope", *o): "choose dlg | idlg | analytic",
            ("reproduce", "bayes-table2", "--steps", "x", *o): "whole numbers of train steps",
+           ("reproduce", "room-table1", "--cells", "qgi-S3", *o): "choose qgi-S1 | qgi-S2",
            ("attack", "qgi", "--device", "tpu", *o): "cpu or cuda[:N]", ("audit", "--device", "cuda:x", *o): "cuda[:N]",
            ("attack", "rgi", "--defense", "clip:1,gauss:2", *o): "unknown defense 'gauss'",
            ("capture", "--defense", "prune:1", *o): "out of range",

@@ -28,7 +28,7 @@ from leaklab.fields import MAX_SEED, defense_steps
 from leaklab.names import (ACCOUNTANT_NAMES, ARCH_NAMES, AUDIT_KIND_NAMES, AUDIT_TEST_NAMES, BN_STATS_NAMES,
                            DATASET_NAMES, DEVICE_PATTERN, INVERSION_CHECK_NAMES, MECHANISM_ALIASES, MECHANISM_NAMES,
                            MODEL_NAMES, POLICY_NAMES, RL_ALGORITHM_NAMES, ROOM_MODE_NAMES, SETTING_NAMES,
-                           UPDATE_NAMES)
+                           TABLE1_CELLS, UPDATE_NAMES)
 from leaklab.words import plural
 
 
@@ -141,9 +141,10 @@ def _each(flag: str, ok: Callable[[str], bool], need: str) -> Callable[[Any], An
     """A callback for a repeatable or comma-separated list option: refuses an empty list (:func:`_some`)
     and any item for which ``ok`` is false, while the command line is parsed."""
 
-    def check(values: list[str] | None) -> list[str] | None:
+    def check(values: str | list[str] | None) -> str | list[str] | None:
         _some(flag)(values)
-        bad = [item for item in _split(values) or [] if not ok(item)]
+        bad = [item for item in _split(values if isinstance(values, list) else values and [values]) or []
+               if not ok(item)]
         if bad:
             _fail(f"invalid {flag} (got {bad[0]!r}): {need}")
         return values
@@ -385,6 +386,8 @@ LocalLrOpt = Annotated[Optional[float], typer.Option("--local-lr", help="FedAvg 
                                                      "(default 0.1)", rich_help_panel=CAPTURE)]
 
 
+CaseOpt = Annotated[Optional[Path], typer.Option("--case", help="case folder from `leaklab capture`; without it, "
+                                                "the capture options make one in OUT/case")]
 _CAPTURE_FIELDS = ("model", "data", "batch_size", "num_images", "image_seed", "image_size", "width",
                    "defense", "train_steps", "knows_labels", "update", "local_steps", "local_lr", "bn_stats")
 
@@ -423,10 +426,7 @@ def capture(
     """Capture what the server sees of a client round (view, model, updates) and the client's truth."""
     from leaklab.experiments import capture as capture_mod
 
-    config = _capture_config(seed, model=model, data=data, batch_size=batch_size, num_images=num_images,
-                             image_seed=image_seed, image_size=image_size, width=width, defense=defense,
-                             train_steps=train_steps, knows_labels=knows_labels, update=update,
-                             local_steps=local_steps, local_lr=local_lr, bn_stats=bn_stats)
+    config = _capture_config(seed, **_capture_fields(locals()))
     result = capture_mod.run(config, out)
     typer.echo(f"wrote {out}: {plural(len(result.updates), 'update')} of {plural(config.batch_size, 'image')}, "
                f"model {result.spec.name}, defense {result.defense or 'none'}")
@@ -453,8 +453,7 @@ def _attack_opt(flag: str, text: str, field: str, more: str = "", key: str | Non
 @_guard
 def attack_inversion(
     out: Annotated[Path, typer.Option("--out", help="results folder to write")],
-    case: Annotated[Optional[Path], typer.Option("--case", help="case folder from `leaklab capture`; "
-                                                 "without it, the capture options make one in OUT/case")] = None,
+    case: CaseOpt = None,
     objective: Annotated[Optional[str], _attack_opt("--objective", "", "objective")] = None,
     optimizer: Annotated[Optional[str], _attack_opt("--optimizer", "", "optimizer")] = None,
     iterations: Annotated[Optional[int], _attack_opt("--iterations", "optimisation steps", "iterations")] = None,
@@ -505,8 +504,7 @@ def attack_inversion(
 @_guard
 def attack_analytic(
     out: Annotated[Path, typer.Option("--out", help="results folder to write")],
-    case: Annotated[Optional[Path], typer.Option("--case", help="case folder from `leaklab capture`; "
-                                                 "without it, the capture options make one in OUT/case")] = None,
+    case: CaseOpt = None,
     seed: Annotated[Optional[int], _seed_opt("one-shot capture seed (default 0)")] = None,
     model: Annotated[Optional[str], _model_opt("mlp")] = None,
     data: DataOpt = None, batch_size: BatchOpt = None, num_images: NumOpt = None,
@@ -804,9 +802,10 @@ def reproduce_room_table1(
     seed: SeedOpt = 0,
     workers: WorkersOpt = 0,
     device: DeviceOpt = "cpu",
-    cells: Annotated[Optional[str], typer.Option("--cells", help="comma-separated subset of qgi-S1, "
-                                                 "qgi-S2, rgi-S1, rgi-S2 (default all)",
-                                                 callback=_some("--cells"))] = None,
+    cells: Annotated[Optional[str], typer.Option("--cells", help="comma-separated subset of "
+                                                 f"{', '.join(TABLE1_CELLS)} (default all)",
+                                                 callback=_each("--cells", TABLE1_CELLS.__contains__,
+                                                                "choose " + " | ".join(TABLE1_CELLS)))] = None,
     out: Annotated[Optional[Path], _run_out("room-table1")] = None,
     update_docs: UpdateDocsOpt = False,
 ) -> None:
@@ -818,7 +817,7 @@ def reproduce_room_table1(
     _room_table("room-table1", out, update_docs, samples, lambda o, p: room_tables.table1(
         o, mode=mode, samples=samples, layouts=chosen, iterations=iterations, arch=arch, seed=seed,
         workers=workers, device=device, progress=p,
-        **({"cells": tuple(c.strip() for c in cells.split(",") if c.strip())} if cells else {})))
+        **({"cells": tuple(_split([cells]))} if cells else {})))
 
 
 @reproduce_app.command("room-table2")

@@ -31,6 +31,7 @@ from leaklab.errors import LeaklabError
 from leaklab.experiments import ProgressFn, room_attack
 from leaklab.io import CELLS_DIR, REPRODUCTION_FORMAT, RESULTS_FILE, check_out, read_json, write_bytes, write_json
 from leaklab.models.perception import architecture_digest
+from leaklab.names import TABLE1_CELLS
 from leaklab.words import plural
 
 
@@ -70,7 +71,6 @@ TABLE2_CELLS: dict[str, tuple[str, str, dict[str, Any], str]] = {
               "QGI with joint image + box optimisation (Fig. 4 'joint')"),
     "exact": ("qgi", "S1", {"mode": "exact"}, "leaklab's exact mode"),
 }
-TABLE1_CELLS = ("qgi-S1", "qgi-S2", "rgi-S1", "rgi-S2")
 METRICS_TABLE1 = ("rgb_psnr_mean", "rgb_ssim_mean", "depth_psnr_mean", "depth_ssim_mean")
 VECTORS = ("iou_mean", "iou_min", "action_accuracy", "q_pred_err_mean", "q_target_err_mean",
            "reward_abs_err_mean")
