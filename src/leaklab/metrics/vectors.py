@@ -20,8 +20,8 @@ def box_iou(pred: torch.Tensor, truth: torch.Tensor) -> torch.Tensor:
 
 
 def percent_error(pred: torch.Tensor, truth: torch.Tensor) -> torch.Tensor:
-    """``100 * |pred - truth| / |truth|`` element-wise (infinite where truth is 0 and pred is not, 0
-    where both are 0)."""
+    """Seed 000 section V's percentage error ``ε(x) = 100 * |x_rec - x| / |x|`` element-wise (infinite
+    where the truth is 0 and the prediction is not, 0 where both are 0)."""
     pred, truth = pred.double(), truth.double()
     diff = (pred - truth).abs()
     return torch.where(diff == 0, torch.zeros_like(diff), 100 * diff / truth.abs())

@@ -1,4 +1,5 @@
-"""Empirical lower bounds on epsilon: does a mechanism deliver the epsilon it claims?
+"""Empirical lower bounds on epsilon: does a mechanism deliver the epsilon it claims? (Not a seed
+method: the check leaklab runs on the seeds' mechanisms, the Dirichlet mechanism of seed 003 and DP-SGD.)
 
 Run the mechanism ``runs`` times on each of two neighbouring inputs D and D', map every output to
 a scalar score, and distinguish D from D' by a threshold on the score. For an (epsilon, delta)-DP

@@ -1,4 +1,5 @@
-"""Label recovery from the last linear layer's update.
+"""Label recovery from the last linear layer's update (the label step the attacks of seed 001 take
+from the literature it cites: iDLG, Zhao et al. 2020).
 
 For cross-entropy the gradient of the last layer's weight row ``i`` is ``sum_n (p_ni - y_ni) h_n``
 and of its bias ``sum_n (p_ni - y_ni)``. With non-negative features ``h`` (after ReLU or sigmoid) only

@@ -1,4 +1,5 @@
-"""leaklab's exact room attack (``mode="exact"``): one sample, or a batch the output errors separate.
+"""leaklab's exact room attack (``mode="exact"``; seed 000's QGI and RGI, section IV, with every Linear
+layer's input read in closed form): one sample, or a batch the output errors separate.
 
 Every Linear layer with a bias gives its input exactly: ``dW = delta h^T`` and ``db = delta``, so
 ``h = db^T dW / ||db||^2`` (:func:`leaklab.attacks.inversion.analytic.linear_input`). That yields the
