@@ -1,5 +1,5 @@
 """Empirical lower bounds on epsilon: does a mechanism deliver the epsilon it claims? (Not a seed
-method: the check leaklab runs on the seeds' mechanisms, the Dirichlet mechanism of seed 003 and DP-SGD.)
+method: the check leaklab runs on its mechanisms, seed 003's Dirichlet mechanism among them, and DP-SGD.)
 
 Run the mechanism ``runs`` times on each of two neighbouring inputs D and D', map every output to
 a scalar score, and distinguish D from D' by a threshold on the score. For an (epsilon, delta)-DP
