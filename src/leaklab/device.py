@@ -84,6 +84,13 @@ def processor(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
     return f"{name} ({details})" if details else name
 
 
+def versions() -> dict[str, str]:
+    """The software that computed a result (leaklab, torch, Python), for its results file."""
+    import leaklab
+
+    return {"leaklab": leaklab.__version__, "torch": torch.__version__, "python": platform.python_version()}
+
+
 def describe(device: torch.device) -> str:
     """A human-readable device name for results files and benchmarks."""
     if device.type == "cuda":

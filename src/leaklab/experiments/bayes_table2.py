@@ -50,7 +50,6 @@ from __future__ import annotations
 
 import json
 import math
-import platform
 import time
 import zlib
 from collections.abc import Callable
@@ -63,7 +62,7 @@ import torch
 from leaklab.attacks.inversion import InversionConfig, invert
 from leaklab.data import load_images
 from leaklab.defenses import parse_defense
-from leaklab.device import describe
+from leaklab.device import describe, versions
 from leaklab.errors import LeaklabError
 from leaklab.fl import fedsgd_update
 from leaklab.io import BAYES_CELL_FORMAT, BAYES_TABLE2_FORMAT, CELLS_DIR, check_out, make_out_dir, write_json
@@ -569,7 +568,7 @@ def run(out: Path, quick: bool = False, datasets: list[str] | None = None,
                       "beta), Gaussian-noise init, pixels clamped to [0, 1], labels known, k=1, delta=0, "
                       "batch size 1, FedSGD gradient",
         },
-        "versions": {"torch": torch.__version__, "python": platform.python_version()},
+        "versions": versions(),
         "device": describe(torch.device("cpu")),
         "seconds": round(time.perf_counter() - started, 1),
         "cell_seconds_total": round(sum(rec.get("seconds", 0.0) for rec in results.values()), 1),

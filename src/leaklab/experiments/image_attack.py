@@ -14,7 +14,6 @@ and labels are compared as multisets.
 
 from __future__ import annotations
 
-import platform
 import time
 from collections import Counter
 from pathlib import Path
@@ -22,9 +21,8 @@ from typing import Any, Literal
 
 import torch
 
-import leaklab
 from leaklab.attacks.inversion import InversionConfig, Reconstruction, invert, recover_input, recover_labels
-from leaklab.device import default_device, describe
+from leaklab.device import default_device, describe, versions
 from leaklab.errors import LeaklabError
 from leaklab.experiments import ProgressFn
 from leaklab.experiments import capture as capture_mod
@@ -71,11 +69,6 @@ def parse_priors(items: list[str] | None, tv: float | None = None) -> dict[str, 
     if tv is not None:
         priors["tv"] = tv
     return priors
-
-
-def versions() -> dict[str, str]:
-    return {"leaklab": leaklab.__version__, "torch": torch.__version__,
-            "python": platform.python_version()}
 
 
 # --------------------------------------------------------------------------------------------

@@ -21,10 +21,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from leaklab.device import default_device, describe
+from leaklab.device import default_device, describe, versions
 from leaklab.experiments import ProgressFn
 from leaklab.experiments.capture import CaptureConfig, capture, write
-from leaklab.experiments.image_attack import attack, evaluate, inversion_config, versions
+from leaklab.experiments.image_attack import attack, evaluate, inversion_config
 from leaklab.io import AUDIT_FORMAT, RESULTS_FILE, atomic_dir, load_case, load_truth, write_json
 from leaklab.words import plural
 

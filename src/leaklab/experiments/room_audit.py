@@ -38,11 +38,10 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 from leaklab.attacks.rl import RoomAttackConfig, max_batch
-from leaklab.device import DEVICE_PATTERN, describe, require_device
+from leaklab.device import DEVICE_PATTERN, describe, require_device, versions
 from leaklab.errors import LeaklabError
 from leaklab.experiments import ProgressFn, room_attack
 from leaklab.experiments.attack_journal import journal_beside
-from leaklab.experiments.image_attack import versions
 from leaklab.fields import Seed, defense_steps
 from leaklab.io import (AUDIT_FORMAT, CAPTURE_JSON, RESULTS_FILE, TRUTH_FILE, VIEW_FILE, atomic_dir, check_out,
                         read_json, write_json)
