@@ -34,7 +34,6 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from leaklab.attacks.rl import RoomAttackConfig, RoomReconstruction, qgi, rgi
 from leaklab.attacks.rl.config import METHOD_VERSION
 from leaklab.device import DEVICE_PATTERN, describe, repeatable, require_device, versions
-from leaklab.errors import LeaklabError
 from leaklab.experiments import ProgressFn
 from leaklab.experiments.attack_journal import AttackJournal, journal_beside
 from leaklab.fields import DefenseOption, Seed
