@@ -184,7 +184,7 @@ def test_help_version_and_bad_names_do_not_load_torch(tmp_path):
 def test_a_named_choice_takes_any_case_and_passes_on_the_name_as_listed():
     """Every closed-list option is a ``_choice``: ``s1``, ``Nature``, ``Randomized_Response`` and the alias
     ``rr`` are read as the names the configurations know (``S1``, ``nature``, ``randomized-response``)."""
-    from leaklab.cli import _choice
+    from leaklab.cli.options import _choice
     from leaklab.names import ARCH_NAMES, MECHANISM_ALIASES, MECHANISM_NAMES, SETTING_NAMES
 
     assert [_choice("--setting", SETTING_NAMES).callback(v) for v in ("s1", "S2", None)] == ["S1", "S2", None]
@@ -393,7 +393,7 @@ def test_reproduce_commands_and_threads_setting_fail_with_one_line(case, tmp_pat
 
 def test_plain_progress_writes_a_line_every_interval_and_at_each_task_end(capsys):
     """On a non-interactive stderr (a log, CI) long work reports plain lines; the first 30 s stay silent."""
-    from leaklab.cli import PLAIN_EVERY, _plain_progress
+    from leaklab.cli.progress import PLAIN_EVERY, _plain_progress
 
     now = [100.0]
     progress = _plain_progress(clock=lambda: now[0])
@@ -410,7 +410,7 @@ def test_plain_progress_writes_a_line_every_interval_and_at_each_task_end(capsys
 
 
 def test_plain_progress_shows_a_running_attacks_share_to_the_tenth_below(capsys):
-    from leaklab.cli import PLAIN_EVERY, _plain_progress
+    from leaklab.cli.progress import PLAIN_EVERY, _plain_progress
 
     now = [0.0]
     progress = _plain_progress(clock=lambda: now[0])
@@ -423,7 +423,7 @@ def test_plain_progress_shows_a_running_attacks_share_to_the_tenth_below(capsys)
 
 
 def test_plain_progress_clock_counts_hours():
-    from leaklab.cli import _clock
+    from leaklab.cli.progress import _clock
 
     assert (_clock(31), _clock(3599), _clock(3723), _clock(36000)) == ("0:31", "59:59", "1:02:03", "10:00:00")
 

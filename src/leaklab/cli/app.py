@@ -1,0 +1,129 @@
+"""The ``leaklab`` application: its command groups, the main callback (``--threads``, ``--version``)
+and :func:`_guard`, which turns every user mistake into one ``error:`` line and exit code 2.
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+from collections.abc import Callable
+from typing import Annotated, Any, Optional
+
+import click
+import typer
+from pydantic import ValidationError
+from typer.core import TyperGroup
+
+from leaklab.cli.options import _error_line, _fail, _option_name
+from leaklab.errors import LeaklabError, validation_message
+
+
+class _OneLineErrors(TyperGroup):
+    """The top command group: a mistake click itself finds (an option missing or unknown, a value of the
+    wrong type) is one ``error:`` line with exit code 2, as leaklab's own checks are, instead of a boxed
+    panel; a command group called without a command still prints its help."""
+
+    def main(self, args: Any = None, prog_name: Any = None, complete_var: Any = None, standalone_mode: bool = True,
+             **extra: Any) -> Any:
+        if not standalone_mode:
+            return super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        try:
+            code = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        except click.exceptions.NoArgsIsHelpError as e:
+            e.show()
+            sys.exit(e.exit_code)
+        except click.ClickException as e:
+            message = e.format_message().rstrip(".")
+            where = f" (see {e.ctx.command_path} --help)" if getattr(e, "ctx", None) is not None else ""
+            typer.echo(_error_line(message[:1].lower() + message[1:] + where), err=True)
+            sys.exit(2)
+        except click.Abort:
+            typer.echo("error: aborted", err=True)
+            sys.exit(1)
+        sys.exit(code if isinstance(code, int) else 0)
+
+
+app = typer.Typer(name="leaklab", cls=_OneLineErrors, no_args_is_help=True, add_completion=False,
+                  pretty_exceptions_show_locals=False,
+                  help="A laboratory for privacy leakage in federated learning: capture client updates, "
+                       "attack them, and report how much they leak.")
+
+attack_app = typer.Typer(no_args_is_help=True, help="Attack captured client updates.")
+reproduce_app = typer.Typer(no_args_is_help=True, help="Reproduce published tables.")
+app.add_typer(attack_app, name="attack")
+app.add_typer(reproduce_app, name="reproduce")
+
+
+def _exit_on_sigterm() -> None:
+    """Turn SIGTERM into SystemExit so that partial output folders are removed on the way out."""
+    import signal
+    import threading
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+
+
+def _one_line_warnings() -> None:
+    """Warnings print as one ``warning: ...`` line, as errors print as one ``error: ...`` line."""
+    import warnings
+
+    warnings.formatwarning = lambda message, category, filename, lineno, line=None: f"warning: {message}\n"
+
+
+_run: dict[str, int | None] = {"threads": None}  # this invocation's --threads (the main callback's)
+
+
+def _guard(fn: Callable) -> Callable:
+    """Run a command with the torch thread count of ``--threads``; user mistakes become one ``error:``
+    line and exit code 2."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        _exit_on_sigterm()
+        _one_line_warnings()
+        try:
+            from leaklab.device import configure_threads
+
+            configure_threads(_run["threads"])
+            return fn(*args, **kwargs)
+        except LeaklabError as e:
+            _fail(str(e))
+        except ValidationError as e:
+            _fail(validation_message(e, name=_option_name))
+        except KeyboardInterrupt:
+            typer.echo("error: interrupted; --out holds no partial results (the room attacks and the room audit "
+                       "keep their finished attacks beside it, the reproduce commands their finished cells: the "
+                       "same command resumes)", err=True)
+            raise typer.Exit(130) from None
+
+    return wrapper
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        from leaklab import __version__
+
+        typer.echo(f"leaklab {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _main(threads: Annotated[Optional[int], typer.Option(
+        "--threads", min=1, help="torch threads for this run (default: LEAKLAB_THREADS or 1)")] = None,
+        show_version: Annotated[bool, typer.Option("--version", callback=_print_version, is_eager=True,
+                                                   help="print leaklab's version and exit")] = False) -> None:
+    """A laboratory for privacy leakage in federated learning."""
+    _run["threads"] = threads  # set when a command runs (_guard): help and usage errors load no torch
+
+env_app = typer.Typer(no_args_is_help=True, help="The reinforcement-learning environments.")
+app.add_typer(env_app, name="env")
+
+
+mechanisms_app = typer.Typer(no_args_is_help=True, help="Differential-privacy mechanisms: their epsilon, "
+                                                        "DP-SGD accounting, and empirical audits.")
+mechanisms_epsilon_app = typer.Typer(no_args_is_help=True, help="The (epsilon, delta) a mechanism claims.")
+mechanisms_account_app = typer.Typer(no_args_is_help=True, help="Privacy accounting of repeated mechanism "
+                                                                "uses (opacus, dp-accounting).")
+app.add_typer(mechanisms_app, name="mechanisms")
+mechanisms_app.add_typer(mechanisms_epsilon_app, name="epsilon")
+mechanisms_app.add_typer(mechanisms_account_app, name="account")

@@ -1,0 +1,133 @@
+"""Option helpers of the command line: one-line errors, option callbacks that check values while
+options are parsed (before torch loads), and the options several commands share.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Annotated, Any
+
+import typer
+
+from leaklab.errors import LeaklabError
+from leaklab.fields import MAX_SEED, defense_steps
+
+
+CAPTURE = "Capture (client side)"
+ATTACK = "Attack"
+
+_OPTION_NAMES = {"priors": "--prior/--tv"}
+
+
+def _option_name(loc: tuple) -> str:
+    field = str(loc[0])
+    return _OPTION_NAMES.get(field, "--" + field.replace("_", "-"))
+
+
+def _error_line(message: str) -> str:
+    """A user mistake as the one line the CLI prints: ``error: ...``, on one line whatever the message."""
+    return "error: " + " ".join(str(message).split())
+
+
+def _fail(message: str) -> None:
+    typer.echo(_error_line(message), err=True)
+    raise typer.Exit(2)
+
+
+def _checked(flag: str, ok: Callable[[Any], bool], need: str) -> Callable[[Any], Any]:
+    """An option callback refusing a value for which ``ok`` is false while the command line is parsed, as
+    one ``error:`` line, before torch loads (the configurations' own checks come seconds later, and a
+    few commands have none)."""
+
+    def check(value: Any) -> Any:
+        if value is not None and not ok(value):
+            _fail(f"invalid {flag} (got {value!r}): {need}")
+        return value
+
+    return check
+
+
+def _choice(flag: str, names: tuple[str, ...], help: str = "", aliases: dict[str, str] | None = None,
+            **kwargs: Any) -> Any:
+    """A ``flag`` option taking one of ``names`` (its help: the names, then ``help``) in any case, ``_`` for
+    ``-``, or an alias of one; it passes on the name as spelled in ``names`` (``--setting s1`` gives
+    ``S1``, ``--mechanism Randomized_Response`` and ``rr`` give ``randomized-response``)."""
+    spelled = {_name_key(n): n for n in names} | {_name_key(a): n for a, n in (aliases or {}).items()}
+
+    def name(value: Any) -> Any:
+        if value is None:
+            return value
+        if _name_key(value) not in spelled:
+            _fail(f"invalid {flag} (got {value!r}): choose {' | '.join(names)}")
+        return spelled[_name_key(value)]
+
+    return typer.Option(flag, callback=name, help=" | ".join(names) + (f" {help}" if help else ""), **kwargs)
+
+
+def _name_key(value: Any) -> str:
+    return str(value).lower().replace("_", "-")
+
+
+def _defense_chain(value: str | None) -> str | None:
+    """The ``--defense`` callback: refuses a chain that does not parse (:func:`leaklab.fields.defense_steps`)."""
+    try:
+        defense_steps(value)
+    except LeaklabError as e:
+        _fail(f"invalid --defense (got {value!r}): {e}")
+    return value
+
+
+def _each(flag: str, ok: Callable[[str], bool], need: str) -> Callable[[Any], Any]:
+    """A callback for a repeatable or comma-separated list option: refuses an empty list (:func:`_some`)
+    and any item for which ``ok`` is false, while the command line is parsed."""
+
+    def check(values: str | list[str] | None) -> str | list[str] | None:
+        _some(flag)(values)
+        bad = [item for item in _split(values if isinstance(values, list) else values and [values]) or []
+               if not ok(item)]
+        if bad:
+            _fail(f"invalid {flag} (got {bad[0]!r}): {need}")
+        return values
+
+    return check
+
+
+def _layouts(value: str | None) -> str | None:
+    """The ``--layouts`` callback: refuses an empty list, a count out of range and an unknown or repeated
+    room (:func:`leaklab.rl.envs.layouts.layouts_arg`); the room table loads without torch or ViZDoom."""
+    _some("--layouts")(value)
+    from leaklab.rl.envs.layouts import layouts_arg
+
+    try:
+        layouts_arg(value)
+    except LeaklabError as e:
+        _fail(f"invalid --layouts (got {value!r}): {e}")
+    return value
+
+
+def _some(flag: str) -> Callable[[Any], Any]:
+    """A callback refusing a list option given only empty values (``--cells ''``, ``--defenses ';'``),
+    which would otherwise select everything, the longest run."""
+    return _checked(flag, lambda v: any(part.strip(" ,;") for part in (v if isinstance(v, list) else [v])),
+                    "give at least one name (leave the option out for all)")
+
+
+def _seed_opt(help: str = "seed of everything the command draws (same seed, same numbers)", flag: str = "--seed",
+              **kwargs: Any) -> Any:
+    """A seed option: a whole number from 0 to :data:`~leaklab.fields.MAX_SEED`."""
+    return typer.Option(flag, callback=_checked(flag, lambda v: 0 <= v <= MAX_SEED,
+                                                f"a seed is a whole number from 0 to {MAX_SEED}"), help=help, **kwargs)
+
+
+SeedOpt = Annotated[int, _seed_opt()]
+
+
+def _run_out(kind: str) -> Any:
+    """``--out`` of a command whose results go to a new ``runs/<time>-<kind>`` unless given (:func:`new_run_dir`)."""
+    return typer.Option("--out", help=f"results folder (default runs/<time>-{kind})")
+
+
+def _split(values: list[str] | None, sep: str = ",") -> list[str] | None:
+    if not values:
+        return None
+    return [part.strip() for v in values for part in v.split(sep) if part.strip()]

@@ -1,0 +1,97 @@
+"""Progress on stderr: a rich bar on a terminal, a plain line every :data:`PLAIN_EVERY` seconds
+elsewhere (a log file, CI).
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+
+PLAIN_EVERY = 30.0  # seconds between progress lines on a non-interactive stderr (a log file, CI)
+
+
+def _progress_args(args: tuple, kwargs: dict) -> tuple[str, Any, Any]:
+    """``progress(description, completed, total)`` (positional or by keyword) as its three parts."""
+    words = [a for a in args if isinstance(a, str)]
+    numbers = [a for a in args if isinstance(a, (int, float)) and not isinstance(a, bool)]
+    name = kwargs.get("task") or (words[0] if words else "working")
+    completed = kwargs.get("completed", numbers[0] if numbers else None)
+    total = kwargs.get("total", numbers[1] if len(numbers) > 1 else None)
+    return name, completed, total
+
+
+def _clock(seconds: float) -> str:
+    """``m:ss``, or ``h:mm:ss`` from an hour on."""
+    minutes, secs = divmod(int(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
+
+
+def _plain_progress(clock: Callable[[], float] = time.monotonic) -> Callable[..., None]:
+    """The progress callback for a non-interactive stderr: one plain line ``description: done/total
+    (elapsed, about ... left)`` at most every :data:`PLAIN_EVERY` seconds and when a task completes,
+    none in a run's first :data:`PLAIN_EVERY` seconds (a short run stays silent, as its error stays
+    one line). The time left is the task's rate since it was first reported, over what remains."""
+    start = last = clock()
+    said = ""
+    first: dict[str, tuple[float, float]] = {}  # task -> (time, completed) when first reported
+
+    def update(*args: Any, **kwargs: Any) -> None:
+        nonlocal last, said
+        name, completed, total = _progress_args(args, kwargs)
+        now = clock()
+        if completed is not None:
+            first.setdefault(name, (now, completed))
+        finished = total is not None and completed is not None and completed >= total
+        if now - start < PLAIN_EVERY or not (finished or now - last >= PLAIN_EVERY):
+            return
+        # a fractional count (a running attack's share) to the tenth below: 0.96 of 1 is not 1/1
+        done = f"{math.floor(completed * 10) / 10:g}" if isinstance(completed, float) else f"{completed}"
+        line = f"{name}: {done}/{total}" if total is not None else f"{name}: {done}"
+        if line == said:  # a task's end told twice (its last step, then its result)
+            return
+        last, said = now, line
+        when = f"{_clock(now - start)} elapsed"
+        since, before = first.get(name, (now, completed))
+        if total is not None and not finished and completed is not None and completed > before and now > since:
+            when += f", about {_clock((total - completed) * (now - since) / (completed - before))} left"
+        print(f"{line} ({when})", file=sys.stderr, flush=True)
+
+    return update
+
+
+@contextmanager
+def _progress() -> Iterator[Callable[..., None]]:
+    """A callback ``progress(task, completed, total)`` drawing rich bars on an interactive stderr,
+    plain lines (:func:`_plain_progress`) on any other."""
+    from rich.console import Console
+    from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
+                               TimeRemainingColumn)
+
+    console = Console(stderr=True)
+    if not console.is_terminal:
+        yield _plain_progress()
+        return
+    bars = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                    TimeElapsedColumn(), TimeRemainingColumn(), console=console, transient=False)
+    task: list[Any] = []
+
+    def update(*args: Any, **kwargs: Any) -> None:
+        # one bar whose description follows the work
+        name, completed, total = _progress_args(args, kwargs)
+        if not task:
+            task.append(bars.add_task(name, total=total))
+        bars.update(task[0], description=name, completed=completed, total=total)
+
+    with bars:
+        yield update
+
+
+def _resumed(count: int, text: str) -> str:
+    """``text`` with the count of attacks taken from an interrupted run, or nothing when there were none."""
+    return text.format(count) if count else ""

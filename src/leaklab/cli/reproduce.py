@@ -1,0 +1,190 @@
+"""``leaklab reproduce``: the published tables beside ours (docs/reproductions.md).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated, Any, Optional
+
+import typer
+
+from leaklab.cli.app import _guard, reproduce_app
+from leaklab.cli.options import SeedOpt, _each, _run_out, _some, _split
+from leaklab.cli.progress import _progress
+from leaklab.cli.rooms import ArchOpt, DeviceOpt, IterationsOpt, LayoutsOpt, ModeOpt, WorkersOpt
+from leaklab.errors import LeaklabError
+from leaklab.names import INVERSION_CHECK_NAMES, TABLE1_CELLS
+from leaklab.words import plural
+
+
+@reproduce_app.command("bayes-table2")
+@_guard
+def reproduce_bayes_table2(
+    quick: Annotated[bool, typer.Option("--quick", help="a small, fast version (tests)")] = False,
+    datasets: Annotated[Optional[list[str]], typer.Option("--datasets", help="repeatable or comma-separated, e.g. "
+                                                          "digits,photos", callback=_some("--datasets"))] = None,
+    defenses: Annotated[Optional[list[str]], typer.Option("--defenses", help="repeatable; one defense chain each, "
+                                                          "chains separated by ';'",
+                                                          callback=_some("--defenses"))] = None,
+    steps: Annotated[Optional[list[str]], typer.Option("--steps", help="train steps, e.g. 0,500",
+                                                       callback=_each("--steps", str.isdigit,
+                                                                      "whole numbers of train steps, e.g. 0,500"))
+                     ] = None,
+    images: Annotated[Optional[int], typer.Option("--images", help="images per setting")] = None,
+    seed: SeedOpt = 0,
+    out: Annotated[Optional[Path], _run_out("bayes-table2")] = None,
+) -> None:
+    """Seed 001 Table 2: Bayes-optimal adversary vs L2/L1/cosine under noise and pruning defenses."""
+    from leaklab.experiments import bayes_table2
+    from leaklab.io import new_run_dir
+
+    step_values = [int(s) for s in _split(steps) or []] or None
+    out = out or new_run_dir("bayes-table2")
+    # Not atomic on purpose: the experiment writes each finished cell at once and a rerun resumes;
+    # it validates its options before it creates anything.
+    with _progress() as progress:
+        result = bayes_table2.run(out, quick=quick, datasets=_split(datasets),
+                                  defenses=_split(defenses, ";"), steps=step_values, images=images,
+                                  seed=seed, progress=progress)
+    table = result.get("table") if isinstance(result, dict) else None
+    typer.echo(f"wrote {out / 'results.json'}")
+    if table:
+        for dataset, by_defense in table.items():
+            for defense_name, by_step in by_defense.items():
+                for step, by_attack in by_step.items():
+                    cells = ", ".join(f"{a} {v:.2f}" if isinstance(v, (int, float)) else f"{a} {v}"
+                                      for a, v in by_attack.items())
+                    typer.echo(f"  {dataset:8s} {defense_name:26s} step {step}: {cells}")
+
+
+PUBLISHED_SAMPLES = 48  # the acceptance protocol of the tables in docs/reproductions.md
+
+
+def _room_table(name: str, out: Path | None, update_docs: bool, samples: int,
+                run: Callable[[Path, Any], dict]) -> None:
+    import shlex
+
+    from leaklab.experiments import room_tables
+    from leaklab.io import new_run_dir
+
+    if update_docs and samples < PUBLISHED_SAMPLES:
+        raise LeaklabError(f"--update-docs replaces a published table ({PUBLISHED_SAMPLES} samples per cell or "
+                           f"more); run {plural(samples, 'sample')} without it")
+    if update_docs and not room_tables.DOCS.is_file():
+        raise LeaklabError(f"{room_tables.DOCS} not found; run --update-docs from the repository root")
+    out = out or new_run_dir(name)
+    # Not atomic on purpose: every finished cell is kept and a rerun resumes.
+    with _progress() as progress:
+        result = run(out, progress)
+    typer.echo(result["markdown"])
+    typer.echo(f"wrote {out / 'results.json'} and {out / 'table.md'}")
+    if update_docs:
+        command = "leaklab " + " ".join(shlex.quote(a) for a in sys.argv[1:] if a != "--update-docs")
+        typer.echo(f"updated {room_tables.update_docs(result['section'], result['markdown'], command)}")
+
+
+RoomSamplesOpt = Annotated[int, typer.Option("--samples", help="samples per cell")]
+UpdateDocsOpt = Annotated[bool, typer.Option("--update-docs", help="write the table into "
+                                             "docs/reproductions.md (run from the repository root)")]
+
+
+@reproduce_app.command("room-table1")
+@_guard
+def reproduce_room_table1(
+    mode: ModeOpt = "paper", samples: RoomSamplesOpt = 48, layouts: LayoutsOpt = None,
+    iterations: IterationsOpt = None, arch: ArchOpt = "small",
+    seed: SeedOpt = 0,
+    workers: WorkersOpt = 0,
+    device: DeviceOpt = "cpu",
+    cells: Annotated[Optional[str], typer.Option("--cells", help="comma-separated subset of "
+                                                 f"{', '.join(TABLE1_CELLS)} (default all)",
+                                                 callback=_each("--cells", TABLE1_CELLS.__contains__,
+                                                                "choose " + " | ".join(TABLE1_CELLS)))] = None,
+    out: Annotated[Optional[Path], _run_out("room-table1")] = None,
+    update_docs: UpdateDocsOpt = False,
+) -> None:
+    """Seed 000 Table I: QGI and RGI in S1 and S2 on the ViZDoom rooms, beside the paper's numbers."""
+    from leaklab.experiments import room_tables
+    from leaklab.rl.envs.layouts import layouts_arg
+
+    chosen = layouts_arg(layouts)
+    _room_table("room-table1", out, update_docs, samples, lambda o, p: room_tables.table1(
+        o, mode=mode, samples=samples, layouts=chosen, iterations=iterations, arch=arch, seed=seed,
+        workers=workers, device=device, progress=p,
+        **({"cells": tuple(_split([cells]))} if cells else {})))
+
+
+@reproduce_app.command("room-table2")
+@_guard
+def reproduce_room_table2(
+    samples: RoomSamplesOpt = 48, layouts: LayoutsOpt = None, iterations: IterationsOpt = None,
+    arch: ArchOpt = "small", seed: SeedOpt = 0,
+    workers: WorkersOpt = 0,
+    device: DeviceOpt = "cpu",
+    out: Annotated[Optional[Path], _run_out("room-table2")] = None,
+    update_docs: UpdateDocsOpt = False,
+) -> None:
+    """Seed 000 Table II and Fig. 4: objectives and joint vs separate optimisation, and exact mode.
+
+    The joint row runs stage 1's steps plus --iterations in one stage: the separate rows' total."""
+    from leaklab.experiments import room_tables
+    from leaklab.rl.envs.layouts import layouts_arg
+
+    chosen = layouts_arg(layouts)
+    _room_table("room-table2", out, update_docs, samples, lambda o, p: room_tables.table2(
+        o, samples=samples, layouts=chosen, iterations=iterations, arch=arch, seed=seed, workers=workers,
+        device=device, progress=p))
+
+
+@reproduce_app.command("inversion-checks")
+@_guard
+def reproduce_inversion_checks(
+    checks: Annotated[Optional[list[str]], typer.Option("--checks", help="dlg, idlg, analytic, ig, ig_batch_stats "
+                                                        "(IG on a BatchNorm client in training mode; repeatable or "
+                                                        "comma-separated; default all but ig_batch_stats)",
+                                                        callback=_each("--checks", INVERSION_CHECK_NAMES.__contains__,
+                                                                       "choose " + " | ".join(INVERSION_CHECK_NAMES)))
+                      ] = None,
+    images: Annotated[Optional[int], typer.Option("--images", help="images of the dlg and analytic checks "
+                                                  "(ig: at most 3; idlg always 50, 5 with --quick)")] = None,
+    quick: Annotated[bool, typer.Option("--quick", help="a small, fast version (tests)")] = False,
+    out: Annotated[Optional[Path], _run_out("inversion-checks")] = None,
+) -> None:
+    """The engine's reference checks: DLG, iDLG labels, analytic MLP recovery, Inverting Gradients."""
+    from leaklab.experiments import inversion_checks
+    from leaklab.io import new_run_dir
+
+    out = out or new_run_dir("inversion-checks")
+    with _progress() as progress:
+        result = inversion_checks.run(out, quick=quick, checks=_split(checks), images=images, progress=progress)
+    typer.echo(f"wrote {out / 'results.json'}")
+    for name, check in result["checks"].items():
+        figures = {k: v for k, v in check.items() if k in ("psnr_mean", "psnr_min", "psnr_baseline_mean", "accuracy")}
+        typer.echo(f"  {name:9s} " + ", ".join(f"{k} {v:.4g}" for k, v in figures.items()))
+
+
+@reproduce_app.command("dp-vs-inversion")
+@_guard
+def reproduce_dp_vs_inversion(
+    quick: Annotated[bool, typer.Option("--quick", help="a seconds-long version (tests)")] = False,
+    seed: SeedOpt = 0,
+    out: Annotated[Optional[Path], _run_out("dp-vs-inversion")] = None,
+) -> None:
+    """DP-SGD on MNIST at epsilon 3 (accuracy beside non-private) and inversion PSNR vs epsilon."""
+    from leaklab.experiments import dp_vs_inversion
+    from leaklab.io import new_run_dir
+
+    make = dp_vs_inversion.DpVsInversionConfig
+    config = make.quick(seed) if quick else make(seed=seed)
+    out = out or new_run_dir("dp-vs-inversion")
+    with _progress() as progress:
+        result = dp_vs_inversion.run(out, config, quick=quick, progress=progress)
+    u = result["utility"]
+    typer.echo(f"wrote {out / 'results.json'}")
+    typer.echo(f"  DP-SGD epsilon {u['private']['epsilon']:.3f} (delta {u['private']['delta']:g}): test accuracy "
+               f"{100 * u['private']['accuracy']:.1f}%, non-private {100 * u['non_private']['accuracy']:.1f}%")
+    for row in result["attack"]["rows"]:
+        typer.echo(f"  epsilon {row['epsilon']:>6s}: PSNR {row['psnr_mean']:6.2f} dB "
+                   f"(baseline {row['psnr_baseline_mean']:.2f}), noise multiplier {row['noise_multiplier']:.4g}")
