@@ -161,9 +161,9 @@ def test_quick_room_audit_writes_report_with_defenses(tmp_path):
 
 def test_audit_report_pictures_a_cells_first_samples_and_scores_them_all(tmp_path, monkeypatch):
     """A paper-scale audit (48 samples a cell) pictures the first SHOWN_SAMPLES of each cell."""
-    from leaklab.experiments import room_audit
+    from leaklab.experiments import room_audit, room_report
 
-    monkeypatch.setattr(room_audit, "SHOWN_SAMPLES", 1)
+    monkeypatch.setattr(room_report, "SHOWN_SAMPLES", 1)
     config = room_audit.AuditConfig(algorithms=("qgi",), settings=("S2",), samples=2, iterations=3,
                                     gaussian_sigmas=(), dp_epsilons=(), workers=1)
     res = room_audit.run(tmp_path / "audit", config)
@@ -173,7 +173,7 @@ def test_audit_report_pictures_a_cells_first_samples_and_scores_them_all(tmp_pat
 
 
 def test_audit_verdicts_in_words():
-    from leaklab.experiments.room_audit import conclusion, verdicts
+    from leaklab.experiments.room_report import conclusion, verdicts
 
     def cell(defense, chain, depth, iou, action, frames):
         return {"defense": defense, "defense_chain": chain, "algorithm": "qgi", "setting": "S2",
@@ -206,7 +206,7 @@ def test_audit_attacks_saved_room_cases(tmp_path, monkeypatch):
     assert f"leaklab audit --cases {cases}" in result.output
     assert json.loads((cases / "capture.json").read_text())["cases"] == ["0000", "0001"]
     out = tmp_path / "audit"
-    monkeypatch.setattr("leaklab.experiments.room_audit.SHOWN_SAMPLES", 1)  # the report pictures 1 of the 2
+    monkeypatch.setattr("leaklab.experiments.room_report.SHOWN_SAMPLES", 1)  # the report pictures 1 of the 2
     result = invoke("audit", "--cases", cases, "--iterations", "3", "--workers", "1", "--out", out)
     assert result.exit_code == 0, result.output
     html = (out / "report.html").read_text()
