@@ -11,9 +11,10 @@ import torch
 
 from leaklab.errors import LeaklabError
 from leaklab.experiments.capture import CaptureConfig, capture, write
+from leaklab.cases import load_case, load_truth
 from leaklab.io import (AUDIT_FORMAT, BAYES_TABLE2_FORMAT, REPRODUCTION_FORMAT, ROOM_ATTACK_FORMAT, UPDATE_FILE,
-                        UPDATE_JSON, VIEW_FILE, VIEW_FORMAT, atomic_dir, check_out, json_line, load_case, load_tensors,
-                        load_truth, make_out_dir, new_run_dir, read_config, read_json, save_tensors, write_json)
+                        UPDATE_JSON, VIEW_FILE, VIEW_FORMAT, atomic_dir, check_out, json_line, load_tensors,
+                        make_out_dir, new_run_dir, read_config, read_json, save_tensors, write_json)
 
 torch.set_num_threads(1)
 
@@ -228,7 +229,7 @@ def test_known_labels_are_part_of_the_view(tmp_path):
 
 def test_the_defense_the_server_reads_is_the_views(tmp_path, tiny_capture):
 
-    from leaklab.io import write_case
+    from leaklab.cases import write_case
     from leaklab.threat import Capabilities
 
     cap = tiny_capture

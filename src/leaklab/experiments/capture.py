@@ -21,7 +21,8 @@ from leaklab.defenses import parse_defense
 from leaklab.errors import LeaklabError
 from leaklab.fields import DefenseOption, Seed
 from leaklab.fl import fedavg_update, fedsgd_update, train_steps
-from leaklab.io import VIEW_FORMAT, atomic_dir, write_case
+from leaklab.cases import write_case
+from leaklab.io import VIEW_FORMAT, atomic_dir
 from leaklab.models import MODEL_NAMES, ModelSpec, build_model
 from leaklab.names import BN_STATS_NAMES, UPDATE_NAMES
 from leaklab.threat import Capabilities, ClientUpdate, UpdateMetadata

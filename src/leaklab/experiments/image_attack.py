@@ -1,7 +1,7 @@
 """Attack a captured case and evaluate the reconstructions against the client's truth.
 
 ``run(case_dir, out, method, config)`` (``leaklab attack inversion|analytic --case``) reads only the
-server's files of the case (:func:`leaklab.io.load_case`), attacks every update, and only then reads
+server's files of the case (:func:`leaklab.cases.load_case`), attacks every update, and only then reads
 ``truth.safetensors`` (when present) to score the reconstructions. ``run_oneshot`` captures into
 ``out/case`` first. Both write ``out/results.json``, ``out/reconstructions.png`` (originals above
 reconstructions when the truth exists) and ``out/reconstructions.safetensors``, atomically.
@@ -26,8 +26,9 @@ from leaklab.device import default_device, describe, versions
 from leaklab.errors import LeaklabError
 from leaklab.experiments import ProgressFn
 from leaklab.experiments import capture as capture_mod
-from leaklab.io import (CASE_SUBDIR, IMAGE_ATTACK_FORMAT, RECONSTRUCTIONS_FILE, RESULTS_FILE, Case, atomic_dir,
-                        load_case, load_truth, save_tensors, write_json)
+from leaklab.cases import Case, load_case, load_truth
+from leaklab.io import (CASE_SUBDIR, IMAGE_ATTACK_FORMAT, RECONSTRUCTIONS_FILE, RESULTS_FILE, atomic_dir, save_tensors,
+                        write_json)
 from leaklab.metrics import match_order, psnr, scores
 
 Method = Literal["inversion", "analytic"]

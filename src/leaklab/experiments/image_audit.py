@@ -25,7 +25,8 @@ from leaklab.device import default_device, describe, versions
 from leaklab.experiments import ProgressFn
 from leaklab.experiments.capture import CaptureConfig, capture, write
 from leaklab.experiments.image_attack import attack, evaluate, inversion_config
-from leaklab.io import AUDIT_FORMAT, RESULTS_FILE, atomic_dir, load_case, load_truth, write_json
+from leaklab.cases import load_case, load_truth
+from leaklab.io import AUDIT_FORMAT, RESULTS_FILE, atomic_dir, write_json
 from leaklab.words import plural
 
 REPORT_FILE = "report.html"

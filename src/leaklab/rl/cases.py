@@ -19,9 +19,9 @@ from typing import Any
 import torch
 
 from leaklab.errors import LeaklabError
+from leaklab.cases import member_file, read_case_files, truth_provenance
 from leaklab.io import (FORMAT_VERSION, MODEL_FILE, PERCEPTION_MODEL_TYPE, TRUTH_FILE, UPDATE_FILE, UPDATE_JSON,
-                        VIEW_FILE, VIEW_FORMAT, dumps_json, load_tensors, member_file, read_case_files, save_tensors,
-                        truth_provenance, write_json)
+                        VIEW_FILE, VIEW_FORMAT, dumps_json, load_tensors, save_tensors, write_json)
 from leaklab.models import PerceptionSpec
 from leaklab.threat import Capabilities, ClientUpdate, ServerView, UpdateMetadata, make_view
 

@@ -1,0 +1,283 @@
+"""Case folders: what a server holds of one client round, and apart from it the client's truth
+(docs/formats.md).
+
+A *case* folder (written by ``leaklab capture``) holds what the server sees, ``view.json``,
+``model.safetensors``, ``update.safetensors``, ``update.json``, and, apart from it, the client's truth
+``truth.safetensors``. :func:`load_case` reads only the server's files; :func:`load_truth` reads the
+truth, for evaluation only. :func:`read_case_files` is the reading an image case and a room case
+(:mod:`leaklab.rl.cases`) share. Files are read and written by :mod:`leaklab.io`: never unpickled,
+validated at the boundary.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from pydantic import ValidationError
+
+from leaklab.errors import LeaklabError, validation_message
+from leaklab.io import (FORMAT_VERSION, MODEL_FILE, PERCEPTION_MODEL_TYPE, TRUTH_FILE, UPDATE_FILE, UPDATE_JSON,
+                        VIEW_FILE, VIEW_FORMAT, check_finite, dumps_json, load_tensors, read_json, save_tensors,
+                        write_json)
+from leaklab.models import ModelSpec, PerceptionSpec
+from leaklab.threat import Capabilities, ClientUpdate, ServerView, UpdateMetadata, make_view
+
+
+@dataclass
+class Case:
+    """What the server holds for one capture: the view and the client updates (in capture order)."""
+
+    view: ServerView
+    updates: list[ClientUpdate]
+    labels: list[torch.Tensor | None]  # per update: labels the view grants (knows_labels), else None
+    folder: Path
+
+    def view_for(self, index: int) -> ServerView:
+        """The view of update ``index`` (carrying that update's labels when the view grants them)."""
+        from dataclasses import replace
+
+        return replace(self.view, labels=self.labels[index])
+
+
+def write_case(folder: Path, spec: ModelSpec, state: dict[str, torch.Tensor],
+               metadata: UpdateMetadata, capabilities: Capabilities, defense: str | None,
+               updates: Sequence[ClientUpdate], labels: Sequence[torch.Tensor],
+               truth_images: torch.Tensor | None = None, truth_labels: torch.Tensor | None = None,
+               provenance: dict[str, Any] | None = None) -> None:
+    """Write a case folder (see docs/formats.md). ``labels`` are the true labels of each update; they
+    are written into ``update.json`` only when ``capabilities.knows_labels``."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    model_sha = save_tensors(folder / MODEL_FILE, state, {"format": "leaklab.model"})
+    tensors: dict[str, torch.Tensor] = {}
+    entries = []
+    for i, (u, y) in enumerate(zip(updates, labels, strict=True)):
+        if u.metadata != metadata:
+            raise LeaklabError("every update of a case must carry the case's metadata")
+        prefix = f"u{i}/"
+        tensors.update({prefix + n: t for n, t in u.tensors.items()})
+        entries.append({"prefix": prefix,
+                        "labels": [int(v) for v in y] if capabilities.knows_labels else None})
+    update_sha = save_tensors(folder / UPDATE_FILE, tensors, {"format": "leaklab.update"})
+    write_json(folder / UPDATE_JSON, {
+        "format": "leaklab.update", "format_version": FORMAT_VERSION,
+        "metadata": metadata.model_dump(mode="json"),
+        "defense": defense if capabilities.knows_defense else None,
+        "tensor_file": UPDATE_FILE, "sha256": update_sha, "count": len(entries),
+        "updates": entries,
+    })
+    write_json(folder / VIEW_FILE, {
+        "format": VIEW_FORMAT, "format_version": FORMAT_VERSION,
+        "model": spec.model_dump(mode="json"), "model_file": MODEL_FILE, "model_sha256": model_sha,
+        "metadata": metadata.model_dump(mode="json"),
+        "capabilities": capabilities.model_dump(mode="json"),
+        "defense": defense if capabilities.knows_defense else None,
+    })
+    if truth_images is not None:
+        save_tensors(folder / TRUTH_FILE,
+                     {"images": truth_images.float(), "labels": truth_labels.long()},
+                     {"format": "leaklab.truth",
+                      "provenance": dumps_json(provenance or {})})
+
+
+def check_format(data: Any, path: Path, kind: str) -> dict:
+    """``data`` (read from ``path``) if it is a leaklab ``kind`` file this version can read."""
+    if not isinstance(data, dict):
+        raise LeaklabError(f"{path} is not a leaklab {kind} file (expected a JSON object)")
+    fmt, version = data.get("format"), data.get("format_version")
+    if fmt != f"leaklab.{kind}":
+        raise LeaklabError(f"{path} is not a leaklab {kind} file (format {fmt!r}, expected "
+                           f"'leaklab.{kind}')")
+    if type(version) is not int or version < 1:
+        raise LeaklabError(f"{path} has format version {version!r}; it must be a whole number from 1")
+    if version > FORMAT_VERSION:
+        raise LeaklabError(f"{path} has format version {version!r}; this leaklab reads versions up to "
+                           f"{FORMAT_VERSION}: upgrade leaklab")
+    return data
+
+
+def member_file(folder: Path, name: Any, default: str, where: Path) -> Path:
+    """The file ``name`` (``default`` when absent) that ``where`` names inside the case ``folder``: a
+    plain file name, and no link out of the folder, so a case never makes leaklab read outside it."""
+    name = default if name is None else name
+    if not isinstance(name, str) or not name or name in (".", "..") or "/" in name or "\\" in name:
+        raise LeaklabError(f"{where}: file names must be plain names inside the case folder, not {name!r}")
+    path = Path(folder) / name
+    if path.is_symlink() and Path(folder).resolve() not in path.resolve().parents:
+        raise LeaklabError(f"{where}: {name} is a link to a file outside the case folder; copy the file in")
+    return path
+
+
+def parse_model(model_cls, value: Any, what: str):
+    """``model_cls`` validated from ``value``; a validation error becomes one LeaklabError line."""
+    try:
+        return model_cls.model_validate(value)
+    except ValidationError as e:
+        raise LeaklabError(validation_message(e, what)) from None
+
+
+def view_parts(view_json: dict[str, Any], view_path: Path, spec_class) -> tuple[Any, UpdateMetadata,
+                                                                                Capabilities, str | None]:
+    """The validated ``(spec, metadata, capabilities, defense)`` of a case's ``view.json`` (image or
+    room case; ``spec_class`` is the model spec's class); the defense chain's names are checked."""
+    spec = parse_model(spec_class, view_json.get("model"), f"{view_path}: model")
+    metadata = parse_model(UpdateMetadata, view_json.get("metadata"), f"{view_path}: metadata")
+    capabilities = parse_model(Capabilities, view_json.get("capabilities", {}), f"{view_path}: capabilities")
+    defense = view_json.get("defense")
+    if defense is not None and not isinstance(defense, str):
+        raise LeaklabError(f"{view_path}: defense must be null or a string such as 'prune:0.5,gaussian:0.1'")
+    if defense is not None:
+        from leaklab.defenses import parse_defense
+
+        defense = parse_defense(defense).spec  # validates the names
+    return spec, metadata, capabilities, defense
+
+
+@dataclass
+class CaseFiles:
+    """What an image case and a room case share, read and validated by :func:`read_case_files`."""
+
+    view: ServerView
+    update_json: dict[str, Any]
+    update_path: Path
+    tensors: dict[str, torch.Tensor]  # the update file's, named as stored (``u0/<parameter>`` ...)
+    tensor_file: Path
+    defense: str | None  # the client's defense chain as the view declares it (granted to the attack or not)
+
+    def update(self, tensors: dict[str, torch.Tensor], where: str) -> ClientUpdate:
+        """One update of ``tensors`` (named by parameter), validated against the view's model
+        (:meth:`ClientUpdate.validate_against`: names, shapes, dtypes, finite) and then in float32, as
+        the attacks read it (an error names ``where``)."""
+        update = ClientUpdate(metadata=self.view.metadata, tensors=tensors, defense=self.defense)
+        try:
+            update.validate_against(self.view.model)
+        except LeaklabError as e:
+            raise LeaklabError(f"{where}: {e}") from None
+        return update.with_tensors({k: v.float() for k, v in tensors.items()}, self.defense)
+
+
+def read_case_files(folder: Path, room: bool, model_class: str | None = None) -> CaseFiles:
+    """The server's files of a case folder (never the truth): ``view.json`` of an image case (or, with
+    ``room``, of a room case), the model file it names loaded into its network (``model_class``: a
+    user's own perception network), and ``update.json`` (its metadata the view's) with its tensor file."""
+    folder = Path(folder)
+    kind, writer = ("room case", "env capture") if room else ("case", "capture")
+    if not folder.is_dir():
+        what = "is not a folder" if folder.exists() else "does not exist"
+        raise LeaklabError(f"{kind} folder {folder} {what}; write one with `leaklab {writer}`")
+    view_path = member_file(folder, None, VIEW_FILE, folder)
+    view_json = check_format(read_json(view_path, "view"), view_path, "view")
+    if (view_json.get("model_type") == PERCEPTION_MODEL_TYPE) != room:
+        raise LeaklabError(f"{view_path} is an image-classification case, not a room case; attack it with "
+                           f"`leaklab attack inversion --case {folder}`" if room else
+                           f"{folder} is a room case (a perception network's RL update); attack it with "
+                           f"`leaklab audit --cases {folder}`")
+    spec, metadata, capabilities, defense = view_parts(view_json, view_path, PerceptionSpec if room else ModelSpec)
+    losses = {"dqn_mse": "DQN", "reinforce": "REINFORCE"} if room else {"cross_entropy": "cross-entropy"}
+    if metadata.loss not in losses:
+        named = " or ".join(f"{what} ({loss!r})" for loss, what in losses.items())
+        raise LeaklabError(f"{view_path}: a {'room' if room else 'image'} case's update comes from the {named} loss, "
+                           f"not {metadata.loss!r}; re-capture the case")
+    model_path = member_file(folder, view_json.get("model_file"), MODEL_FILE, view_path)
+    state, _ = load_tensors(model_path, "model", view_json.get("model_sha256"))
+    try:
+        view = make_view(spec, state, metadata, capabilities, defense, model_class=model_class)
+    except LeaklabError as e:
+        raise LeaklabError(f"{model_path}: {e}") from None
+    upd_path = member_file(folder, None, UPDATE_JSON, folder)
+    upd_json = check_format(read_json(upd_path, "update metadata"), upd_path, "update")
+    if parse_model(UpdateMetadata, upd_json.get("metadata"), f"{upd_path}: metadata") != metadata:
+        raise LeaklabError(f"{upd_path} declares metadata that differs from {view_path}; re-capture the case")
+    tensor_file = member_file(folder, upd_json.get("tensor_file"), UPDATE_FILE, upd_path)
+    tensors, _ = load_tensors(tensor_file, "update", upd_json.get("sha256"))
+    return CaseFiles(view, upd_json, upd_path, tensors, tensor_file, defense)
+
+
+def load_case(folder: Path) -> Case:
+    """Read and validate the server's files of an image case folder (never the truth)."""
+    files = read_case_files(folder, room=False)
+    view, upd_json, upd_path, tensors, tensor_file = (files.view, files.update_json, files.update_path,
+                                                      files.tensors, files.tensor_file)
+    metadata, spec = view.metadata, view.spec
+    entries = upd_json.get("updates")
+    if not isinstance(entries, list) or not entries:
+        raise LeaklabError(f"{upd_path}: 'updates' must be a non-empty list of {{prefix, labels}}")
+    prefixes = [e.get("prefix") if isinstance(e, dict) else None for e in entries]
+    count = upd_json.get("count", len(entries))
+    if type(count) is not int or count != len(entries):
+        raise LeaklabError(f"{upd_path}: 'count' is {upd_json.get('count')!r} but {len(entries)} updates are listed")
+    if any(isinstance(a, str) and isinstance(b, str) and b.startswith(a)
+           for i, a in enumerate(prefixes) for j, b in enumerate(prefixes) if i != j):
+        raise LeaklabError(f"{upd_path}: two updates share tensors (a prefix repeats or starts another); "
+                           "re-capture the case")
+
+    updates, labels, used = [], [], set()
+    for i, entry in enumerate(entries):
+        if not isinstance(entry, dict) or not isinstance(entry.get("prefix"), str):
+            raise LeaklabError(f"{upd_path}: updates[{i}] needs a string 'prefix'")
+        prefix = entry["prefix"]
+        own = {k[len(prefix):]: v for k, v in tensors.items() if k.startswith(prefix)}
+        used.update(prefix + k for k in own)
+        if not own:
+            raise LeaklabError(f"{tensor_file} has no tensors named {prefix}*; the update file does not "
+                               f"belong to {upd_path}")
+        updates.append(files.update(own, f"{tensor_file} ({prefix})"))
+        y = entry.get("labels")
+        if y is not None and view.capabilities.knows_labels:
+            if not isinstance(y, list) or len(y) != metadata.batch_size or \
+                    not all(type(v) is int and 0 <= v < spec.num_classes for v in y):
+                raise LeaklabError(f"{upd_path}: updates[{i}].labels must be {metadata.batch_size} class "
+                                   f"indices in 0..{spec.num_classes - 1}")
+            labels.append(torch.tensor(y, dtype=torch.long))
+        else:
+            if view.capabilities.knows_labels:
+                raise LeaklabError(f"{upd_path}: the view grants knows_labels but updates[{i}] has no "
+                                   "labels")
+            labels.append(None)
+    unused = sorted(set(tensors) - used)
+    if unused:
+        raise LeaklabError(f"{tensor_file} holds tensors no update claims (first: {unused[0]!r}); "
+                           "re-capture the case")
+    return Case(view=view, updates=updates, labels=labels, folder=Path(folder))
+
+
+def truth_provenance(metadata: dict[str, str], path: Path) -> dict[str, Any]:
+    """The provenance a truth file records in its metadata (a JSON object; ``{}`` when absent)."""
+    try:
+        provenance = json.loads(metadata.get("provenance", "{}"))
+    except (json.JSONDecodeError, RecursionError):
+        raise LeaklabError(f"truth file {path}: provenance is not valid JSON; re-capture the case") from None
+    if not isinstance(provenance, dict):
+        raise LeaklabError(f"truth file {path}: provenance is not a JSON object; re-capture the case")
+    return check_finite(provenance, f"truth file {path}: provenance")
+
+
+def load_truth(folder: Path, case: Case) -> tuple[torch.Tensor, torch.Tensor, dict[str, Any]] | None:
+    """The client's truth of ``case`` (images, labels, provenance), or None when the file is absent;
+    checked against the case: one image per batch slot of every update."""
+    path = member_file(Path(folder), None, TRUTH_FILE, Path(folder))
+    if not path.exists():
+        return None
+    tensors, meta = load_tensors(path, "truth")
+    images, labels = tensors.get("images"), tensors.get("labels")
+    if images is None or labels is None:
+        raise LeaklabError(f"truth file {path} needs tensors 'images' and 'labels'")
+    provenance = truth_provenance(meta, path)
+    if not images.is_floating_point() or labels.is_floating_point() or labels.dtype == torch.bool:
+        raise LeaklabError(f"truth file {path} needs floating-point images and integer labels")
+    spec = case.view.spec
+    n = len(case.updates) * case.view.metadata.batch_size
+    expected = (n, spec.in_channels, spec.image_size, spec.image_size)
+    if tuple(images.shape) != expected or tuple(labels.shape) != (n,):
+        raise LeaklabError(f"truth file {path} holds images {tuple(images.shape)} and labels "
+                           f"{tuple(labels.shape)}; the case needs {expected} and ({n},)")
+    if not torch.isfinite(images).all() or images.min() < 0 or images.max() > 1:
+        raise LeaklabError(f"truth file {path} holds pixels outside [0, 1] (or NaN/Inf); re-capture the case")
+    if len(labels) and (labels.min() < 0 or labels.max() >= spec.num_classes):
+        raise LeaklabError(f"truth file {path} holds labels outside 0..{spec.num_classes - 1}")
+    return images.float(), labels.long(), provenance
