@@ -21,7 +21,8 @@ from pathlib import Path
 import torch
 
 from leaklab.attacks.rl.config import RoomAttackConfig
-from leaklab.experiments.room_attack import Job, RoomRunConfig, capture_samples, run_jobs
+from leaklab.experiments.attack_pool import Job, run_jobs
+from leaklab.experiments.room_attack import RoomRunConfig, capture_samples
 from leaklab.rl.envs.layouts import layouts_arg
 from leaklab.metrics.image import constant_baseline, psnr
 

@@ -29,7 +29,8 @@ import torch
 from torch import nn
 
 from leaklab.attacks.rl.config import RoomAttackConfig
-from leaklab.experiments.room_attack import Job, RoomRunConfig, run_jobs
+from leaklab.experiments.attack_pool import Job, run_jobs
+from leaklab.experiments.room_attack import RoomRunConfig
 from leaklab.rl.envs.layouts import layouts_arg
 from leaklab.models import PerceptionSpec
 from leaklab.models.perception import (SMALL_WIDTHS, ModalityStreams, PerceptionNet, build_perception_net,

@@ -184,9 +184,9 @@ def inversion_speed(out: Path, quick: bool, precisions: list[str], iterations: i
 
 def room_speed(out: Path, quick: bool, samples: int, log) -> dict:
     from leaklab.attacks.rl import RoomAttackConfig
-    from leaklab.experiments import room_attack
+    from leaklab.experiments import attack_pool, room_attack
 
-    workers = room_attack.worker_count(0, samples)
+    workers = attack_pool.worker_count(0, samples)
     result: dict = {
         "benchmark": "room_speed",
         "timestamp": datetime.now(timezone.utc).isoformat(timespec="seconds"),
@@ -196,10 +196,10 @@ def room_speed(out: Path, quick: bool, samples: int, log) -> dict:
         attack = RoomAttackConfig(mode="exact", **({"iterations": 5} if quick else {}))
         config = room_attack.RoomRunConfig(algorithm="qgi", setting=setting, samples=samples, attack=attack)
         state, clean = room_attack.capture_samples(config)
-        jobs = [room_attack.Job("qgi", config.spec, state, s.update, attack) for s in clean]
+        jobs = [attack_pool.Job("qgi", config.spec, state, s.update, attack) for s in clean]
         seconds: list[float] = []
         start = time.perf_counter()
-        room_attack.run_jobs(jobs, workers, lambda i, rec: seconds.append(rec.seconds))
+        attack_pool.run_jobs(jobs, workers, lambda i, rec: seconds.append(rec.seconds))
         wall = time.perf_counter() - start
         result["settings"][setting] = {
             "samples": samples, "iterations": attack.iterations, "wall_seconds": wall,

@@ -540,17 +540,17 @@ def test_exact_mode_settings_do_not_invalidate_saved_paper_cells():
 
 def test_attacks_in_this_process_leave_its_torch_thread_count_alone():
     from leaklab.attacks.rl import RoomAttackConfig
-    from leaklab.experiments import room_attack
+    from leaklab.experiments import attack_pool, room_attack
 
     attack = RoomAttackConfig(mode="exact", iterations=2)
     config = room_attack.RoomRunConfig(algorithm="qgi", setting="S2", samples=1, layouts=("e1m1-stalactite",),
                                        attack=attack)
     state, clean = room_attack.capture_samples(config)
-    jobs = [room_attack.Job("qgi", config.spec, state, clean[0].update, attack)]
+    jobs = [attack_pool.Job("qgi", config.spec, state, clean[0].update, attack)]
     results = []
     torch.set_num_threads(2)
     try:
-        room_attack.run_jobs(jobs, 1, lambda i, rec: results.append(rec))  # one worker: in this process
+        attack_pool.run_jobs(jobs, 1, lambda i, rec: results.append(rec))  # one worker: in this process
         assert torch.get_num_threads() == 2
     finally:
         torch.set_num_threads(1)
@@ -561,15 +561,15 @@ def test_attacks_in_this_process_leave_its_torch_thread_count_alone():
 def test_progress_counts_the_share_of_each_running_attack(workers):
     """A long sample moves the bar while it runs, in this process and from worker processes."""
     from leaklab.attacks.rl import RoomAttackConfig
-    from leaklab.experiments import room_attack
+    from leaklab.experiments import attack_pool, room_attack
 
     attack = RoomAttackConfig(mode="exact", iterations=200)
     config = room_attack.RoomRunConfig(algorithm="qgi", setting="S2", samples=2,
                                        layouts=("e1m1-stalactite",), attack=attack)
     state, clean = room_attack.capture_samples(config)
-    jobs = [room_attack.Job("qgi", config.spec, state, s.update, attack) for s in clean]
+    jobs = [attack_pool.Job("qgi", config.spec, state, s.update, attack) for s in clean]
     results, seen = [], []
-    room_attack.run_jobs(jobs, workers, lambda i, rec: results.append((i, len(seen))), seen.append)
+    attack_pool.run_jobs(jobs, workers, lambda i, rec: results.append((i, len(seen))), seen.append)
     assert [i for i, _ in results] == [0, 1]
     assert seen == sorted(seen) and seen[-1] == 2
     # every 50 of the 200 image steps of each sample, and once per result
@@ -658,7 +658,7 @@ def test_an_interrupted_attack_resumes_from_its_finished_samples(tmp_path):
 @pytest.mark.parametrize("workers", [1, 2])
 def test_run_jobs_takes_what_the_journal_holds_and_attacks_the_rest(tmp_path, workers):
     from leaklab.attacks.rl import RoomAttackConfig
-    from leaklab.experiments import room_attack
+    from leaklab.experiments import attack_pool, room_attack
     from leaklab.experiments.attack_journal import AttackJournal
     from leaklab.rl.capture import defended
 
@@ -666,16 +666,16 @@ def test_run_jobs_takes_what_the_journal_holds_and_attacks_the_rest(tmp_path, wo
     config = room_attack.RoomRunConfig(algorithm="rgi", setting="S2", samples=3, layouts=layouts_arg("3"),
                                        attack=attack)
     state, clean = room_attack.capture_samples(config)
-    jobs = [room_attack.Job("rgi", config.spec, state, s.update, attack) for s in clean]
+    jobs = [attack_pool.Job("rgi", config.spec, state, s.update, attack) for s in clean]
     journal = AttackJournal(tmp_path, jobs)
     assert len(set(journal.digests)) == 3
     first = []
-    assert room_attack.run_jobs(jobs, 1, lambda i, rec: first.append(rec), journal=journal) == 0
+    assert attack_pool.run_jobs(jobs, 1, lambda i, rec: first.append(rec), journal=journal) == 0
     # a lost entry is attacked again, a corrupt one too; the others come back as saved
     (tmp_path / ".leaklab-resume" / f"{journal.digests[0]}.safetensors").unlink()
     (tmp_path / ".leaklab-resume" / f"{journal.digests[2]}.safetensors").write_bytes(b"\0" * 16)
     second = []
-    assert room_attack.run_jobs(jobs, workers, lambda i, rec: second.append((i, rec)),
+    assert attack_pool.run_jobs(jobs, workers, lambda i, rec: second.append((i, rec)),
                                 journal=AttackJournal(tmp_path, jobs)) == 1
     assert [i for i, _ in second] == [0, 1, 2]
     for a, (_, b) in zip(first, second):
@@ -693,16 +693,16 @@ def test_run_jobs_takes_what_the_journal_holds_and_attacks_the_rest(tmp_path, wo
     for k in (0, 2):
         (tmp_path / ".leaklab-resume" / f"{journal.digests[k]}.safetensors").unlink()
     third = []
-    assert room_attack.run_jobs(jobs, workers, lambda i, rec: third.append((i, rec)),
+    assert attack_pool.run_jobs(jobs, workers, lambda i, rec: third.append((i, rec)),
                                 journal=AttackJournal(tmp_path, jobs)) == 0
     assert [i for i, _ in third] == [0, 1, 2]
     assert all(torch.equal(a.images, b.images) and torch.equal(a.box, b.box) for a, (_, b) in zip(first, third))
     # another attack configuration, defense or network state names other jobs
-    other = [room_attack.Job("rgi", config.spec, state, s.update, RoomAttackConfig(iterations=3)) for s in clean]
-    noisy = [room_attack.Job("rgi", config.spec, state, defended(s.update, "gaussian:1e-3", 0, s.index), attack)
+    other = [attack_pool.Job("rgi", config.spec, state, s.update, RoomAttackConfig(iterations=3)) for s in clean]
+    noisy = [attack_pool.Job("rgi", config.spec, state, defended(s.update, "gaussian:1e-3", 0, s.index), attack)
              for s in clean]
     moved = {k: v + 1e-3 if k.endswith("bias") else v for k, v in state.items()}
-    shifted = [room_attack.Job("rgi", config.spec, moved, s.update, attack) for s in clean]
+    shifted = [attack_pool.Job("rgi", config.spec, moved, s.update, attack) for s in clean]
     for jobs_b in (other, noisy, shifted):
         assert not set(AttackJournal(tmp_path, jobs_b).digests) & set(journal.digests)
     # a run that ends says what other runs left behind, and keeps it
@@ -714,20 +714,20 @@ def test_run_jobs_takes_what_the_journal_holds_and_attacks_the_rest(tmp_path, wo
 
 def test_a_pool_that_meets_an_error_drops_its_queue_and_keeps_the_running_attacks(tmp_path):
     from leaklab.attacks.rl import RoomAttackConfig
-    from leaklab.experiments import room_attack
+    from leaklab.experiments import attack_pool, room_attack
     from leaklab.experiments.attack_journal import RESUME_DIR, AttackJournal
 
     attack = RoomAttackConfig(iterations=100)
     config = room_attack.RoomRunConfig(algorithm="qgi", setting="S2", samples=12, layouts=layouts_arg("4"),
                                        attack=attack)
     state, clean = room_attack.capture_samples(config)
-    jobs = [room_attack.Job("qgi", config.spec, state, s.update, attack) for s in clean]
+    jobs = [attack_pool.Job("qgi", config.spec, state, s.update, attack) for s in clean]
 
     def stop(i, rec):
         raise OSError("no space left on device")
 
     with pytest.raises(OSError):
-        room_attack.run_jobs(jobs, 2, stop, journal=AttackJournal(tmp_path, jobs))
+        attack_pool.run_jobs(jobs, 2, stop, journal=AttackJournal(tmp_path, jobs))
     # the first result and the one running beside it are kept; the queue is dropped (only the few
     # jobs the pool had already handed its workers' call queue still run, and are kept)
     kept = len(list((tmp_path / RESUME_DIR).iterdir()))
@@ -740,21 +740,21 @@ def test_ctrl_c_stops_a_pools_workers_at_once(tmp_path):
     import multiprocessing
 
     from leaklab.attacks.rl import RoomAttackConfig
-    from leaklab.experiments import room_attack
+    from leaklab.experiments import attack_pool, room_attack
     from leaklab.experiments.attack_journal import RESUME_DIR, AttackJournal
 
     config = room_attack.RoomRunConfig(algorithm="qgi", setting="S2", samples=4, layouts=layouts_arg("4"),
                                        attack=RoomAttackConfig(iterations=2))
     state, clean = room_attack.capture_samples(config)
     # the first attack is over in a second, the others would take minutes
-    jobs = [room_attack.Job("qgi", config.spec, state, s.update,
+    jobs = [attack_pool.Job("qgi", config.spec, state, s.update,
                             RoomAttackConfig(iterations=2 if s.index == 0 else 20000)) for s in clean]
 
     def stop(i, rec):
         raise Interrupt
 
     with pytest.raises(Interrupt):
-        room_attack.run_jobs(jobs, 2, stop, journal=AttackJournal(tmp_path, jobs))
+        attack_pool.run_jobs(jobs, 2, stop, journal=AttackJournal(tmp_path, jobs))
     assert len(list((tmp_path / RESUME_DIR).iterdir())) == 1  # the finished attack is kept
     assert not multiprocessing.active_children()
 
@@ -764,7 +764,7 @@ def test_run_jobs_builds_a_job_list_as_the_pool_needs_it():
     import weakref
 
     from leaklab.attacks.rl import RoomAttackConfig
-    from leaklab.experiments import room_attack
+    from leaklab.experiments import attack_pool, room_attack
 
     attack = RoomAttackConfig(iterations=2)
     config = room_attack.RoomRunConfig(algorithm="qgi", setting="S2", samples=12, layouts=layouts_arg("4"),
@@ -773,19 +773,19 @@ def test_run_jobs_builds_a_job_list_as_the_pool_needs_it():
     built, delivered, alive, most = [], [], set(), [0]
 
     def make(i):
-        job = room_attack.Job("qgi", config.spec, state, clean[i].update, attack)
+        job = attack_pool.Job("qgi", config.spec, state, clean[i].update, attack)
         built.append(i)
         alive.add(i)
         weakref.finalize(job, alive.discard, i)  # once the pool lets go of it
         most[0] = max(most[0], len(alive))
         return job
 
-    room_attack.run_jobs(room_attack.JobList(12, make), 2, lambda i, rec: delivered.append(i))
+    attack_pool.run_jobs(attack_pool.JobList(12, make), 2, lambda i, rec: delivered.append(i))
     assert delivered == list(range(12)) and sorted(built) == list(range(12))
     # two running and QUEUED_PER_WORKER more per worker queued (one more while a result comes back)
-    assert most[0] <= 2 * (1 + room_attack.QUEUED_PER_WORKER) + 1, most[0]
+    assert most[0] <= 2 * (1 + attack_pool.QUEUED_PER_WORKER) + 1, most[0]
     with pytest.raises(IndexError):
-        room_attack.JobList(12, make)[12]
+        attack_pool.JobList(12, make)[12]
 
 
 def test_a_users_network_class_is_known_by_its_module_source(tmp_path, monkeypatch):

@@ -162,7 +162,7 @@ def env_capture(
     """Capture robots' federated updates in their rooms as case folders for `leaklab audit --cases`.
 
     Each folder holds what the server sees of one round and, apart, the client's truth."""
-    from leaklab.experiments.room_attack import task_progress
+    from leaklab.experiments.attack_pool import task_progress
     from leaklab.rl.envs.layouts import layouts_arg
     from leaklab.models import PerceptionSpec
     from leaklab.rl.capture import RoomCaptureConfig, capture_rooms

@@ -16,14 +16,10 @@ interrupted command attacks only what is left.
 
 from __future__ import annotations
 
-import functools
 import math
-import multiprocessing
-import os
 import statistics
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -31,11 +27,12 @@ from typing import Any, Literal
 import torch
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from leaklab.attacks.rl import RoomAttackConfig, RoomReconstruction, qgi, rgi
+from leaklab.attacks.rl import RoomAttackConfig, RoomReconstruction
 from leaklab.attacks.rl.config import METHOD_VERSION
-from leaklab.device import DEVICE_PATTERN, describe, repeatable, require_device, versions
+from leaklab.device import DEVICE_PATTERN, describe, require_device, versions
 from leaklab.experiments import ProgressFn
-from leaklab.experiments.attack_journal import AttackJournal, journal_beside
+from leaklab.experiments.attack_journal import journal_beside
+from leaklab.experiments.attack_pool import Job, JobList, run_jobs, task_progress
 from leaklab.fields import DefenseOption, Seed
 from leaklab.io import (RECONSTRUCTIONS_FILE, RESULTS_FILE, ROOM_ATTACK_FORMAT, atomic_dir, check_out, json_line,
                         save_tensors, write_json)
@@ -45,7 +42,7 @@ from leaklab.models.perception import ArchName, architecture_digest
 from leaklab.names import ROOM_ATTACK_NAMES, SETTING_NAMES
 from leaklab.rl.capture import RoomCaptureConfig, client_rounds, defended
 from leaklab.rl.envs.layouts import check_layouts
-from leaklab.threat import ClientUpdate, make_view
+from leaklab.threat import ClientUpdate
 
 SAMPLES_FILE = "samples.jsonl"
 PNG_FILE = "reconstructions.png"
@@ -130,198 +127,12 @@ def capture_samples(config: RoomRunConfig, on_episode: Callable[[int], None] | N
     return state, [Sample(i, r.layouts, r.update, r.truth) for i, r in enumerate(rounds)]
 
 
-@dataclass(frozen=True)
-class Job:
-    """One attack for a worker process: everything the server holds, nothing of the truth."""
-
-    algorithm: str
-    spec: PerceptionSpec
-    state: dict[str, torch.Tensor]
-    update: ClientUpdate
-    attack: RoomAttackConfig
-    model_class: str | None = None  # a user's own perception network class ("module:Class")
-    device: str = "cpu"
-
-
 def attack_job(config: RoomRunConfig, state: dict[str, torch.Tensor], sample: Sample, defense: str | None) -> Job:
     """The attack of ``config`` on ``sample``'s update behind the clients' ``defense`` (its noise
     drawn from ``config.seed`` and the sample's index: every defense level of an audit sees the same
     draws for a sample)."""
     return Job(config.algorithm, config.spec, state, defended(sample.update, defense, config.seed, sample.index),
                config.attack, device=config.device)
-
-
-class JobList(Sequence[Job]):
-    """``count`` jobs, job ``i`` built by ``make(i)`` when it is asked for. :func:`run_jobs` and the
-    attack journal take one at a time, so only the queued and running attacks' updates are in memory
-    (a defended S1 update is 15 MB; the paper-scale audit attacks 1,920 of them)."""
-
-    def __init__(self, count: int, make: Callable[[int], Job]):
-        self._count, self._make = count, make
-
-    def __len__(self) -> int:
-        return self._count
-
-    def __getitem__(self, index: int) -> Job:  # type: ignore[override]
-        if not isinstance(index, int) or not 0 <= index < self._count:
-            raise IndexError(index)
-        return self._make(index)
-
-
-# In a worker process: where its attacks report how far they are (set by the pool's initializer).
-_progress_queue: Any = None
-
-
-def _use_progress_queue(queue: Any) -> None:
-    global _progress_queue
-    _progress_queue = queue
-
-
-def _report_to_queue(index: int, fraction: float) -> None:
-    _progress_queue.put((index, fraction))
-
-
-def _attack_one(job: Job, index: int = 0,
-                report: Callable[[int, float], None] | None = None) -> RoomReconstruction:
-    """Attack one update from the server's view (runs in a worker process, one torch thread) on
-    ``job.device``, repeatably on CUDA too (:func:`leaklab.device.repeatable`); the reconstruction
-    comes back on the CPU. ``report(index, fraction)`` hears how much of the image stage is done
-    (every 50 steps; in a pool's worker, through the pool's queue). The caller's thread count is
-    restored on return (run in the parent, the jobs after it are built at the caller's count)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    report = report or (_report_to_queue if _progress_queue is not None else None)
-    steps = job.attack.iterations
-    progress = (lambda it, _: report(index, it / steps)) if report else None
-    try:
-        with repeatable(job.device):
-            view = make_view(job.spec, job.state, job.update.metadata, model_class=job.model_class)
-            view.model.to(job.device)
-            return (qgi if job.algorithm == "qgi" else rgi)(view, job.update, job.attack, progress).to("cpu")
-    finally:
-        torch.set_num_threads(threads)
-
-
-def worker_count(requested: int, jobs: int) -> int:
-    """Processes for ``jobs`` attacks: ``requested``, or one per usable CPU core when 0."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return max(1, min(requested or cores, jobs))
-
-
-POLL_SECONDS = 0.5  # how often the parent reads its workers' progress while it waits for a result
-QUEUED_PER_WORKER = 1  # jobs handed to the pool beyond one per worker (built only when they are)
-
-
-def task_progress(progress: ProgressFn | None, task: str, total: int) -> Callable[[float], None] | None:
-    """:func:`run_jobs`' ``on_progress`` that reports to ``progress(task, done, total)``."""
-    return (lambda done: progress(task, done, total)) if progress else None
-
-
-def run_jobs(jobs: Sequence[Job], workers: int, on_result: Callable[[int, RoomReconstruction], None],
-             on_progress: Callable[[float], None] | None = None, journal: AttackJournal | None = None) -> int:
-    """Run every job (in ``workers`` spawned processes when there are several; 0 = one per core)
-    and hand each result to ``on_result(index, reconstruction)`` as soon as it is ready, in order.
-    ``on_progress(done)`` hears how many jobs are done, a running job counting the share of its
-    image stage it has run: after each result and whenever a running attack reports. With a
-    ``journal`` (of these jobs), a job it holds is not attacked again: its saved reconstruction is
-    read and handed on in its turn (an entry that does not read back is attacked then); every new
-    result is saved to it as soon as it is ready (on an error the queued jobs are dropped and the
-    running ones saved when they finish; on Ctrl-C or SIGTERM the workers are stopped at once, their
-    running attacks lost, as a terminal's Ctrl-C interrupts them anyway). A pool is
-    handed ``QUEUED_PER_WORKER`` jobs beyond one per worker, the next as one finishes, so a
-    :class:`JobList` builds its jobs as they are needed. Returns how many saved attacks were taken."""
-    held = journal.held() if journal else set()
-    resumed = 0
-    todo = [i for i in range(len(jobs)) if i not in held]
-    workers = worker_count(workers, len(jobs))  # a held entry may not read back and be attacked after all
-    running: dict[int, float] = {}
-    finished: set[int] = set()
-
-    def report(index: int, fraction: float) -> None:
-        if index not in finished:
-            running[index] = fraction
-            on_progress(len(finished) + sum(running.values()))
-
-    def deliver(index: int, rec: RoomReconstruction) -> None:
-        on_result(index, rec)
-        finished.add(index)
-        running.pop(index, None)
-        if on_progress:
-            on_progress(len(finished) + sum(running.values()))
-
-    def resume(index: int) -> RoomReconstruction | None:
-        nonlocal resumed
-        rec = journal.load(index) if index in held else None
-        resumed += rec is not None
-        return rec
-
-    if workers == 1:
-        for i in range(len(jobs)):
-            rec = resume(i)
-            if rec is None:
-                rec = _attack_one(jobs[i], i, report if on_progress else None)
-                if journal:
-                    journal.add(i, rec)
-            deliver(i, rec)
-        return resumed
-    context = multiprocessing.get_context("spawn")
-    queue = context.SimpleQueue() if on_progress else None
-    pool = ProcessPoolExecutor(max_workers=workers, mp_context=context, initializer=_use_progress_queue,
-                               initargs=(queue,))
-    waiting = iter(todo)  # in index order: the job to deliver next is always handed over first
-    futures: dict[int, Future] = {}
-
-    def submit(i: int) -> None:
-        futures[i] = pool.submit(_attack_one, jobs[i], i)
-        if journal:
-            futures[i].add_done_callback(functools.partial(_keep, journal, i))
-
-    def hand_over() -> None:
-        while sum(not f.done() for f in futures.values()) < workers * (1 + QUEUED_PER_WORKER):
-            i = next(waiting, None)
-            if i is None:
-                return
-            submit(i)
-
-    def read_reports() -> None:
-        while queue is not None and not queue.empty():
-            report(*queue.get())
-
-    try:
-        for i in range(len(jobs)):
-            rec = resume(i)
-            if rec is not None:
-                deliver(i, rec)
-                continue
-            if i in held:  # its entry did not read back
-                submit(i)
-            hand_over()
-            while not futures[i].done():
-                wait([f for f in futures.values() if not f.done()], timeout=POLL_SECONDS,
-                     return_when=FIRST_COMPLETED)
-                read_reports()
-                hand_over()
-            read_reports()
-            deliver(i, futures.pop(i).result())
-    except (KeyboardInterrupt, SystemExit):  # asked to stop: not after the queued attacks have run
-        _stop_workers(pool)
-        raise
-    finally:
-        pool.shutdown(wait=True, cancel_futures=True)
-    return resumed
-
-
-def _stop_workers(pool: ProcessPoolExecutor) -> None:
-    """Terminate a pool's worker processes now (Python 3.11 has no public call for it; 3.14's
-    ``terminate_workers`` does the same from the same process table)."""
-    for process in list((pool._processes or {}).values()):
-        process.terminate()
-
-
-def _keep(journal: AttackJournal, index: int, future: Future) -> None:
-    """Save a finished attack to the journal (a pool's done-callback: also while the pool shuts down)."""
-    if not future.cancelled() and future.exception() is None:
-        journal.add(index, future.result())
 
 
 def _finite(values: list[float | None]) -> list[float]:

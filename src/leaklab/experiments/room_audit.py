@@ -40,7 +40,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from leaklab.attacks.rl import RoomAttackConfig, max_batch
 from leaklab.device import DEVICE_PATTERN, describe, require_device, versions
 from leaklab.errors import LeaklabError
-from leaklab.experiments import ProgressFn, room_attack, room_report
+from leaklab.experiments import ProgressFn, attack_pool, room_attack, room_report
 from leaklab.experiments.attack_journal import journal_beside
 from leaklab.fields import Seed
 from leaklab.io import (AUDIT_FORMAT, CAPTURE_JSON, RESULTS_FILE, TRUTH_FILE, VIEW_FILE, atomic_dir, check_out,
@@ -129,7 +129,7 @@ def run(out: Path, config: AuditConfig, progress: ProgressFn | None = None) -> d
     cells = _cell_configs(config)
     # capture once per algorithm and setting (the modes attack the same updates), then attack every
     # cell's samples behind every defense level in one pool, each defended update built when its
-    # attack is handed to the pool (room_attack.JobList)
+    # attack is handed to the pool (attack_pool.JobList)
     firsts: dict[tuple[str, str], room_attack.RoomRunConfig] = {}
     for _, run_config in cells:
         firsts.setdefault((run_config.algorithm, run_config.setting), run_config)
@@ -145,13 +145,13 @@ def run(out: Path, config: AuditConfig, progress: ProgressFn | None = None) -> d
     where = [(c, d, sample) for c, (_, run_config) in enumerate(cells) for d in range(len(defenses))
              for sample in captures[(run_config.algorithm, run_config.setting)][1]]
 
-    def make_job(i: int) -> room_attack.Job:  # a cell's run config carries the audit's seed
+    def make_job(i: int) -> attack_pool.Job:  # a cell's run config carries the audit's seed
         c, d, sample = where[i]
         run_config = cells[c][1]
         state = captures[(run_config.algorithm, run_config.setting)][0]
         return room_attack.attack_job(run_config, state, sample, defenses[d][1])
 
-    jobs = room_attack.JobList(len(where), make_job)
+    jobs = attack_pool.JobList(len(where), make_job)
     rows: dict[tuple[int, int], list[dict[str, Any]]] = {}
     pictures: dict[tuple[int, int], list[room_report.Picture]] = {}
     truths: dict[int, list[room_report.Picture]] = {}
@@ -167,10 +167,10 @@ def run(out: Path, config: AuditConfig, progress: ProgressFn | None = None) -> d
             if d == 0:
                 truths.setdefault(c, []).append(room_report.true_picture(sample.truth))
 
-    with journal_beside(out, jobs, room_attack.task_progress(progress, "prepare", len(jobs))) as journal, \
+    with journal_beside(out, jobs, attack_pool.task_progress(progress, "prepare", len(jobs))) as journal, \
             atomic_dir(out, AUDIT_FORMAT) as tmp:
-        resumed = room_attack.run_jobs(jobs, config.workers, on_result,
-                                       room_attack.task_progress(progress, "audit", len(jobs)), journal)
+        resumed = attack_pool.run_jobs(jobs, config.workers, on_result,
+                                       attack_pool.task_progress(progress, "audit", len(jobs)), journal)
         results_cells = []
         for c, (meta, run_config) in enumerate(cells):
             for d, (label, chain) in enumerate(defenses):
@@ -236,7 +236,7 @@ def run_cases(out: Path, cases_dir: Path, attack: RoomAttackConfig, workers: int
                                f"{limit}")
     # every truth is read and checked before any attack runs: a bad file fails in seconds
     truth_of = {i: load_room_truth(c.folder, c) for i, c in enumerate(cases) if (c.folder / TRUTH_FILE).is_file()}
-    jobs = [room_attack.Job(_algorithm(c.view.metadata.loss), c.view.spec,
+    jobs = [attack_pool.Job(_algorithm(c.view.metadata.loss), c.view.spec,
                             {k: v.detach().clone() for k, v in c.view.model.state_dict().items()}, c.update, attack,
                             model_class, device)
             for c in cases]
@@ -270,8 +270,8 @@ def run_cases(out: Path, cases_dir: Path, attack: RoomAttackConfig, workers: int
         rows.append(row)
 
     with journal_beside(out, jobs) as journal, atomic_dir(out, AUDIT_FORMAT, inputs=[cases_dir]) as tmp:
-        resumed = room_attack.run_jobs(jobs, workers, on_result,
-                                       room_attack.task_progress(progress, "audit", len(jobs)), journal)
+        resumed = attack_pool.run_jobs(jobs, workers, on_result,
+                                       attack_pool.task_progress(progress, "audit", len(jobs)), journal)
         scored = [r for r in rows if "metrics" in r]
         summary = {"seconds": time.perf_counter() - start, "cases": len(rows), "scored": len(scored),
                    "resumed_attacks": resumed}
