@@ -158,9 +158,10 @@ def test_help_version_and_bad_names_do_not_load_torch(tmp_path):
            ("mechanisms", "audit", "--mechanism", "laplace", "--seed", "-1"): "from 0",
            ("capture", "--image-seed", "4294967296", *o): "from 0", ("env", "contact-sheet", "--seed", "-3"): "from 0",
            ("attack", "qgi", "--layouts", "e1m1-stalactite,nowhere", *o): "unknown room layout 'nowhere'",
-           ("env", "contact-sheet", "--layouts", "99", *o): "there are 17 layouts",
+           ("env", "contact-sheet", "--layouts", "99", *o): "there are 17 room layouts",
            ("reproduce", "inversion-checks", "--checks", "nope", *o): "choose dlg | idlg | analytic",
            ("reproduce", "bayes-table2", "--steps", "x", *o): "whole numbers of train steps",
+           ("reproduce", "bayes-table2", "--steps", "²", *o): "whole numbers of train steps",
            ("reproduce", "room-table1", "--cells", "qgi-S3", *o): "choose qgi-S1 | qgi-S2",
            ("attack", "qgi", "--device", "tpu", *o): "cpu or cuda[:N]", ("audit", "--device", "cuda:x", *o): "cuda[:N]",
            ("attack", "rgi", "--defense", "clip:1,gauss:2", *o): "unknown defense 'gauss'",
@@ -193,6 +194,14 @@ def test_a_named_choice_takes_any_case_and_passes_on_the_name_as_listed():
     assert [mechanism(v) for v in ("Randomized_Response", "RR")] == ["randomized-response"] * 2
     with pytest.raises(typer.Exit):
         _choice("--setting", SETTING_NAMES).callback("S3")
+    # list options read each item the same way
+    from leaklab.cli.options import _each, _spelling, _whole_number
+    from leaklab.names import INVERSION_CHECK_NAMES, TABLE1_CELLS
+
+    assert _each("--cells", _spelling(TABLE1_CELLS), "")("QGI-s1, rgi-S2") == "qgi-S1,rgi-S2"
+    checks = _each("--checks", _spelling(INVERSION_CHECK_NAMES), "")
+    assert checks(["IG", "ig-batch-stats,dlg"]) == ["ig", "ig_batch_stats", "dlg"] and checks(None) is None
+    assert [_whole_number(v) for v in ("500", "²", "-1")] == ["500", None, None]  # int("²") raises
 
 
 def test_mistakes_click_finds_are_one_line_too(tmp_path):

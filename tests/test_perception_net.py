@@ -206,6 +206,12 @@ class FailsWhenTraining(Good):
         return super().forward(images, box)
 
 
+class HoldsAComputedTensor(Good):
+    def __init__(self, spec):
+        super().__init__(spec)
+        self.scaled = self.head[0].weight * 2  # not a leaf: deepcopy of the network fails
+
+
 class NormedConv(Good):
     def __init__(self, spec):
         super().__init__(spec)
@@ -238,6 +244,7 @@ def test_batchnorm_in_conv_is_accepted_and_the_checks_leave_its_statistics(tmp_p
     net = build_perception_net(PerceptionSpec(), seed=5, model_class="user_nets:NormedConv")
     norm = net.conv[1]
     assert norm.num_batches_tracked == 0 and torch.equal(norm.running_mean, torch.zeros(2))
+    build_perception_net(PerceptionSpec(), model_class="user_nets:HoldsAComputedTensor")  # checked without a copy
 
 
 def test_room_truth_out_of_range_is_refused():

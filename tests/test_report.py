@@ -40,7 +40,7 @@ def test_boxes_are_drawn_where_they_are_in_the_frame(monkeypatch):
     (patch,) = ax.patches
     assert (patch.get_x(), patch.get_y(), patch.get_width(), patch.get_height()) == (-0.5, -0.5, 150.0, 75.0)
     drawn = []
-    monkeypatch.setattr(plots, "draw_box", lambda ax, box, size, color="lime": drawn.append((box.tolist(), size)))
+    monkeypatch.setattr(plots, "draw_box", lambda ax, box, size: drawn.append((box.tolist(), size)))
     images = torch.rand(2, 1, 8, 8)
     plots.image_grid([("a", images), ("b", images)], boxes=[None, [torch.ones(4), -torch.ones(4)]])
     assert drawn == [([1.0] * 4, 8), ([-1.0] * 4, 8)]

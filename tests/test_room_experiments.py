@@ -97,8 +97,8 @@ def test_attack_rgi_reports_the_reward_error_and_is_deterministic(tmp_path):
 @pytest.mark.parametrize("args, words", [
     (["--setting", "S3"], ["--setting"]),
     (["--layouts", "nowhere"], ["unknown room layout", "nowhere"]),
-    (["--layouts", "99"], ["--layouts 99"]),
-    (["--layouts", "-1"], ["--layouts -1", "give 1 to"]),
+    (["--layouts", "99"], ["invalid --layouts (got '99'): there are 17 room layouts"]),
+    (["--layouts", "-1"], ["invalid --layouts (got '-1')", "give a count from 1 to 17"]),
     (["--layouts", "--1"], ["--1"]),
     (["--defense", "blur:2"], ["blur"]),
     (["--mode", "fast"], ["--mode"]),
@@ -461,12 +461,31 @@ def test_cases_report_says_when_exact_mode_fell_back_on_an_undefended_update(tmp
     assert invoke("env", "capture", "--model-class", cls, "--batch-size", "2", "--samples", "1", "--layouts",
                   "e1m1-stalactite", "--out", cases).exit_code == 0
     out = tmp_path / "audit"
-    with pytest.warns(UserWarning, match=r"exact mode could not read 1 undefended case \(0000\) in closed form"):
+    with pytest.warns(UserWarning, match=r"could not read 1 undefended case \(0000\), whose network computes"):
         result = invoke("audit", "--cases", cases, "--model-class", cls, "--iterations", "3", "--workers", "1",
                         "--out", out)
     assert result.exit_code == 0, result.output
     assert "not a private update" in (out / "report.html").read_text()
     assert "features" not in json.loads((out / "results.json").read_text())["cases"][0]["exact"]
+
+
+def test_the_fallback_caveat_names_its_cause():
+    """A QGI batch of two transitions with one action is outside exact mode on any network (its output
+    errors are one direction); other undefended fallbacks are the network's doing."""
+    from leaklab.experiments.room_report import fallback_caveat
+
+    def row(case, algorithm="qgi", action=(1, 2), exact=(), **more):
+        return {"case": case, "algorithm": algorithm, "action": list(action), "defense": None,
+                "exact": list(exact), **more}
+
+    rows = [row("a", action=(3, 3)), row("b"), row("c", exact=("box", "features")),
+            row("d", defense="gaussian:1"), row("e", no_signal=True)]
+    results = {"attack": {"mode": "exact"}, "cases": rows}
+    text = fallback_caveat(results)
+    assert "1 undefended QGI batch (a) whose transitions share their action and 1 undefended case (b), whose " \
+           "network computes" in text
+    assert fallback_caveat({**results, "cases": rows[2:]}) == ""
+    assert fallback_caveat({**results, "attack": {"mode": "paper"}}) == ""
 
 
 @pytest.mark.parametrize("cls, words", [

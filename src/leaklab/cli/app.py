@@ -50,8 +50,18 @@ app = typer.Typer(name="leaklab", cls=_OneLineErrors, no_args_is_help=True, add_
 
 attack_app = typer.Typer(no_args_is_help=True, help="Attack captured client updates.")
 reproduce_app = typer.Typer(no_args_is_help=True, help="Reproduce published tables.")
+env_app = typer.Typer(no_args_is_help=True, help="The reinforcement-learning environments.")
+mechanisms_app = typer.Typer(no_args_is_help=True, help="Differential-privacy mechanisms: their epsilon, "
+                                                        "DP-SGD accounting, and empirical audits.")
+mechanisms_epsilon_app = typer.Typer(no_args_is_help=True, help="The (epsilon, delta) a mechanism claims.")
+mechanisms_account_app = typer.Typer(no_args_is_help=True, help="Privacy accounting of repeated mechanism "
+                                                                "uses (opacus, dp-accounting).")
 app.add_typer(attack_app, name="attack")
 app.add_typer(reproduce_app, name="reproduce")
+app.add_typer(env_app, name="env")
+app.add_typer(mechanisms_app, name="mechanisms")
+mechanisms_app.add_typer(mechanisms_epsilon_app, name="epsilon")
+mechanisms_app.add_typer(mechanisms_account_app, name="account")
 
 
 def _exit_on_sigterm() -> None:
@@ -114,16 +124,3 @@ def _main(threads: Annotated[Optional[int], typer.Option(
                                                    help="print leaklab's version and exit")] = False) -> None:
     """A laboratory for privacy leakage in federated learning."""
     _run["threads"] = threads  # set when a command runs (_guard): help and usage errors load no torch
-
-env_app = typer.Typer(no_args_is_help=True, help="The reinforcement-learning environments.")
-app.add_typer(env_app, name="env")
-
-
-mechanisms_app = typer.Typer(no_args_is_help=True, help="Differential-privacy mechanisms: their epsilon, "
-                                                        "DP-SGD accounting, and empirical audits.")
-mechanisms_epsilon_app = typer.Typer(no_args_is_help=True, help="The (epsilon, delta) a mechanism claims.")
-mechanisms_account_app = typer.Typer(no_args_is_help=True, help="Privacy accounting of repeated mechanism "
-                                                                "uses (opacus, dp-accounting).")
-app.add_typer(mechanisms_app, name="mechanisms")
-mechanisms_app.add_typer(mechanisms_epsilon_app, name="epsilon")
-mechanisms_app.add_typer(mechanisms_account_app, name="account")

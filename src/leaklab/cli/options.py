@@ -52,20 +52,26 @@ def _choice(flag: str, names: tuple[str, ...], help: str = "", aliases: dict[str
     """A ``flag`` option taking one of ``names`` (its help: the names, then ``help``) in any case, ``_`` for
     ``-``, or an alias of one; it passes on the name as spelled in ``names`` (``--setting s1`` gives
     ``S1``, ``--mechanism Randomized_Response`` and ``rr`` give ``randomized-response``)."""
-    spelled = {_name_key(n): n for n in names} | {_name_key(a): n for a, n in (aliases or {}).items()}
+    name_of = _spelling(names, aliases)
 
     def name(value: Any) -> Any:
         if value is None:
             return value
-        if _name_key(value) not in spelled:
+        if name_of(value) is None:
             _fail(f"invalid {flag} (got {value!r}): choose {' | '.join(names)}")
-        return spelled[_name_key(value)]
+        return name_of(value)
 
     return typer.Option(flag, callback=name, help=" | ".join(names) + (f" {help}" if help else ""), **kwargs)
 
 
-def _name_key(value: Any) -> str:
-    return str(value).lower().replace("_", "-")
+def _spelling(names: tuple[str, ...], aliases: dict[str, str] | None = None) -> Callable[[Any], str | None]:
+    """The name of ``names`` a typed value means, in any case, ``_`` for ``-``, or an alias of one; None
+    when it means none of them."""
+    def key(value: Any) -> str:
+        return str(value).lower().replace("_", "-")
+
+    spelled = {key(n): n for n in names} | {key(a): n for a, n in (aliases or {}).items()}
+    return lambda value: spelled.get(key(value))
 
 
 def _defense_chain(value: str | None) -> str | None:
@@ -77,19 +83,28 @@ def _defense_chain(value: str | None) -> str | None:
     return value
 
 
-def _each(flag: str, ok: Callable[[str], bool], need: str) -> Callable[[Any], Any]:
-    """A callback for a repeatable or comma-separated list option: refuses an empty list (:func:`_some`)
-    and any item for which ``ok`` is false, while the command line is parsed."""
+def _each(flag: str, read: Callable[[str], str | None], need: str) -> Callable[[Any], Any]:
+    """A callback for a repeatable or comma-separated list option, run while the command line is parsed:
+    refuses an empty list (:func:`_some`) and any item ``read`` gives None for; passes on what ``read``
+    gives for each item (a list, or one comma-separated string for a single option)."""
 
     def check(values: str | list[str] | None) -> str | list[str] | None:
         _some(flag)(values)
-        bad = [item for item in _split(values if isinstance(values, list) else values and [values]) or []
-               if not ok(item)]
+        if values is None:
+            return values
+        items = _split(values if isinstance(values, list) else [values]) or []
+        read_items = [read(item) for item in items]
+        bad = [item for item, got in zip(items, read_items) if got is None]
         if bad:
             _fail(f"invalid {flag} (got {bad[0]!r}): {need}")
-        return values
+        return read_items if isinstance(values, list) else ",".join(read_items)
 
     return check
+
+
+def _whole_number(item: str) -> str | None:
+    """``item`` if it is a whole number ``int`` reads (``"²"`` is a digit but not a number), else None."""
+    return item if item.isdecimal() else None
 
 
 def _layouts(value: str | None) -> str | None:

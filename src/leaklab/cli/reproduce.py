@@ -11,7 +11,7 @@ from typing import Annotated, Any, Optional
 import typer
 
 from leaklab.cli.app import _guard, reproduce_app
-from leaklab.cli.options import SeedOpt, _each, _run_out, _some, _split
+from leaklab.cli.options import SeedOpt, _each, _run_out, _some, _spelling, _split, _whole_number
 from leaklab.cli.progress import _progress
 from leaklab.cli.rooms import ArchOpt, DeviceOpt, IterationsOpt, LayoutsOpt, ModeOpt, WorkersOpt
 from leaklab.errors import LeaklabError
@@ -29,7 +29,7 @@ def reproduce_bayes_table2(
                                                           "chains separated by ';'",
                                                           callback=_some("--defenses"))] = None,
     steps: Annotated[Optional[list[str]], typer.Option("--steps", help="train steps, e.g. 0,500",
-                                                       callback=_each("--steps", str.isdigit,
+                                                       callback=_each("--steps", _whole_number,
                                                                       "whole numbers of train steps, e.g. 0,500"))
                      ] = None,
     images: Annotated[Optional[int], typer.Option("--images", help="images per setting")] = None,
@@ -100,7 +100,7 @@ def reproduce_room_table1(
     device: DeviceOpt = "cpu",
     cells: Annotated[Optional[str], typer.Option("--cells", help="comma-separated subset of "
                                                  f"{', '.join(TABLE1_CELLS)} (default all)",
-                                                 callback=_each("--cells", TABLE1_CELLS.__contains__,
+                                                 callback=_each("--cells", _spelling(TABLE1_CELLS),
                                                                 "choose " + " | ".join(TABLE1_CELLS)))] = None,
     out: Annotated[Optional[Path], _run_out("room-table1")] = None,
     update_docs: UpdateDocsOpt = False,
@@ -144,7 +144,7 @@ def reproduce_inversion_checks(
     checks: Annotated[Optional[list[str]], typer.Option("--checks", help="dlg, idlg, analytic, ig, ig_batch_stats "
                                                         "(IG on a BatchNorm client in training mode; repeatable or "
                                                         "comma-separated; default all but ig_batch_stats)",
-                                                        callback=_each("--checks", INVERSION_CHECK_NAMES.__contains__,
+                                                        callback=_each("--checks", _spelling(INVERSION_CHECK_NAMES),
                                                                        "choose " + " | ".join(INVERSION_CHECK_NAMES)))
                       ] = None,
     images: Annotated[Optional[int], typer.Option("--images", help="images of the dlg and analytic checks "

@@ -5,7 +5,9 @@
 * :mod:`leaklab.experiments.image_audit`: the image audit (``leaklab audit --kind images``);
 * :mod:`leaklab.experiments.room_attack`: the room attacks QGI and RGI on captured or fresh rooms;
 * :mod:`leaklab.experiments.room_audit`: the main job behind ``make audit`` (rooms, with and without
-  defenses);
+  defenses), its reports drawn by :mod:`~leaklab.experiments.room_report`;
+* :mod:`leaklab.experiments.attack_pool` runs the room attacks in worker processes and
+  :mod:`~leaklab.experiments.attack_journal` keeps them for a resumed run;
 * :mod:`leaklab.experiments.room_tables`, :mod:`~leaklab.experiments.bayes_table2`,
   :mod:`~leaklab.experiments.dp_vs_inversion`, :mod:`~leaklab.experiments.inversion_checks`: the
   reproductions and reference checks behind ``leaklab reproduce``.

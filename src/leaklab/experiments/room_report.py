@@ -128,19 +128,31 @@ def write_cases_report(folder: Path, results: dict[str, Any], truths: list[Pictu
 
 
 def fallback_caveat(results: dict[str, Any]) -> str:
-    """The caveat when exact mode could not read an undefended case in closed form (its network computes
-    what the attacks do not model, e.g. a batch through a module other than Linear or ReLU in its head)
-    and fell back to the paper's optimisation; "" when it read every such case."""
+    """The caveat when exact mode could not read an undefended case in closed form and fell back to the
+    paper's optimisation: a QGI batch whose two transitions share their action (their errors at the
+    output are then one direction, which no closed form separates), or a network that computes what
+    the closed forms do not model (e.g. a batch through a module other than Linear or ReLU in its
+    head); "" when it read every such case."""
     if results["attack"]["mode"] != "exact":
         return ""
-    missed = [r["case"] for r in results["cases"]
+    missed = [r for r in results["cases"]
               if r["defense"] is None and not r.get("no_signal") and "features" not in r["exact"]]
-    if not missed:
+    shared = [r["case"] for r in missed if r["algorithm"] == "qgi" and len(set(r["action"])) < len(r["action"])]
+    other = [r["case"] for r in missed if r["case"] not in shared]
+    reasons = []
+    if shared:
+        reasons.append(f"{_listed(shared, 'undefended QGI batch')} whose transitions share their action")
+    if other:
+        reasons.append(f"{_listed(other, 'undefended case')}, whose network computes what its closed forms do "
+                       "not model")
+    if not reasons:
         return ""
-    return (f"exact mode could not read {plural(len(missed), 'undefended case')} ({', '.join(missed[:3])}"
-            f"{', ...' if len(missed) > 3 else ''}) in closed form: the network computes what its closed forms do "
-            "not model, so the attack fell back to the paper's optimisation; low scores there show a weaker "
-            "attack, not a private update.")
+    return (f"exact mode could not read {' and '.join(reasons)}, so the attack fell back to the paper's "
+            "optimisation there; low scores there show a weaker attack, not a private update.")
+
+
+def _listed(cases: list[str], what: str) -> str:
+    return f"{plural(len(cases), what)} ({', '.join(cases[:3])}{', ...' if len(cases) > 3 else ''})"
 
 
 def true_picture(truth: dict[str, torch.Tensor]) -> Picture:

@@ -28,7 +28,6 @@ differ: ``conv.depth.0`` against ``conv.0``).
 
 from __future__ import annotations
 
-import copy
 import functools
 import hashlib
 import importlib
@@ -225,7 +224,7 @@ def check_forward(net: nn.Module, spec: PerceptionSpec, where: str) -> None:
     ``box.0`` takes the box, ``conv`` gives ``[B, F]`` flat features with F the conv part of
     ``head.0``'s inputs, and the output, ``[B, num_actions]``, is ``head(cat(conv(images), box(box)))``.
     Checked on one batch of two random states in eval mode, and on one state in train mode (as a client
-    computes its update) on a copy, without touching the global generator."""
+    computes its update), without touching the global generator or the network's state and modes."""
     if net.box[0].in_features != spec.box_dim or net.head[-1].out_features != spec.num_actions:
         raise LeaklabError(f"{where}: box.0 must take the {spec.box_dim}-d box and the last head layer give "
                            f"{spec.num_actions} outputs (got {net.box[0].in_features} and "
@@ -235,24 +234,22 @@ def check_forward(net: nn.Module, spec: PerceptionSpec, where: str) -> None:
     images = torch.rand(2, spec.in_channels, spec.image_size, spec.image_size, generator=gen).to(dtype)
     box = (torch.rand(2, spec.box_dim, generator=gen) * 2 - 1).to(dtype)
     modes = [(m, m.training) for m in net.modules()]  # restored module by module afterwards
+    state = {k: v.clone() for k, v in net.state_dict().items()}  # BatchNorm's statistics, restored too
+    what = "of two states of the spec's shapes"
     try:
         with torch.no_grad(), torch.random.fork_rng(devices=[]):
             net.eval()
             features = net.conv(images)
             out = net(images, box)
             composed = net.head(torch.cat([features, net.box(box)], dim=1)) if features.ndim == 2 else None
+            what = "of one state in train mode, as a client computes a single-sample update,"
+            net.train()(images[:1], box[:1])
     except Exception as e:  # the user's forward fails on inputs of the spec's shapes
-        raise LeaklabError(f"{where}: a forward pass of two states of the spec's shapes failed "
-                           f"({type(e).__name__}: {e})") from None
+        raise LeaklabError(f"{where}: a forward pass {what} failed ({type(e).__name__}: {e})") from None
     finally:
+        net.load_state_dict(state)
         for m, training in modes:
             m.training = training
-    try:
-        with torch.no_grad(), torch.random.fork_rng(devices=[]):
-            copy.deepcopy(net).train()(images[:1], box[:1])  # a copy: BatchNorm's running statistics stay
-    except Exception as e:
-        raise LeaklabError(f"{where}: a forward pass of one state in train mode, as a client computes a "
-                           f"single-sample update, failed ({type(e).__name__}: {e})") from None
     if tuple(features.shape) != (2, conv_feature_count(net)):
         raise LeaklabError(f"{where}: conv gives features of shape {tuple(features.shape)} for two states; "
                            f"head.0 expects (2, {conv_feature_count(net)})")

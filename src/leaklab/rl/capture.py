@@ -12,7 +12,7 @@ network", section V); batch 2 is the other size its rule-based action recovery c
 * :func:`client_rounds` does all of it for a :class:`RoomCaptureConfig`, and :func:`capture_rooms`
   writes its rounds as case folders (``leaklab env capture``).
 * :func:`write_room_case` / :func:`load_room_case` / :func:`load_room_truth` (from
-  :mod:`leaklab.rl.cases`) store a round in the case-folder format of :mod:`leaklab.io`.
+  :mod:`leaklab.rl.cases`) store a round in the case-folder format of :mod:`leaklab.cases`.
 """
 
 from __future__ import annotations

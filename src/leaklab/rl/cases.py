@@ -1,7 +1,7 @@
 """Room case folders: one captured round of the active-perception task as the server sees it, and,
 apart from it, the client's truth (seed 000 sections III, V).
 
-The format is the case-folder format of :mod:`leaklab.io` (docs/formats.md) with one update:
+The format is the case-folder format of :mod:`leaklab.cases` (docs/formats.md) with one update:
 ``view.json`` (``"model_type": "perception"``, the :class:`PerceptionSpec` as ``model``, the update
 metadata, capabilities, defense), ``model.safetensors``, ``update.safetensors`` (tensors ``u0/<param>``),
 ``update.json`` and ``truth.safetensors``, whose tensors are listed by :func:`truth_shapes`: the state

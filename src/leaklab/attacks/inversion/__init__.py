@@ -10,17 +10,18 @@ from __future__ import annotations
 from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
+from leaklab.names import OBJECTIVE_NAMES, PRIOR_NAMES
+
 if TYPE_CHECKING:
     from leaklab.attacks.inversion.analytic import linear_input, recover_input
     from leaklab.attacks.inversion.attack import Reconstruction, invert
     from leaklab.attacks.inversion.config import InversionConfig
     from leaklab.attacks.inversion.labels import recover_labels
-    from leaklab.attacks.inversion.objectives import OBJECTIVE_NAMES, Objective
-    from leaklab.attacks.inversion.priors import PRIOR_NAMES
+    from leaklab.attacks.inversion.objectives import Objective
 
 _MODULE_OF = {"linear_input": "analytic", "recover_input": "analytic", "Reconstruction": "attack", "invert": "attack",
-              "InversionConfig": "config", "recover_labels": "labels", "OBJECTIVE_NAMES": "objectives",
-              "Objective": "objectives", "PRIOR_NAMES": "priors"}
+              "InversionConfig": "config", "recover_labels": "labels",
+              "Objective": "objectives"}
 
 __all__ = ["OBJECTIVE_NAMES", "PRIOR_NAMES", "InversionConfig", "Objective", "Reconstruction",
            "invert", "linear_input", "recover_input", "recover_labels"]

@@ -23,7 +23,6 @@ from leaklab.errors import LeaklabError
 from leaklab.names import LAYER_WEIGHTING_NAMES, OBJECTIVE_NAMES
 
 
-
 def layer_weights(count: int, weighting: str) -> list[float]:
     """Weights of the ``count`` parameter tensors, first layer first."""
     if weighting == "none":

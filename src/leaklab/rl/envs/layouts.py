@@ -76,6 +76,6 @@ def layouts_arg(value: str | None) -> tuple[str, ...] | None:
     if re.fullmatch(r"[+-]?[0-9]+", value.strip()):  # a count, not a room's name
         count = int(value)
         if not 1 <= count <= len(LAYOUTS):
-            raise LeaklabError(f"--layouts {count}: there are {len(LAYOUTS)} layouts; give 1 to {len(LAYOUTS)}")
+            raise LeaklabError(f"there are {len(LAYOUTS)} room layouts; give a count from 1 to {len(LAYOUTS)}")
         return tuple(LAYOUTS)[:count]
     return check_layouts(tuple(v.strip() for v in value.split(",") if v.strip()))
