@@ -4,7 +4,8 @@ audits (leaklab.privacy).
 
 from __future__ import annotations
 
-from typing import Annotated, Optional
+from collections.abc import Callable
+from typing import Annotated, Any, Optional
 
 import typer
 
@@ -18,10 +19,11 @@ from leaklab.words import plural
 JsonOpt = Annotated[bool, typer.Option("--json", help="one JSON object on stdout (for scripts)")]
 
 
-def _echo_json(payload: dict) -> None:
+def _answer(payload: dict, as_json: bool, text: Callable[[], str]) -> None:
+    """A command's answer: ``payload`` as one JSON object with ``--json`` (for scripts), else ``text()``."""
     import json
 
-    typer.echo(json.dumps(payload, indent=2, sort_keys=True))
+    typer.echo(json.dumps(payload, indent=2, sort_keys=True) if as_json else text())
 
 
 @mechanisms_epsilon_app.command("dirichlet")
@@ -42,11 +44,9 @@ def mechanisms_epsilon_dirichlet(
     approx = dirichlet_epsilon_approx(eta, eta_bar, k, b, w, m.gamma)
     payload = {"mechanism": "dirichlet", "k": k, "eta": eta, "eta_bar": eta_bar, "b": b, "w": w,
                "delta": delta, "gamma": m.gamma, "epsilon": m.epsilon, "epsilon_approx": approx}
-    if as_json:
-        _echo_json(payload)
-        return
-    typer.echo(f"Dirichlet mechanism k={k:g}, eta={eta:g}, eta_bar={eta_bar:g}, b={b:g}, |W|={w}: "
-               f"epsilon {m.epsilon:.4f} at delta {delta:g} (gamma {m.gamma:.5g}; Lemma 1.7 bound {approx:.4f})")
+    _answer(payload, as_json, lambda: f"Dirichlet mechanism k={k:g}, eta={eta:g}, eta_bar={eta_bar:g}, b={b:g}, "
+                                      f"|W|={w}: epsilon {m.epsilon:.4f} at delta {delta:g} (gamma {m.gamma:.5g}; "
+                                      f"Lemma 1.7 bound {approx:.4f})")
 
 
 @mechanisms_account_app.command("dpsgd")
@@ -66,11 +66,8 @@ def mechanisms_account_dpsgd(
     epsilon = dpsgd_epsilon(q, sigma, steps, delta, accountant)
     payload = {"mechanism": "dpsgd", "q": q, "sigma": sigma, "steps": steps, "delta": delta,
                "accountant": accountant, "epsilon": epsilon}
-    if as_json:
-        _echo_json(payload)
-        return
-    typer.echo(f"DP-SGD q={q:g}, sigma={sigma:g}, {plural(steps, 'step')}: epsilon {epsilon:.4f} at delta {delta:g} "
-               f"({accountant} accountant)")
+    _answer(payload, as_json, lambda: f"DP-SGD q={q:g}, sigma={sigma:g}, {plural(steps, 'step')}: epsilon "
+                                      f"{epsilon:.4f} at delta {delta:g} ({accountant} accountant)")
 
 
 @mechanisms_app.command("audit")
@@ -129,13 +126,17 @@ def mechanisms_audit(
         result = audit(case, runs=100_000 if runs is None else runs, seed=seed, confidence=confidence, test=test)
     payload = result.to_dict()
     payload["broken"] = broken
-    if as_json:
-        _echo_json(payload)
-        return
+    _answer(payload, as_json, lambda: _audit_line(result, payload))
+
+
+def _audit_line(result: Any, payload: dict[str, Any]) -> str:
+    """One line of an audit's result (``payload``: its ``--json`` form): the claim, the audited lower bound
+    and the verdict."""
     verdict = "VIOLATED" if payload["violated"] else "consistent"
     d = result.details
     source = (f"{result.runs} canary scores per side ({plural(d['training_runs'], 'training run')} of "
               f"{d['canaries']} canaries)") if result.mechanism == "dpsgd" else f"{result.runs} runs per input"
-    typer.echo(f"{result.mechanism}{' (broken)' if broken else ''}: claimed epsilon {result.claimed_epsilon:.4g} "
-               f"(delta {result.claimed_delta:g}); audited lower bound {result.epsilon_lower_bound:.4f} "
-               f"at confidence {result.confidence:g} from {source}: {verdict}")
+    broken = " (broken)" if payload["broken"] else ""
+    return (f"{result.mechanism}{broken}: claimed epsilon {result.claimed_epsilon:.4g} "
+            f"(delta {result.claimed_delta:g}); audited lower bound {result.epsilon_lower_bound:.4f} "
+            f"at confidence {result.confidence:g} from {source}: {verdict}")
