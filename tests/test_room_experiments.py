@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import warnings
 from pathlib import Path
 
 import pytest
@@ -284,8 +285,13 @@ def test_audit_of_cases_refuses_batches_the_attack_cannot_read_before_attacking(
     out = tmp_path / "audit"
     for algorithm, batch, mode, limit in (("dqn", 3, "exact", 2), ("reinforce", 2, "paper", 1)):
         cases = tmp_path / algorithm
-        assert invoke("env", "capture", "--algorithm", algorithm, "--batch-size", batch, "--samples", "1",
-                      "--layouts", "e1m1-stalactite", "--out", cases).exit_code == 0
+        with warnings.catch_warnings(record=True) as said:  # the capture itself warns of a batch over 2
+            warnings.simplefilter("always")
+            assert invoke("env", "capture", "--algorithm", algorithm, "--batch-size", batch, "--samples", "1",
+                          "--layouts", "e1m1-stalactite", "--out", cases).exit_code == 0
+        assert [str(w.message) for w in said if "at most 2 transitions" in str(w.message)] == \
+            (["leaklab's room attacks read updates of at most 2 transitions (audit --cases refuses these 3); the "
+              "cases are for attacks of your own"] if batch > 2 else [])
         assert_user_error(invoke("audit", "--cases", cases, "--mode", mode, "--out", out), out,
                           f"0000 is an update of {batch} transitions", f"reads at most {limit}")
     # a FedAvg update in the second case: refused before the first case is attacked (it was after)

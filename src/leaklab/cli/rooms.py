@@ -5,6 +5,7 @@ the main job, ``leaklab audit``.
 from __future__ import annotations
 
 import re
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any, Optional
@@ -162,10 +163,11 @@ def env_capture(
     """Capture robots' federated updates in their rooms as case folders for `leaklab audit --cases`.
 
     Each folder holds what the server sees of one round and, apart, the client's truth."""
+    from leaklab.attacks.rl import max_batch
     from leaklab.experiments.attack_pool import task_progress
-    from leaklab.rl.envs.layouts import layouts_arg
     from leaklab.models import PerceptionSpec
     from leaklab.rl.capture import RoomCaptureConfig, capture_rooms
+    from leaklab.rl.envs.layouts import layouts_arg
 
     if arch is not None and model_class is not None:
         raise LeaklabError("--arch picks one of leaklab's networks, --model-class your own; give one of them")
@@ -186,6 +188,11 @@ def env_capture(
                f"{plural(batch_size, 'transition')}, {setting}, "
                f"{network}{behind} (their states: {out / 'capture.png'}); attack them with "
                f"`leaklab audit --cases {out}{own}`")
+    readable = max_batch("dqn_mse" if algorithm == "dqn" else "reinforce", "exact")
+    if batch_size > readable:
+        warnings.warn(f"leaklab's room attacks read updates of at most {readable} transitions (audit --cases "
+                      f"refuses these {batch_size}); the cases are for attacks of your own", UserWarning,
+                      stacklevel=2)
 
 
 @app.command()
