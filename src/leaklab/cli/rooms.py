@@ -184,11 +184,11 @@ def env_capture(
                                                            samples * batch_size))
     behind = f", behind {defense}" if config.defense else ""
     network, own = (model_class, f" --model-class {model_class}") if model_class else (f"{arch} network", "")
-    typer.echo(f"wrote {out}: {plural(len(folders), algorithm + ' update')} of "
-               f"{plural(batch_size, 'transition')}, {setting}, "
-               f"{network}{behind} (their states: {out / 'capture.png'}); attack them with "
-               f"`leaklab audit --cases {out}{own}`")
     readable = max_batch("dqn_mse" if algorithm == "dqn" else "reinforce", "exact")
+    then = f"; attack them with `leaklab audit --cases {out}{own}`" if batch_size <= readable else ""
+    typer.echo(f"wrote {out}: {plural(len(folders), algorithm + ' update')} of "
+               f"{plural(batch_size, 'transition')}, {setting}, {network}{behind} (their states: "
+               f"{out / 'capture.png'}){then}")
     if batch_size > readable:
         warnings.warn(f"leaklab's room attacks read updates of at most {readable} transitions (audit --cases "
                       f"refuses these {batch_size}); the cases are for attacks of your own", UserWarning,
