@@ -221,6 +221,14 @@ def test_audit_attacks_saved_room_cases(tmp_path, monkeypatch):
     # the attack's own verdict on the action agrees with the truth: a zero return hides it
     assert all(c["action_identified"] == [c["metrics"]["action_informative"] == 1.0] for c in res["cases"])
     assert res["summary"]["iou_min"] > 0.999 and "2 scored; depth PSNR" in result.output
+    # every case's reconstruction as tensors, named by its case, the box and action those of results.json
+    from leaklab.io import load_tensors
+
+    recs, meta = load_tensors(out / "reconstructions.safetensors", "reconstructions")
+    assert meta["format"] == "leaklab.room_case_reconstructions"
+    assert set(recs) == {f"{c}/{k}" for c in ("0000", "0001") for k in ("images", "box", "action", "probs", "reward")}
+    assert recs["0001/images"].shape == (1, 1, 150, 150) and recs["0001/action"].tolist() == res["cases"][1]["action"]
+    assert recs["0000/box"].tolist() == res["cases"][0]["box"]
     assert "box IoU 1.0000" in result.output
     assert "data:image/png;base64," in (out / "report.html").read_text()
     result = invoke("audit", "--cases", cases, "--iterations", "3", "--workers", "1", "--out", cases)

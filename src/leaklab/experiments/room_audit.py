@@ -43,8 +43,8 @@ from leaklab.errors import LeaklabError
 from leaklab.experiments import ProgressFn, attack_pool, room_attack, room_report
 from leaklab.experiments.attack_journal import journal_beside
 from leaklab.fields import Seed
-from leaklab.io import (AUDIT_FORMAT, CAPTURE_JSON, RESULTS_FILE, TRUTH_FILE, VIEW_FILE, atomic_dir, check_out,
-                        read_json, write_json)
+from leaklab.io import (AUDIT_FORMAT, CAPTURE_JSON, RECONSTRUCTIONS_FILE, RESULTS_FILE, TRUTH_FILE, VIEW_FILE,
+                        atomic_dir, check_out, read_json, save_tensors, write_json)
 from leaklab.models.perception import ArchName
 from leaklab.names import ROOM_ATTACK_NAMES, ROOM_MODE_NAMES, SETTING_NAMES
 from leaklab.privacy.dpsgd import noise_multiplier_for
@@ -243,6 +243,7 @@ def run_cases(out: Path, cases_dir: Path, attack: RoomAttackConfig, workers: int
     rows: list[dict[str, Any]] = []
     truths, pictures, unscored = [], [], []
     names: dict[str, list[str]] = {"scored": [], "unscored": []}  # the pictured cases'
+    recovered: dict[str, torch.Tensor] = {}  # every case's reconstruction, CASE/<tensor>
 
     def on_result(i: int, rec) -> None:
         case = cases[i]
@@ -255,6 +256,7 @@ def run_cases(out: Path, cases_dir: Path, attack: RoomAttackConfig, workers: int
         if rec.no_signal:
             row["no_signal"] = True
         row["exact"] = list(rec.exact)
+        recovered.update({f"{case.folder.name}/{k}": v for k, v in room_attack.reconstruction_tensors([rec]).items()})
         if i in truth_of:
             truth, provenance = truth_of[i]
             sample = room_attack.Sample(i, list(provenance.get("layouts", [])), case.update, truth)
@@ -283,6 +285,7 @@ def run_cases(out: Path, cases_dir: Path, attack: RoomAttackConfig, workers: int
                    "attack": attack.model_dump(mode="json"), "summary": summary,
                    "cases": rows, "versions": versions(), "device": describe(torch.device(device))}
         write_json(tmp / RESULTS_FILE, results)
+        save_tensors(tmp / RECONSTRUCTIONS_FILE, recovered, {"format": "leaklab.room_case_reconstructions"})
         room_report.write_cases_report(tmp, results, truths, pictures, unscored, names)
     caveat = room_report.fallback_caveat(results)
     if caveat:
