@@ -47,6 +47,7 @@ UPDATE_FILE = "update.safetensors"
 UPDATE_JSON = "update.json"
 TRUTH_FILE = "truth.safetensors"
 RESULTS_FILE = "results.json"
+REPORT_FILE = "report.html"  # the audits' self-contained HTML report
 RECONSTRUCTIONS_FILE = "reconstructions.safetensors"
 PERCEPTION_MODEL_TYPE = "perception"  # view.json's model_type of a room case (leaklab.rl.cases)
 CASE_SUBDIR = "case"  # where a one-shot attack (capture and attack in one command) keeps its case

@@ -26,10 +26,9 @@ from leaklab.experiments import ProgressFn
 from leaklab.experiments.capture import CaptureConfig, capture, write
 from leaklab.experiments.image_attack import attack, evaluate, inversion_config
 from leaklab.cases import load_case, load_truth
-from leaklab.io import AUDIT_FORMAT, RESULTS_FILE, atomic_dir, write_json
+from leaklab.io import AUDIT_FORMAT, REPORT_FILE, RESULTS_FILE, atomic_dir, write_json
 from leaklab.words import plural
 
-REPORT_FILE = "report.html"
 DEFENSES = ("none", "gaussian:0.01", "prune:0.5,gaussian:0.01")
 
 

@@ -17,11 +17,9 @@ import torch
 from leaklab.attacks.rl import RoomAttackConfig
 from leaklab.experiments import room_attack
 from leaklab.fields import defense_steps
+from leaklab.io import REPORT_FILE
 from leaklab.metrics.rooms import first_match
 from leaklab.words import plural
-
-
-REPORT_FILE = "report.html"
 
 IMAGE_LEAK_DB = 3.0  # verdict: images leak when their PSNR beats the no-information baseline by this
 BOX_LEAK_IOU = 0.5  # verdict: the target's box leaks at this mean IoU (the usual detection threshold)
