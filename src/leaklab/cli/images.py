@@ -11,7 +11,7 @@ import typer
 from pydantic import ValidationError
 
 from leaklab.cli.app import _guard, app, attack_app
-from leaklab.cli.options import ATTACK, CAPTURE, _choice, _defense_chain, _seed_opt
+from leaklab.cli.options import ATTACK, CAPTURE, OutOpt, _choice, _defense_chain, _seed_opt
 from leaklab.cli.progress import _progress
 from leaklab.errors import LeaklabError, validation_message
 from leaklab.names import BN_STATS_NAMES, DATASET_NAMES, MODEL_NAMES, UPDATE_NAMES
@@ -128,7 +128,7 @@ def _attack_opt(flag: str, text: str, field: str, more: str = "", key: str | Non
 @attack_app.command("inversion")
 @_guard
 def attack_inversion(
-    out: Annotated[Path, typer.Option("--out", help="results folder to write")],
+    out: OutOpt,
     case: CaseOpt = None,
     objective: Annotated[Optional[str], _attack_opt("--objective", "", "objective")] = None,
     optimizer: Annotated[Optional[str], _attack_opt("--optimizer", "", "optimizer")] = None,
@@ -179,7 +179,7 @@ def attack_inversion(
 @attack_app.command("analytic")
 @_guard
 def attack_analytic(
-    out: Annotated[Path, typer.Option("--out", help="results folder to write")],
+    out: OutOpt,
     case: CaseOpt = None,
     seed: Annotated[Optional[int], _seed_opt("one-shot capture seed (default 0)")] = None,
     model: Annotated[Optional[str], _model_opt("mlp")] = None,

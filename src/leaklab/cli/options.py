@@ -5,6 +5,7 @@ options are parsed (before torch loads), and the options several commands share.
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 from typing import Annotated, Any
 
 import typer
@@ -135,6 +136,10 @@ def _seed_opt(help: str = "seed of everything the command draws (same seed, same
 
 
 SeedOpt = Annotated[int, _seed_opt()]
+
+
+OutOpt = Annotated[Path, typer.Option("--out", help="results folder to write")]
+QuickOpt = Annotated[bool, typer.Option("--quick", help="a small, fast version (tests; seconds to a minute)")]
 
 
 def _run_out(kind: str) -> Any:

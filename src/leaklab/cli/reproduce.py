@@ -11,7 +11,7 @@ from typing import Annotated, Any, Optional
 import typer
 
 from leaklab.cli.app import _guard, reproduce_app
-from leaklab.cli.options import SeedOpt, _each, _run_out, _some, _spelling, _split, _whole_number
+from leaklab.cli.options import QuickOpt, SeedOpt, _each, _run_out, _some, _spelling, _split, _whole_number
 from leaklab.cli.progress import _progress
 from leaklab.cli.rooms import ArchOpt, DeviceOpt, IterationsOpt, LayoutsOpt, ModeOpt, WorkersOpt
 from leaklab.errors import LeaklabError
@@ -22,7 +22,7 @@ from leaklab.words import plural
 @reproduce_app.command("bayes-table2")
 @_guard
 def reproduce_bayes_table2(
-    quick: Annotated[bool, typer.Option("--quick", help="a small, fast version (tests)")] = False,
+    quick: QuickOpt = False,
     datasets: Annotated[Optional[list[str]], typer.Option("--datasets", help="repeatable or comma-separated, e.g. "
                                                           "digits,photos", callback=_some("--datasets"))] = None,
     defenses: Annotated[Optional[list[str]], typer.Option("--defenses", help="repeatable; one defense chain each, "
@@ -149,7 +149,7 @@ def reproduce_inversion_checks(
                       ] = None,
     images: Annotated[Optional[int], typer.Option("--images", help="images of the dlg and analytic checks "
                                                   "(ig: at most 3; idlg always 50, 5 with --quick)")] = None,
-    quick: Annotated[bool, typer.Option("--quick", help="a small, fast version (tests)")] = False,
+    quick: QuickOpt = False,
     out: Annotated[Optional[Path], _run_out("inversion-checks")] = None,
 ) -> None:
     """The engine's reference checks: DLG, iDLG labels, analytic MLP recovery, Inverting Gradients."""
@@ -168,7 +168,7 @@ def reproduce_inversion_checks(
 @reproduce_app.command("dp-vs-inversion")
 @_guard
 def reproduce_dp_vs_inversion(
-    quick: Annotated[bool, typer.Option("--quick", help="a seconds-long version (tests)")] = False,
+    quick: QuickOpt = False,
     seed: SeedOpt = 0,
     out: Annotated[Optional[Path], _run_out("dp-vs-inversion")] = None,
 ) -> None:

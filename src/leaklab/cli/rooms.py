@@ -13,7 +13,8 @@ from typing import Annotated, Any, Optional
 import typer
 
 from leaklab.cli.app import _guard, app, attack_app, env_app
-from leaklab.cli.options import SeedOpt, _checked, _choice, _defense_chain, _layouts, _run_out, _seed_opt
+from leaklab.cli.options import (OutOpt, QuickOpt, SeedOpt, _checked, _choice, _defense_chain, _layouts, _run_out,
+                                 _seed_opt)
 from leaklab.cli.progress import _progress, _resumed
 from leaklab.errors import LeaklabError
 from leaklab.names import (ARCH_NAMES, AUDIT_KIND_NAMES, DEVICE_PATTERN, POLICY_NAMES, RL_ALGORITHM_NAMES,
@@ -93,7 +94,7 @@ def _room_summary_line(s: dict[str, Any], defended: bool) -> str:
 
 def _room_command(algorithm: str, doc: str) -> Callable:
     def command(
-        out: Annotated[Path, typer.Option("--out", help="results folder to write")],
+        out: OutOpt,
         setting: SettingOpt = "S2", mode: ModeOpt = "exact", arch: ArchOpt = "small",
         samples: SamplesOpt = 4, layouts: LayoutsOpt = None,
         seed: Annotated[int, _seed_opt("network, rooms and attack seed")] = 0,
@@ -199,7 +200,7 @@ def env_capture(
 @_guard
 def audit(
     out: Annotated[Optional[Path], _run_out("audit")] = None,
-    quick: Annotated[bool, typer.Option("--quick", help="a seconds-long version (tests)")] = False,
+    quick: QuickOpt = False,
     full: Annotated[bool, typer.Option("--full", help="the paper-scale protocol (48 samples from every "
                                        "room, S1 and S2, exact and paper mode; about 7 h on 2 cores)")] = False,
     cases: Annotated[Optional[Path], typer.Option("--cases", help="attack your own saved room cases "
