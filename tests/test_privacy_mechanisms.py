@@ -1,5 +1,5 @@
-"""leaklab.privacy.mechanisms: calibrations, the Dirichlet mechanism of seed 003 chapter 1, and the
-exact discrete samplers (empirical distributions against their pmfs)."""
+"""leaklab.privacy.mechanisms, .dirichlet and .discrete: calibrations, the Dirichlet mechanism of seed 003
+chapter 1, and the exact discrete samplers (empirical distributions against their pmfs)."""
 
 from __future__ import annotations
 
@@ -12,6 +12,8 @@ import pytest
 from scipy import stats
 
 from leaklab.errors import LeaklabError
+from leaklab.privacy import dirichlet as D
+from leaklab.privacy import discrete as Q
 from leaklab.privacy import mechanisms as M
 
 
@@ -71,37 +73,37 @@ FIG_1_1 = [(0.15, 6.7, 2.516), (0.20, 5.1, 1.693), (0.25, 4.1, 1.202)]
 
 @pytest.mark.parametrize("eta,k,expected", FIG_1_1)
 def test_dirichlet_epsilon_theorem_1_6_matches_the_recomputation(eta, k, expected):
-    m = M.DirichletMechanism(k=k, eta=eta, eta_bar=eta, b=0.1, w=3, delta=0.05)
+    m = D.DirichletMechanism(k=k, eta=eta, eta_bar=eta, b=0.1, w=3, delta=0.05)
     assert m.epsilon == pytest.approx(expected, abs=0.02)
-    assert M.dirichlet_delta(eta, eta, k, 3, m.gamma) <= 0.05 + 1e-9
+    assert D.dirichlet_delta(eta, eta, k, 3, m.gamma) <= 0.05 + 1e-9
     # the Lemma 1.7 closed form is a looser (larger) epsilon
-    assert M.dirichlet_epsilon_approx(eta, eta, k, 0.1, 3, m.gamma) > m.epsilon
+    assert D.dirichlet_epsilon_approx(eta, eta, k, 0.1, 3, m.gamma) > m.epsilon
 
 
 def test_dirichlet_delta_quadrature_agrees_with_monte_carlo():
     eta, k, gamma = 0.2, 5.1, 0.01
-    exact = M.dirichlet_delta(eta, eta, k, 3, gamma)
-    mc = M.dirichlet_delta(eta, eta, k, 3, gamma, method="montecarlo", samples=200_000,
+    exact = D.dirichlet_delta(eta, eta, k, 3, gamma)
+    mc = D.dirichlet_delta(eta, eta, k, 3, gamma, method="montecarlo", samples=200_000,
                            rng=np.random.default_rng(3))
     assert exact == pytest.approx(mc, abs=0.002)
     # two protected coordinates: closed form by inclusion-exclusion is not simple; compare MC as well
-    exact2 = M.dirichlet_delta(0.2, 0.3, 6.0, 2, 0.02)
-    mc2 = M.dirichlet_delta(0.2, 0.3, 6.0, 2, 0.02, method="montecarlo", samples=200_000,
+    exact2 = D.dirichlet_delta(0.2, 0.3, 6.0, 2, 0.02)
+    mc2 = D.dirichlet_delta(0.2, 0.3, 6.0, 2, 0.02, method="montecarlo", samples=200_000,
                             rng=np.random.default_rng(4))
     assert exact2 == pytest.approx(mc2, abs=0.002)
 
 
 def test_dirichlet_delta_decreases_with_gamma_and_epsilon_with_delta():
-    d = [M.dirichlet_delta(0.15, 0.15, 6.7, 3, g) for g in (0.001, 0.003, 0.01)]
+    d = [D.dirichlet_delta(0.15, 0.15, 6.7, 3, g) for g in (0.001, 0.003, 0.01)]
     assert d[0] < d[1] < d[2]
-    e = [M.dirichlet_epsilon(0.15, 0.15, 6.7, 0.1, 3, g) for g in (0.001, 0.003, 0.01)]
+    e = [D.dirichlet_epsilon(0.15, 0.15, 6.7, 0.1, 3, g) for g in (0.001, 0.003, 0.01)]
     assert e[0] > e[1] > e[2]
 
 
 def test_dirichlet_sampling_mean_and_variance_lemma_1_8():
     k = 6.7
     p = np.array([0.2, 0.15, 0.15, 0.5])
-    m = M.DirichletMechanism(k=k, eta=0.15, eta_bar=0.15, b=0.1, w=3)
+    m = D.DirichletMechanism(k=k, eta=0.15, eta_bar=0.15, b=0.1, w=3)
     x = m.sample(p, np.random.default_rng(5), 200_000)
     assert x.shape == (200_000, 4) and np.allclose(x.sum(axis=1), 1)
     np.testing.assert_allclose(x.mean(axis=0), p, atol=0.003)
@@ -111,11 +113,11 @@ def test_dirichlet_sampling_mean_and_variance_lemma_1_8():
 
 def test_dirichlet_rejects_bad_settings():
     with pytest.raises(LeaklabError):
-        M.DirichletMechanism(k=3.0, eta=0.15, eta_bar=0.15, b=0.1, w=3)  # k eta < 1
+        D.DirichletMechanism(k=3.0, eta=0.15, eta_bar=0.15, b=0.1, w=3)  # k eta < 1
     with pytest.raises(LeaklabError):
-        M.DirichletMechanism(k=6.7, eta=0.3, eta_bar=0.15, b=0.1, w=3)  # empty domain
+        D.DirichletMechanism(k=6.7, eta=0.3, eta_bar=0.15, b=0.1, w=3)  # empty domain
     with pytest.raises(LeaklabError):
-        M.DirichletMechanism(k=6.7, eta=0.15, eta_bar=0.15, b=0.1, w=3).sample(np.array([0.5, 0.5, 0.0]),
+        D.DirichletMechanism(k=6.7, eta=0.15, eta_bar=0.15, b=0.1, w=3).sample(np.array([0.5, 0.5, 0.0]),
                                                                               np.random.default_rng(0))
 
 
@@ -125,7 +127,7 @@ def test_dirichlet_rejects_bad_settings():
 def test_bernoulli_exp_is_exact_in_distribution():
     rng = random.Random(0)
     for gamma in (Fraction(1, 3), Fraction(5, 2)):
-        hits = sum(M.bernoulli_exp(rng, gamma) for _ in range(40_000))
+        hits = sum(Q.bernoulli_exp(rng, gamma) for _ in range(40_000))
         assert hits / 40_000 == pytest.approx(math.exp(-gamma), abs=0.008)
 
 
@@ -143,7 +145,7 @@ def _chi_square_p(draws: np.ndarray, pmf: dict[int, float]) -> float:
 def test_discrete_laplace_matches_its_pmf():
     rng = np.random.default_rng(6)  # a numpy Generator works as the source of integers
     scale = Fraction(3, 2)
-    draws = np.array([M.sample_discrete_laplace(rng, scale) for _ in range(20_000)])
+    draws = np.array([Q.sample_discrete_laplace(rng, scale) for _ in range(20_000)])
     r = math.exp(-1 / 1.5)
     pmf = {y: (1 - r) / (1 + r) * r ** abs(y) for y in range(-12, 13)}
     assert _chi_square_p(draws, pmf) > 1e-3
@@ -154,7 +156,7 @@ def test_discrete_laplace_matches_its_pmf():
 def test_discrete_gaussian_matches_its_pmf():
     rng = random.Random(7)
     sigma2 = Fraction(9, 4)
-    draws = np.array([M.sample_discrete_gaussian(rng, sigma2) for _ in range(20_000)])
+    draws = np.array([Q.sample_discrete_gaussian(rng, sigma2) for _ in range(20_000)])
     ys = np.arange(-40, 41)
     w = np.exp(-ys ** 2 / (2 * 2.25))
     w /= w.sum()
@@ -167,27 +169,27 @@ def test_rounding_to_the_grid_moves_neighbours_at_most_the_effective_sensitivity
     from fractions import Fraction
 
     # ties round up: 0.5 and 1.5 (one unit apart) land one unit apart, as the noise scale assumes
-    assert M._quantize(np.array([0.5, 1.5, -0.5, 2.5]), Fraction(1)).tolist() == [1, 2, 0, 3]
+    assert Q._quantize(np.array([0.5, 1.5, -0.5, 2.5]), Fraction(1)).tolist() == [1, 2, 0, 3]
     rng = np.random.default_rng(0)
     g, s = Fraction(1, 4), Fraction(3, 5)
-    bound = M._effective_sensitivity(s, g)
+    bound = Q._effective_sensitivity(s, g)
     a = rng.uniform(-5, 5, 2000)
     for b in (a + float(s), a - float(s), a + float(s) / 2):
-        moved = np.abs(M._quantize(a, g) - M._quantize(b, g)).astype(int)
+        moved = np.abs(Q._quantize(a, g) - Q._quantize(b, g)).astype(int)
         assert moved.max() <= bound
 
 
 def test_discrete_mechanisms_release_integers_or_the_grid():
-    lap = M.DiscreteLaplaceMechanism(1.0, sensitivity=1)
+    lap = Q.DiscreteLaplaceMechanism(1.0, sensitivity=1)
     out = lap.sample(np.array([3, 5]), random.Random(0))
     assert out.dtype == np.int64 and out.shape == (2,)
     assert lap.sample(3, random.Random(0)).shape == ()
-    grid = M.DiscreteLaplaceMechanism(1.0, sensitivity=0.5, granularity=0.25)
+    grid = Q.DiscreteLaplaceMechanism(1.0, sensitivity=0.5, granularity=0.25)
     vals = grid.sample(np.array([0.3, 1.0]), random.Random(1), 5)
     assert vals.shape == (5, 2) and np.allclose(np.mod(vals, 0.25), 0)
     with pytest.raises(LeaklabError):
         lap.sample(np.array([0.5]), random.Random(0))
-    g = M.DiscreteGaussianMechanism(1.0, 1e-5)
+    g = Q.DiscreteGaussianMechanism(1.0, 1e-5)
     assert g.claimed_delta <= 1e-5
     assert float(g.sigma2) ** 0.5 == pytest.approx(M.analytic_gaussian_sigma(1.0, 1e-5), rel=0.05)
-    assert M.discrete_gaussian_delta(float(g.sigma2) * 0.98, 1.0) > 1e-5
+    assert Q.discrete_gaussian_delta(float(g.sigma2) * 0.98, 1.0) > 1e-5

@@ -38,7 +38,7 @@ def mechanisms_epsilon_dirichlet(
     as_json: JsonOpt = False,
 ) -> None:
     """Epsilon of the Dirichlet mechanism (seed 003, Theorem 1.6) at a target delta."""
-    from leaklab.privacy.mechanisms import DirichletMechanism, dirichlet_epsilon_approx
+    from leaklab.privacy.dirichlet import DirichletMechanism, dirichlet_epsilon_approx
 
     m = DirichletMechanism(k=k, eta=eta, eta_bar=eta_bar, b=b, w=w, delta=delta)
     approx = dirichlet_epsilon_approx(eta, eta_bar, k, b, w, m.gamma)

@@ -15,7 +15,8 @@ upper bounds on FPR and FNR, each at level 1 - (1 - confidence)/2, so that the r
 holds with probability at least ``confidence``. A valid mechanism can then exceed its claim only
 with probability below 1 - confidence.
 
-``AuditCase`` builders for the mechanisms of :mod:`leaklab.privacy.mechanisms` use the exact
+``AuditCase`` builders for the mechanisms of :mod:`leaklab.privacy.mechanisms` and
+:mod:`leaklab.privacy.dirichlet` use the exact
 log-likelihood ratio of the two output distributions as the score where it is known (the most
 powerful test by Neyman-Pearson) and the output itself for additive noise. ``broken=True`` halves
 the noise scale (twice the concentration for Dirichlet) while keeping the claim: the audit must
@@ -38,6 +39,7 @@ from scipy import stats
 from leaklab.errors import LeaklabError
 from leaklab.names import AUDIT_TEST_NAMES, MECHANISM_ALIASES, MECHANISM_NAMES
 from leaklab.privacy import mechanisms as mech
+from leaklab.privacy.dirichlet import DirichletMechanism
 
 __all__ = ["AuditCase", "AuditResult", "clopper_pearson", "epsilon_lower_bound", "audit", "audit_case",
            "audit_dpsgd", "canary_batch", "dpsgd_canary_scores"]
@@ -238,7 +240,7 @@ def _dirichlet(epsilon: float | None, broken: bool, delta: float | None = None, 
     if epsilon is not None:
         raise LeaklabError("the Dirichlet mechanism's epsilon follows from --k, --eta, --eta-bar, --b, --w and "
                            "--delta; leave out --epsilon")
-    m = mech.DirichletMechanism(k, eta, eta_bar, b, w, 0.05 if delta is None else delta,
+    m = DirichletMechanism(k, eta, eta_bar, b, w, 0.05 if delta is None else delta,
                                 scale_factor=0.5 if broken else 1.0)
     if w * eta + b / 2 > 1 - eta_bar + 1e-12:
         raise LeaklabError("no b-adjacent pair fits this Dirichlet domain (|W| eta + b/2 > 1 - eta_bar)")
