@@ -7,6 +7,7 @@ low-order bits of its output (Mironov, CCS 2012); these samplers never touch flo
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
@@ -112,6 +113,17 @@ def _unquantize(n: Any, granularity: Fraction | None) -> np.ndarray:
     return np.vectorize(lambda x: float(Fraction(x) * granularity), otypes=[float])(n)
 
 
+def _noised(value: Any, granularity: Fraction | None, size: int | None, draw: Callable[[], int]) -> np.ndarray:
+    """``value`` on the grid of ``granularity`` plus one exact integer ``draw()`` per entry (``size``
+    outputs at once when given), back in the value's units."""
+    n = _quantize(value, granularity)
+    shape = n.shape if size is None else (size, *n.shape)
+    noise = np.empty(shape, dtype=object)
+    for idx in np.ndindex(shape):
+        noise[idx] = draw()
+    return _unquantize(n + noise, granularity)
+
+
 def _effective_sensitivity(sensitivity: Fraction, granularity: Fraction | None) -> Fraction:
     # |round(a/g) - round(b/g)| <= ceil(|a - b| / g): rounding can add up to one unit
     if granularity is None:
@@ -139,12 +151,7 @@ class DiscreteLaplaceMechanism:
         self.scale = units / Fraction(self.epsilon)
 
     def sample(self, value: Any, rng: Any, size: int | None = None) -> np.ndarray:
-        n = _quantize(value, self._g)
-        shape = n.shape if size is None else (size, *n.shape)
-        noise = np.empty(shape, dtype=object)
-        for idx in np.ndindex(shape):
-            noise[idx] = sample_discrete_laplace(rng, self.scale)
-        return _unquantize(n + noise, self._g)
+        return _noised(value, self._g, size, lambda: sample_discrete_laplace(rng, self.scale))
 
 
 def discrete_gaussian_delta(sigma2: float, epsilon: float, sensitivity: int = 1) -> float:
@@ -196,9 +203,4 @@ class DiscreteGaussianMechanism:
         self.claimed_delta = discrete_gaussian_delta(float(s2), self.epsilon, self._units)
 
     def sample(self, value: Any, rng: Any, size: int | None = None) -> np.ndarray:
-        n = _quantize(value, self._g)
-        shape = n.shape if size is None else (size, *n.shape)
-        noise = np.empty(shape, dtype=object)
-        for idx in np.ndindex(shape):
-            noise[idx] = sample_discrete_gaussian(rng, self.sigma2)
-        return _unquantize(n + noise, self._g)
+        return _noised(value, self._g, size, lambda: sample_discrete_gaussian(rng, self.sigma2))
