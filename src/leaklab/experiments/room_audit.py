@@ -267,7 +267,7 @@ def run_cases(out: Path, cases_dir: Path, attack: RoomAttackConfig, workers: int
                 pictures.append(room_report.picture(rec, truth))
                 names["scored"].append(case.folder.name)
         elif len(unscored) < room_report.SHOWN_SAMPLES:  # what the server sees of a case whose truth nobody gave
-            unscored.append((rec.images[:1].detach().float().clamp(0, 1), rec.box[0].detach().float()))
+            unscored.append(room_report.picture(rec))
             names["unscored"].append(case.folder.name)
         rows.append(row)
 

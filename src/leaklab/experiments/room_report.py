@@ -158,9 +158,10 @@ def true_picture(truth: dict[str, torch.Tensor]) -> Picture:
     return truth["images"][:1], truth["box"][0].float()
 
 
-def picture(rec, truth: dict[str, torch.Tensor]) -> Picture:
-    """The reconstruction matched to the first true state (a batch has no order), with its recovered box."""
-    r = first_match(rec.images, truth["images"])
+def picture(rec, truth: dict[str, torch.Tensor] | None = None) -> Picture:
+    """The reconstruction matched to the first true state (a batch has no order), with its recovered box;
+    without a truth, the first reconstruction."""
+    r = first_match(rec.images, truth["images"]) if truth is not None else 0
     return rec.images[r:r + 1].detach().float().clamp(0, 1), rec.box[r].detach().float()
 
 

@@ -230,9 +230,8 @@ def check_forward(net: nn.Module, spec: PerceptionSpec, where: str) -> None:
                            f"{spec.num_actions} outputs (got {net.box[0].in_features} and "
                            f"{net.head[-1].out_features})")
     gen = torch.Generator().manual_seed(0)
-    dtype = net.head[0].weight.dtype
-    images = torch.rand(2, spec.in_channels, spec.image_size, spec.image_size, generator=gen).to(dtype)
-    box = (torch.rand(2, spec.box_dim, generator=gen) * 2 - 1).to(dtype)
+    images = torch.rand(2, spec.in_channels, spec.image_size, spec.image_size, generator=gen)  # float32, as the
+    box = torch.rand(2, spec.box_dim, generator=gen) * 2 - 1  # network is (check_contract)
     modes = [(m, m.training) for m in net.modules()]  # restored module by module afterwards
     state = {k: v.clone() for k, v in net.state_dict().items()}  # BatchNorm's statistics, restored too
     what = "of two states of the spec's shapes"
