@@ -14,7 +14,7 @@ SETTING_NAMES = ("S1", "S2")  # seed 000 V: S1 = RGB + depth + box, S2 = depth +
 ARCH_NAMES = ("small", "nature", "deep", "stacked")
 ROOM_MODE_NAMES = ("exact", "paper")
 ROOM_ATTACK_NAMES = ("qgi", "rgi")
-TABLE1_CELLS = ("qgi-S1", "qgi-S2", "rgi-S1", "rgi-S2")  # reproduce room-table1 --cells
+TABLE1_CELLS = tuple(f"{a}-{s}" for a in ROOM_ATTACK_NAMES for s in SETTING_NAMES)  # room-table1 --cells: qgi-S1 ...
 RL_ALGORITHM_NAMES = ("dqn", "reinforce")
 POLICY_NAMES = ("random", "agent")
 AUDIT_KIND_NAMES = ("rooms", "images")  # leaklab audit --kind
