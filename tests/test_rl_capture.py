@@ -43,6 +43,23 @@ def _same(a: dict, b: dict) -> bool:
     return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) and a[k].dtype == b[k].dtype for k in a)
 
 
+def test_a_capture_that_fails_closes_its_rooms_engines(monkeypatch):
+    """A ViZDoom engine outlives the Python process that started it unless it is closed."""
+    from leaklab.rl.envs import active_perception
+
+    games = []
+    new_game = active_perception._new_game
+    monkeypatch.setattr(active_perception, "_new_game", lambda *a, **k: games.append(new_game(*a, **k)) or games[-1])
+
+    def fail_after(n):
+        if n == 2:
+            raise RuntimeError("stopped by the caller")
+
+    with pytest.raises(RuntimeError, match="stopped by the caller"):
+        collect_transitions(ROOMS, 3, PerceptionSpec(image_size=64), max_episode_steps=5, on_episode=fail_after)
+    assert games and not any(g.is_running() for g in games)  # the two rooms and their map readers
+
+
 @pytest.mark.parametrize("setting,algorithm,batch", [("S1", "dqn", 1), ("S2", "dqn", 2),
                                                       ("S1", "reinforce", 2), ("S2", "reinforce", 1)])
 def test_room_case_round_trip(tmp_path, setting, algorithm, batch):
@@ -193,6 +210,5 @@ def test_a_users_own_network_is_captured_initialised_or_partly_trained():
                                  model_class="tests.plugins.narrow_net:Bare")
     assert type(trained).__name__ == "Bare"
     assert any(not torch.equal(a, b) for a, b in zip(init.state_dict().values(), trained.state_dict().values()))
-    assert all(torch.equal(a, b) for a, b in zip(init.state_dict().values(),  # same seed, same start
-                                                 partly_trained_net("dqn", spec, 0, seed=3, model_class=
-                                                                    "tests.plugins.narrow_net:Bare").state_dict().values()))
+    again = partly_trained_net("dqn", spec, 0, seed=3, model_class="tests.plugins.narrow_net:Bare")
+    assert all(torch.equal(a, b) for a, b in zip(init.state_dict().values(), again.state_dict().values()))  # same seed

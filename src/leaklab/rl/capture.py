@@ -98,32 +98,31 @@ def collect_transitions(layouts: Sequence[str] | None = None, samples: int = 1,
     if policy is not None and policy.spec != spec:
         raise LeaklabError("the policy network's spec differs from spec; pass the network's own spec")
     rng = np.random.default_rng(seed)
-    rooms = Rooms(tuple(layouts) if layouts is not None else None, spec.image_size,
-                  max_episode_steps)
     out = []
-    for i in range(samples):
-        layout = rooms.layouts[i % len(rooms.layouts)]
-        env = rooms.env(layout)
-        raw, _ = env.reset(seed=int(rng.integers(2**31 - 1)))
-        episode, done = [], False
-        while not done:
-            state = _state(raw)
-            if policy is None:
-                action = int(rng.integers(spec.num_actions))
-            else:
-                action = epsilon_greedy(policy, *observation_tensors(raw, spec.setting), epsilon, rng)
-            raw, reward, terminated, truncated, _ = env.step(action)
-            episode.append((state, action, float(reward), _state(raw), bool(terminated)))
-            done = terminated or truncated
-        returns = discounted_returns([e[2] for e in episode], gamma)
-        t = int(rng.integers(min(warmup_steps, len(episode) - 1), len(episode)))
-        (rgb, depth, box), action, reward, (n_rgb, n_depth, n_box), terminated = episode[t]
-        out.append(Transition(rgb=rgb, depth=depth, box=box, action=action, reward=reward,
-                              next_rgb=n_rgb, next_depth=n_depth, next_box=n_box, done=terminated,
-                              layout=layout, step=t, ret=float(returns[t])))
-        if on_episode:
-            on_episode(i + 1)
-    rooms.close()
+    with Rooms(tuple(layouts) if layouts is not None else None, spec.image_size,
+               max_episode_steps) as rooms:
+        for i in range(samples):
+            layout = rooms.layouts[i % len(rooms.layouts)]
+            env = rooms.env(layout)
+            raw, _ = env.reset(seed=int(rng.integers(2**31 - 1)))
+            episode, done = [], False
+            while not done:
+                state = _state(raw)
+                if policy is None:
+                    action = int(rng.integers(spec.num_actions))
+                else:
+                    action = epsilon_greedy(policy, *observation_tensors(raw, spec.setting), epsilon, rng)
+                raw, reward, terminated, truncated, _ = env.step(action)
+                episode.append((state, action, float(reward), _state(raw), bool(terminated)))
+                done = terminated or truncated
+            returns = discounted_returns([e[2] for e in episode], gamma)
+            t = int(rng.integers(min(warmup_steps, len(episode) - 1), len(episode)))
+            (rgb, depth, box), action, reward, (n_rgb, n_depth, n_box), terminated = episode[t]
+            out.append(Transition(rgb=rgb, depth=depth, box=box, action=action, reward=reward,
+                                  next_rgb=n_rgb, next_depth=n_depth, next_box=n_box, done=terminated,
+                                  layout=layout, step=t, ret=float(returns[t])))
+            if on_episode:
+                on_episode(i + 1)
     return out
 
 

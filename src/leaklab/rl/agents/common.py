@@ -56,7 +56,9 @@ def check_net(net: PerceptionNet, spec: PerceptionSpec) -> PerceptionNet:
 
 
 class Rooms:
-    """One environment per layout, created on first use and kept for the run."""
+    """One environment per layout, created on first use and kept for the run; ``with Rooms(...) as
+    rooms`` closes their ViZDoom engines however the run ends (an engine outlives a Python process
+    that dies without closing it)."""
 
     def __init__(self, layouts: tuple[str, ...] | None, image_size: int, max_steps: int):
         self.layouts = check_layouts(layouts) or tuple(LAYOUTS)
@@ -80,6 +82,12 @@ class Rooms:
             if hasattr(env, "close"):
                 env.close()
         self._envs.clear()
+
+    def __enter__(self) -> Rooms:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 def observation_tensors(obs: dict[str, np.ndarray], setting: str) -> tuple[torch.Tensor, torch.Tensor]:
@@ -125,14 +133,13 @@ class TrainHistory:
 def released(rooms: Rooms, private: Any | None) -> Iterator[None]:
     """Close ``rooms`` when the training ends; if it fails, also remove opacus' hooks from the
     network (``private``: the run's private agent or None), so a caller's ``net=`` comes back clean."""
-    try:
-        yield
-    except BaseException:
-        if private is not None:
-            private.model.remove_hooks()
-        raise
-    finally:
-        rooms.close()
+    with rooms:
+        try:
+            yield
+        except BaseException:
+            if private is not None:
+                private.model.remove_hooks()
+            raise
 
 
 @contextlib.contextmanager

@@ -19,20 +19,18 @@ def evaluate(net: PerceptionNet, layouts: Sequence[str] | None = None, episodes:
     the same start poses, so two networks can be compared episode by episode."""
     spec = net.spec
     rng = np.random.default_rng(seed)
-    rooms = Rooms(tuple(layouts) if layouts is not None else None, spec.image_size,
-                  max_episode_steps)
     returns = []
-    for i in range(episodes):
-        env = rooms.env(rooms.layouts[i % len(rooms.layouts)])
-        raw, _ = env.reset(seed=int(rng.integers(2**31 - 1)))
-        total, done = 0.0, False
-        while not done:
-            images, box = observation_tensors(raw, spec.setting)
-            with torch.no_grad():
-                action = int(net(images[None], box[None]).argmax(dim=1).item())
-            raw, reward, terminated, truncated, _ = env.step(action)
-            total += float(reward)
-            done = terminated or truncated
-        returns.append(total)
-    rooms.close()
+    with Rooms(tuple(layouts) if layouts is not None else None, spec.image_size, max_episode_steps) as rooms:
+        for i in range(episodes):
+            env = rooms.env(rooms.layouts[i % len(rooms.layouts)])
+            raw, _ = env.reset(seed=int(rng.integers(2**31 - 1)))
+            total, done = 0.0, False
+            while not done:
+                images, box = observation_tensors(raw, spec.setting)
+                with torch.no_grad():
+                    action = int(net(images[None], box[None]).argmax(dim=1).item())
+                raw, reward, terminated, truncated, _ = env.step(action)
+                total += float(reward)
+                done = terminated or truncated
+            returns.append(total)
     return returns
