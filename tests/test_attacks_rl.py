@@ -265,7 +265,7 @@ def test_last_and_inner_convolution_gradients_are_exact_at_the_true_images(setti
         assert torch.allclose(z.flatten(1).relu(), features[:, s.offset:s.offset + s.size], atol=1e-5)
         err = (g_f * (features > 0))[:, s.offset:s.offset + s.size]
         rec = weight_gradient(s.last, a, err.reshape(z.shape))
-        assert torch.allclose(rec, grads[s.weight_name], rtol=1e-3, atol=1e-6 * float(rec.abs().max()))
+        assert torch.allclose(rec, grads[s.weight_name], rtol=1e-3, atol=1e-6 * float(rec.detach().abs().max()))
         # one layer down (the layerwise stage): the inner convolution's error from the true activations
         x = truth["images"][:, s.channels]
         rec = weight_gradient(s.inner, s.head(x), _inner_error(s, a.detach(), err))

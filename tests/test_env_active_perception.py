@@ -1,6 +1,12 @@
 """The ViZDoom active-perception environment (seed 000, section III "Active Perception Task")."""
 
+import contextlib
 import itertools
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import gymnasium
 import matplotlib.image
@@ -168,3 +174,31 @@ def test_a_new_engine_settings_file_leaves_no_folder_in_the_working_directory(tm
     game = active_perception._new_game(LAYOUTS[next(iter(LAYOUTS))], 150)
     game.close()
     assert (tmp_path / "engine.ini").is_file() and not (tmp_path / "_vizdoom").exists()
+
+
+def _children(pid: int) -> list[int]:
+    """The processes whose parent is ``pid`` (from /proc)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError):
+            if int(stat.read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                found.append(int(stat.parent.name))
+    return found
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the engine is tied to its process on Linux only")
+def test_the_engine_dies_with_a_process_killed_before_it_closed_the_game(tmp_path):
+    """An engine outlived a Python process killed or crashed without closing its game (it ignores SIGTERM),
+    and held that process's output pipe open: a `leaklab audit | tail` never ended."""
+    code = ("import os, signal; from leaklab.rl.envs import ActivePerceptionEnv; "
+            f"env = ActivePerceptionEnv(layout={LAYOUT!r}); env.reset(seed=0); print(os.getpid(), flush=True); "
+            "input(); os.kill(os.getpid(), signal.SIGKILL)")
+    python = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                              env={**os.environ, "TMPDIR": str(tmp_path)})  # its engine launcher is left there
+    engines = _children(int(python.stdout.readline()))
+    assert len(engines) == 1 and "vizdoom" in Path(f"/proc/{engines[0]}/cmdline").read_text()
+    python.communicate("\n", timeout=30)
+    deadline = time.monotonic() + 10
+    while Path(f"/proc/{engines[0]}").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not Path(f"/proc/{engines[0]}").exists()

@@ -36,10 +36,14 @@ The paper's AI2-THOR rooms are replaced by the ViZDoom rooms of :mod:`.layouts`.
   over a line that ends the map).
 """
 
+import atexit
 import contextlib
 import functools
 import math
 import os
+import shlex
+import shutil
+import sys
 import tempfile
 from pathlib import Path
 
@@ -83,9 +87,39 @@ _NO_INPUT = [0, 0, 0, 0, 0]
 _BRIGHTNESS = ((np.arange(256) / 255.0) ** (1.0 / BRIGHTNESS_GAMMA)).astype(np.float32)
 
 
+# In the launcher: die with the thread that started us (ViZDoom's launch thread, which lives as long as the
+# engine: prctl(PR_SET_PDEATHSIG, SIGKILL), kept across exec), unless that process is already gone; then exec the engine
+_TIE_TO_PARENT = ("import ctypes, os, sys; ctypes.CDLL(None).prctl(1, 9); "
+                  "os.getppid() == int(sys.argv[1]) or sys.exit(1); os.execv(sys.argv[2], sys.argv[2:])")
+
+
+@functools.cache
+def _engine_launcher(pid: int) -> str | None:
+    """The executable that starts ViZDoom's engine for process ``pid`` (this one: a spawned or forked
+    process writes its own): on Linux a launcher that has the kernel kill the engine when this process
+    dies. An engine otherwise outlives a Python process killed or crashed before it closed the game
+    (the engine ignores SIGTERM), and holds the process's terminal or pipe open. None (the engine
+    itself) elsewhere, or where the temporary folder cannot hold programs (mounted noexec)."""
+    if not sys.platform.startswith("linux") or not sys.executable:
+        return None
+    folder = Path(tempfile.mkdtemp(prefix="leaklab-engine-"))  # private (0700), removed at exit
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)
+    if os.statvfs(folder).f_flag & os.ST_NOEXEC:
+        return None
+    launcher = folder / "vizdoom"
+    engine = Path(vzd.__file__).parent / "vizdoom"
+    launcher.write_text(f"#!/bin/sh\nexec {shlex.quote(sys.executable)} -S -c {shlex.quote(_TIE_TO_PARENT)} {pid} "
+                        f"{shlex.quote(str(engine))} \"$@\"\n")
+    launcher.chmod(0o700)
+    return str(launcher)
+
+
 def _new_game(layout: Layout, render_height: int, map_info: bool = False) -> vzd.DoomGame:
     """A headless game of the layout's map; ``map_info`` adds the objects and sectors lists."""
     game = vzd.DoomGame()
+    launcher = _engine_launcher(os.getpid())
+    if launcher:
+        game.set_vizdoom_path(launcher)
     game.set_doom_config_path(str(_ENGINE_CONFIG))
     game.set_doom_game_path(str(Path(vzd.__file__).parent / layout.wad))
     game.set_doom_map(layout.map)
