@@ -202,3 +202,16 @@ def test_the_engine_dies_with_a_process_killed_before_it_closed_the_game(tmp_pat
     while Path(f"/proc/{engines[0]}").exists() and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not Path(f"/proc/{engines[0]}").exists()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the engine is tied to its process on Linux only")
+def test_an_engine_launcher_that_cannot_run_is_not_used(monkeypatch):
+    """An engine that fails to start crashes the Python process waiting for it (a segmentation fault in
+    ViZDoom), so a launcher is used only once it has run here."""
+    from leaklab.rl.envs import active_perception
+
+    make = active_perception._engine_launcher.__wrapped__  # uncached
+    assert make(os.getpid()) is not None
+    assert make(os.getppid()) is None  # its process is not the one that runs it
+    monkeypatch.setattr(sys, "executable", "/nonexistent/python")
+    assert make(os.getpid()) is None

@@ -43,6 +43,7 @@ import math
 import os
 import shlex
 import shutil
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -87,10 +88,18 @@ _NO_INPUT = [0, 0, 0, 0, 0]
 _BRIGHTNESS = ((np.arange(256) / 255.0) ** (1.0 / BRIGHTNESS_GAMMA)).astype(np.float32)
 
 
-# In the launcher: die with the thread that started us (ViZDoom's launch thread, which lives as long as the
-# engine: prctl(PR_SET_PDEATHSIG, SIGKILL), kept across exec), unless that process is already gone; then exec the engine
-_TIE_TO_PARENT = ("import ctypes, os, sys; ctypes.CDLL(None).prctl(1, 9); "
-                  "os.getppid() == int(sys.argv[1]) or sys.exit(1); os.execv(sys.argv[2], sys.argv[2:])")
+# Run by the launcher in the process that becomes the engine: have the kernel kill it when the thread that
+# started it dies (PR_SET_PDEATHSIG, kept across exec; ViZDoom starts the engine from a thread that lives as
+# long as the engine), give up if that process is already gone, and become the engine (--check: stop there)
+_TIE_TO_PARENT = """
+import ctypes, os, signal, sys
+pid, engine, args = int(sys.argv[1]), sys.argv[2], sys.argv[3:]
+if ctypes.CDLL(None).prctl(1, signal.SIGKILL) != 0 or os.getppid() != pid:
+    sys.exit(1)
+if args == ["--check"]:
+    sys.exit(0 if os.access(engine, os.X_OK) else 1)
+os.execv(engine, [engine, *args])
+"""
 
 
 @functools.cache
@@ -99,19 +108,22 @@ def _engine_launcher(pid: int) -> str | None:
     process writes its own): on Linux a launcher that has the kernel kill the engine when this process
     dies. An engine otherwise outlives a Python process killed or crashed before it closed the game
     (the engine ignores SIGTERM), and holds the process's terminal or pipe open. None (the engine
-    itself) elsewhere, or where the temporary folder cannot hold programs (mounted noexec)."""
+    itself) elsewhere, or where the launcher does not pass its check (a temporary folder mounted noexec,
+    say): an engine that fails to start crashes the Python process that waits for it."""
     if not sys.platform.startswith("linux") or not sys.executable:
         return None
     folder = Path(tempfile.mkdtemp(prefix="leaklab-engine-"))  # private (0700), removed at exit
     atexit.register(shutil.rmtree, folder, ignore_errors=True)
-    if os.statvfs(folder).f_flag & os.ST_NOEXEC:
-        return None
     launcher = folder / "vizdoom"
     engine = Path(vzd.__file__).parent / "vizdoom"
-    launcher.write_text(f"#!/bin/sh\nexec {shlex.quote(sys.executable)} -S -c {shlex.quote(_TIE_TO_PARENT)} {pid} "
-                        f"{shlex.quote(str(engine))} \"$@\"\n")
+    launcher.write_text(f"#!/bin/sh\nexec {shlex.quote(sys.executable)} -I -S -c {shlex.quote(_TIE_TO_PARENT)} "
+                        f"{pid} {shlex.quote(str(engine))} \"$@\"\n")
     launcher.chmod(0o700)
-    return str(launcher)
+    try:
+        works = subprocess.run([launcher, "--check"], capture_output=True, timeout=30).returncode == 0
+    except (OSError, subprocess.SubprocessError):
+        works = False
+    return str(launcher) if works else None
 
 
 def _new_game(layout: Layout, render_height: int, map_info: bool = False) -> vzd.DoomGame:
