@@ -215,3 +215,14 @@ def test_an_engine_launcher_that_cannot_run_is_not_used(monkeypatch):
     assert make(os.getppid()) is None  # its process is not the one that runs it
     monkeypatch.setattr(sys, "executable", "/nonexistent/python")
     assert make(os.getpid()) is None
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the engine is tied to its process on Linux only")
+def test_a_forked_process_leaves_its_parents_engine_launcher_alone(tmp_path):
+    """A fork's normal exit runs the exit handlers it inherited: the one removing the launcher is its parent's."""
+    code = ("import os, sys; from pathlib import Path; from leaklab.rl.envs import active_perception as ap; "
+            "launcher = Path(ap._engine_launcher(os.getpid())); child = os.fork(); "
+            "child or sys.exit(0); os.waitpid(child, 0); print(launcher.exists())")
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                         env={**os.environ, "TMPDIR": str(tmp_path)})
+    assert run.returncode == 0 and run.stdout.strip() == "True", run.stderr

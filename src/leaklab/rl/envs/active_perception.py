@@ -112,8 +112,8 @@ def _engine_launcher(pid: int) -> str | None:
     say): an engine that fails to start crashes the Python process that waits for it."""
     if not sys.platform.startswith("linux") or not sys.executable:
         return None
-    folder = Path(tempfile.mkdtemp(prefix="leaklab-engine-"))  # private (0700), removed at exit
-    atexit.register(shutil.rmtree, folder, ignore_errors=True)
+    folder = Path(tempfile.mkdtemp(prefix="leaklab-engine-"))  # private (0700), removed when process pid exits
+    atexit.register(lambda: os.getpid() == pid and shutil.rmtree(folder, ignore_errors=True))  # not by a fork
     launcher = folder / "vizdoom"
     engine = Path(vzd.__file__).parent / "vizdoom"
     launcher.write_text(f"#!/bin/sh\nexec {shlex.quote(sys.executable)} -I -S -c {shlex.quote(_TIE_TO_PARENT)} "
