@@ -5,6 +5,7 @@ import itertools
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -205,11 +206,12 @@ def test_the_engine_dies_with_a_process_killed_before_it_closed_the_game(tmp_pat
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the engine is tied to its process on Linux only")
-def test_an_engine_launcher_that_cannot_run_is_not_used(monkeypatch):
+def test_an_engine_launcher_that_cannot_run_is_not_used(monkeypatch, tmp_path):
     """An engine that fails to start crashes the Python process waiting for it (a segmentation fault in
     ViZDoom), so a launcher is used only once it has run here."""
     from leaklab.rl.envs import active_perception
 
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # the launchers are written there
     make = active_perception._engine_launcher.__wrapped__  # uncached
     assert make(os.getpid()) is not None
     assert make(os.getppid()) is None  # its process is not the one that runs it
