@@ -206,24 +206,26 @@ def test_the_engine_dies_with_a_process_killed_before_it_closed_the_game(tmp_pat
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the engine is tied to its process on Linux only")
-def test_an_engine_launcher_that_cannot_run_is_not_used(monkeypatch, tmp_path):
+def test_the_engine_starts_through_the_launcher_only_where_an_engine_started_so(monkeypatch, tmp_path):
     """An engine that fails to start crashes the Python process waiting for it (a segmentation fault in
-    ViZDoom), so a launcher is used only once it has run here."""
+    ViZDoom), so a child process starts one first: through the launcher, else directly, else an error."""
     from leaklab.rl.envs import active_perception
 
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # the launchers are written there
-    make = active_perception._engine_launcher.__wrapped__  # uncached
-    assert make(os.getpid()) is not None
-    assert make(os.getppid()) is None  # its process is not the one that runs it
-    monkeypatch.setattr(sys, "executable", "/nonexistent/python")
-    assert make(os.getpid()) is None
+    find = active_perception._engine_path.__wrapped__  # uncached
+    assert Path(find(os.getpid())).name == "vizdoom"  # the launcher, in its own folder
+    monkeypatch.setattr(active_perception, "_ENGINE_PROBE", "import sys; sys.exit(1 if sys.argv[1] else 0)")
+    assert find(os.getpid()) is None  # a launcher that cannot start an engine: ViZDoom's own engine
+    monkeypatch.setattr(active_perception, "_ENGINE_PROBE", "import os, signal; os.kill(os.getpid(), signal.SIGSEGV)")
+    with pytest.raises(LeaklabError, match="ViZDoom's engine does not start on this machine.*ended with SIGSEGV"):
+        find(os.getpid())
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the engine is tied to its process on Linux only")
 def test_a_forked_process_leaves_its_parents_engine_launcher_alone(tmp_path):
     """A fork's normal exit runs the exit handlers it inherited: the one removing the launcher is its parent's."""
     code = ("import os, sys; from pathlib import Path; from leaklab.rl.envs import active_perception as ap; "
-            "launcher = Path(ap._engine_launcher(os.getpid())); child = os.fork(); "
+            "launcher = Path(ap._engine_path(os.getpid())); child = os.fork(); "
             "child or sys.exit(0); os.waitpid(child, 0); print(launcher.exists())")
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
                          env={**os.environ, "TMPDIR": str(tmp_path)})

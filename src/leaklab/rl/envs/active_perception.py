@@ -43,6 +43,7 @@ import math
 import os
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -88,50 +89,90 @@ _NO_INPUT = [0, 0, 0, 0, 0]
 _BRIGHTNESS = ((np.arange(256) / 255.0) ** (1.0 / BRIGHTNESS_GAMMA)).astype(np.float32)
 
 
-# Run by the launcher in the process that becomes the engine: have the kernel kill it when the thread that
-# started it dies (PR_SET_PDEATHSIG, kept across exec; ViZDoom starts the engine from a thread that lives as
-# long as the engine), give up if that process is already gone, and become the engine (--check: stop there)
+# Run by the launcher (a shell script) in the process that becomes the engine: have the kernel kill it when the
+# thread that started it dies (PR_SET_PDEATHSIG, kept across exec; ViZDoom starts the engine from a thread that
+# lives as long as the engine), give up if that thread's process is gone already, and become the engine
 _TIE_TO_PARENT = """
 import ctypes, os, signal, sys
-pid, engine, args = int(sys.argv[1]), sys.argv[2], sys.argv[3:]
-if ctypes.CDLL(None).prctl(1, signal.SIGKILL) != 0 or os.getppid() != pid:
+parent, engine, args = int(sys.argv[1]), sys.argv[2], sys.argv[3:]
+if ctypes.CDLL(None).prctl(1, signal.SIGKILL) != 0 or os.getppid() != parent:
     sys.exit(1)
-if args == ["--check"]:
-    sys.exit(0 if os.access(engine, os.X_OK) else 1)
 os.execv(engine, [engine, *args])
+"""
+
+# Run in a child process: start and close one engine (through the launcher ``engine``, when given)
+_ENGINE_PROBE = """
+import sys, vizdoom as vzd
+engine, config, wad, map_name = sys.argv[1:]
+game = vzd.DoomGame()
+if engine:
+    game.set_vizdoom_path(engine)
+game.set_doom_config_path(config)
+game.set_doom_game_path(wad)
+game.set_doom_map(map_name)
+game.set_window_visible(False)
+game.set_sound_enabled(False)
+game.init()
+game.close()
 """
 
 
 @functools.cache
-def _engine_launcher(pid: int) -> str | None:
-    """The executable that starts ViZDoom's engine for process ``pid`` (this one: a spawned or forked
-    process writes its own): on Linux a launcher that has the kernel kill the engine when this process
-    dies. An engine otherwise outlives a Python process killed or crashed before it closed the game
-    (the engine ignores SIGTERM), and holds the process's terminal or pipe open. None (the engine
-    itself) elsewhere, or where the launcher does not pass its check (a temporary folder mounted noexec,
-    say): an engine that fails to start crashes the Python process that waits for it."""
-    if not sys.platform.startswith("linux") or not sys.executable:
-        return None
+def _engine_path(pid: int) -> str | None:
+    """What ViZDoom starts as the engine of process ``pid`` (this one; a spawned or forked process finds
+    its own): on Linux a launcher that has the kernel kill the engine when this process dies; None,
+    ViZDoom's engine itself, elsewhere or where no engine starts through the launcher (a temporary
+    folder mounted noexec, say). An engine otherwise outlives a Python process killed or crashed before
+    it closed the game (the engine ignores SIGTERM) and holds the process's terminal or pipe open.
+    One engine is started in a child process first, because an engine that fails to start crashes the
+    process waiting for it (a segmentation fault in ViZDoom); where none starts, a
+    :class:`LeaklabError` says why."""
     folder = Path(tempfile.mkdtemp(prefix="leaklab-engine-"))  # private (0700), removed when process pid exits
     atexit.register(lambda: os.getpid() == pid and shutil.rmtree(folder, ignore_errors=True))  # not by a fork
-    launcher = folder / "vizdoom"
-    engine = Path(vzd.__file__).parent / "vizdoom"
-    launcher.write_text(f"#!/bin/sh\nexec {shlex.quote(sys.executable)} -I -S -c {shlex.quote(_TIE_TO_PARENT)} "
-                        f"{pid} {shlex.quote(str(engine))} \"$@\"\n")
-    launcher.chmod(0o700)
+    candidates: list[str | None] = [None]
+    if sys.platform.startswith("linux") and sys.executable:
+        launcher = folder / "vizdoom"
+        engine = Path(vzd.__file__).parent / "vizdoom"
+        launcher.write_text(f"#!/bin/sh\nexec {shlex.quote(sys.executable)} -I -S -c {shlex.quote(_TIE_TO_PARENT)} "
+                            f"\"$PPID\" {shlex.quote(str(engine))} \"$@\"\n")
+        launcher.chmod(0o700)
+        candidates.insert(0, str(launcher))
+    for candidate in candidates:
+        failure = _engine_failure(candidate, folder)
+        if failure is None:
+            return candidate
+    raise LeaklabError(f"ViZDoom's engine does not start on this machine, and the rooms need it: {failure}")
+
+
+def _engine_failure(engine: str | None, cwd: Path) -> str | None:
+    """Why an engine started through ``engine`` (None: ViZDoom's own) fails to start, seen from a child
+    process running in ``cwd``; None when it starts, or when that cannot be told (no interpreter to run
+    the child, or a child that outran two minutes: the real start then tells)."""
+    if not sys.executable:
+        return None
+    layout = next(iter(LAYOUTS.values()))
     try:
-        works = subprocess.run([launcher, "--check"], capture_output=True, timeout=30).returncode == 0
-    except (OSError, subprocess.SubprocessError):
-        works = False
-    return str(launcher) if works else None
+        run = subprocess.run([sys.executable, "-c", _ENGINE_PROBE, engine or "", str(_ENGINE_CONFIG),
+                              str(Path(vzd.__file__).parent / layout.wad), layout.map],
+                             cwd=cwd, capture_output=True, text=True, timeout=120)
+    except subprocess.TimeoutExpired:
+        return None
+    if run.returncode == 0:
+        return None
+    how = f"exit status {run.returncode}"
+    if run.returncode < 0:
+        with contextlib.suppress(ValueError):
+            how = signal.Signals(-run.returncode).name
+    last = run.stderr.strip().splitlines()[-1:]
+    return f"a trial start in a child process ended with {how}" + (f" ({last[0]})" if last else "")
 
 
 def _new_game(layout: Layout, render_height: int, map_info: bool = False) -> vzd.DoomGame:
     """A headless game of the layout's map; ``map_info`` adds the objects and sectors lists."""
     game = vzd.DoomGame()
-    launcher = _engine_launcher(os.getpid())
-    if launcher:
-        game.set_vizdoom_path(launcher)
+    engine = _engine_path(os.getpid())
+    if engine:
+        game.set_vizdoom_path(engine)
     game.set_doom_config_path(str(_ENGINE_CONFIG))
     game.set_doom_game_path(str(Path(vzd.__file__).parent / layout.wad))
     game.set_doom_map(layout.map)
