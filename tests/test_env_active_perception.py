@@ -214,6 +214,10 @@ def test_the_engine_starts_through_the_launcher_only_where_an_engine_started_so(
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # the launchers are written there
     find = active_perception._engine_path.__wrapped__  # uncached
     assert Path(find(os.getpid())).name == "vizdoom"  # the launcher, in its own folder
+    site = str(tmp_path / "site")
+    monkeypatch.syspath_prepend(site)  # the trial imports what this process imports
+    monkeypatch.setattr(active_perception, "_ENGINE_PROBE", f"import sys; sys.exit({site!r} not in sys.path)")
+    assert find(os.getpid()) is not None
     monkeypatch.setattr(active_perception, "_ENGINE_PROBE", "import sys; sys.exit(1 if sys.argv[1] else 0)")
     assert find(os.getpid()) is None  # a launcher that cannot start an engine: ViZDoom's own engine
     monkeypatch.setattr(active_perception, "_ENGINE_PROBE", "import os, signal; os.kill(os.getpid(), signal.SIGSEGV)")

@@ -154,7 +154,8 @@ def _engine_failure(engine: str | None, cwd: Path) -> str | None:
     try:
         run = subprocess.run([sys.executable, "-c", _ENGINE_PROBE, engine or "", str(_ENGINE_CONFIG),
                               str(Path(vzd.__file__).parent / layout.wad), layout.map],
-                             cwd=cwd, capture_output=True, text=True, timeout=120)
+                             cwd=cwd, capture_output=True, text=True, timeout=120,
+                             env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})  # sees vizdoom as we do
     except subprocess.TimeoutExpired:
         return None
     if run.returncode == 0:
