@@ -3,6 +3,7 @@
 import contextlib
 import itertools
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -198,11 +199,22 @@ def test_the_engine_dies_with_a_process_killed_before_it_closed_the_game(tmp_pat
                               env={**os.environ, "TMPDIR": str(tmp_path)})  # its engine launcher is left there
     engines = _children(int(python.stdout.readline()))
     assert len(engines) == 1 and "vizdoom" in Path(f"/proc/{engines[0]}/cmdline").read_text()
-    python.communicate("\n", timeout=30)
-    deadline = time.monotonic() + 10
-    while Path(f"/proc/{engines[0]}").exists() and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert not Path(f"/proc/{engines[0]}").exists()
+    try:
+        python.communicate("\n", timeout=30)
+        deadline = time.monotonic() + 10
+        while _running(engines[0]) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not _running(engines[0])
+    finally:
+        with contextlib.suppress(OSError):
+            os.kill(engines[0], signal.SIGKILL)
+
+
+def _running(pid: int) -> bool:
+    """Whether process ``pid`` exists and is not a zombie (an orphan that no init reaps stays one)."""
+    with contextlib.suppress(OSError):
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    return False
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the engine is tied to its process on Linux only")
@@ -216,9 +228,14 @@ def test_the_engine_starts_through_the_launcher_only_where_an_engine_started_so(
     assert Path(find(os.getpid())).name == "vizdoom"  # the launcher, in its own folder
     site = str(tmp_path / "site")
     monkeypatch.syspath_prepend(site)  # the trial imports what this process imports
-    monkeypatch.setattr(active_perception, "_ENGINE_PROBE", f"import sys; sys.exit({site!r} not in sys.path)")
+    probe = f"import sys; {site!r} in sys.path and print('engine started')"
+    monkeypatch.setattr(active_perception, "_ENGINE_PROBE", probe)
     assert find(os.getpid()) is not None
-    monkeypatch.setattr(active_perception, "_ENGINE_PROBE", "import sys; sys.exit(1 if sys.argv[1] else 0)")
+    monkeypatch.setattr(active_perception, "_TRIAL_SECONDS", 2)  # a launcher must be seen to work in time
+    monkeypatch.setattr(active_perception, "_ENGINE_PROBE", "import sys, time; sys.argv[1] and time.sleep(10); "
+                                                            "print('engine started')")
+    assert find(os.getpid()) is None
+    monkeypatch.setattr(active_perception, "_ENGINE_PROBE", "import sys; sys.argv[1] or print('engine started')")
     assert find(os.getpid()) is None  # a launcher that cannot start an engine: ViZDoom's own engine
     monkeypatch.setattr(active_perception, "_ENGINE_PROBE", "import os, signal; os.kill(os.getpid(), signal.SIGSEGV)")
     with pytest.raises(LeaklabError, match="ViZDoom's engine does not start on this machine.*ended with SIGSEGV"):

@@ -100,9 +100,10 @@ if ctypes.CDLL(None).prctl(1, signal.SIGKILL) != 0 or os.getppid() != parent:
 os.execv(engine, [engine, *args])
 """
 
-# Run in a child process: start and close one engine (through the launcher ``engine``, when given)
+# Run in a child process: start and close one engine (through the launcher ``engine``, when given), then say so
+# (what happens after that, e.g. a crash of ViZDoom at the interpreter's exit, does not count)
 _ENGINE_PROBE = """
-import sys, vizdoom as vzd
+import os, sys, vizdoom as vzd
 engine, config, wad, map_name = sys.argv[1:]
 game = vzd.DoomGame()
 if engine:
@@ -114,6 +115,8 @@ game.set_window_visible(False)
 game.set_sound_enabled(False)
 game.init()
 game.close()
+print("engine started", flush=True)
+os._exit(0)
 """
 
 
@@ -127,7 +130,7 @@ def _engine_path(pid: int) -> str | None:
     One engine is started in a child process first, because an engine that fails to start crashes the
     process waiting for it (a segmentation fault in ViZDoom); where none starts, a
     :class:`LeaklabError` says why."""
-    folder = Path(tempfile.mkdtemp(prefix="leaklab-engine-"))  # private (0700), removed when process pid exits
+    folder = Path(tempfile.mkdtemp(prefix="leaklab-engine-"))  # private (0700), removed at pid's normal exit
     atexit.register(lambda: os.getpid() == pid and shutil.rmtree(folder, ignore_errors=True))  # not by a fork
     candidates: list[str | None] = [None]
     if sys.platform.startswith("linux") and sys.executable:
@@ -139,26 +142,31 @@ def _engine_path(pid: int) -> str | None:
         candidates.insert(0, str(launcher))
     for candidate in candidates:
         failure = _engine_failure(candidate, folder)
-        if failure is None:
+        if failure is None or failure == _UNTOLD and candidate is None:  # the launcher must have been seen to work
             return candidate
     raise LeaklabError(f"ViZDoom's engine does not start on this machine, and the rooms need it: {failure}")
 
 
-def _engine_failure(engine: str | None, cwd: Path) -> str | None:
+_TRIAL_SECONDS = 120
+_UNTOLD = "a trial start in a child process did not end in time"
+
+
+def _engine_failure(engine: str | None, folder: Path) -> str | None:
     """Why an engine started through ``engine`` (None: ViZDoom's own) fails to start, seen from a child
-    process running in ``cwd``; None when it starts, or when that cannot be told (no interpreter to run
-    the child, or a child that outran two minutes: the real start then tells)."""
+    process working in ``folder`` with its own settings file; None when it starts or when there is no
+    interpreter to run the child; :data:`_UNTOLD` when the child outran ``_TRIAL_SECONDS``."""
     if not sys.executable:
         return None
     layout = next(iter(LAYOUTS.values()))
+    path = os.pathsep.join(p for p in sys.path if isinstance(p, str))  # the child imports vizdoom as we do
     try:
-        run = subprocess.run([sys.executable, "-c", _ENGINE_PROBE, engine or "", str(_ENGINE_CONFIG),
+        run = subprocess.run([sys.executable, "-c", _ENGINE_PROBE, engine or "", str(folder / "trial.ini"),
                               str(Path(vzd.__file__).parent / layout.wad), layout.map],
-                             cwd=cwd, capture_output=True, text=True, timeout=120,
-                             env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})  # sees vizdoom as we do
+                             cwd=folder, capture_output=True, text=True, timeout=_TRIAL_SECONDS,
+                             env={**os.environ, "PYTHONPATH": path})
     except subprocess.TimeoutExpired:
-        return None
-    if run.returncode == 0:
+        return _UNTOLD
+    if "engine started" in run.stdout:
         return None
     how = f"exit status {run.returncode}"
     if run.returncode < 0:
@@ -172,6 +180,9 @@ def _new_game(layout: Layout, render_height: int, map_info: bool = False) -> vzd
     """A headless game of the layout's map; ``map_info`` adds the objects and sectors lists."""
     game = vzd.DoomGame()
     engine = _engine_path(os.getpid())
+    if engine and not os.access(engine, os.X_OK):  # its temporary folder was cleaned away during a long run
+        _engine_path.cache_clear()
+        engine = _engine_path(os.getpid())
     if engine:
         game.set_vizdoom_path(engine)
     game.set_doom_config_path(str(_ENGINE_CONFIG))
