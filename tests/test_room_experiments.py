@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import warnings
 from pathlib import Path
 
@@ -790,6 +792,50 @@ def test_ctrl_c_stops_a_pools_workers_at_once(tmp_path):
         attack_pool.run_jobs(jobs, 2, stop, journal=AttackJournal(tmp_path, jobs))
     assert len(list((tmp_path / RESUME_DIR).iterdir())) == 1  # the finished attack is kept
     assert not multiprocessing.active_children()
+
+
+_WITHOUT_SHARED_MEMORY = """
+import torch
+from leaklab.attacks.rl import RoomAttackConfig
+from leaklab.experiments import attack_pool, room_attack
+
+attack = RoomAttackConfig(iterations=2)
+config = room_attack.RoomRunConfig(algorithm="qgi", setting="S2", samples=2, layouts=("e1m1-stalactite",),
+                                   attack=attack)
+state, clean = room_attack.capture_samples(config)
+jobs = [attack_pool.Job("qgi", config.spec, state, s.update, attack) for s in clean]
+
+def no_shared_memory(*args, **kwargs):
+    raise RuntimeError("a tensor passed through shared memory")
+
+torch.UntypedStorage._share_fd_cpu_ = torch.UntypedStorage._share_filename_cpu_ = no_shared_memory
+results = []
+attack_pool.run_jobs(jobs, 2, lambda i, rec: results.append((i, rec.iterations)))
+print(results)
+"""
+
+
+def test_the_pool_passes_jobs_and_results_without_shared_memory():
+    """Docker caps /dev/shm at 64 MB by default and an S1 job is 30 MB: with 25 MB, a 2-worker S1 attack
+    waited forever while torch passed the jobs' tensors through shared memory (so did this check: it
+    runs in a process of its own, with a time limit)."""
+    run = subprocess.run([sys.executable, "-c", _WITHOUT_SHARED_MEMORY], capture_output=True, text=True, timeout=180)
+    assert run.returncode == 0 and run.stdout.strip() == "[(0, 2), (1, 2)]", run.stderr[-2000:]
+
+
+def test_a_worker_process_that_dies_is_a_one_line_error():
+    """A worker killed for memory (or crashed) broke the pool with a traceback."""
+    from leaklab.attacks.rl import RoomAttackConfig
+    from leaklab.experiments import attack_pool, room_attack
+
+    attack = RoomAttackConfig(iterations=2)
+    config = room_attack.RoomRunConfig(algorithm="qgi", setting="S2", samples=2, layouts=layouts_arg("2"),
+                                       attack=attack)
+    state, clean = room_attack.capture_samples(config)
+    jobs = [attack_pool.Job("qgi", config.spec, state, s.update, attack, model_class="tests.plugins.narrow_net:Dies")
+            for s in clean]
+    with pytest.raises(LeaklabError, match="an attack worker process ended abruptly"):
+        attack_pool.run_jobs(jobs, 2, lambda i, rec: None)
 
 
 def test_run_jobs_builds_a_job_list_as_the_pool_needs_it():

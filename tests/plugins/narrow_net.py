@@ -1,5 +1,7 @@
 """A user's own perception network: other widths than leaklab's, the same module contract."""
 
+import os
+
 import torch
 from torch import nn
 
@@ -38,3 +40,10 @@ class TanhHead(NarrowNet):
     def __init__(self, spec):
         super().__init__(spec)
         self.head[1] = nn.Tanh()
+
+
+class Dies(NarrowNet):
+    """A class whose process dies while it is built (as one killed for memory would)."""
+
+    def __init__(self, spec):
+        os._exit(9)

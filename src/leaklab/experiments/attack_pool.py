@@ -12,8 +12,10 @@ from __future__ import annotations
 import functools
 import multiprocessing
 import os
+import pickle
 from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,6 +23,7 @@ import torch
 
 from leaklab.attacks.rl import RoomAttackConfig, RoomReconstruction, qgi, rgi
 from leaklab.device import repeatable
+from leaklab.errors import LeaklabError
 from leaklab.experiments import ProgressFn
 from leaklab.experiments.attack_journal import AttackJournal
 from leaklab.models import PerceptionSpec
@@ -89,6 +92,14 @@ def _attack_one(job: Job, index: int = 0,
             return (qgi if job.algorithm == "qgi" else rgi)(view, job.update, job.attack, progress).to("cpu")
     finally:
         torch.set_num_threads(threads)
+
+
+def _attack_in_worker(job: bytes, index: int) -> bytes:
+    """:func:`_attack_one` in a pool's worker, the job and its reconstruction passed as pickled bytes
+    through the pool's pipes: the pool's own pickler would pass their tensors through shared memory,
+    which Docker caps at 64 MB by default (with 25 MB there a 2-worker S1 attack waited forever; an S1
+    job is 30 MB)."""
+    return pickle.dumps(_attack_one(pickle.loads(job), index))
 
 
 def worker_count(requested: int, jobs: int) -> int:
@@ -161,7 +172,7 @@ def run_jobs(jobs: Sequence[Job], workers: int, on_result: Callable[[int, RoomRe
     futures: dict[int, Future] = {}
 
     def submit(i: int) -> None:
-        futures[i] = pool.submit(_attack_one, jobs[i], i)
+        futures[i] = pool.submit(_attack_in_worker, pickle.dumps(jobs[i]), i)
         if journal:
             futures[i].add_done_callback(functools.partial(_keep, journal, i))
 
@@ -191,10 +202,14 @@ def run_jobs(jobs: Sequence[Job], workers: int, on_result: Callable[[int, RoomRe
                 read_reports()
                 hand_over()
             read_reports()
-            deliver(i, futures.pop(i).result())
+            deliver(i, pickle.loads(futures.pop(i).result()))
     except (KeyboardInterrupt, SystemExit):  # asked to stop: not after the queued attacks have run
         _stop_workers(pool)
         raise
+    except BrokenProcessPool:
+        raise LeaklabError("an attack worker process ended abruptly (killed, for memory say, or crashed); the "
+                           "attacks finished before it are kept where the command keeps them, and fewer "
+                           "--workers need less memory") from None
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
     return resumed
@@ -210,4 +225,4 @@ def _stop_workers(pool: ProcessPoolExecutor) -> None:
 def _keep(journal: AttackJournal, index: int, future: Future) -> None:
     """Save a finished attack to the journal (a pool's done-callback: also while the pool shuts down)."""
     if not future.cancelled() and future.exception() is None:
-        journal.add(index, future.result())
+        journal.add(index, pickle.loads(future.result()))
