@@ -98,7 +98,8 @@ def _attack_in_worker(job: bytes, index: int) -> bytes:
     """:func:`_attack_one` in a pool's worker, the job and its reconstruction passed as pickled bytes
     through the pool's pipes: the pool's own pickler would pass their tensors through shared memory,
     which Docker caps at 64 MB by default (with 25 MB there a 2-worker S1 attack waited forever; an S1
-    job is 30 MB)."""
+    job is 30 MB). The bytes only ever come from this pool's parent and workers (what the pool's own
+    pickler would carry), never from a file: a user's update was read from safetensors before."""
     return pickle.dumps(_attack_one(pickle.loads(job), index))
 
 

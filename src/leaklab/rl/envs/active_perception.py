@@ -89,6 +89,10 @@ _NO_INPUT = [0, 0, 0, 0, 0]
 _BRIGHTNESS = ((np.arange(256) / 255.0) ** (1.0 / BRIGHTNESS_GAMMA)).astype(np.float32)
 
 
+_VIZDOOM = Path(vzd.__file__).parent  # the engine and the WADs it ships
+_TRIAL_SECONDS = 120  # a trial start of the engine (``_engine_failure``) that takes longer tells nothing
+_UNTOLD = "a trial start in a child process did not end in time"
+
 # Run by the launcher (a shell script) in the process that becomes the engine: have the kernel kill it when the
 # thread that started it dies (PR_SET_PDEATHSIG, kept across exec; ViZDoom starts the engine from a thread that
 # lives as long as the engine), give up if that thread's process is gone already, and become the engine
@@ -135,7 +139,7 @@ def _engine_path(pid: int) -> str | None:
     candidates: list[str | None] = [None]
     if sys.platform.startswith("linux") and sys.executable:
         launcher = folder / "vizdoom"
-        engine = Path(vzd.__file__).parent / "vizdoom"
+        engine = _VIZDOOM / "vizdoom"
         launcher.write_text(f"#!/bin/sh\nexec {shlex.quote(sys.executable)} -I -S -c {shlex.quote(_TIE_TO_PARENT)} "
                             f"\"$PPID\" {shlex.quote(str(engine))} \"$@\"\n")
         launcher.chmod(0o700)
@@ -145,10 +149,6 @@ def _engine_path(pid: int) -> str | None:
         if failure is None or failure == _UNTOLD and candidate is None:  # the launcher must have been seen to work
             return candidate
     raise LeaklabError(f"ViZDoom's engine does not start on this machine, and the rooms need it: {failure}")
-
-
-_TRIAL_SECONDS = 120
-_UNTOLD = "a trial start in a child process did not end in time"
 
 
 def _engine_failure(engine: str | None, folder: Path) -> str | None:
@@ -161,7 +161,7 @@ def _engine_failure(engine: str | None, folder: Path) -> str | None:
     path = os.pathsep.join(p for p in sys.path if isinstance(p, str))  # the child imports vizdoom as we do
     try:
         run = subprocess.run([sys.executable, "-c", _ENGINE_PROBE, engine or "", str(folder / "trial.ini"),
-                              str(Path(vzd.__file__).parent / layout.wad), layout.map],
+                              str(_VIZDOOM / layout.wad), layout.map],
                              cwd=folder, capture_output=True, text=True, timeout=_TRIAL_SECONDS,
                              env={**os.environ, "PYTHONPATH": path})
     except subprocess.TimeoutExpired:
@@ -186,7 +186,7 @@ def _new_game(layout: Layout, render_height: int, map_info: bool = False) -> vzd
     if engine:
         game.set_vizdoom_path(engine)
     game.set_doom_config_path(str(_ENGINE_CONFIG))
-    game.set_doom_game_path(str(Path(vzd.__file__).parent / layout.wad))
+    game.set_doom_game_path(str(_VIZDOOM / layout.wad))
     game.set_doom_map(layout.map)
     game.set_screen_resolution(getattr(vzd.ScreenResolution, _RESOLUTIONS[render_height]))
     game.set_screen_format(vzd.ScreenFormat.RGB24)
