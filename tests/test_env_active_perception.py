@@ -166,16 +166,24 @@ def test_contact_sheet_writes_a_png_grid(tmp_path):
         contact_sheet(tmp_path / "none.png", layouts=[])
 
 
-def test_a_new_engine_settings_file_leaves_no_folder_in_the_working_directory(tmp_path, monkeypatch):
-    """The engine makes an empty `_vizdoom/` in the working directory when it writes a new settings file
-    (a user's first run of `leaklab env contact-sheet` left one)."""
-    from leaklab.rl.envs import active_perception
-
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(active_perception, "_ENGINE_CONFIG", tmp_path / "engine.ini")
-    game = active_perception._new_game(LAYOUTS[next(iter(LAYOUTS))], 150)
-    game.close()
-    assert (tmp_path / "engine.ini").is_file() and not (tmp_path / "_vizdoom").exists()
+def test_the_engines_settings_file_is_the_processs_own_and_leaves_no_trace(tmp_path):
+    """The engine writes its settings file on close: it sat under a name shared by every process of a user
+    in the temporary folder (written by concurrent processes at once; another user could plant a link
+    there); and a new one made an empty `_vizdoom/` in the working directory (a user's first run of
+    `leaklab env contact-sheet` left one)."""
+    work, temp = tmp_path / "work", tmp_path / "temp"
+    work.mkdir()
+    temp.mkdir()
+    code = ("import os, stat; from leaklab.rl.envs import active_perception as ap; "
+            f"game = ap._new_game(ap.LAYOUTS[{LAYOUT!r}], 150); game.close(); "
+            "folder = ap._engine_folder(os.getpid()); "
+            "print(folder, oct(stat.S_IMODE(folder.stat().st_mode)), sorted(p.name for p in folder.iterdir()))")
+    run = subprocess.run([sys.executable, "-c", code], cwd=work, capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "TMPDIR": str(temp)})
+    assert run.returncode == 0, run.stderr
+    folder, mode, names = run.stdout.split(maxsplit=2)
+    assert Path(folder).parent == temp and mode == "0o700" and "'settings.ini'" in names
+    assert not any(work.iterdir()) and not any(temp.iterdir())  # the folder went at the process's exit
 
 
 def _children(pid: int) -> list[int]:

@@ -74,8 +74,6 @@ THING_CLEARANCE = 40.0
 STEP_HEIGHT = 24.0
 WARMUP_TICS = 8  # the engine ignores turning during the first 7 tics of a map
 
-# the engine writes its settings file on close; keep it out of the working directory
-_ENGINE_CONFIG = Path(tempfile.gettempdir()) / f"leaklab-vizdoom-{os.getuid()}.ini"  # one per user
 _RESOLUTIONS = {120: "RES_160X120", 150: "RES_200X150", 192: "RES_256X192", 240: "RES_320X240",
                 300: "RES_400X300", 384: "RES_512X384", 480: "RES_640X480"}
 _SOLID_CATEGORIES = {"Decoration", "Vegetation", "LightSource", "Hazard"}
@@ -125,6 +123,17 @@ os._exit(0)
 
 
 @functools.cache
+def _engine_folder(pid: int) -> Path:
+    """Process ``pid``'s private temporary folder (mode 0700), removed at its normal exit (not by a fork):
+    its engine launcher and its engines' settings file, which an engine reads at start and writes on close.
+    A settings file under a shared name in the temporary folder would be written by concurrent processes at
+    once, and another user could plant a link under that name for the engine to write through."""
+    folder = Path(tempfile.mkdtemp(prefix="leaklab-engine-"))
+    atexit.register(lambda: os.getpid() == pid and shutil.rmtree(folder, ignore_errors=True))
+    return folder
+
+
+@functools.cache
 def _engine_path(pid: int) -> str | None:
     """What ViZDoom starts as the engine of process ``pid`` (this one; a spawned or forked process finds
     its own): on Linux a launcher that has the kernel kill the engine when this process dies; None,
@@ -134,8 +143,7 @@ def _engine_path(pid: int) -> str | None:
     One engine is started in a child process first, because an engine that fails to start crashes the
     process waiting for it (a segmentation fault in ViZDoom); where none starts, a
     :class:`LeaklabError` says why."""
-    folder = Path(tempfile.mkdtemp(prefix="leaklab-engine-"))  # private (0700), removed at pid's normal exit
-    atexit.register(lambda: os.getpid() == pid and shutil.rmtree(folder, ignore_errors=True))  # not by a fork
+    folder = _engine_folder(pid)
     candidates: list[str | None] = [None]
     if sys.platform.startswith("linux") and sys.executable:
         launcher = folder / "vizdoom"
@@ -180,12 +188,13 @@ def _new_game(layout: Layout, render_height: int, map_info: bool = False) -> vzd
     """A headless game of the layout's map; ``map_info`` adds the objects and sectors lists."""
     game = vzd.DoomGame()
     engine = _engine_path(os.getpid())
-    if engine and not os.access(engine, os.X_OK):  # its temporary folder was cleaned away during a long run
+    if not _engine_folder(os.getpid()).is_dir() or engine and not os.access(engine, os.X_OK):  # cleaned away
+        _engine_folder.cache_clear()
         _engine_path.cache_clear()
         engine = _engine_path(os.getpid())
     if engine:
         game.set_vizdoom_path(engine)
-    game.set_doom_config_path(str(_ENGINE_CONFIG))
+    game.set_doom_config_path(str(_engine_folder(os.getpid()) / "settings.ini"))
     game.set_doom_game_path(str(_VIZDOOM / layout.wad))
     game.set_doom_map(layout.map)
     game.set_screen_resolution(getattr(vzd.ScreenResolution, _RESOLUTIONS[render_height]))
