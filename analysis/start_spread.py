@@ -4,8 +4,9 @@ Each of the first ``--samples`` QGI S1 updates of Table I's exact cell (``leakla
 --setting S1 --layouts 12``, same capture and seed) is attacked in exact mode from ``--starts``
 Gaussian starts (attack seeds 0, 1, ...), all else at the defaults. If the runs ended far apart,
 averaging them would move the estimate towards the posterior mean and raise PSNR; if they end at one
-image, the error is the image prior's and no number of restarts helps. Printed and written: per sample, each start's Y-PSNR (RGB) and PSNR (depth) over
-the constant baseline, the average image's, and the PSNR between the starts' own RGB images.
+image, the error is the image prior's and no number of restarts helps. Printed and written: per sample,
+each start's Y-PSNR (RGB) and PSNR (depth) over the constant baseline, the average image's, and the PSNR
+between the starts' own RGB images.
 
     .venv/bin/python analysis/start_spread.py --samples 8 --starts 3 --out runs/start-spread.json
 """

@@ -194,8 +194,9 @@ def make_view(spec: ModelSpec | PerceptionSpec, state: dict[str, torch.Tensor], 
     ``state`` (parameters and buffers) into it, strictly (:func:`model_with_state`)."""
     model = model_with_state(spec, state, model_class)
     capabilities = capabilities or Capabilities()
-    if labels is not None and (isinstance(spec, PerceptionSpec) or labels.ndim != 1 or len(labels) != metadata.batch_size or
-                               labels.min() < 0 or labels.max() >= spec.num_classes):
+    if labels is not None and (isinstance(spec, PerceptionSpec) or labels.ndim != 1
+                               or len(labels) != metadata.batch_size
+                               or labels.min() < 0 or labels.max() >= spec.num_classes):
         raise LeaklabError("labels must be a 1-d tensor of class indices, one per image")
     return ServerView(spec=spec, model=model, metadata=metadata, capabilities=capabilities,
                       defense=defense if capabilities.knows_defense else None,

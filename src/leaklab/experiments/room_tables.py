@@ -11,9 +11,9 @@
 Every cell is one :func:`leaklab.experiments.room_attack.run` written to ``OUT/cells/NAME``; a rerun
 skips finished cells that ran the same computation on the same network architecture
 (:func:`_same_cell`) and takes an interrupted cell's finished samples from
-``OUT/cells/.leaklab-resume`` (:mod:`.attack_journal`). ``OUT/results.json`` holds the table with the published numbers beside ours and
-``OUT/table.md`` the same as Markdown; Table II also draws Fig. 4 (``OUT/fig4.png``). ``update_docs``
-puts that Markdown into the marked section of ``docs/reproductions.md``.
+``OUT/cells/.leaklab-resume`` (:mod:`.attack_journal`). ``OUT/results.json`` holds the table with the
+published numbers beside ours and ``OUT/table.md`` the same as Markdown; Table II also draws Fig. 4
+(``OUT/fig4.png``). ``update_docs`` puts that Markdown into the marked section of ``docs/reproductions.md``.
 
 The published numbers are seed 000's on AI2-THOR (240 samples, 120 layouts, 2x10^4 iterations); ours
 are on ViZDoom rooms with the sample and iteration budget given, so they compare the methods, not the

@@ -27,8 +27,12 @@ def percent_error(pred: torch.Tensor, truth: torch.Tensor) -> torch.Tensor:
     return torch.where(diff == 0, torch.zeros_like(diff), 100 * diff / truth.abs())
 
 
+def _flat(t: list[torch.Tensor] | torch.Tensor) -> torch.Tensor:
+    """A tensor, or a list of tensors laid end to end, as one flat vector."""
+    return torch.cat([x.reshape(-1) for x in t]) if isinstance(t, (list, tuple)) else t.reshape(-1)
+
+
 def cosine_similarity(a: list[torch.Tensor] | torch.Tensor, b: list[torch.Tensor] | torch.Tensor) -> float:
     """Cosine similarity of two vectors, or of two lists of tensors seen as one vector each."""
-    flat = lambda t: torch.cat([x.reshape(-1) for x in t]) if isinstance(t, (list, tuple)) else t.reshape(-1)  # noqa: E731
-    va, vb = flat(a).double(), flat(b).double()
+    va, vb = _flat(a).double(), _flat(b).double()
     return float((va @ vb) / (va.norm() * vb.norm()).clamp_min(1e-300))

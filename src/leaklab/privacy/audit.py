@@ -269,8 +269,9 @@ _BUILDERS = {"laplace": _laplace, "gaussian": _gaussian, "exponential": _exponen
 
 def audit_case(mechanism: str, epsilon: float | None = None, *, broken: bool = False, **options: Any) -> AuditCase:
     """The audit case of a named mechanism (:data:`~leaklab.names.MECHANISM_NAMES`, or an alias) at a
-    claimed epsilon; ``broken`` halves its noise. Options: ``delta`` (gaussian 1e-5, dirichlet 0.05), ``k``/``eta``/``eta_bar``/``b``/
-    ``w`` (dirichlet), ``candidates`` (exponential), ``k`` (randomized response categories)."""
+    claimed epsilon; ``broken`` halves its noise. Options: ``delta`` (gaussian 1e-5, dirichlet 0.05),
+    ``k``/``eta``/``eta_bar``/``b``/``w`` (dirichlet), ``candidates`` (exponential), ``k`` (randomized
+    response categories)."""
     name = mechanism.lower().replace("_", "-")
     name = MECHANISM_ALIASES.get(name, name)
     if name not in _BUILDERS:

@@ -6,8 +6,8 @@ For the Bayes adversary each step evaluates ``k`` points drawn uniformly from th
 ``delta`` around the current images (Monte-Carlo estimate of the integral in eq. 3). Adam follows a
 learning-rate schedule that ends near 0 (cosine by default: a constant rate stalls on a grainy floor);
 L-BFGS (DLG) counts, as DLG does, one ``optimizer.step`` as an iteration: up to ``lbfgs_inner``
-(20) inner iterations with a strong-Wolfe line search; the number of loss evaluations is reported too. The images are clamped to [0, 1] after each
-Adam step when ``clamp`` is set.
+(20) inner iterations with a strong-Wolfe line search; the number of loss evaluations is reported too.
+The images are clamped to [0, 1] after each Adam step when ``clamp`` is set.
 """
 
 from __future__ import annotations

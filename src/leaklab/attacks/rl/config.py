@@ -51,7 +51,8 @@ class RoomAttackConfig(BaseModel):
     tv_weight: float = Field(default=0.1, ge=0, description="lambda of L_img (IV-A); 0.1 in section V")
     tv_final: float = Field(default=0.003, gt=0, description="exact mode: λ decays geometrically to this")
     feature_weight: float = Field(default=1.0, ge=0, description="exact mode: weight of the feature match")
-    gradient_weight: float = Field(default=1.0, ge=0, description="exact mode: weight of the last-convolution gradient match")
+    gradient_weight: float = Field(default=1.0, ge=0,
+                                   description="exact mode: weight of the last-convolution gradient match")
     layerwise: bool = Field(default=True, description="exact mode: recover each stream's penultimate "
                             "activations exactly and match them and the convolution before")
     objective: Literal["error_direction", "dlg", "inverting"] = "error_direction"

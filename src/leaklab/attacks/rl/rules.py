@@ -76,8 +76,8 @@ def reinforce_action_reward(grad_b: torch.Tensor, probs: torch.Tensor, alpha: fl
     A sample separated from a batch of two (:func:`leaklab.attacks.rl.exact.reinforce_batch_errors`)
     carries rounding of the other sample's error too, so its policy-gradient part must also exceed
     :data:`SEPARATION_NOISE` times ``batch_scale``, the norm of the batch's largest per-sample bias
-    gradient (0, the default: no such floor; a sample's own norm would add nothing to the first test). Measured on 60 batches
-    of two (S2 and S1, 120 samples): zero returns up to 2.2e-3 of their entropy part (over
+    gradient (0, the default: no such floor; a sample's own norm would add nothing to the first test).
+    Measured on 60 batches of two (S2 and S1, 120 samples): zero returns up to 2.2e-3 of their entropy part (over
     :data:`IDENTIFIABLE`) but at most 3.3e-6 of the largest error; non-zero returns at least 7.2e-3 of it."""
     entropy = entropy_bias_gradient(probs, alpha)
     pg = grad_b - entropy

@@ -40,7 +40,8 @@ def contact_sheet(out: Path, layouts: Sequence[str] | None = None, seed: int = 0
             obs, info = env.reset(seed=seed)
         finally:
             env.close()
-        frames.append(Frame(f"{name}\n{info['target']}", obs["rgb"], obs["depth"], obs["box"] if info["visible"] else None))
+        box = obs["box"] if info["visible"] else None
+        frames.append(Frame(f"{name}\n{info['target']}", obs["rgb"], obs["depth"], box))
     return frame_sheet(out, frames)
 
 
