@@ -3,6 +3,7 @@
 import contextlib
 import itertools
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -166,6 +167,43 @@ def test_contact_sheet_writes_a_png_grid(tmp_path):
         contact_sheet(tmp_path / "none.png", layouts=[])
 
 
+def _tiny_shared_memory(megabytes: float) -> list[str] | None:
+    """A command prefix that runs a command with a tmpfs of ``megabytes`` as /dev/shm (a private mount
+    namespace), or None where this process may not make one (not root, no ``unshare``)."""
+    if not sys.platform.startswith("linux") or os.geteuid() != 0 or shutil.which("unshare") is None:
+        return None
+    mount = f"mount -t tmpfs -o size={int(megabytes * 1024)}k tmpfs /dev/shm"
+    if subprocess.run(["unshare", "-m", "sh", "-c", mount], capture_output=True).returncode != 0:
+        return None
+    return ["unshare", "-m", "sh", "-c", f'{mount} && exec "$0" "$@"']
+
+
+def test_an_engine_short_of_shared_memory_is_an_error_before_it_crashes_the_process(monkeypatch):
+    """An engine that finds /dev/shm full dies of a bus error, and the Python process waiting in
+    `game.init()` with it (a container's /dev/shm is 64 MB unless told otherwise)."""
+    from leaklab.rl.envs import active_perception
+
+    monkeypatch.setattr(active_perception, "_SHARED_MEMORY_NEEDED", 1 << 62)
+    with pytest.raises(LeaklabError, match="/dev/shm has .* MiB free and a ViZDoom engine needs"):
+        ActivePerceptionEnv(layout=LAYOUT)
+    prefix = _tiny_shared_memory(8.6)  # room for the trial start and a few engines
+    if prefix is None:
+        pytest.skip("a small /dev/shm needs root and unshare")
+    code = ("from leaklab.errors import LeaklabError; from leaklab.rl.envs import ActivePerceptionEnv, LAYOUTS\n"
+            "envs = []\n"
+            "try:\n"
+            "    for name in list(LAYOUTS)[:8]:\n"
+            "        envs.append(ActivePerceptionEnv(layout=name)); envs[-1].reset(seed=0)\n"
+            "except LeaklabError as error:\n"
+            "    print(len(envs), error)\n"
+            "for env in envs:\n"
+            "    env.close()\n")
+    run = subprocess.run([*prefix, sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    started, message = run.stdout.split(maxsplit=1)
+    assert int(started) >= 1 and "MiB free and a ViZDoom engine needs" in message
+
+
 def test_the_engines_settings_file_is_the_processs_own_and_leaves_no_trace(tmp_path):
     """The engine writes its settings file on close: it sat under a name shared by every process of a user
     in the temporary folder (written by concurrent processes at once; another user could plant a link
@@ -206,7 +244,8 @@ def test_the_engine_dies_with_a_process_killed_before_it_closed_the_game(tmp_pat
     python = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
                               env={**os.environ, "TMPDIR": str(tmp_path)})  # its engine launcher is left there
     engines = _children(int(python.stdout.readline()))
-    assert len(engines) == 1 and "vizdoom" in Path(f"/proc/{engines[0]}/cmdline").read_text()
+    args = Path(f"/proc/{engines[0]}/cmdline").read_text().split("\0") if len(engines) == 1 else []
+    assert "vizdoom" in args[0]
     try:
         python.communicate("\n", timeout=30)
         deadline = time.monotonic() + 10
@@ -216,6 +255,9 @@ def test_the_engine_dies_with_a_process_killed_before_it_closed_the_game(tmp_pat
     finally:
         with contextlib.suppress(OSError):
             os.kill(engines[0], signal.SIGKILL)
+        instance = args[args.index("+viz_instance_id") + 1]  # the killed pair never removed its shared memory
+        for name in ("SM", "MQCtr", "MQDoom"):
+            Path(f"/dev/shm/ViZDoom{name}{instance}").unlink(missing_ok=True)
 
 
 def _running(pid: int) -> bool:
