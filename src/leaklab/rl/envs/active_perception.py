@@ -47,6 +47,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import warnings
 from pathlib import Path
 
 import gymnasium as gym
@@ -158,11 +159,16 @@ def _engine_path(pid: int) -> str | None:
                             f"\"$PPID\" {shlex.quote(str(engine))} \"$@\"\n")
         launcher.chmod(0o700)
         candidates.insert(0, str(launcher))
+    failures = []
     for candidate in candidates:
         failure = _engine_failure(candidate, folder)
         if failure is None or failure == _UNTOLD and candidate is None:  # the launcher must have been seen to work
+            if failures:
+                warnings.warn(f"ViZDoom's engines start without leaklab's launcher ({failures[0]}), so they outlive "
+                              "this process if it is killed", UserWarning, stacklevel=2)
             return candidate
-    raise LeaklabError(f"ViZDoom's engine does not start on this machine, and the rooms need it: {failure}")
+        failures.append(failure)
+    raise LeaklabError(f"ViZDoom's engine does not start on this machine, and the rooms need it: {failures[-1]}")
 
 
 def _engine_failure(engine: str | None, folder: Path) -> str | None:
