@@ -235,9 +235,12 @@ def _children(pid: int) -> list[int]:
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the engine is tied to its process on Linux only")
-def test_the_engine_dies_with_a_process_killed_before_it_closed_the_game(tmp_path):
+def test_the_engine_dies_with_a_process_killed_before_it_closed_the_game_and_the_next_sweeps_up(tmp_path):
     """An engine outlived a Python process killed or crashed without closing its game (it ignores SIGTERM),
-    and held that process's output pipe open: a `leaklab audit | tail` never ended."""
+    and held that process's output pipe open: a `leaklab audit | tail` never ended. The killed pair
+    leaves its shared memory and the process its folder: the next process to start engines removes them."""
+    from leaklab.rl.envs.active_perception import _pid_namespace, _sweep_crashed
+
     code = ("import os, signal; from leaklab.rl.envs import ActivePerceptionEnv; "
             f"env = ActivePerceptionEnv(layout={LAYOUT!r}); env.reset(seed=0); print(os.getpid(), flush=True); "
             "input(); os.kill(os.getpid(), signal.SIGKILL)")
@@ -245,19 +248,27 @@ def test_the_engine_dies_with_a_process_killed_before_it_closed_the_game(tmp_pat
                               env={**os.environ, "TMPDIR": str(tmp_path)})  # its engine launcher is left there
     engines = _children(int(python.stdout.readline()))
     args = Path(f"/proc/{engines[0]}/cmdline").read_text().split("\0") if len(engines) == 1 else []
-    assert "vizdoom" in args[0]
+    assert args and "vizdoom" in args[0]
     try:
         python.communicate("\n", timeout=30)
         deadline = time.monotonic() + 10
         while _running(engines[0]) and time.monotonic() < deadline:
             time.sleep(0.05)
         assert not _running(engines[0])
+        instance = args[args.index("+viz_instance_id") + 1]
+        shared = [Path(f"/dev/shm/ViZDoom{name}{instance}") for name in ("SM", "MQCtr", "MQDoom")]
+        left = [path.name for path in tmp_path.iterdir()]
+        assert all(path.exists() for path in shared) and left[0].startswith(f"leaklab-engine-{_pid_namespace()}-"
+                                                                             f"{python.pid}-") and len(left) == 1
+        alive = tmp_path / f"leaklab-engine-{_pid_namespace()}-{os.getpid()}-x"  # this process's: kept
+        alive.mkdir()
+        _sweep_crashed(tmp_path, _pid_namespace())
+        assert not any(path.exists() for path in shared) and list(tmp_path.iterdir()) == [alive]
     finally:
         with contextlib.suppress(OSError):
             os.kill(engines[0], signal.SIGKILL)
-        instance = args[args.index("+viz_instance_id") + 1]  # the killed pair never removed its shared memory
-        for name in ("SM", "MQCtr", "MQDoom"):
-            Path(f"/dev/shm/ViZDoom{name}{instance}").unlink(missing_ok=True)
+        for name in ("SM", "MQCtr", "MQDoom"):  # if the sweep failed
+            Path(f"/dev/shm/ViZDoom{name}{args[args.index('+viz_instance_id') + 1]}").unlink(missing_ok=True)
 
 
 def _running(pid: int) -> bool:

@@ -100,14 +100,19 @@ _UNTOLD = "a trial start in a child process did not end in time"
 
 # Run by the launcher (a shell script) in the process that becomes the engine: have the kernel kill it when the
 # thread that started it dies (PR_SET_PDEATHSIG, kept across exec; ViZDoom starts the engine from a thread that
-# lives as long as the engine), give up if that thread's process is gone already, and become the engine
+# lives as long as the engine), give up if that thread's process is gone already, note the engine's instance
+# in the process's folder (for :func:`_sweep_crashed`) and become the engine
 _TIE_TO_PARENT = """
 import ctypes, os, signal, sys
-parent, engine, args = int(sys.argv[1]), sys.argv[2], sys.argv[3:]
+parent, folder, engine, args = int(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4:]
 if ctypes.CDLL(None).prctl(1, signal.SIGKILL) != 0 or os.getppid() != parent:
     sys.exit(1)
+if "+viz_instance_id" in args[:-1]:
+    open(os.path.join(folder, "instance-" + args[args.index("+viz_instance_id") + 1]), "w").close()
 os.execv(engine, [engine, *args])
 """
+# The shared memory of an engine and its game, by instance (ViZDoom 1.3's names); the game removes it on close
+_SHARED_NAMES = ("ViZDoomSM{}", "ViZDoomMQCtr{}", "ViZDoomMQDoom{}")
 
 # Run in a child process: start and close one engine (through the launcher ``engine``, when given), then say so
 # (what happens after that, e.g. a crash of ViZDoom at the interpreter's exit, does not count)
@@ -135,9 +140,41 @@ def _engine_folder(pid: int) -> Path:
     its engine launcher and its engines' settings file, which an engine reads at start and writes on close.
     A settings file under a shared name in the temporary folder would be written by concurrent processes at
     once, and another user could plant a link under that name for the engine to write through."""
-    folder = Path(tempfile.mkdtemp(prefix="leaklab-engine-"))
+    temp, namespace = Path(tempfile.gettempdir()), _pid_namespace()
+    _sweep_crashed(temp, namespace)
+    folder = Path(tempfile.mkdtemp(prefix=f"leaklab-engine-{namespace}-{pid}-", dir=temp))
     atexit.register(lambda: os.getpid() == pid and shutil.rmtree(folder, ignore_errors=True))
     return folder
+
+
+def _pid_namespace() -> int:
+    """This process's PID namespace (the inode of /proc/self/ns/pid; 0 where there is none): a process id
+    names a process only within its namespace, e.g. in containers that share a temporary folder."""
+    with contextlib.suppress(OSError):
+        return os.stat("/proc/self/ns/pid").st_ino
+    return 0
+
+
+def _sweep_crashed(temp: Path, namespace: int) -> None:
+    """Remove what this user's processes of PID namespace ``namespace`` left in ``temp`` when they ended
+    without their normal exit (killed, crashed): their private folders (:func:`_engine_folder`) and the
+    shared memory of the engines noted there, which ViZDoom leaves when an engine is killed (0.2 MiB each)."""
+    for folder in temp.glob(f"leaklab-engine-{namespace}-*-*"):
+        try:
+            if not folder.is_dir() or folder.is_symlink() or folder.stat().st_uid != os.geteuid():
+                continue
+            os.kill(int(folder.name.split("-")[3]), 0)
+            continue  # the process lives
+        except ProcessLookupError:
+            pass
+        except (ValueError, OSError):
+            continue
+        for note in folder.glob("instance-*"):
+            instance = note.name.removeprefix("instance-")
+            if instance.isascii() and instance.isalnum():
+                for name in _SHARED_NAMES:
+                    (_SHARED_MEMORY / name.format(instance)).unlink(missing_ok=True)
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 @functools.cache
@@ -156,7 +193,7 @@ def _engine_path(pid: int) -> str | None:
         launcher = folder / "vizdoom"
         engine = _VIZDOOM / "vizdoom"
         launcher.write_text(f"#!/bin/sh\nexec {shlex.quote(sys.executable)} -I -S -c {shlex.quote(_TIE_TO_PARENT)} "
-                            f"\"$PPID\" {shlex.quote(str(engine))} \"$@\"\n")
+                            f"\"$PPID\" {shlex.quote(str(folder))} {shlex.quote(str(engine))} \"$@\"\n")
         launcher.chmod(0o700)
         candidates.insert(0, str(launcher))
     failures = []
