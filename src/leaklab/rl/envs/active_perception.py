@@ -136,8 +136,9 @@ os._exit(0)
 
 @functools.cache
 def _engine_folder(pid: int) -> Path:
-    """Process ``pid``'s private temporary folder (mode 0700), removed at its normal exit (not by a fork):
-    its engine launcher and its engines' settings file, which an engine reads at start and writes on close.
+    """Process ``pid``'s private temporary folder (mode 0700), removed at its normal exit (not by a fork),
+    else by the next process's :func:`_sweep_crashed`: its engine launcher, the launcher's notes of the
+    engines it started, and the engines' settings file, which an engine reads at start and writes on close.
     A settings file under a shared name in the temporary folder would be written by concurrent processes at
     once, and another user could plant a link under that name for the engine to write through."""
     temp, namespace = Path(tempfile.gettempdir()), _pid_namespace()
