@@ -142,7 +142,8 @@ def _engine_folder(pid: int) -> Path:
     A settings file under a shared name in the temporary folder would be written by concurrent processes at
     once, and another user could plant a link under that name for the engine to write through."""
     temp, namespace = Path(tempfile.gettempdir()), _pid_namespace()
-    _sweep_crashed(temp, namespace)
+    if sys.platform.startswith("linux"):  # (elsewhere no launcher notes engines, and os.kill(pid, 0) may signal)
+        _sweep_crashed(temp, namespace)
     folder = Path(tempfile.mkdtemp(prefix=f"leaklab-engine-{namespace}-{pid}-", dir=temp))
     atexit.register(lambda: os.getpid() == pid and shutil.rmtree(folder, ignore_errors=True))
     return folder
