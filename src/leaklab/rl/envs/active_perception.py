@@ -36,19 +36,8 @@ The paper's AI2-THOR rooms are replaced by the ViZDoom rooms of :mod:`.layouts`.
   over a line that ends the map).
 """
 
-import atexit
-import contextlib
 import functools
 import math
-import os
-import shlex
-import shutil
-import signal
-import subprocess
-import sys
-import tempfile
-import warnings
-from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
@@ -58,6 +47,7 @@ import vizdoom as vzd
 from gymnasium import spaces
 
 from leaklab.errors import LeaklabError
+from leaklab.rl.envs.engine import VIZDOOM, start_game
 from leaklab.rl.envs.layouts import LAYOUTS, Layout, check_layouts
 
 ACTIONS = ("forward", "backward", "strafe_left", "strafe_right", "turn_left", "turn_right", "stay")
@@ -88,178 +78,11 @@ _NO_INPUT = [0, 0, 0, 0, 0]
 _BRIGHTNESS = ((np.arange(256) / 255.0) ** (1.0 / BRIGHTNESS_GAMMA)).astype(np.float32)
 
 
-_VIZDOOM = Path(vzd.__file__).parent  # the engine and the WADs it ships
-# ViZDoom's engine and game share their buffers in POSIX shared memory (a tmpfs at /dev/shm on Linux); an
-# engine that finds it full dies of a bus error and takes the process waiting for it along. Measured at the
-# default 150 px over the 17 layouts: 1.1 to 4.5 MiB at the peak of a layout's first start (when the map's
-# objects and sectors are read), 0.19 MiB a game after it (0.62 MiB at 300 px)
-_SHARED_MEMORY = Path("/dev/shm")
-_SHARED_MEMORY_NEEDED = 8 << 20
-_TRIAL_SECONDS = 120  # a trial start of the engine (``_engine_failure``) that takes longer tells nothing
-_UNTOLD = "a trial start in a child process did not end in time"
-
-# Run by the launcher (a shell script) in the process that becomes the engine: have the kernel kill it when the
-# thread that started it dies (PR_SET_PDEATHSIG, kept across exec; ViZDoom starts the engine from a thread that
-# lives as long as the engine), give up if that thread's process is gone already, note the engine's instance
-# in the process's folder (for :func:`_sweep_crashed`) and become the engine
-_TIE_TO_PARENT = """
-import ctypes, os, signal, sys
-parent, folder, engine, args = int(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4:]
-if ctypes.CDLL(None).prctl(1, signal.SIGKILL) != 0 or os.getppid() != parent:
-    sys.exit(1)
-if "+viz_instance_id" in args[:-1]:
-    open(os.path.join(folder, "instance-" + args[args.index("+viz_instance_id") + 1]), "w").close()
-os.execv(engine, [engine, *args])
-"""
-# The shared memory of an engine and its game, by instance (ViZDoom 1.3's names); the game removes it on close
-_SHARED_NAMES = ("ViZDoomSM{}", "ViZDoomMQCtr{}", "ViZDoomMQDoom{}")
-
-# Run in a child process: start and close one engine (through the launcher ``engine``, when given), then say so
-# (what happens after that, e.g. a crash of ViZDoom at the interpreter's exit, does not count)
-_ENGINE_PROBE = """
-import os, sys, vizdoom as vzd
-engine, config, wad, map_name = sys.argv[1:]
-game = vzd.DoomGame()
-if engine:
-    game.set_vizdoom_path(engine)
-game.set_doom_config_path(config)
-game.set_doom_game_path(wad)
-game.set_doom_map(map_name)
-game.set_window_visible(False)
-game.set_sound_enabled(False)
-game.init()
-game.close()
-print("engine started", flush=True)
-os._exit(0)
-"""
-
-
-@functools.cache
-def _engine_folder(pid: int) -> Path:
-    """Process ``pid``'s private temporary folder (mode 0700), removed at its normal exit (not by a fork),
-    else by the next process's :func:`_sweep_crashed`: its engine launcher, the launcher's notes of the
-    engines it started, and the engines' settings file, which an engine reads at start and writes on close.
-    A settings file under a shared name in the temporary folder would be written by concurrent processes at
-    once, and another user could plant a link under that name for the engine to write through."""
-    temp, namespace = Path(tempfile.gettempdir()), _pid_namespace()
-    if sys.platform.startswith("linux"):  # (elsewhere no launcher notes engines, and os.kill(pid, 0) may signal)
-        _sweep_crashed(temp, namespace)
-    folder = Path(tempfile.mkdtemp(prefix=f"leaklab-engine-{namespace}-{pid}-", dir=temp))
-    atexit.register(lambda: os.getpid() == pid and shutil.rmtree(folder, ignore_errors=True))
-    return folder
-
-
-def _pid_namespace() -> int:
-    """This process's PID namespace (the inode of /proc/self/ns/pid; 0 where there is none): a process id
-    names a process only within its namespace, e.g. in containers that share a temporary folder."""
-    with contextlib.suppress(OSError):
-        return os.stat("/proc/self/ns/pid").st_ino
-    return 0
-
-
-def _sweep_crashed(temp: Path, namespace: int) -> None:
-    """Remove what this user's processes of PID namespace ``namespace`` left in ``temp`` when they ended
-    without their normal exit (killed, crashed): their private folders (:func:`_engine_folder`) and the
-    shared memory of the engines noted there, which ViZDoom leaves when an engine is killed (0.2 MiB each)."""
-    for folder in temp.glob(f"leaklab-engine-{namespace}-*-*"):
-        try:
-            if not folder.is_dir() or folder.is_symlink() or folder.stat().st_uid != os.geteuid():
-                continue
-            os.kill(int(folder.name.split("-")[3]), 0)
-            continue  # the process lives
-        except ProcessLookupError:
-            pass
-        except (ValueError, OSError):
-            continue
-        for note in folder.glob("instance-*"):
-            instance = note.name.removeprefix("instance-")
-            if instance.isascii() and instance.isalnum():
-                for name in _SHARED_NAMES:
-                    (_SHARED_MEMORY / name.format(instance)).unlink(missing_ok=True)
-        shutil.rmtree(folder, ignore_errors=True)
-
-
-@functools.cache
-def _engine_path(pid: int) -> str | None:
-    """What ViZDoom starts as the engine of process ``pid`` (this one; a spawned or forked process finds
-    its own): on Linux a launcher that has the kernel kill the engine when this process dies; None,
-    ViZDoom's engine itself, elsewhere or where no engine starts through the launcher (a temporary
-    folder mounted noexec, say). An engine otherwise outlives a Python process killed or crashed before
-    it closed the game (the engine ignores SIGTERM) and holds the process's terminal or pipe open.
-    One engine is started in a child process first, because an engine that fails to start crashes the
-    process waiting for it (a segmentation fault in ViZDoom); where none starts, a
-    :class:`LeaklabError` says why."""
-    folder = _engine_folder(pid)
-    candidates: list[str | None] = [None]
-    if sys.platform.startswith("linux") and sys.executable:
-        launcher = folder / "vizdoom"
-        engine = _VIZDOOM / "vizdoom"
-        launcher.write_text(f"#!/bin/sh\nexec {shlex.quote(sys.executable)} -I -S -c {shlex.quote(_TIE_TO_PARENT)} "
-                            f"\"$PPID\" {shlex.quote(str(folder))} {shlex.quote(str(engine))} \"$@\"\n")
-        launcher.chmod(0o700)
-        candidates.insert(0, str(launcher))
-    failures = []
-    for candidate in candidates:
-        failure = _engine_failure(candidate, folder)
-        if failure is None or failure == _UNTOLD and candidate is None:  # the launcher must have been seen to work
-            if failures:
-                warnings.warn(f"ViZDoom's engines start without leaklab's launcher ({failures[0]}), so they outlive "
-                              "this process if it is killed", UserWarning, stacklevel=2)
-            return candidate
-        failures.append(failure)
-    raise LeaklabError(f"ViZDoom's engine does not start on this machine, and the rooms need it: {failures[-1]}")
-
-
-def _engine_failure(engine: str | None, folder: Path) -> str | None:
-    """Why an engine started through ``engine`` (None: ViZDoom's own) fails to start, seen from a child
-    process working in ``folder`` with its own settings file; None when it starts or when there is no
-    interpreter to run the child; :data:`_UNTOLD` when the child outran ``_TRIAL_SECONDS``."""
-    if not sys.executable:
-        return None
-    layout = next(iter(LAYOUTS.values()))
-    path = os.pathsep.join(p for p in sys.path if isinstance(p, str))  # the child imports vizdoom as we do
-    try:
-        run = subprocess.run([sys.executable, "-c", _ENGINE_PROBE, engine or "", str(folder / "trial.ini"),
-                              str(_VIZDOOM / layout.wad), layout.map],
-                             cwd=folder, capture_output=True, text=True, timeout=_TRIAL_SECONDS,
-                             env={**os.environ, "PYTHONPATH": path})
-    except subprocess.TimeoutExpired:
-        return _UNTOLD
-    if "engine started" in run.stdout:
-        return None
-    how = f"exit status {run.returncode}"
-    if run.returncode < 0:
-        with contextlib.suppress(ValueError):
-            how = signal.Signals(-run.returncode).name
-    last = run.stderr.strip().splitlines()[-1:]
-    return f"a trial start in a child process ended with {how}" + (f" ({last[0]})" if last else "")
-
-
-def _check_shared_memory() -> None:
-    """Raise a :class:`LeaklabError` where too little shared memory is free for one more engine (the
-    engine would crash this process with a bus error instead)."""
-    if not _SHARED_MEMORY.is_dir():
-        return
-    free = shutil.disk_usage(_SHARED_MEMORY).free
-    if free < _SHARED_MEMORY_NEEDED:
-        raise LeaklabError(f"{_SHARED_MEMORY} has {free / 2**20:.1f} MiB free and a ViZDoom engine needs about "
-                           f"{_SHARED_MEMORY_NEEDED >> 20} MiB of shared memory to start: free some, or give the "
-                           "container more (docker run --shm-size 64m)")
-
-
 def _new_game(layout: Layout, render_height: int, map_info: bool = False) -> vzd.DoomGame:
-    """A headless game of the layout's map; ``map_info`` adds the objects and sectors lists."""
-    _check_shared_memory()
+    """A headless game of the layout's map, started (:func:`.engine.start_game`); ``map_info`` adds the
+    objects and sectors lists."""
     game = vzd.DoomGame()
-    engine = _engine_path(os.getpid())
-    if not _engine_folder(os.getpid()).is_dir() or engine and not os.access(engine, os.X_OK):  # cleaned away
-        _engine_folder.cache_clear()
-        _engine_path.cache_clear()
-        engine = _engine_path(os.getpid())
-    if engine:
-        game.set_vizdoom_path(engine)
-    game.set_doom_config_path(str(_engine_folder(os.getpid()) / "settings.ini"))
-    game.set_doom_game_path(str(_VIZDOOM / layout.wad))
+    game.set_doom_game_path(str(VIZDOOM / layout.wad))
     game.set_doom_map(layout.map)
     game.set_screen_resolution(getattr(vzd.ScreenResolution, _RESOLUTIONS[render_height]))
     game.set_screen_format(vzd.ScreenFormat.RGB24)
@@ -278,12 +101,7 @@ def _new_game(layout: Layout, render_height: int, map_info: bool = False) -> vzd
     game.set_available_buttons(_BUTTONS)
     game.set_available_game_variables([vzd.GameVariable.POSITION_X, vzd.GameVariable.POSITION_Y,
                                        vzd.GameVariable.POSITION_Z, vzd.GameVariable.ANGLE])
-    home = Path("_vizdoom")  # the engine makes this folder in the working directory when it writes a new
-    made = not home.exists()  # settings file (its search path, never used here); leave no trace of it
-    game.init()
-    if made:
-        with contextlib.suppress(OSError):  # not empty, or another process removed it first
-            home.rmdir()
+    start_game(game)
     return game
 
 
