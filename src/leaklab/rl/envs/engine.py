@@ -147,7 +147,7 @@ def _still_ours(home: _Home) -> bool:
     except OSError:
         return False
     return (stat.S_ISDIR(info.st_mode) and (info.st_dev, info.st_ino) == home.identity
-            and info.st_uid == os.geteuid() and stat.S_IMODE(info.st_mode) == 0o700)
+            and info.st_uid == os.geteuid() and not info.st_mode & 0o077)
 
 
 def _close_and_remove(pid: int, path: Path) -> None:
