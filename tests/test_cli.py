@@ -484,3 +484,18 @@ def test_monte_carlo_points_that_cannot_act_are_refused(case, tmp_path):
                       "give mc_radius > 0")
     assert_user_error(invoke("attack", "inversion", "--case", case, "--optimizer", "lbfgs", "--mc-radius", "0.1",
                              "--out", out), out, "need the adam optimizer")
+
+
+def test_a_crash_in_native_code_prints_where_it_happened():
+    """A segmentation fault in ViZDoom's engine start ended a command with no word of where (session 23);
+    a command now prints the Python traceback of every thread on such a crash."""
+    import os
+    import subprocess
+
+    code = ("import os, signal; from leaklab.cli.app import _guard\n"
+            "def start_the_engine():\n"
+            "    os.kill(os.getpid(), signal.SIGSEGV)\n"
+            "_guard(start_the_engine)()\n")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONFAULTHANDLER"}  # the command's own handler
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+    assert run.returncode == -11 and "Segmentation fault" in run.stderr and "start_the_engine" in run.stderr

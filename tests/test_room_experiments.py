@@ -823,8 +823,10 @@ def test_the_pool_passes_jobs_and_results_without_shared_memory():
     assert run.returncode == 0 and run.stdout.strip() == "[(0, 2), (1, 2)]", run.stderr[-2000:]
 
 
-def test_a_worker_process_that_dies_is_a_one_line_error():
-    """A worker killed for memory (or crashed) broke the pool with a traceback."""
+@pytest.mark.parametrize("model_class,printed", [("Dies", ""), ("Crashes", "Segmentation fault")])
+def test_a_worker_process_that_dies_is_a_one_line_error(model_class, printed, capfd):
+    """A worker killed for memory (or crashed) broke the pool with a traceback; one that crashes in native
+    code prints where, as the command's own process does (the pool passes on its fault handler)."""
     from leaklab.attacks.rl import RoomAttackConfig
     from leaklab.experiments import attack_pool, room_attack
 
@@ -832,10 +834,12 @@ def test_a_worker_process_that_dies_is_a_one_line_error():
     config = room_attack.RoomRunConfig(algorithm="qgi", setting="S2", samples=2, layouts=layouts_arg("2"),
                                        attack=attack)
     state, clean = room_attack.capture_samples(config)
-    jobs = [attack_pool.Job("qgi", config.spec, state, s.update, attack, model_class="tests.plugins.narrow_net:Dies")
-            for s in clean]
+    jobs = [attack_pool.Job("qgi", config.spec, state, s.update, attack,
+                            model_class=f"tests.plugins.narrow_net:{model_class}") for s in clean]
     with pytest.raises(LeaklabError, match="an attack worker process ended abruptly"):
         attack_pool.run_jobs(jobs, 2, lambda i, rec: None)
+    err = capfd.readouterr().err
+    assert printed in err and (not printed or "narrow_net.py" in err)
 
 
 def test_run_jobs_builds_a_job_list_as_the_pool_needs_it():

@@ -1,6 +1,7 @@
 """A user's own perception network: other widths than leaklab's, the same module contract."""
 
 import os
+import signal
 
 import torch
 from torch import nn
@@ -47,3 +48,10 @@ class Dies(NarrowNet):
 
     def __init__(self, spec):
         os._exit(9)
+
+
+class Crashes(NarrowNet):
+    """A class whose process crashes in native code while it is built (a segmentation fault)."""
+
+    def __init__(self, spec):
+        os.kill(os.getpid(), signal.SIGSEGV)

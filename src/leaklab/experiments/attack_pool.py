@@ -9,10 +9,12 @@ asks for them, so a paper-scale audit's 1,920 defended updates are never in memo
 
 from __future__ import annotations
 
+import faulthandler
 import functools
 import multiprocessing
 import os
 import pickle
+import sys
 from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
@@ -64,9 +66,13 @@ class JobList(Sequence[Job]):
 _progress_queue: Any = None
 
 
-def _use_progress_queue(queue: Any) -> None:
+def _start_worker(queue: Any, fault_handler: bool) -> None:
+    """A worker's set-up: the queue its attacks report progress to, and the parent's fault handler (a crash
+    in native code prints the worker's Python traceback before the pool reports that a worker died)."""
     global _progress_queue
     _progress_queue = queue
+    if fault_handler and not faulthandler.is_enabled() and sys.__stderr__ is not None:
+        faulthandler.enable(file=sys.__stderr__, all_threads=True)
 
 
 def _report_to_queue(index: int, fraction: float) -> None:
@@ -167,8 +173,8 @@ def run_jobs(jobs: Sequence[Job], workers: int, on_result: Callable[[int, RoomRe
         return resumed
     context = multiprocessing.get_context("spawn")
     queue = context.SimpleQueue() if on_progress else None
-    pool = ProcessPoolExecutor(max_workers=workers, mp_context=context, initializer=_use_progress_queue,
-                               initargs=(queue,))
+    pool = ProcessPoolExecutor(max_workers=workers, mp_context=context, initializer=_start_worker,
+                               initargs=(queue, faulthandler.is_enabled()))
     waiting = iter(todo)  # in index order: the job to deliver next is always handed over first
     futures: dict[int, Future] = {}
 
