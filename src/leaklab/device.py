@@ -1,10 +1,13 @@
-"""The one place where the compute device and thread count are chosen."""
+"""The one place where the compute device and thread count are chosen, and a process set up to say where
+it crashed."""
 
 from __future__ import annotations
 
+import faulthandler
 import os
 import platform
 import re
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -115,3 +118,10 @@ def configure_threads(threads: int | None = None) -> int:
         raise LeaklabError("the thread count must be at least 1")
     torch.set_num_threads(chosen)
     return chosen
+
+
+def crash_tracebacks() -> None:
+    """Have a crash in native code (a segmentation fault or bus error, e.g. in ViZDoom's engine start) print
+    the Python traceback of every thread, for a bug report, unless a fault handler is on already."""
+    if not faulthandler.is_enabled() and sys.__stderr__ is not None:
+        faulthandler.enable(file=sys.__stderr__, all_threads=True)

@@ -73,15 +73,6 @@ def _exit_on_sigterm() -> None:
         signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
 
 
-def _traceback_on_crash() -> None:
-    """Have a crash in native code (a segmentation fault or bus error, e.g. in ViZDoom's engine start) print
-    the Python traceback of every thread, for a bug report, unless a fault handler is on already."""
-    import faulthandler
-
-    if not faulthandler.is_enabled() and sys.__stderr__ is not None:
-        faulthandler.enable(file=sys.__stderr__, all_threads=True)
-
-
 def _one_line_warnings() -> None:
     """Warnings print as one ``warning: ...`` line, as errors print as one ``error: ...`` line."""
     import warnings
@@ -99,11 +90,11 @@ def _guard(fn: Callable) -> Callable:
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         _exit_on_sigterm()
-        _traceback_on_crash()
         _one_line_warnings()
         try:
-            from leaklab.device import configure_threads
+            from leaklab.device import configure_threads, crash_tracebacks
 
+            crash_tracebacks()
             configure_threads(_run["threads"])
             return fn(*args, **kwargs)
         except LeaklabError as e:

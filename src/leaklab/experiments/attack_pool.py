@@ -14,7 +14,6 @@ import functools
 import multiprocessing
 import os
 import pickle
-import sys
 from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
@@ -24,7 +23,7 @@ from typing import Any
 import torch
 
 from leaklab.attacks.rl import RoomAttackConfig, RoomReconstruction, qgi, rgi
-from leaklab.device import repeatable
+from leaklab.device import crash_tracebacks, repeatable
 from leaklab.errors import LeaklabError
 from leaklab.experiments import ProgressFn
 from leaklab.experiments.attack_journal import AttackJournal
@@ -71,8 +70,8 @@ def _start_worker(queue: Any, fault_handler: bool) -> None:
     in native code prints the worker's Python traceback before the pool reports that a worker died)."""
     global _progress_queue
     _progress_queue = queue
-    if fault_handler and not faulthandler.is_enabled() and sys.__stderr__ is not None:
-        faulthandler.enable(file=sys.__stderr__, all_threads=True)
+    if fault_handler:
+        crash_tracebacks()
 
 
 def _report_to_queue(index: int, fraction: float) -> None:

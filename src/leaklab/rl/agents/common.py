@@ -58,7 +58,7 @@ def check_net(net: PerceptionNet, spec: PerceptionSpec) -> PerceptionNet:
 class Rooms:
     """One environment per layout, created on first use and kept for the run; ``with Rooms(...) as
     rooms`` closes their ViZDoom engines when the run ends, by an error too (a process killed before
-    that leaves them to :mod:`leaklab.rl.envs.active_perception`'s launcher)."""
+    that leaves them to :mod:`leaklab.rl.envs.engine`'s launcher)."""
 
     def __init__(self, layouts: tuple[str, ...] | None, image_size: int, max_steps: int):
         self.layouts = check_layouts(layouts) or tuple(LAYOUTS)
