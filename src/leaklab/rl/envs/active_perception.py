@@ -47,7 +47,7 @@ import vizdoom as vzd
 from gymnasium import spaces
 
 from leaklab.errors import LeaklabError
-from leaklab.rl.envs.engine import VIZDOOM, start_game
+from leaklab.rl.envs.engine import VIZDOOM, check_own, close_game, start_game
 from leaklab.rl.envs.layouts import LAYOUTS, Layout, check_layouts
 
 ACTIONS = ("forward", "backward", "strafe_left", "strafe_right", "turn_left", "turn_right", "stay")
@@ -262,6 +262,7 @@ class ActivePerceptionEnv(gym.Env):
     def reset(self, *, seed: int | None = None, options: dict | None = None):
         super().reset(seed=seed)
         game = self._game
+        check_own(game)
         game.set_seed(int(self.np_random.integers(2**31 - 1)))
         game.new_episode()
         game.send_game_command("god")
@@ -278,6 +279,7 @@ class ActivePerceptionEnv(gym.Env):
             raise LeaklabError("step() called before reset(); call env.reset(seed=...) first")
         if not isinstance(action, (int, np.integer)) or not 0 <= action < len(ACTIONS):
             raise LeaklabError(f"action must be an integer in range({len(ACTIONS)}), got {action!r}")
+        check_own(self._game)
         self._game.make_action(_ACTION_INPUTS[int(action)], TICS_PER_STEP)
         self._step += 1
         truncated = self._step >= self.max_steps
@@ -289,4 +291,4 @@ class ActivePerceptionEnv(gym.Env):
         return self._obs, reward, False, truncated, self._info()
 
     def close(self):
-        self._game.close()
+        close_game(self._game)

@@ -17,11 +17,15 @@ shared memory (a tmpfs at /dev/shm on Linux). Measured here (docs/reproductions.
   private folder (:func:`_home`), and the games still open at the process's exit are closed before
   that folder goes;
 * a killed engine leaves its shared memory (0.16 MiB of pages and two message queues) and a killed
-  process its folder: the next process to start a game removes them (:func:`_sweep_crashed`).
+  process its folder: the next process to start a game removes them (:func:`_sweep_crashed`);
+* a forked child shares its parent's games' message queues, so closing its copy of a game (its destructor
+  does, at the child's exit) stops the parent's engine and then waits forever for threads that exist only
+  in the parent: a forked child neither closes nor drives them (:func:`close_game`, :func:`check_own`).
 """
 
 import atexit
 import contextlib
+import ctypes
 import functools
 import os
 import shlex
@@ -123,6 +127,22 @@ def start_game(game: vzd.DoomGame) -> None:
             search.rmdir()
 
 
+def close_game(game: vzd.DoomGame) -> None:
+    """Close ``game``, unless a parent of this process started it (it came with a fork): its engine is the
+    parent's, which would stop under it, and the close would wait forever for the parent's threads."""
+    if _OPEN_GAMES.get(game, os.getpid()) == os.getpid():
+        game.close()
+
+
+def check_own(game: vzd.DoomGame) -> None:
+    """Raise a :class:`LeaklabError` where ``game`` came with a fork from the process that started it: the
+    engine answers that process, and a child driving it too would break both."""
+    owner = _OPEN_GAMES.get(game)
+    if owner is not None and owner != os.getpid():
+        raise LeaklabError(f"this room's ViZDoom engine belongs to process {owner}, which forked this one: "
+                           "make a new environment in this process")
+
+
 @functools.cache
 def _home(pid: int) -> _Home:
     """Process ``pid``'s private temporary folder (mode 0700): its engine launcher, the launcher's notes
@@ -159,6 +179,19 @@ def _close_and_remove(pid: int, path: Path) -> None:
             with contextlib.suppress(Exception):
                 game.close()
     shutil.rmtree(path, ignore_errors=True)
+
+
+def _keep_inherited_games() -> None:
+    """In a forked child: hold one more reference to every game the parent had than anyone will release, so
+    that no game's destructor, which closes it (:func:`close_game`), runs in the child. Measured: a child
+    that forked off a process with an open room and exited normally hung in its exit, and the parent's
+    engine was gone."""
+    for game in list(_OPEN_GAMES):
+        ctypes.pythonapi.Py_IncRef(ctypes.py_object(game))
+
+
+if hasattr(os, "register_at_fork"):  # not on Windows, which has no fork
+    os.register_at_fork(after_in_child=_keep_inherited_games)
 
 
 def _scope() -> str:
