@@ -69,6 +69,25 @@ def test_device_option_is_checked():
     require_device("cpu")
 
 
+def test_a_cuda_device_is_checked_without_initialising_cuda(monkeypatch):
+    """The room audit's parent checks --device and then starts ViZDoom's engines by fork: the check counts
+    the GPUs (NVML) and leaves the CUDA runtime alone."""
+    def initialise():
+        raise AssertionError("the CUDA runtime was initialised")
+
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "is_available", initialise)
+    monkeypatch.setattr(torch._C, "_cuda_getDeviceCount", initialise, raising=False)
+    monkeypatch.setattr(torch.cuda, "init", initialise)
+    for name in ("cuda", "cuda:0", "cuda:1"):
+        require_device(name)
+    with pytest.raises(LeaklabError, match=r"--device cuda:2: this machine has 2 CUDA GPUs \(cuda:0 to cuda:1\)"):
+        require_device("cuda:2")
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
+    with pytest.raises(LeaklabError, match="no CUDA GPU is available"):
+        require_device("cuda:0")
+
+
 def test_results_name_the_processor(tmp_path):
     info = tmp_path / "cpuinfo"
     first = ("processor\t: 0\nmodel name\t: Some CPU\ncpu family\t: 6\nmodel\t\t: 143\n"

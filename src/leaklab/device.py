@@ -35,8 +35,17 @@ def require_device(name: str) -> None:
     processes sharing one GPU ran slower than as many CPU cores; measured in docs/reproductions.md.)"""
     if not re.fullmatch(DEVICE_PATTERN, name):
         raise LeaklabError(f"--device {name!r}: choose cpu or cuda[:N]")
-    if name.startswith("cuda") and not torch.cuda.is_available():
+    if not name.startswith("cuda"):
+        return
+    # NVML's count where it answers, which leaves CUDA uninitialised in this process: the rooms' capture then
+    # starts ViZDoom's engines from it by fork, which torch warns an initialised CUDA does not survive
+    count = torch.cuda.device_count()
+    if count == 0:
         raise LeaklabError(f"--device {name}: no CUDA GPU is available here (use --device cpu)")
+    index = int(name.partition(":")[2] or 0)
+    if index >= count:
+        raise LeaklabError(f"--device {name}: this machine has {count} CUDA GPU{'s' if count > 1 else ''} "
+                           f"(cuda:0 to cuda:{count - 1})")
 
 
 @contextmanager

@@ -4,8 +4,10 @@ run, tied to the Python process that started them, and what a killed process lea
 ViZDoom runs each game's engine as a child process and shares the game's buffers with it in POSIX
 shared memory (a tmpfs at /dev/shm on Linux). Measured here (docs/reproductions.md, sessions 23-24):
 
-* an engine that fails to start crashes the Python process waiting in ``game.init()`` (a segmentation
-  fault in ViZDoom): one trial start in a child process comes first (:func:`_engine_path`);
+* an engine that fails to start crashes the Python process waiting in ``game.init()``: ViZDoom 1.3.2's
+  ``DoomController::close()``, called on the engine's exit, reads the game state from shared memory not yet
+  opened (a null pointer, by gdb; so whenever the engine ends before it has started, however late): one
+  trial start in a child process comes first (:func:`_engine_path`);
 * an engine that finds /dev/shm full dies of a bus error and takes the process along: at 150 px a game
   holds 0.19 MiB there (0.62 MiB at 300 px) and a layout's first start, which reads the map's objects
   and sectors, peaks at 1.1 to 4.5 MiB over the 17 layouts, so a game does not start with less than
