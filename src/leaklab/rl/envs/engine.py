@@ -141,8 +141,8 @@ def check_own(game: vzd.DoomGame) -> None:
     engine answers that process, and a child driving it too would break both."""
     owner = _OPEN_GAMES.get(game)
     if owner is not None and owner != os.getpid():
-        raise LeaklabError(f"this room's ViZDoom engine belongs to process {owner}, which forked this one: "
-                           "make a new environment in this process")
+        raise LeaklabError(f"this room's ViZDoom engine belongs to process {owner}, from which this one was "
+                           "forked: make a new environment in this process")
 
 
 @functools.cache
