@@ -431,6 +431,28 @@ def test_plain_progress_shows_a_running_attacks_share_to_the_tenth_below(capsys)
         "qgi S1: 0.9/3 (0:31 elapsed)", "qgi S1: 2.2/3 (1:02 elapsed, about 0:18 left)", "qgi S1: 3/3 (1:03 elapsed)"]
 
 
+def test_terminal_progress_gives_each_task_its_own_bar_and_clock():
+    """On a terminal a finished bar stops its clock: the capture's bar, reused for the attacks, showed
+    their elapsed and remaining time as 0:00:00 throughout."""
+    import io
+
+    from rich.console import Console
+    from rich.progress import Progress
+
+    from leaklab.cli.progress import _bar_progress
+
+    bars = Progress(console=Console(file=io.StringIO(), force_terminal=True))
+    progress = _bar_progress(bars)
+    progress("capture qgi S2", 3, 3)
+    progress("qgi S2", 0, 3)
+    progress("qgi S2", 1.5, 3)
+    capture, attack = bars.tasks
+    assert (capture.description, capture.finished, capture.completed) == ("capture qgi S2", True, 3)
+    assert (attack.description, attack.finished, attack.completed, attack.total) == ("qgi S2", False, 1.5, 3)
+    progress("qgi S2", 3, 3)
+    assert len(bars.tasks) == 2 and attack.finished
+
+
 def test_plain_progress_clock_counts_hours():
     from leaklab.cli.progress import _clock
 

@@ -129,8 +129,8 @@ def test_quick_room_audit_writes_report_with_defenses(tmp_path):
     assert not (tmp_path / "audit-1").exists()
     # one client episode per cell (QGI and RGI in S1) is captured, the 6 attacks are prepared (their
     # defended updates built and named), then they begin
-    assert calls[:2] == [("capture", 1, 2), ("capture", 2, 2)]
-    assert calls[2:8] == [("prepare", n, 6) for n in range(1, 7)] and calls[8][0] == "audit"
+    assert calls[:3] == [("capture", 0, 2), ("capture", 1, 2), ("capture", 2, 2)]
+    assert calls[3:9] == [("prepare", n, 6) for n in range(1, 7)] and calls[9] == ("audit", 0, 6)
     out = tmp_path / "audit"
     result = invoke("audit", "--quick", "--out", out)
     assert result.exit_code == 0, result.output
@@ -606,9 +606,9 @@ def test_progress_counts_the_share_of_each_running_attack(workers):
     results, seen = [], []
     attack_pool.run_jobs(jobs, workers, lambda i, rec: results.append((i, len(seen))), seen.append)
     assert [i for i, _ in results] == [0, 1]
-    assert seen == sorted(seen) and seen[-1] == 2
-    # every 50 of the 200 image steps of each sample, and once per result
-    assert len(seen) == 2 * 4 + 2 and {0.25, 0.5, 0.75} <= set(seen)
+    assert seen == sorted(seen) and seen[0] == 0 and seen[-1] == 2
+    # at the start, every 50 of the 200 image steps of each sample, and once per result
+    assert len(seen) == 1 + 2 * 4 + 2 and {0.25, 0.5, 0.75} <= set(seen)
 
 
 def test_a_defense_that_prunes_every_bias_gradient_is_scored_not_fatal(tmp_path):
@@ -681,8 +681,8 @@ def test_an_interrupted_attack_resumes_from_its_finished_samples(tmp_path):
     assert resumed["summary"]["resumed_samples"] == 2
     # the client episodes are captured (and counted) first, then the saved samples are handed on
     # without attacking, then the third is attacked
-    assert calls[:3] == [("capture qgi S2", n, 3) for n in (1, 2, 3)]
-    assert calls[3:5] == [("qgi S2", 1, 3), ("qgi S2", 2, 3)] and calls[-1] == ("qgi S2", 3, 3)
+    assert calls[:4] == [("capture qgi S2", n, 3) for n in (0, 1, 2, 3)]
+    assert calls[4:7] == [("qgi S2", 0, 3), ("qgi S2", 1, 3), ("qgi S2", 2, 3)] and calls[-1] == ("qgi S2", 3, 3)
     assert not (tmp_path / "a" / RESUME_DIR).exists()
     fresh = room_attack.run(config, tmp_path / "b" / "run")
     assert fresh["summary"]["resumed_samples"] == 0

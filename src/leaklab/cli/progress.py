@@ -79,17 +79,22 @@ def _progress() -> Iterator[Callable[..., None]]:
         return
     bars = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                     TimeElapsedColumn(), TimeRemainingColumn(), console=console, transient=False)
-    task: list[Any] = []
+    with bars:
+        yield _bar_progress(bars)
+
+
+def _bar_progress(bars: Any) -> Callable[..., None]:
+    """The progress callback drawing one rich bar per task (a ``rich.progress.Progress``), each with its
+    own clock: a finished bar stops its clock for good, so a later task on it showed 0:00:00 throughout."""
+    tasks: dict[str, Any] = {}
 
     def update(*args: Any, **kwargs: Any) -> None:
-        # one bar whose description follows the work
         name, completed, total = _progress_args(args, kwargs)
-        if not task:
-            task.append(bars.add_task(name, total=total))
-        bars.update(task[0], description=name, completed=completed, total=total)
+        if name not in tasks:
+            tasks[name] = bars.add_task(name, total=total)
+        bars.update(tasks[name], completed=completed, total=total)
 
-    with bars:
-        yield update
+    return update
 
 
 def _resumed(count: int, text: str) -> str:

@@ -128,7 +128,7 @@ def run_jobs(jobs: Sequence[Job], workers: int, on_result: Callable[[int, RoomRe
     """Run every job (in ``workers`` spawned processes when there are several; 0 = one per core)
     and hand each result to ``on_result(index, reconstruction)`` as soon as it is ready, in order.
     ``on_progress(done)`` hears how many jobs are done, a running job counting the share of its
-    image stage it has run: after each result and whenever a running attack reports. With a
+    image stage it has run: at the start, after each result and whenever a running attack reports. With a
     ``journal`` (of these jobs), a job it holds is not attacked again: its saved reconstruction is
     read and handed on in its turn (an entry that does not read back is attacked then); every new
     result is saved to it as soon as it is ready (on an error the queued jobs are dropped and the
@@ -142,6 +142,8 @@ def run_jobs(jobs: Sequence[Job], workers: int, on_result: Callable[[int, RoomRe
     workers = worker_count(workers, len(jobs))  # a held entry may not read back and be attacked after all
     running: dict[int, float] = {}
     finished: set[int] = set()
+    if on_progress:  # the task shows from its start, not from its first attack's first report
+        on_progress(0)
 
     def report(index: int, fraction: float) -> None:
         if index not in finished:

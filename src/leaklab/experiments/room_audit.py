@@ -138,7 +138,8 @@ def run(out: Path, config: AuditConfig, progress: ProgressFn | None = None) -> d
     captured = 0
     for key, run_config in firsts.items():
         def on_episode(n: int, before: int = captured) -> None:
-            progress("capture", before + n, episodes)
+            if n or not before:  # every capture says 0 at its start: the first one's opens the bar
+                progress("capture", before + n, episodes)
 
         captures[key] = room_attack.capture_samples(run_config, on_episode if progress else None)
         captured += run_config.samples * run_config.batch_size

@@ -82,7 +82,7 @@ def collect_transitions(layouts: Sequence[str] | None = None, samples: int = 1,
                         warmup_steps: int = 0, gamma: float = 0.99, max_episode_steps: int = 50,
                         on_episode: Callable[[int], None] | None = None) -> list[Transition]:
     """``samples`` private transitions, one per episode, layouts taken in turn (round robin);
-    ``on_episode(n)`` hears how many episodes are done.
+    ``on_episode(n)`` hears how many episodes are done (0 at the start).
 
     Each episode starts from a reset seed drawn from ``seed`` and runs to its end with a uniformly
     random policy (``policy=None``) or ε-greedy on ``policy``'s outputs; its transition is drawn
@@ -99,6 +99,8 @@ def collect_transitions(layouts: Sequence[str] | None = None, samples: int = 1,
         raise LeaklabError("the policy network's spec differs from spec; pass the network's own spec")
     rng = np.random.default_rng(seed)
     out = []
+    if on_episode:
+        on_episode(0)
     with Rooms(tuple(layouts) if layouts is not None else None, spec.image_size,
                max_episode_steps) as rooms:
         for i in range(samples):
