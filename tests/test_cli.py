@@ -431,9 +431,9 @@ def test_plain_progress_shows_a_running_attacks_share_to_the_tenth_below(capsys)
         "qgi S1: 0.9/3 (0:31 elapsed)", "qgi S1: 2.2/3 (1:02 elapsed, about 0:18 left)", "qgi S1: 3/3 (1:03 elapsed)"]
 
 
-def test_terminal_progress_gives_each_task_its_own_bar_and_clock():
-    """On a terminal a finished bar stops its clock: the capture's bar, reused for the attacks, showed
-    their elapsed and remaining time as 0:00:00 throughout."""
+def test_terminal_progress_starts_a_new_bar_when_work_goes_on_after_a_full_one():
+    """On a terminal a full bar stops its clock: the capture's bar, reused for the attacks, showed their
+    elapsed and remaining time as 0:00:00 throughout. Steps of one count share a bar."""
     import io
 
     from rich.console import Console
@@ -443,6 +443,7 @@ def test_terminal_progress_gives_each_task_its_own_bar_and_clock():
 
     bars = Progress(console=Console(file=io.StringIO(), force_terminal=True))
     progress = _bar_progress(bars)
+    progress("capture qgi S2", 2, 3)
     progress("capture qgi S2", 3, 3)
     progress("qgi S2", 0, 3)
     progress("qgi S2", 1.5, 3)
@@ -450,7 +451,11 @@ def test_terminal_progress_gives_each_task_its_own_bar_and_clock():
     assert (capture.description, capture.finished, capture.completed) == ("capture qgi S2", True, 3)
     assert (attack.description, attack.finished, attack.completed, attack.total) == ("qgi S2", False, 1.5, 3)
     progress("qgi S2", 3, 3)
-    assert len(bars.tasks) == 2 and attack.finished
+    progress("qgi S2", 3, 3)  # a task's end told twice (its last step, then its result)
+    progress("digits none step 0 dlg: 2.5 dB", 4, 10)  # a reproduction names each step of its count
+    progress("digits none step 0 ig: 9.1 dB", 5, 10)
+    assert [t.description for t in bars.tasks] == ["capture qgi S2", "qgi S2", "digits none step 0 ig: 9.1 dB"]
+    assert attack.finished and bars.tasks[-1].completed == 5
 
 
 def test_plain_progress_clock_counts_hours():

@@ -84,15 +84,19 @@ def _progress() -> Iterator[Callable[..., None]]:
 
 
 def _bar_progress(bars: Any) -> Callable[..., None]:
-    """The progress callback drawing one rich bar per task (a ``rich.progress.Progress``), each with its
-    own clock: a finished bar stops its clock for good, so a later task on it showed 0:00:00 throughout."""
-    tasks: dict[str, Any] = {}
+    """The progress callback drawing rich bars (a ``rich.progress.Progress``): one bar whose description
+    follows the work (the reproductions name each step of one count), and a new one when work goes on
+    after the bar is full. A full bar stops its clock for good: the attacks after a capture, drawn on
+    the capture's bar, showed 0:00:00 elapsed and left throughout."""
+    bar: dict[str, Any] = {"task": None, "full": False}
 
     def update(*args: Any, **kwargs: Any) -> None:
         name, completed, total = _progress_args(args, kwargs)
-        if name not in tasks:
-            tasks[name] = bars.add_task(name, total=total)
-        bars.update(tasks[name], completed=completed, total=total)
+        full = total is not None and completed is not None and completed >= total
+        if bar["task"] is None or bar["full"] and not full:
+            bar["task"] = bars.add_task(name, total=total)
+        bars.update(bar["task"], description=name, completed=completed, total=total)
+        bar["full"] = full
 
     return update
 
