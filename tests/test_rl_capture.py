@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from leaklab.errors import LeaklabError
-from leaklab.io import VIEW_FORMAT, atomic_dir, read_json, write_json
+from leaklab.io import VIEW_FORMAT, atomic_dir, load_tensors, read_json, save_tensors, write_json
 from leaklab.models import PerceptionSpec, build_perception_net
 from leaklab.rl.capture import (collect_transitions, dqn_client_update, load_room_case, load_room_truth,
                                 partly_trained_net, reinforce_client_update, target_copy, write_room_case)
@@ -120,12 +120,33 @@ def test_room_case_refuses_bad_input(tmp_path):
     with pytest.raises(LeaklabError, match="setting"):
         load_room_case(tmp_path / "ok")
     write_json(tmp_path / "ok" / "view.json", {**view, "defense": "shuffle:0.5"})
-    with pytest.raises(LeaklabError, match="unknown defense"):
+    with pytest.raises(LeaklabError, match="ok/view.json: unknown defense"):
         load_room_case(tmp_path / "ok")
     write_json(tmp_path / "ok" / "view.json", {**view, "model_file": "../ok2/model.safetensors"})
     with pytest.raises(LeaklabError, match="plain names inside the case folder"):
         load_room_case(tmp_path / "ok")
     write_json(tmp_path / "ok" / "view.json", view)
+    meta = read_json(tmp_path / "ok" / "update.json")
+    for change, message in [({"updates": []}, "'updates' must be a non-empty list"),
+                            ({"updates": 5}, "'updates' must be a non-empty list"),
+                            ({"updates": {"prefix": "u0/"}}, "'updates' must be a non-empty list"),
+                            ({"updates": [{"labels": None}]}, r"updates\[0\] needs a string 'prefix'"),
+                            ({"updates": [{"prefix": "zz/", "labels": None}]}, "exactly one update, listed as"),
+                            ({"updates": [{"prefix": "u0/", "labels": "x"}]}, "exactly one update, listed as"),
+                            ({"count": "1"}, "'count' must be an integer, not '1'"),
+                            ({"count": 2}, "'count' is 2 but 1 updates are listed")]:
+        write_json(tmp_path / "ok" / "update.json", {**meta, **change})
+        with pytest.raises(LeaklabError, match=message):  # each was read as the one update before
+            load_room_case(tmp_path / "ok")
+    write_json(tmp_path / "ok" / "update.json", {k: v for k, v in meta.items() if k != "count"})
+    assert load_room_case(tmp_path / "ok").update.tensors  # as formats.md's own writer leaves it out
+    stray = {**load_tensors(tmp_path / "ok" / "update.safetensors", "update")[0], "u1/head.0.bias": torch.zeros(1)}
+    write_json(tmp_path / "ok" / "update.json", {**meta, "sha256": save_tensors(tmp_path / "ok" / "update.safetensors",
+                                                                                stray)})
+    with pytest.raises(LeaklabError, match=r"update.safetensors holds tensors no update claims \(first: 'u1/"):
+        load_room_case(tmp_path / "ok")
+    write_json(tmp_path / "ok" / "update.json", {**meta, "sha256": save_tensors(
+        tmp_path / "ok" / "update.safetensors", {k: v for k, v in stray.items() if not k.startswith("u1/")})})
     data = bytearray((tmp_path / "ok" / "update.safetensors").read_bytes())
     data[-3] ^= 0xFF
     (tmp_path / "ok" / "update.safetensors").write_bytes(bytes(data))

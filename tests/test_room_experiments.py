@@ -505,16 +505,20 @@ def test_the_fallback_caveat_names_its_cause():
 
 
 @pytest.mark.parametrize("cls, words", [
-    ("tests.plugins.narrow_net:NoHead", ["contract"]),
-    ("tests.plugins.narrow_net:Missing", ["cannot be imported"]),
+    ("tests.plugins.narrow_net:NoHead", ["contract", "box starting with a Linear with bias"]),
+    ("tests.plugins.narrow_net:Missing", ["module tests.plugins.narrow_net (", "has no 'Missing'"]),
+    ("tests.plugins.nowhere:Net", ["cannot be imported", "PYTHONPATH"]),
     ("narrow_net", ["package.module:Class"]),
 ])
 def test_bad_model_class_is_refused(tmp_path, cls, words):
+    """The class is at fault, not the case's model file nor the class the cases were captured with."""
     cases = tmp_path / "cases"
     capture_rooms(RoomCaptureConfig(spec=PerceptionSpec(setting="S2"), samples=1, layouts=("e1m1-stalactite",)),
                   cases)
     out = tmp_path / "audit"
-    assert_user_error(invoke("audit", "--cases", cases, "--model-class", cls, "--out", out), out, *words)
+    result = invoke("audit", "--cases", cases, "--model-class", cls, "--out", out)
+    assert_user_error(result, out, *words)
+    assert "model.safetensors" not in result.stderr and "captured with" not in result.stderr, result.stderr
 
 
 def saved_cell(config):

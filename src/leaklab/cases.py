@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from pydantic import ValidationError
 
-from leaklab.errors import LeaklabError, validation_message
+from leaklab.errors import LeaklabError, ModelClassError, validation_message
 from leaklab.io import (FORMAT_VERSION, MODEL_FILE, PERCEPTION_MODEL_TYPE, TRUTH_FILE, UPDATE_FILE, UPDATE_JSON,
                         VIEW_FILE, VIEW_FORMAT, check_finite, dumps_json, load_tensors, read_json, save_tensors,
                         write_json)
@@ -134,7 +134,10 @@ def view_parts(view_json: dict[str, Any], view_path: Path, spec_class) -> tuple[
     if defense is not None:
         from leaklab.defenses import parse_defense
 
-        defense = parse_defense(defense).spec  # validates the names
+        try:
+            defense = parse_defense(defense).spec  # validates the names
+        except LeaklabError as e:
+            raise LeaklabError(f"{view_path}: {e}") from None
     return spec, metadata, capabilities, defense
 
 
@@ -187,6 +190,8 @@ def read_case_files(folder: Path, room: bool, model_class: str | None = None) ->
     state, _ = load_tensors(model_path, "model", view_json.get("model_sha256"))
     try:
         view = make_view(spec, state, metadata, capabilities, defense, model_class=model_class)
+    except ModelClassError:  # the user's class, not this file
+        raise
     except LeaklabError as e:
         raise LeaklabError(f"{model_path}: {e}") from None
     upd_path = member_file(folder, None, UPDATE_JSON, folder)
@@ -204,22 +209,14 @@ def load_case(folder: Path) -> Case:
     view, upd_json, upd_path, tensors, tensor_file = (files.view, files.update_json, files.update_path,
                                                       files.tensors, files.tensor_file)
     metadata, spec = view.metadata, view.spec
-    entries = upd_json.get("updates")
-    if not isinstance(entries, list) or not entries:
-        raise LeaklabError(f"{upd_path}: 'updates' must be a non-empty list of {{prefix, labels}}")
-    prefixes = [e.get("prefix") if isinstance(e, dict) else None for e in entries]
-    count = upd_json.get("count", len(entries))
-    if type(count) is not int or count != len(entries):
-        raise LeaklabError(f"{upd_path}: 'count' is {upd_json.get('count')!r} but {len(entries)} updates are listed")
-    if any(isinstance(a, str) and isinstance(b, str) and b.startswith(a)
-           for i, a in enumerate(prefixes) for j, b in enumerate(prefixes) if i != j):
+    entries = update_entries(upd_json, upd_path)
+    prefixes = [e["prefix"] for e in entries]
+    if any(b.startswith(a) for i, a in enumerate(prefixes) for j, b in enumerate(prefixes) if i != j):
         raise LeaklabError(f"{upd_path}: two updates share tensors (a prefix repeats or starts another); "
                            "re-capture the case")
 
     updates, labels, used = [], [], set()
     for i, entry in enumerate(entries):
-        if not isinstance(entry, dict) or not isinstance(entry.get("prefix"), str):
-            raise LeaklabError(f"{upd_path}: updates[{i}] needs a string 'prefix'")
         prefix = entry["prefix"]
         own = {k[len(prefix):]: v for k, v in tensors.items() if k.startswith(prefix)}
         used.update(prefix + k for k in own)
@@ -239,11 +236,33 @@ def load_case(folder: Path) -> Case:
                 raise LeaklabError(f"{upd_path}: the view grants knows_labels but updates[{i}] has no "
                                    "labels")
             labels.append(None)
-    unused = sorted(set(tensors) - used)
-    if unused:
-        raise LeaklabError(f"{tensor_file} holds tensors no update claims (first: {unused[0]!r}); "
-                           "re-capture the case")
+    check_claimed(tensors, used, tensor_file)
     return Case(view=view, updates=updates, labels=labels, folder=Path(folder))
+
+
+def update_entries(upd_json: dict[str, Any], upd_path: Path) -> list[dict[str, Any]]:
+    """``update.json``'s ``updates``: a non-empty list of ``{prefix, labels}`` objects, each with a string
+    prefix, as many as ``count`` says (when it says)."""
+    entries = upd_json.get("updates")
+    if not isinstance(entries, list) or not entries:
+        raise LeaklabError(f"{upd_path}: 'updates' must be a non-empty list of {{prefix, labels}}")
+    for i, entry in enumerate(entries):
+        if not isinstance(entry, dict) or not isinstance(entry.get("prefix"), str):
+            raise LeaklabError(f"{upd_path}: updates[{i}] needs a string 'prefix'")
+    count = upd_json.get("count", len(entries))
+    if type(count) is not int:
+        raise LeaklabError(f"{upd_path}: 'count' must be an integer, not {count!r}")
+    if count != len(entries):
+        raise LeaklabError(f"{upd_path}: 'count' is {count} but {len(entries)} updates are listed")
+    return entries
+
+
+def check_claimed(tensors: dict[str, torch.Tensor], claimed: set[str], tensor_file: Path) -> None:
+    """Refuse an update file holding tensors that no listed update claims."""
+    unclaimed = sorted(set(tensors) - claimed)
+    if unclaimed:
+        raise LeaklabError(f"{tensor_file} holds tensors no update claims (first: {unclaimed[0]!r}); "
+                           "re-capture the case")
 
 
 def truth_provenance(metadata: dict[str, str], path: Path) -> dict[str, Any]:

@@ -16,6 +16,11 @@ class LeaklabError(ValueError):
     """A user-facing error: one line naming the problem and how to fix it."""
 
 
+class ModelClassError(LeaklabError):
+    """The user's own network class (``--model-class``) is at fault, whatever file or case it was built
+    for: its message names the class, and callers pass it on without naming the file."""
+
+
 class NoSignal(LeaklabError):
     """The update lacks a gradient an attack step reads (an all-zero bias gradient, e.g. after a
     pruning defense): the room attacks then report that they recovered nothing instead of failing."""

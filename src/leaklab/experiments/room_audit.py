@@ -39,7 +39,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from leaklab.attacks.rl import RoomAttackConfig, max_batch
 from leaklab.device import DEVICE_PATTERN, describe, require_device, versions
-from leaklab.errors import LeaklabError
+from leaklab.errors import LeaklabError, ModelClassError
 from leaklab.experiments import ProgressFn, attack_pool, room_attack, room_report
 from leaklab.experiments.attack_journal import journal_beside
 from leaklab.fields import Seed
@@ -220,7 +220,7 @@ def run_cases(out: Path, cases_dir: Path, attack: RoomAttackConfig, workers: int
     try:
         cases = [load_room_case(f, model_class) for f in folders]
     except LeaklabError as e:
-        if recorded == model_class:
+        if recorded == model_class or isinstance(e, ModelClassError):  # (the class itself is at fault)
             raise
         raise LeaklabError(f"{e} (the cases were captured with {_network_words(recorded)})") from None
     if recorded != model_class and "config" in _capture_index(cases_dir):  # same parameters, another class

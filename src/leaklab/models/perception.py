@@ -37,7 +37,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 from torch import nn
 
-from leaklab.errors import LeaklabError
+from leaklab.errors import ModelClassError
 from leaklab.names import ARCH_NAMES, SETTING_NAMES
 
 SETTING_CHANNELS = {"S1": 4, "S2": 1}
@@ -146,7 +146,7 @@ def architecture_digest(spec: PerceptionSpec) -> str:
 
 
 def check_contract(net: nn.Module, where: str) -> nn.Module:
-    """Raise :class:`LeaklabError` unless ``net`` has the module layout this module's docstring
+    """Raise :class:`~leaklab.errors.ModelClassError` unless ``net`` has the module layout this module's docstring
     describes (a ``conv`` module, ``box`` starting with a Linear layer with bias, ``head`` of Linear
     layers ending in one with bias): the layers the room attacks read."""
     def linear(m: nn.Module) -> bool:
@@ -157,19 +157,19 @@ def check_contract(net: nn.Module, where: str) -> nn.Module:
           and isinstance(getattr(net, "head", None), nn.Sequential) and linear(net.head[0])
           and linear(net.head[-1]))
     if not ok:
-        raise LeaklabError(f"{where} does not follow the perception-network contract (modules conv "
-                           "from images to flat features, box starting with Linear, head of Linear "
-                           "layers; see leaklab.models.perception)")
+        raise ModelClassError(f"{where} does not follow the perception-network contract (modules conv "
+                              "from images to flat features, box starting with a Linear with bias, head of "
+                              "Linear layers ending in one with bias; see leaklab.models.perception)")
     dtypes = sorted({str(p.dtype).removeprefix("torch.") for p in net.parameters()} - {"float32"})
     if dtypes:
-        raise LeaklabError(f"{where} has {dtypes[0]} parameters; the room attacks work in float32, so build "
-                           "the network in float32 (a float64 model file is cast when it loads)")
+        raise ModelClassError(f"{where} has {dtypes[0]} parameters; the room attacks work in float32, so build "
+                              "the network in float32 (a float64 model file is cast when it loads)")
     mixing = [name for branch in ("box", "head") for name, m in getattr(net, branch).named_modules(prefix=branch)
               if isinstance(m, nn.modules.batchnorm._BatchNorm)]
     if mixing:
-        raise LeaklabError(f"{where} has BatchNorm in {mixing[0]}: batch statistics tie an update's transitions "
-                           "together, which the attacks' closed forms for the linear layers do not model; "
-                           "leave BatchNorm out of box and head (conv may have it)")
+        raise ModelClassError(f"{where} has BatchNorm in {mixing[0]}: batch statistics tie an update's transitions "
+                              "together, which the attacks' closed forms for the linear layers do not model; "
+                              "leave BatchNorm out of box and head (conv may have it)")
     return net
 
 
@@ -184,16 +184,21 @@ def perception_class(path: str) -> type[nn.Module]:
     with the :class:`PerceptionSpec` and must follow the contract of :func:`check_contract`."""
     module_name, _, class_name = path.partition(":")
     if not module_name or not class_name:
-        raise LeaklabError(f"--model-class {path!r} must look like package.module:Class")
+        raise ModelClassError(f"--model-class {path!r} must look like package.module:Class")
     try:
-        cls = getattr(importlib.import_module(module_name), class_name)
-    except (ImportError, AttributeError) as e:
-        raise LeaklabError(f"--model-class {path!r} cannot be imported ({e}); put its module on PYTHONPATH") from None
+        module = importlib.import_module(module_name)
+    except ImportError as e:
+        raise ModelClassError(f"--model-class {path!r} cannot be imported ({e}); put its module on "
+                              "PYTHONPATH") from None
     except Exception as e:  # the user's module fails while importing (syntax error, its own exception)
-        raise LeaklabError(f"--model-class {path!r}: importing its module failed "
-                           f"({type(e).__name__}: {e})") from None
+        raise ModelClassError(f"--model-class {path!r}: importing its module failed "
+                              f"({type(e).__name__}: {e})") from None
+    cls = getattr(module, class_name, None)
+    if cls is None:
+        raise ModelClassError(f"--model-class {path!r}: module {module_name} ({module.__file__}) has no "
+                              f"{class_name!r}")
     if not (isinstance(cls, type) and issubclass(cls, nn.Module)):
-        raise LeaklabError(f"--model-class {path!r} is not a torch.nn.Module class")
+        raise ModelClassError(f"--model-class {path!r} is not a torch.nn.Module class")
     return cls
 
 
@@ -210,8 +215,8 @@ def build_perception_net(spec: PerceptionSpec, seed: int | None = None,
     try:
         net = cls(spec)
     except Exception as e:  # the user's class does not take a PerceptionSpec, or fails building
-        raise LeaklabError(f"--model-class {model_class!r}: {cls.__name__}(spec) failed "
-                           f"({type(e).__name__}: {e}); it must build from a PerceptionSpec") from None
+        raise ModelClassError(f"--model-class {model_class!r}: {cls.__name__}(spec) failed "
+                              f"({type(e).__name__}: {e}); it must build from a PerceptionSpec") from None
     check_contract(net, model_class)
     check_forward(net, spec, model_class)
     if getattr(net, "spec", None) is None:
@@ -220,15 +225,15 @@ def build_perception_net(spec: PerceptionSpec, seed: int | None = None,
 
 
 def check_forward(net: nn.Module, spec: PerceptionSpec, where: str) -> None:
-    """Raise :class:`LeaklabError` unless ``net`` computes what the room attacks assume for ``spec``:
+    """Raise :class:`~leaklab.errors.ModelClassError` unless ``net`` computes what the room attacks assume for ``spec``:
     ``box.0`` takes the box, ``conv`` gives ``[B, F]`` flat features with F the conv part of
     ``head.0``'s inputs, and the output, ``[B, num_actions]``, is ``head(cat(conv(images), box(box)))``.
     Checked on one batch of two random states in eval mode, and on one state in train mode (as a client
     computes its update), without touching the global generator or the network's state and modes."""
     if net.box[0].in_features != spec.box_dim or net.head[-1].out_features != spec.num_actions:
-        raise LeaklabError(f"{where}: box.0 must take the {spec.box_dim}-d box and the last head layer give "
-                           f"{spec.num_actions} outputs (got {net.box[0].in_features} and "
-                           f"{net.head[-1].out_features})")
+        raise ModelClassError(f"{where}: box.0 must take the {spec.box_dim}-d box and the last head layer give "
+                              f"{spec.num_actions} outputs (got {net.box[0].in_features} and "
+                              f"{net.head[-1].out_features})")
     gen = torch.Generator().manual_seed(0)
     images = torch.rand(2, spec.in_channels, spec.image_size, spec.image_size, generator=gen)  # float32, as the
     box = torch.rand(2, spec.box_dim, generator=gen) * 2 - 1  # network is (check_contract)
@@ -244,20 +249,20 @@ def check_forward(net: nn.Module, spec: PerceptionSpec, where: str) -> None:
             what = "of one state in train mode, as a client computes a single-sample update,"
             net.train()(images[:1], box[:1])
     except Exception as e:  # the user's forward fails on inputs of the spec's shapes
-        raise LeaklabError(f"{where}: a forward pass {what} failed ({type(e).__name__}: {e})") from None
+        raise ModelClassError(f"{where}: a forward pass {what} failed ({type(e).__name__}: {e})") from None
     finally:
         net.load_state_dict(state)
         for m, training in modes:
             m.training = training
     if tuple(features.shape) != (2, conv_feature_count(net)):
-        raise LeaklabError(f"{where}: conv gives features of shape {tuple(features.shape)} for two states; "
-                           f"head.0 expects (2, {conv_feature_count(net)})")
+        raise ModelClassError(f"{where}: conv gives features of shape {tuple(features.shape)} for two states; "
+                              f"head.0 expects (2, {conv_feature_count(net)})")
     if tuple(out.shape) != (2, spec.num_actions):
-        raise LeaklabError(f"{where}: the network's output has shape {tuple(out.shape)} for two states, not "
-                           f"(2, {spec.num_actions})")
+        raise ModelClassError(f"{where}: the network's output has shape {tuple(out.shape)} for two states, not "
+                              f"(2, {spec.num_actions})")
     if not torch.allclose(out, composed, rtol=1e-4, atol=1e-5):
-        raise LeaklabError(f"{where}: the output is not head(cat(conv(images), box(box))), the computation "
-                           "the room attacks invert")
+        raise ModelClassError(f"{where}: the output is not head(cat(conv(images), box(box))), the computation "
+                              "the room attacks invert")
 
 
 def stack_images(rgb: torch.Tensor | None, depth: torch.Tensor, setting: str) -> torch.Tensor:

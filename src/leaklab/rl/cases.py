@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from leaklab.errors import LeaklabError
-from leaklab.cases import member_file, read_case_files, truth_provenance
+from leaklab.cases import check_claimed, member_file, read_case_files, truth_provenance, update_entries
 from leaklab.io import (FORMAT_VERSION, MODEL_FILE, PERCEPTION_MODEL_TYPE, TRUTH_FILE, UPDATE_FILE, UPDATE_JSON,
                         VIEW_FILE, VIEW_FORMAT, dumps_json, load_tensors, save_tensors, write_json)
 from leaklab.models import PerceptionSpec
@@ -115,10 +115,13 @@ def load_room_case(folder: Path, model_class: str | None = None) -> RoomCase:
     """Read and validate the server's files of a room case (never the truth); ``model_class``: the
     user's own perception network class the case was captured with ("module:Class")."""
     files = read_case_files(folder, room=True, model_class=model_class)
-    count, tensors = files.update_json.get("count"), files.tensors
-    if type(count) is not int or count != 1 or any(not k.startswith("u0/") for k in tensors):
-        raise LeaklabError(f"{files.update_path}: a room case holds exactly one update (prefix u0/); re-capture it")
-    update = files.update({k[3:]: v for k, v in tensors.items()}, str(files.tensor_file))
+    entries = update_entries(files.update_json, files.update_path)
+    if len(entries) != 1 or entries[0]["prefix"] != "u0/" or entries[0].get("labels") is not None:
+        raise LeaklabError(f"{files.update_path}: a room case holds exactly one update, listed as "
+                           '{"prefix": "u0/", "labels": null}; re-capture it')
+    own = {k: v for k, v in files.tensors.items() if k.startswith("u0/")}
+    check_claimed(files.tensors, set(own), files.tensor_file)
+    update = files.update({k[3:]: v for k, v in own.items()}, str(files.tensor_file))
     return RoomCase(view=files.view, update=update, folder=Path(folder))
 
 
