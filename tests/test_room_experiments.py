@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import warnings
@@ -519,6 +520,22 @@ def test_bad_model_class_is_refused(tmp_path, cls, words):
     result = invoke("audit", "--cases", cases, "--model-class", cls, "--out", out)
     assert_user_error(result, out, *words)
     assert "model.safetensors" not in result.stderr and "captured with" not in result.stderr, result.stderr
+
+
+@pytest.mark.parametrize("kind", ["folder", "pipe", "broken link"])
+def test_a_truth_that_is_no_file_is_an_error_not_an_unscored_case(tmp_path, kind):
+    """formats.md: a truth file is read or refused; a folder or a pipe in its place passed for a case
+    whose truth the user left out (reported as unscored, without a word)."""
+    cases = tmp_path / "cases"
+    capture_rooms(RoomCaptureConfig(spec=PerceptionSpec(setting="S2"), samples=1, layouts=("e1m1-stalactite",)),
+                  cases)
+    truth = next(cases.glob("*/truth.safetensors"))
+    truth.unlink()
+    {"folder": truth.mkdir, "pipe": lambda: os.mkfifo(truth),
+     "broken link": lambda: truth.symlink_to(truth.parent / "gone.safetensors")}[kind]()
+    out = tmp_path / "audit"
+    assert_user_error(invoke("audit", "--cases", cases, "--iterations", "3", "--out", out), out, "truth file",
+                      str(truth))
 
 
 def saved_cell(config):

@@ -29,6 +29,7 @@ layout of :func:`leaklab.models.perception.check_contract`); they are scored whe
 
 from __future__ import annotations
 
+import os
 import time
 import warnings
 from pathlib import Path
@@ -236,7 +237,8 @@ def run_cases(out: Path, cases_dir: Path, attack: RoomAttackConfig, workers: int
                                f"{_algorithm(c.view.metadata.loss).upper()} in {attack.mode} mode reads at most "
                                f"{limit}")
     # every truth is read and checked before any attack runs: a bad file fails in seconds
-    truth_of = {i: load_room_truth(c.folder, c) for i, c in enumerate(cases) if (c.folder / TRUTH_FILE).is_file()}
+    # (a truth that is there but no file, a folder or a pipe, is an error, not a case without its truth)
+    truth_of = {i: load_room_truth(c.folder, c) for i, c in enumerate(cases) if os.path.lexists(c.folder / TRUTH_FILE)}
     jobs = [attack_pool.Job(_algorithm(c.view.metadata.loss), c.view.spec,
                             {k: v.detach().clone() for k, v in c.view.model.state_dict().items()}, c.update, attack,
                             model_class, device)
