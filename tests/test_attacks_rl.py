@@ -16,7 +16,7 @@ from leaklab.attacks.rl.rules import (dqn_actions, entropy_bias_gradient, error_
                                      reinforce_action_reward)
 from leaklab.errors import LeaklabError
 from leaklab.metrics import constant_baseline, psnr
-from leaklab.metrics.rooms import matched_first, room_metrics
+from leaklab.metrics.rooms import matched, room_metrics, transition_metrics
 from leaklab.models.perception import PerceptionSpec, build_perception_net
 from leaklab.rl.losses import dqn_loss, reinforce_loss
 from leaklab.threat import ClientUpdate, UpdateMetadata, make_view
@@ -413,7 +413,9 @@ def test_a_batch_is_scored_sample_by_sample_whatever_the_order_of_the_reconstruc
     m = room_metrics(rec, truth, "S2")
     bad = float(psnr(half[:1], truth["images"][1:]))
     assert m["depth_raw_psnr"] == pytest.approx((float(psnr(truth["images"][:1], truth["images"][:1])) + bad) / 2)
-    assert matched_first(rec.images, truth["images"]).equal(truth["images"][:1])
+    assert matched(rec.images, truth["images"]) == [1, 0]  # each true sample's reconstruction
+    (first, exact), (second, poor) = transition_metrics(rec, truth, "S2")
+    assert (first, second) == (1, 0) and exact["depth_raw_psnr"] > 100 and poor["depth_raw_psnr"] == pytest.approx(bad)
 
 
 def test_room_metrics_of_the_truth_and_paper_scaling():

@@ -538,6 +538,37 @@ def test_a_truth_that_is_no_file_is_an_error_not_an_unscored_case(tmp_path, kind
                       str(truth))
 
 
+def test_a_batch_update_pictures_and_lists_each_transition_against_its_own_reconstruction(tmp_path, monkeypatch):
+    """A batch of two was pictured by its first transition, captioned with the update's mean PSNR, and an
+    audited case listed its actions in the attack's order beside its layouts in the truth's."""
+    from leaklab.attacks.rl import RoomAttackConfig
+    from leaklab.experiments import room_attack, room_audit
+    from leaklab.io import load_tensors
+
+    grids = []
+    monkeypatch.setattr(room_attack, "image_grid_png", lambda setting, truths, recs, title, path, captions:
+                        grids.append((truths, recs, captions)))
+    config = room_attack.RoomRunConfig(algorithm="qgi", setting="S2", samples=2, batch_size=2,
+                                       layouts=("e1m1-stalactite", "e1m3-column"),
+                                       attack=RoomAttackConfig(iterations=20), workers=1)
+    results = room_attack.run(config, tmp_path / "run")
+    (truths, recs, captions), = grids
+    assert len(truths) == len(recs) == len(captions) == 4  # both transitions of both updates
+    for u, row in enumerate(results["samples"]):
+        mean = sum(float(c.removesuffix(" dB")) for c in captions[2 * u:2 * u + 2]) / 2
+        assert abs(mean - row["metrics"]["depth_paper_psnr"]) < 0.06, (captions, row["metrics"])
+    cases = tmp_path / "cases"
+    capture_rooms(RoomCaptureConfig(spec=PerceptionSpec(setting="S2"), samples=1, batch_size=2,
+                                    layouts=("e1m1-stalactite", "e1m3-column")), cases)
+    monkeypatch.setattr(room_audit, "matched", lambda rec, truth: [1, 0])  # the second reconstruction first
+    results = room_audit.run_cases(tmp_path / "audit", cases, RoomAttackConfig(iterations=3), workers=1)
+    row, = results["cases"]
+    recovered = load_tensors(tmp_path / "audit" / "reconstructions.safetensors", "reconstructions")[0]
+    name = row["case"]
+    assert row["action"] == recovered[f"{name}/action"].flip(0).tolist()  # the rows follow the match given
+    assert row["box"] == recovered[f"{name}/box"].flip(0).tolist()
+
+
 def saved_cell(config):
     """What ``room_attack.run`` writes about a cell's computation."""
     from leaklab.attacks.rl.config import METHOD_VERSION

@@ -36,7 +36,7 @@ from leaklab.experiments.attack_pool import Job, JobList, run_jobs, task_progres
 from leaklab.fields import DefenseOption, Seed
 from leaklab.io import (RECONSTRUCTIONS_FILE, RESULTS_FILE, ROOM_ATTACK_FORMAT, atomic_dir, check_out, json_line,
                         save_tensors, write_json)
-from leaklab.metrics.rooms import matched_first, room_metrics
+from leaklab.metrics.rooms import room_metrics, transition_metrics
 from leaklab.models import PerceptionSpec
 from leaklab.models.perception import ArchName, architecture_digest
 from leaklab.names import ROOM_ATTACK_NAMES, SETTING_NAMES
@@ -248,16 +248,17 @@ def run(config: RoomRunConfig, out: Path, progress: ProgressFn | None = None) ->
         def on_result(i: int, rec: RoomReconstruction) -> None:
             sample = clean[i]
             row = score(sample, rec, config.setting)
-            metrics = row["metrics"]
             rows.append(row)
             recovered.append(rec)
             seconds_attacking[0] += rec.seconds
             log.write(json_line(row))
             log.flush()
-            if len(truths) < GRID_SAMPLES:
-                truths.append(sample.truth["images"][:1])
-                recs.append(matched_first(rec.images, sample.truth["images"]))
-                captions.append(f"{metrics['depth_paper_psnr']:.1f} dB")
+            if len(truths) < GRID_SAMPLES:  # every transition of a batch, with its own score
+                for t, (r, each) in enumerate(transition_metrics(rec, sample.truth, config.setting)):
+                    if len(truths) < GRID_SAMPLES:
+                        truths.append(sample.truth["images"][t:t + 1])
+                        recs.append(rec.images[r:r + 1].detach().float().clamp(0, 1))
+                        captions.append(f"{each['depth_paper_psnr']:.1f} dB")
 
         try:
             resumed = run_jobs(jobs, config.workers, on_result,

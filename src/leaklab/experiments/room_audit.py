@@ -46,6 +46,7 @@ from leaklab.experiments.attack_journal import journal_beside
 from leaklab.fields import Seed
 from leaklab.io import (AUDIT_FORMAT, CAPTURE_JSON, RECONSTRUCTIONS_FILE, RESULTS_FILE, TRUTH_FILE, VIEW_FILE,
                         atomic_dir, check_out, read_json, save_tensors, write_json)
+from leaklab.metrics.rooms import matched
 from leaklab.models.perception import ArchName
 from leaklab.names import ROOM_ATTACK_NAMES, ROOM_MODE_NAMES, SETTING_NAMES
 from leaklab.privacy.dpsgd import noise_multiplier_for
@@ -265,6 +266,9 @@ def run_cases(out: Path, cases_dir: Path, attack: RoomAttackConfig, workers: int
             sample = room_attack.Sample(i, list(provenance.get("layouts", [])), case.update, truth)
             scored = room_attack.score(sample, rec, case.view.spec.setting)
             row.update(metrics=scored["metrics"], layouts=scored["layouts"], batch_size=scored["batch_size"])
+            order = matched(rec.images, truth["images"])  # a batch's transitions in the truth's order, as its layouts
+            row.update({key: [row[key][r] for r in order] for key in ("action", "box", "action_identified")
+                        if key in row})
             if len(truths) < room_report.SHOWN_SAMPLES:  # every channel: S1 (RGB, depth), S2 (depth)
                 truths.append(room_report.true_picture(truth))
                 pictures.append(room_report.picture(rec, truth))

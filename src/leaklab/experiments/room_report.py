@@ -18,7 +18,7 @@ from leaklab.attacks.rl import RoomAttackConfig
 from leaklab.experiments import room_attack
 from leaklab.fields import defense_steps
 from leaklab.io import REPORT_FILE
-from leaklab.metrics.rooms import first_match
+from leaklab.metrics.rooms import matched
 from leaklab.words import plural
 
 IMAGE_LEAK_DB = 3.0  # verdict: images leak when their PSNR beats the no-information baseline by this
@@ -161,7 +161,7 @@ def true_picture(truth: dict[str, torch.Tensor]) -> Picture:
 def picture(rec, truth: dict[str, torch.Tensor] | None = None) -> Picture:
     """The reconstruction matched to the first true state (a batch has no order), with its recovered box;
     without a truth, the first reconstruction."""
-    r = first_match(rec.images, truth["images"]) if truth is not None else 0
+    r = matched(rec.images, truth["images"])[0] if truth is not None else 0
     return rec.images[r:r + 1].detach().float().clamp(0, 1), rec.box[r].detach().float()
 
 

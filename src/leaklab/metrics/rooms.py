@@ -53,25 +53,26 @@ def _box_scores(rec: torch.Tensor, truth: torch.Tensor) -> dict[str, float]:
 def room_metrics(rec, truth: Mapping[str, torch.Tensor], setting: str) -> dict[str, float]:
     """All section V metrics of a :class:`RoomReconstruction` against the truth tensors of
     :func:`leaklab.rl.cases.truth_shapes` (``images``, ``box``, ``action``, ``q_pred``, ``q_target``,
-    ``reward``); for a batch, each true sample against its matched reconstruction, then the means."""
-    n = len(truth["images"])
-    if n == 1:
-        return _sample_metrics(rec, 0, truth, 0, setting)
-    order = match_order(rec.images.detach().float(), truth["images"].float())
-    per_sample = [_sample_metrics(rec, int(order[t]), truth, t, setting) for t in range(n)]
-    return {key: fmean(m[key] for m in per_sample) for key in per_sample[0]}
+    ``reward``); for a batch, the means of :func:`transition_metrics`."""
+    per_transition = [metrics for _, metrics in transition_metrics(rec, truth, setting)]
+    if len(per_transition) == 1:
+        return per_transition[0]
+    return {key: fmean(m[key] for m in per_transition) for key in per_transition[0]}
 
 
-def first_match(rec_images: torch.Tensor, truth_images: torch.Tensor) -> int:
-    """The index of the reconstructed sample matched to the first true one (a batch has no order)."""
-    return int(match_order(rec_images.detach().float(), truth_images.float())[0]) if len(truth_images) > 1 else 0
+def transition_metrics(rec, truth: Mapping[str, torch.Tensor], setting: str) -> list[tuple[int, dict[str, float]]]:
+    """For each true transition, in the truth's order: the index of the reconstruction matched to it
+    (:func:`matched`) and its metrics against it."""
+    order = matched(rec.images, truth["images"])
+    return [(r, _sample_metrics(rec, r, truth, t, setting)) for t, r in enumerate(order)]
 
 
-def matched_first(rec_images: torch.Tensor, truth_images: torch.Tensor) -> torch.Tensor:
-    """The reconstructed image ``[1, C, H, W]`` (float, in [0, 1]) matched to the first true sample,
-    the one a picture shows beside ``truth_images[:1]``."""
-    r = first_match(rec_images, truth_images)
-    return rec_images[r:r + 1].detach().float().clamp(0, 1)
+def matched(rec_images: torch.Tensor, truth_images: torch.Tensor) -> list[int]:
+    """For each true transition, in order, the index of the reconstruction matched to it (a batch has
+    no order: :func:`leaklab.metrics.match_order`)."""
+    if len(truth_images) == 1:
+        return [0]
+    return [int(r) for r in match_order(rec_images.detach().float(), truth_images.float())]
 
 
 def _sample_metrics(rec, r: int, truth: Mapping[str, torch.Tensor], t: int, setting: str) -> dict[str, float]:
