@@ -526,3 +526,19 @@ def test_a_crash_in_native_code_prints_where_it_happened():
     env = {k: v for k, v in os.environ.items() if k != "PYTHONFAULTHANDLER"}  # the command's own handler
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
     assert run.returncode == -11 and "Segmentation fault" in run.stderr and "start_the_engine" in run.stderr
+
+
+def test_sigterm_ends_a_command_with_one_line():
+    """SIGTERM (a job scheduler, `timeout`) ended a command with exit status 143 and not a word; it now
+    says so as Ctrl-C does, once, though `timeout` sends its process group a second one."""
+    import signal
+    import subprocess
+
+    code = ("import os, signal, time; from leaklab.cli.app import _guard\n"
+            "def work():\n"
+            "    os.kill(os.getpid(), signal.SIGTERM); os.kill(os.getpid(), signal.SIGTERM)\n"
+            "    time.sleep(30)\n"
+            "_guard(work)()\n")
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 128 + signal.SIGTERM, run.stderr
+    assert len(run.stderr.splitlines()) == 1 and run.stderr.startswith("error: terminated; --out holds"), run.stderr

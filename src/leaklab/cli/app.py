@@ -64,13 +64,24 @@ mechanisms_app.add_typer(mechanisms_epsilon_app, name="epsilon")
 mechanisms_app.add_typer(mechanisms_account_app, name="account")
 
 
+# what an interrupted or terminated command leaves
+_STOPPED = ("--out holds no partial results (the room attacks and the room audit keep their finished attacks "
+            "beside it, the reproduce commands their finished cells: the same command resumes)")
+
+
 def _exit_on_sigterm() -> None:
-    """Turn SIGTERM into SystemExit so that partial output folders are removed on the way out."""
+    """Turn SIGTERM into SystemExit, saying so in one line, so that partial output folders are removed on
+    the way out; a SIGTERM more (``timeout`` sends its process group one too) waits for that to finish."""
     import signal
     import threading
 
+    def terminate(signum: int, frame: Any) -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        typer.echo(f"error: terminated; {_STOPPED}", err=True)
+        sys.exit(128 + signum)
+
     if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+        signal.signal(signal.SIGTERM, terminate)
 
 
 def _one_line_warnings() -> None:
@@ -102,9 +113,7 @@ def _guard(fn: Callable) -> Callable:
         except ValidationError as e:
             _fail(validation_message(e, name=_option_name))
         except KeyboardInterrupt:
-            typer.echo("error: interrupted; --out holds no partial results (the room attacks and the room audit "
-                       "keep their finished attacks beside it, the reproduce commands their finished cells: the "
-                       "same command resumes)", err=True)
+            typer.echo(f"error: interrupted; {_STOPPED}", err=True)
             raise typer.Exit(130) from None
 
     return wrapper

@@ -54,7 +54,7 @@ def _room_attack(algorithm: str, setting: str, mode: str, arch: str, samples: in
                  workers: int, device: str, layerwise: bool, out: Path) -> None:
     from leaklab.attacks.rl import RoomAttackConfig
     from leaklab.device import require_device
-    from leaklab.experiments import room_attack
+    from leaklab.experiments import room_attack, room_report
     from leaklab.rl.envs.layouts import layouts_arg
 
     require_device(device)  # before the configs: one plain line for a bad name
@@ -72,6 +72,9 @@ def _room_attack(algorithm: str, setting: str, mode: str, arch: str, samples: in
                   f"{plural(s['samples'], 'update')} of {plural(s['transitions'], 'transition')} in all")
                + f" from {plural(s['layouts'], 'room')}, {s['seconds_per_sample']:.1f} s each"
                + _resumed(s["resumed_samples"], " ({} resumed from an interrupted run)"))
+    notice = room_report.effort_notice(s["iterations"])
+    if notice:
+        typer.echo(f"warning: {notice}", err=True)
 
 
 def _room_summary_line(s: dict[str, Any], defended: bool) -> str:
@@ -266,8 +269,9 @@ def audit(
             overrides["modes"] = (mode,)
         config = room_audit.AuditConfig(**{**config.model_dump(), **overrides})
         results = room_audit.run(out, config, progress=progress)
+    resumed = results["summary"]["resumed_attacks"]
     typer.echo(f"wrote {out / 'report.html'} ({results['summary']['seconds']:.0f} s"
-               + _resumed(results["summary"]["resumed_attacks"], "; {} attacks resumed from an interrupted run") + ")")
+               + (f"; {plural(resumed, 'attack')} resumed from an interrupted run" if resumed else "") + ")")
     for cell in results["cells"]:
         s = cell["summary"]
         images = ", ".join(f"{im} PSNR {s[f'{im}_psnr_mean']:.2f} dB (baseline {s[f'{im}_psnr_baseline_mean']:.2f})"

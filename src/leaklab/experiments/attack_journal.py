@@ -160,9 +160,11 @@ class AttackJournal:
             with contextlib.suppress(OSError):
                 others = [p.stat().st_size for p in self.folder.iterdir() if p.suffix == ".safetensors"]
                 if others:
+                    size = sum(others)
+                    held = f"{size / 2**20:.0f} MB" if size >= 2**20 else f"{max(1, round(size / 2**10))} KB"
                     warnings.warn(f"{self.folder} still holds {plural(len(others), 'finished attack')} of other "
-                                  f"runs ({sum(others) / 2**20:.0f} MB), kept for when those are rerun; remove the "
-                                  "folder if they will not be", UserWarning, stacklevel=2)
+                                  f"runs ({held}), kept for when those are rerun; remove the folder if they will "
+                                  "not be", UserWarning, stacklevel=2)
 
 
 @contextlib.contextmanager

@@ -118,7 +118,7 @@ def write_cases_report(folder: Path, results: dict[str, Any], truths: list[Pictu
                ("torch", results["versions"]["torch"]), ("seconds", s["seconds"]),
                ("attacks resumed from an interrupted run", s["resumed_attacks"])]
     render_report(folder / REPORT_FILE, "leaklab audit of saved room updates", summary=summary,
-                  notice=" ".join(filter(None, (fallback_caveat(results), _effort_notice(attack["iterations"])))),
+                  notice=" ".join(filter(None, (fallback_caveat(results), effort_notice(attack["iterations"])))),
                   lead=lead,
                   intro="Each saved client update was attacked from the server's files only (QGI for DQN "
                         "updates, RGI for REINFORCE updates).",
@@ -261,12 +261,12 @@ def _leak_share(rows: list[dict[str, Any]]) -> str:
     return f"{sum(g >= IMAGE_LEAK_DB for g in gains)} of {len(gains)}"
 
 
-def _effort_notice(iterations: int, after: str = "") -> str:
-    """The report's warning (ending in ``after``) when the attacks ran fewer image iterations than
-    their default."""
+def effort_notice(iterations: int, after: str = "") -> str:
+    """The warning (ending in ``after``) when the attacks ran fewer image iterations than their default:
+    the reports', and the room attack command's."""
     full = RoomAttackConfig.model_fields["iterations"].default
     return (f"these attacks ran {iterations} image iterations, fewer than the {full} they take by default: the "
-            f"reconstructions, and so the verdicts below, understate what the updates leak.{after}"
+            f"reconstructions, and so the verdicts, understate what the updates leak.{after}"
             if iterations < full else "")
 
 
@@ -356,7 +356,7 @@ def write_report(folder: Path, results: dict[str, Any], cells, defenses, truths,
                ("rooms", ", ".join(rooms)),
                ("seconds", results["summary"]["seconds"]),
                ("attacks resumed from an interrupted run", results["summary"]["resumed_attacks"])]
-    notice = _effort_notice(iterations[0], " Rerun without --quick or --iterations for the audit's verdicts.")
+    notice = effort_notice(iterations[0], " Rerun without --quick or --iterations for the audit's verdicts.")
     intro = ("Can an honest-but-curious federated-learning server (one that follows the protocol but studies "
              "what it receives) see a robot's private room? Robots training an active-perception policy in "
              "ViZDoom rooms share one gradient per step; the server inverts it (seed 000, \"Your Room is not "
