@@ -11,7 +11,8 @@
 #       -c constraints.txt vizdoom gymnasium typer rich pydantic safetensors jinja2 torchmetrics \
 #       dp-accounting opacus matplotlib
 #   (then delete .whl/torch-* .whl/nvidia* .whl/triton* and whatever is large and already there)
-# and run it with the device tool: command "sh analysis/device_check.sh", carry [".whl"], timeout 560.
+# and run it with the device tool: command "sh analysis/device_check.sh", carry [".whl"], timeout 560
+# (the steps' limits add up to 480 s and 40 s of kill grace).
 set -u
 OUT=${OUT:-/tmp/device-check}
 mkdir -p "$OUT"
@@ -23,15 +24,15 @@ step() {  # step NAME SECONDS COMMAND...: run it under a time limit, note its ex
     start=$(date +%s)
     timeout -k 10 "$limit" "$@" > "$OUT/$name.log" 2>&1
     echo "$name: exit $? after $(( $(date +%s) - start )) s" >> "$OUT/steps.txt"
-    df -k /dev/shm >> "$OUT/shm.txt"
+    { echo "after $name"; df -k /dev/shm; } >> "$OUT/shm.txt"
 }
 { nproc; nvidia-smi; python3 --version; df -h /dev/shm; ulimit -a; cat /proc/sys/vm/overcommit_memory; } \
     > "$OUT/machine.txt" 2>&1
 # what the machine lacks comes from .whl (pip keeps what is installed, whatever its version)
-step install 180 "$PY" -m pip install --no-index --find-links .whl vizdoom gymnasium typer rich pydantic \
+step install 120 "$PY" -m pip install --no-index --find-links .whl vizdoom gymnasium typer rich pydantic \
     safetensors jinja2 torchmetrics dp-accounting opacus matplotlib scipy
 export PYTHONPATH="$PWD/src" LEAKLAB_THREADS=1
-step quick 120 "$PY" -X faulthandler -m leaklab.cli audit --quick --device cuda --out "$OUT/quick"
-step capture-cpu 120 "$PY" -X faulthandler -m leaklab.cli audit --iterations 1 --out "$OUT/capture-cpu"
-step audit-cuda 240 "$PY" -X faulthandler -m leaklab.cli audit --device cuda --out "$OUT/audit-cuda"
+step quick 90 "$PY" -X faulthandler -m leaklab.cli audit --quick --device cuda --out "$OUT/quick"
+step capture-cpu 90 "$PY" -X faulthandler -m leaklab.cli audit --iterations 1 --out "$OUT/capture-cpu"
+step audit-cuda 180 "$PY" -X faulthandler -m leaklab.cli audit --device cuda --out "$OUT/audit-cuda"
 ps -ef > "$OUT/ps.txt"

@@ -536,9 +536,12 @@ def test_sigterm_ends_a_command_with_one_line():
 
     code = ("import os, signal, time; from leaklab.cli.app import _guard\n"
             "def work():\n"
-            "    os.kill(os.getpid(), signal.SIGTERM); os.kill(os.getpid(), signal.SIGTERM)\n"
-            "    time.sleep(30)\n"
+            "    try:\n"
+            "        os.kill(os.getpid(), signal.SIGTERM); time.sleep(30)\n"
+            "    finally:  # cleaning up, as atomic_dir does, when the second comes\n"
+            "        os.kill(os.getpid(), signal.SIGTERM); time.sleep(0.2); print('cleaned up')\n"
             "_guard(work)()\n")
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert run.returncode == 128 + signal.SIGTERM, run.stderr
     assert len(run.stderr.splitlines()) == 1 and run.stderr.startswith("error: terminated; --out holds"), run.stderr
+    assert run.stdout == "cleaned up\n"

@@ -75,17 +75,29 @@ def test_a_cuda_device_is_checked_without_initialising_cuda(monkeypatch):
     def initialise():
         raise AssertionError("the CUDA runtime was initialised")
 
+    from leaklab import device
+
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(device, "_cuda_works", lambda: True)  # (asked of a child process)
     monkeypatch.setattr(torch.cuda, "is_available", initialise)
     monkeypatch.setattr(torch._C, "_cuda_getDeviceCount", initialise, raising=False)
     monkeypatch.setattr(torch.cuda, "init", initialise)
     for name in ("cuda", "cuda:0", "cuda:1"):
         require_device(name)
-    with pytest.raises(LeaklabError, match=r"--device cuda:2: this machine has 2 CUDA GPUs \(cuda:0 to cuda:1\)"):
+    with pytest.raises(LeaklabError, match=r"--device cuda:2: this process sees 2 CUDA GPUs \(cuda:0 to cuda:1\)"):
         require_device("cuda:2")
+    monkeypatch.setattr(device, "_cuda_works", lambda: False)  # NVML counts a GPU that CUDA cannot use
+    with pytest.raises(LeaklabError, match="no CUDA GPU is available"):
+        require_device("cuda:0")
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
     with pytest.raises(LeaklabError, match="no CUDA GPU is available"):
         require_device("cuda:0")
+
+
+def test_the_child_process_cuda_probe_agrees_with_torch_here():
+    from leaklab import device
+
+    assert device._cuda_works() == torch.cuda.is_available()
 
 
 def test_results_name_the_processor(tmp_path):

@@ -134,7 +134,7 @@ def test_room_case_refuses_bad_input(tmp_path):
                             ({"updates": [{"prefix": "zz/", "labels": None}]}, "exactly one update, listed as"),
                             ({"updates": [{"prefix": "u0/", "labels": "x"}]}, "exactly one update, listed as"),
                             ({"count": "1"}, "'count' must be an integer, not '1'"),
-                            ({"count": 2}, "'count' is 2 but 1 updates are listed")]:
+                            ({"count": 2}, "'count' is 2 but 1 update is listed")]:
         write_json(tmp_path / "ok" / "update.json", {**meta, **change})
         with pytest.raises(LeaklabError, match=message):  # each was read as the one update before
             load_room_case(tmp_path / "ok")

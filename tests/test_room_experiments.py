@@ -507,7 +507,7 @@ def test_the_fallback_caveat_names_its_cause():
 
 @pytest.mark.parametrize("cls, words", [
     ("tests.plugins.narrow_net:NoHead", ["contract", "box starting with a Linear with bias"]),
-    ("tests.plugins.narrow_net:Missing", ["module tests.plugins.narrow_net (", "has no 'Missing'"]),
+    ("tests.plugins.narrow_net:Missing", ["module tests.plugins.narrow_net has no 'Missing'"]),
     ("tests.plugins.nowhere:Net", ["cannot be imported", "PYTHONPATH"]),
     ("narrow_net", ["package.module:Class"]),
 ])

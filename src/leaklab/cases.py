@@ -26,6 +26,7 @@ from leaklab.io import (FORMAT_VERSION, MODEL_FILE, PERCEPTION_MODEL_TYPE, TRUTH
                         write_json)
 from leaklab.models import ModelSpec, PerceptionSpec
 from leaklab.threat import Capabilities, ClientUpdate, ServerView, UpdateMetadata, make_view
+from leaklab.words import plural
 
 
 @dataclass
@@ -253,7 +254,8 @@ def update_entries(upd_json: dict[str, Any], upd_path: Path) -> list[dict[str, A
     if type(count) is not int:
         raise LeaklabError(f"{upd_path}: 'count' must be an integer, not {count!r}")
     if count != len(entries):
-        raise LeaklabError(f"{upd_path}: 'count' is {count} but {len(entries)} updates are listed")
+        raise LeaklabError(f"{upd_path}: 'count' is {count} but {plural(len(entries), 'update')} "
+                           f"{'is' if len(entries) == 1 else 'are'} listed")
     return entries
 
 

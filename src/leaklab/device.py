@@ -7,6 +7,7 @@ import faulthandler
 import os
 import platform
 import re
+import subprocess
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -37,15 +38,25 @@ def require_device(name: str) -> None:
         raise LeaklabError(f"--device {name!r}: choose cpu or cuda[:N]")
     if not name.startswith("cuda"):
         return
-    # NVML's count where it answers, which leaves CUDA uninitialised in this process: the rooms' capture then
-    # starts ViZDoom's engines from it by fork, which torch warns an initialised CUDA does not survive
+    # CUDA stays uninitialised in this process (the rooms' capture then starts ViZDoom's engines from it by
+    # fork, which torch warns an initialised CUDA does not survive): NVML counts the GPUs, a child tries CUDA
     count = torch.cuda.device_count()
-    if count == 0:
+    if count == 0 or not _cuda_works():
         raise LeaklabError(f"--device {name}: no CUDA GPU is available here (use --device cpu)")
     index = int(name.partition(":")[2] or 0)
     if index >= count:
-        raise LeaklabError(f"--device {name}: this machine has {count} CUDA GPU{'s' if count > 1 else ''} "
-                           f"(cuda:0 to cuda:{count - 1})")
+        seen = "only cuda:0" if count == 1 else f"cuda:0 to cuda:{count - 1}"
+        raise LeaklabError(f"--device {name}: this process sees {count} CUDA GPU{'s' if count > 1 else ''} ({seen})")
+
+
+def _cuda_works() -> bool:
+    """Whether CUDA starts, asked of a child process (NVML also counts GPUs CUDA cannot use: a driver older
+    than torch's CUDA, a GPU held in exclusive mode)."""
+    probe = "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)"
+    try:
+        return subprocess.run([sys.executable, "-c", probe], capture_output=True, timeout=120).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
 
 
 @contextmanager

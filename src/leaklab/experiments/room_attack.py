@@ -205,7 +205,7 @@ def _grid_rows(setting: str, truths: list[torch.Tensor], recs: list[torch.Tensor
 
 def image_grid_png(setting: str, truths: list[torch.Tensor], recs: list[torch.Tensor], title: str,
                    path: Path | None = None, captions: list[str] | None = None) -> bytes:
-    """Originals above reconstructions (RGB rows in S1, then depth); the first batch item of each."""
+    """Originals above reconstructions (RGB rows in S1, then depth), one ``[1, C, H, W]`` per column."""
     from leaklab.report.plots import image_grid
 
     rows = _grid_rows(setting, truths, recs)

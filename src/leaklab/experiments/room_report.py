@@ -266,7 +266,7 @@ def effort_notice(iterations: int, after: str = "") -> str:
     the reports', and the room attack command's."""
     full = RoomAttackConfig.model_fields["iterations"].default
     return (f"these attacks ran {iterations} image iterations, fewer than the {full} they take by default: the "
-            f"reconstructions, and so the verdicts, understate what the updates leak.{after}"
+            f"reconstructions and their scores understate what the updates leak.{after}"
             if iterations < full else "")
 
 

@@ -195,8 +195,7 @@ def perception_class(path: str) -> type[nn.Module]:
                               f"({type(e).__name__}: {e})") from None
     cls = getattr(module, class_name, None)
     if cls is None:
-        raise ModelClassError(f"--model-class {path!r}: module {module_name} ({module.__file__}) has no "
-                              f"{class_name!r}")
+        raise ModelClassError(f"--model-class {path!r}: module {module_name} has no {class_name!r}")
     if not (isinstance(cls, type) and issubclass(cls, nn.Module)):
         raise ModelClassError(f"--model-class {path!r} is not a torch.nn.Module class")
     return cls
@@ -218,7 +217,8 @@ def build_perception_net(spec: PerceptionSpec, seed: int | None = None,
         raise ModelClassError(f"--model-class {model_class!r}: {cls.__name__}(spec) failed "
                               f"({type(e).__name__}: {e}); it must build from a PerceptionSpec") from None
     check_contract(net, model_class)
-    check_forward(net, spec, model_class)
+    check_forward(net, spec, f"{model_class} (for {spec.setting}, {spec.in_channels} channels of "
+                             f"{spec.image_size} px)")
     if getattr(net, "spec", None) is None:
         net.spec = spec
     return net

@@ -124,12 +124,14 @@ def start_game(game: vzd.DoomGame) -> None:
     game.set_doom_config_path(str(home.path / "settings.ini"))
     search = Path("_vizdoom")  # the engine makes this folder in the working directory when it writes a new
     made = not search.exists()  # settings file (its search path, never used here); leave no trace of it
-    with _interrupts_held():
-        game.init()
-        _OPEN_GAMES[game] = pid
-    if made:
-        with contextlib.suppress(OSError):  # not empty, or another process removed it first
-            search.rmdir()
+    try:
+        with _interrupts_held():
+            game.init()
+            _OPEN_GAMES[game] = pid
+    finally:  # (a Ctrl-C held back during the start comes as the block ends)
+        if made:
+            with contextlib.suppress(OSError):  # not empty, or another process removed it first
+                search.rmdir()
 
 
 @contextlib.contextmanager
@@ -138,7 +140,8 @@ def _interrupts_held() -> Iterator[None]:
     started from it keeps them blocked for good and ends when its game closes (or, through the launcher,
     with this process). A terminal's Ctrl-C killed an engine that was starting, which crashes the process
     (module docstring): 9 of 12 processes interrupted 2.5 to 4.5 s into starting rooms died of a
-    segmentation fault, 0 of 12 now."""
+    segmentation fault, 0 of 12 now. So a start that hangs ends only with SIGKILL (``timeout -k``). Held
+    in this thread only: from another thread's start, a Ctrl-C reaches the main thread at once."""
     if not hasattr(signal, "pthread_sigmask"):
         yield
         return
