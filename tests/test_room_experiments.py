@@ -192,12 +192,15 @@ def test_audit_verdicts_in_words():
                                cell("dp", "clip:1,gaussian:0.6", 5.0, 0.0, 0.25, [5.0, 5.0])]})
     assert [r[1] for r in rows] == ["nothing", "noise std 0.001", "clip to norm 1, noise std 0.6"]
     assert [r[4] for r in rows] == ["2 of 2", "1 of 2", "0 of 2"]
-    assert rows[0][7] == ("leaks the room (QGI S2 depth +25.0 dB over the baseline), the target's box "
-                          "(IoU 1.00), the action (100%)")
-    assert rows[1][7] == "leaks the target's box (IoU 0.60), the action (100%)"
+    assert rows[0][7] == ("leaks the room (2 of 2 updates show it; QGI S2 depth +25.0 dB over the baseline on "
+                          "average), the target's box (IoU 1.00) and the action (100%)")
+    # the room leaks where any update shows it: the mean's +2.0 dB hid the one that does
+    assert rows[1][7] == ("leaks the room (1 of 2 updates show it; QGI S2 depth +2.0 dB over the baseline on "
+                          "average), the target's box (IoU 0.60) and the action (100%)")
     assert rows[2][7] == "nothing measured leaks" and rows[2][6] == "25%"
     assert conclusion(rows) == ("dp is the weakest defense tested behind which nothing measured leaks; behind noise "
-                                "the update still leaks the target's box (IoU 0.60), the action (100%).")
+                                "the update still leaks the room (1 of 2 updates show it; QGI S2 depth +2.0 dB over "
+                                "the baseline on average), the target's box (IoU 0.60) and the action (100%).")
     assert conclusion(rows[:2]).startswith("Every defense tested leaks: behind noise the update still leaks")
     assert conclusion(rows[2:]) == "Nothing measured leaks behind any defense tested, dp included."
 

@@ -6,3 +6,8 @@ from __future__ import annotations
 def plural(count: int, noun: str) -> str:
     """``"1 sample"``, ``"3 samples"``: ``count`` and ``noun``, with an ``s`` unless the count is one."""
     return f"{count} {noun if count == 1 else noun + 's'}"
+
+
+def listing(items: list[str]) -> str:
+    """``"a"``, ``"a and b"``, ``"a, b and c"``."""
+    return ", ".join(items[:-1]) + " and " + items[-1] if len(items) > 1 else "".join(items)

@@ -19,7 +19,7 @@ from leaklab.experiments import room_attack
 from leaklab.fields import defense_steps
 from leaklab.io import REPORT_FILE
 from leaklab.metrics.rooms import matched
-from leaklab.words import plural
+from leaklab.words import listing, plural
 
 IMAGE_LEAK_DB = 3.0  # verdict: images leak when their PSNR beats the no-information baseline by this
 BOX_LEAK_IOU = 0.5  # verdict: the target's box leaks at this mean IoU (the usual detection threshold)
@@ -73,12 +73,13 @@ def write_cases_report(folder: Path, results: dict[str, Any], truths: list[Pictu
         held = [r["metrics"]["action"] for r in results["cases"]
                 if "metrics" in r and all(r.get("action_identified", [True]))]
         action = statistics.fmean(held) if held else None
-        verdict = _verdict(gain, where, s["iou_mean"], action)
+        shown = _leak_count(results["cases"])
+        verdict = _verdict(gain, where, shown, s["iou_mean"], action)
         lead = (f"Over {plural(s['scored'], 'scored case')}, the saved updates give away "
                 f"{verdict.removeprefix('leaks ') if verdict != NOTHING_LEAKS else 'nothing measured'}.")
         glance = Table(columns=["largest image gain (dB)", "where", "cases showing their room", "box IoU (mean)",
                                 "action", "verdict"],
-                       rows=[[gain, where, _leak_share(results["cases"]), s["iou_mean"],
+                       rows=[[gain, where, "{} of {}".format(*shown), s["iou_mean"],
                               None if action is None else f"{100 * action:.0f}% of {plural(len(held), 'case')}",
                               verdict]],
                        caption=_glance_caption() + " Over the scored cases; the action over those whose update "
@@ -115,7 +116,7 @@ def write_cases_report(folder: Path, results: dict[str, Any], truths: list[Pictu
                ("network", results["model_class"] or "leaklab's perception network (as the cases' views name it)"),
                ("attacks", f"{attack['mode']} mode, {attack['iterations']} image iterations each"),
                ("device", results["device"]), ("leaklab", results["versions"]["leaklab"]),
-               ("torch", results["versions"]["torch"]), ("seconds", s["seconds"]),
+               ("torch", results["versions"]["torch"]), ("wall-clock seconds", s["seconds"]),
                ("attacks resumed from an interrupted run", s["resumed_attacks"])]
     render_report(folder / REPORT_FILE, "leaklab audit of saved room updates", summary=summary,
                   notice=" ".join(filter(None, (fallback_caveat(results), effort_notice(attack["iterations"])))),
@@ -213,12 +214,13 @@ def verdicts(results: dict[str, Any]) -> list[list[Any]]:
         gains = [(s[f"{im}_psnr_mean"] - s[f"{im}_psnr_baseline_mean"], f"{c['algorithm'].upper()} {c['setting']} {im}")
                  for c in cells for im in ("rgb", "depth") if (s := c["summary"]).get(f"{im}_psnr_mean") is not None]
         gain, where = max(gains)
-        shown = _leak_share([r for c in cells for r in c["samples"]])
+        shown = _leak_count([r for c in cells for r in c["samples"]])
         iou = max(c["summary"]["iou_mean"] for c in cells)
         actions = [c["summary"]["action_accuracy"] for c in cells if c["algorithm"] == "qgi"]
         action = statistics.fmean(actions) if actions else None
-        rows.append([label, chain_in_words(cells[0].get("defense_chain")), gain, where, shown, iou,
-                     None if action is None else f"{100 * action:.0f}%", _verdict(gain, where, iou, action)])
+        rows.append([label, chain_in_words(cells[0].get("defense_chain")), gain, where, "{} of {}".format(*shown),
+                     iou, None if action is None else f"{100 * action:.0f}%",
+                     _verdict(gain, where, shown, iou, action)])
     return rows
 
 
@@ -235,30 +237,35 @@ def conclusion(rows: list[list[Any]]) -> str:
     return f"{safe[0]} is the weakest defense tested behind which nothing measured leaks; {sees}."
 
 
-def _verdict(gain: float, where: str, iou: float, action: float | None) -> str:
-    """What leaks, in words: the room at an image gain of :data:`IMAGE_LEAK_DB`, the box at a mean IoU
-    of :data:`BOX_LEAK_IOU`, the action at an accuracy (``action``; None: not measured) of :data:`ACTION_LEAK`."""
-    leaks = [f"the room ({where} {gain:+.1f} dB over the baseline)"] if gain >= IMAGE_LEAK_DB else []
+def _verdict(gain: float, where: str, shown: tuple[int, int], iou: float, action: float | None) -> str:
+    """What leaks, in words: the room where any attacked update shows it (``shown``: how many of how
+    many have an image :data:`IMAGE_LEAK_DB` over its own baseline; a mean over the updates hid a room
+    that some show), with the largest mean gain ``gain`` (``where``); the box at a mean IoU of
+    :data:`BOX_LEAK_IOU`; the action at an accuracy (``action``; None: not measured) of :data:`ACTION_LEAK`."""
+    k, n = shown
+    leaks = [f"the room ({k} of {plural(n, 'update')} show it; {where} {gain:+.1f} dB over the baseline on "
+             "average)"] if k else []
     leaks += [f"the target's box (IoU {iou:.2f})"] if iou >= BOX_LEAK_IOU else []
     leaks += [f"the action ({100 * action:.0f}%)"] if action is not None and action >= ACTION_LEAK else []
-    return "leaks " + ", ".join(leaks) if leaks else NOTHING_LEAKS
+    return "leaks " + listing(leaks) if leaks else NOTHING_LEAKS
 
 
 NOTHING_LEAKS = "nothing measured leaks"
 
 
 def _glance_caption() -> str:
-    return (f"Image gain: reconstruction PSNR minus the constant-image baseline (a mean over the samples); "
-            f"the room leaks at {IMAGE_LEAK_DB:g} dB or more, and an attacked update shows its room when one of "
-            f"its images is {IMAGE_LEAK_DB:g} dB or more above its own baseline. The box leaks at a mean IoU of "
-            f"{BOX_LEAK_IOU:g} or more, the action at an accuracy of {100 * ACTION_LEAK:.0f}% or more (chance: "
-            "1 in 7).")
+    return (f"Image gain: reconstruction PSNR minus the constant-image baseline (a mean over the samples). An "
+            f"attacked update shows its room when one of its images is {IMAGE_LEAK_DB:g} dB or more above its own "
+            "baseline, and the room leaks when any update shows it (a mean over rooms can hide one). The box "
+            f"leaks at a mean IoU of {BOX_LEAK_IOU:g} or more (a target out of view counts 1 only when the "
+            f"recovered box is empty too), the action at an accuracy of {100 * ACTION_LEAK:.0f}% or more "
+            "(chance: 1 in 7).")
 
 
-def _leak_share(rows: list[dict[str, Any]]) -> str:
-    """How many of the attacked updates ``rows`` show their room (:func:`_frame_gain`), as ``k of n``."""
+def _leak_count(rows: list[dict[str, Any]]) -> tuple[int, int]:
+    """How many of the attacked updates ``rows`` show their room (:func:`_frame_gain`), of how many."""
     gains = [g for r in rows if (g := _frame_gain(r)) is not None]
-    return f"{sum(g >= IMAGE_LEAK_DB for g in gains)} of {len(gains)}"
+    return sum(g >= IMAGE_LEAK_DB for g in gains), len(gains)
 
 
 def effort_notice(iterations: int, after: str = "") -> str:
@@ -292,8 +299,9 @@ def _cell_table(meta: dict[str, str], images: tuple[str, ...], labels: list[str]
         rows.append(row)
     return Table(columns=columns, rows=rows,
                  caption="Baseline: a constant image at the true mean, what an attacker gets with no information; "
-                         "a PSNR well above it means the update shows the room (SSIM likewise). PSNR and SSIM on "
-                         "the Y channel (RGB) and on depth, with seed 000's normalisation (the reconstruction's "
+                         "a PSNR well above it means the update shows the room (SSIM too, though a smooth depth "
+                         "image's constant already scores a high SSIM). PSNR and SSIM on "
+                         "the Y channel (RGB) and on depth, with the paper's normalisation (the reconstruction's "
                          "brightest RGB pixel scaled to white). Means over the samples; the picture above gives "
                          "each one's PSNR and, in brackets, its gain over its own baseline.")
 
@@ -354,22 +362,26 @@ def write_report(folder: Path, results: dict[str, Any], cells, defenses, truths,
                ("attacks", f"{' and '.join(config['modes'])} mode, {'/'.join(map(str, iterations))} image iterations "
                            f"each; {plural(config['samples'], 'sample')} per cell from {plural(len(rooms), 'room')}"),
                ("rooms", ", ".join(rooms)),
-               ("seconds", results["summary"]["seconds"]),
+               ("wall-clock seconds", results["summary"]["seconds"]),
                ("attacks resumed from an interrupted run", results["summary"]["resumed_attacks"])]
     notice = effort_notice(iterations[0], " Rerun without --quick or --iterations for the audit's verdicts.")
     intro = ("Can an honest-but-curious federated-learning server (one that follows the protocol but studies "
              "what it receives) see a robot's private room? Robots training an active-perception policy in "
-             "ViZDoom rooms share one gradient per step; the server inverts it (seed 000, \"Your Room is not "
-             "Private\": QGI against DQN clients, RGI against REINFORCE clients). Defenses: Gaussian noise "
+             "ViZDoom rooms share one gradient per step; the server inverts it (the paper \"Your Room is not "
+             "Private\": QGI against DQN clients, RGI against REINFORCE clients). Each attacked update is one "
+             "transition's gradient of the network as initialised, the case the paper attacks and the worst "
+             "for a client. Defenses: Gaussian noise "
              "on every gradient entry, and one DP-SGD step (clip to norm 1, then Gaussian noise calibrated to "
              "ε at δ = 1e-5 for that one step: a training run of many steps spends a larger ε). "
              "S1: the robot sees RGB, depth and the target's box; S2: depth and the box. Exact mode: "
              "leaklab's attack, which reads every linear layer's input in closed form before it reconstructs "
-             "the images. Baseline: a constant image at the true mean, what an attacker with no information "
-             "scores; the gain over it is what the update gave away.")
+             "the images (on a noised update its closed forms read noisy values, and the image stage leaves "
+             "out the terms that need an exact update). Baseline: a constant image at the true mean, what an "
+             "attacker with no information scores; the gain over it is what the update gave away.")
     lead = f"{conclusion(verdicts(results))} ({plural(config['samples'], 'sample')} per attack and defense.)"
     render_report(folder / REPORT_FILE, "leaklab audit: your room through federated RL updates",
                   summary=summary, intro=intro, notice=notice, lead=lead,
                   figures=[Figure("Leakage per defense", plot, "bars: PSNR minus the constant-image "
-                                  "baseline; at or below 0 the reconstruction shows nothing of the room")],
+                                  f"baseline, a mean over the samples; from {IMAGE_LEAK_DB:g} dB (the dotted line) "
+                                  "the room shows, below 0 the reconstruction is worse than a constant guess")],
                   sections=sections)
