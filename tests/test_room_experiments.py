@@ -176,6 +176,20 @@ def test_audit_report_pictures_a_cells_first_samples_and_scores_them_all(tmp_pat
     assert "the first 1 of 2 samples; results.json has every one" in html
 
 
+def test_audit_takes_the_defense_levels_a_user_asks_for(tmp_path):
+    out = tmp_path / "levels"
+    result = invoke("audit", "--quick", "--sigmas", "1e-4", "--epsilons", "50,20", "--out", out)
+    assert result.exit_code == 0, result.output
+    assert json.loads((out / "results.json").read_text())["summary"]["defenses"] == [
+        "none", "gaussian σ=0.0001", "DP-SGD ε=50", "DP-SGD ε=20"]
+    for args, word in [(("--sigmas", "0"), "--sigmas"), (("--epsilons", "8,8"), "--epsilons"),
+                       (("--sigmas", "1e-3,x"), "distinct positive numbers")]:
+        assert_user_error(invoke("audit", "--quick", *args, "--out", tmp_path / "bad"), tmp_path / "bad", word)
+    with pytest.raises(ValueError, match="each level once"):
+        from leaklab.experiments import room_audit
+        room_audit.AuditConfig(dp_epsilons=(8.0, 8.0))
+
+
 def test_audit_verdicts_in_words():
     from leaklab.experiments.room_report import conclusion, verdicts
 

@@ -48,6 +48,24 @@ def _checked(flag: str, ok: Callable[[Any], bool], need: str) -> Callable[[Any],
     return check
 
 
+def _positive_numbers(flag: str) -> Callable[[Any], Any]:
+    """An option callback turning ``"1e-5,1e-3"`` into ``(1e-05, 0.001)``: distinct positive finite numbers,
+    else one ``error:`` line while the command line is parsed."""
+
+    def numbers(value: Any) -> Any:
+        if value is None:
+            return value
+        try:
+            parsed = tuple(float(v) for v in str(value).split(","))
+        except ValueError:
+            parsed = ()
+        if not parsed or not all(0 < v < float("inf") for v in parsed) or len(set(parsed)) < len(parsed):
+            _fail(f"invalid {flag} (got {value!r}): distinct positive numbers, comma-separated (e.g. 1e-5,1e-3)")
+        return parsed
+
+    return numbers
+
+
 def _choice(flag: str, names: tuple[str, ...], help: str = "", aliases: dict[str, str] | None = None,
             **kwargs: Any) -> Any:
     """A ``flag`` option taking one of ``names`` (its help: the names, then ``help``) in any case, ``_`` for

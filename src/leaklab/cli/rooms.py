@@ -13,8 +13,8 @@ from typing import Annotated, Any, Optional
 import typer
 
 from leaklab.cli.app import _guard, app, attack_app, env_app
-from leaklab.cli.options import (OutOpt, QuickOpt, SeedOpt, _checked, _choice, _defense_chain, _layouts, _run_out,
-                                 _seed_opt)
+from leaklab.cli.options import (OutOpt, QuickOpt, SeedOpt, _checked, _choice, _defense_chain, _layouts,
+                                 _positive_numbers, _run_out, _seed_opt)
 from leaklab.cli.progress import _progress, _resumed
 from leaklab.errors import LeaklabError
 from leaklab.names import (ARCH_NAMES, AUDIT_KIND_NAMES, DEVICE_PATTERN, POLICY_NAMES, RL_ALGORITHM_NAMES,
@@ -214,6 +214,12 @@ def audit(
     arch: Annotated[Optional[str], _choice("--arch", ARCH_NAMES, "(the robots' perception network; default "
                                            "small)")] = None,
     iterations: IterationsOpt = None,
+    sigmas: Annotated[Optional[str], typer.Option(
+        "--sigmas", callback=_positive_numbers("--sigmas"), help="the Gaussian defense's noise std per gradient "
+        "entry, one audited level each, comma-separated (default 1e-5,1e-3)")] = None,
+    epsilons: Annotated[Optional[str], typer.Option(
+        "--epsilons", callback=_positive_numbers("--epsilons"), help="the DP-SGD defense's ε at δ = 1e-5 for one "
+        "step (clip 1, calibrated noise), one audited level each (default 8,1)")] = None,
     kind: Annotated[str, _choice("--kind", AUDIT_KIND_NAMES, "(rooms: federated RL; images: image classifiers, "
                                  "DLG, which takes only --quick, --seed and --out)")] = "rooms",
     workers: WorkersOpt = 0,
@@ -230,6 +236,7 @@ def audit(
         if kind == "images":
             given = [flag for flag, used in (("--full", full), ("--cases", cases), ("--model-class", model_class),
                                              ("--mode", mode), ("--arch", arch), ("--iterations", iterations),
+                                             ("--sigmas", sigmas), ("--epsilons", epsilons),
                                              ("--workers", workers), ("--device", device != "cpu")) if used]
             if given:
                 raise LeaklabError(f"{', '.join(given)}: only for --kind rooms (--kind images takes --quick, "
@@ -247,6 +254,9 @@ def audit(
                                    "faster, rougher look: --iterations 1000, half the default)")
             if arch is not None:
                 raise LeaklabError("--arch: the cases' view.json names their network (your own: --model-class)")
+            if sigmas or epsilons:
+                raise LeaklabError("--sigmas/--epsilons: the cases hold the updates as their clients defended them "
+                                   "(`leaklab env capture --defense`)")
             attack = RoomAttackConfig(mode=mode or "exact", seed=seed,
                                       **({"iterations": iterations} if iterations is not None else {}))
             results = room_audit.run_cases(out, cases, attack, workers=workers, progress=progress,
@@ -262,8 +272,8 @@ def audit(
         if full and mode is not None:
             raise LeaklabError("--full runs exact and paper mode; drop --mode")
         config = room_audit.default_config(quick=quick, full=full, seed=seed)
-        overrides = {k: v for k, v in (("iterations", iterations), ("workers", workers or None), ("arch", arch))
-                     if v is not None}
+        overrides = {k: v for k, v in (("iterations", iterations), ("workers", workers or None), ("arch", arch),
+                                       ("gaussian_sigmas", sigmas), ("dp_epsilons", epsilons)) if v is not None}
         overrides["device"] = device
         if mode is not None and not full:
             overrides["modes"] = (mode,)

@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, field_validator
 
 from leaklab.attacks.rl import RoomAttackConfig, max_batch
 from leaklab.device import DEVICE_PATTERN, describe, require_device, versions
@@ -74,12 +74,19 @@ class AuditConfig(BaseModel):
     samples: int = Field(default=3, ge=1)
     layouts: tuple[str, ...] | None = Field(default=None, description="None: the first `samples` layouts")
     iterations: int | None = Field(default=None, ge=1, description="image-stage iterations; None: the mode's")
-    gaussian_sigmas: tuple[float, ...] = (1e-5, 1e-3)
-    dp_epsilons: tuple[float, ...] = (8.0, 1.0)
+    gaussian_sigmas: tuple[PositiveFloat, ...] = Field(default=(1e-5, 1e-3), description="Gaussian noise std levels")
+    dp_epsilons: tuple[PositiveFloat, ...] = Field(default=(8.0, 1.0), description="one DP-SGD step's ε levels")
     workers: int = Field(default=0, ge=0, description="attack processes; 0: one per CPU core")
     device: str = Field(default="cpu", pattern=DEVICE_PATTERN,
                         description="where the attacks run: cpu, or cuda[:N] (the workers share the GPU)")
     seed: Seed = 0
+
+    @field_validator("gaussian_sigmas", "dp_epsilons")
+    @classmethod
+    def _distinct(cls, levels: tuple[float, ...]) -> tuple[float, ...]:
+        if len(set(levels)) < len(levels):
+            raise ValueError("each level once")
+        return levels
 
     def defenses(self) -> list[tuple[str, str | None]]:
         """(label, defense chain) from the weakest to the strongest."""
