@@ -35,6 +35,7 @@ from safetensors.torch import load as _st_load
 from safetensors.torch import save as _st_save
 
 from leaklab.errors import LeaklabError
+from leaklab.words import listing
 
 FORMAT_VERSION = 1
 MAX_TENSOR_FILE_BYTES = 16 << 30  # a model or update file larger than this is refused, never read
@@ -311,7 +312,7 @@ def check_out(out: Path, writes: str, inputs: Sequence[Path] = ()) -> Path:
         raise LeaklabError(f"--out {out} is a folder that leaklab did not write; choose a new folder (leaklab "
                            "replaces only its own earlier output)")
     if writes not in formats:
-        held = " and ".join(sorted(f"`{_WRITTEN_BY.get(f, f)}`" for f in formats))
+        held = listing(sorted(f"`{_WRITTEN_BY.get(f, f)}`" for f in formats))
         raise LeaklabError(f"--out {out} holds another command's output (of {held}); choose a new folder or "
                            "remove that one first")
     return out

@@ -122,7 +122,7 @@ def _map_geometry(name: str) -> tuple[np.ndarray, np.ndarray, float]:
                  if ln.is_blocking}
         objects = [o for o in state.objects if o.category in _SOLID_CATEGORIES]
     finally:
-        game.close()
+        close_game(game)
     is_target = [o.name == layout.target and abs(o.position_x - layout.x) < 1
                  and abs(o.position_y - layout.y) < 1 for o in objects]
     if sum(is_target) != 1:

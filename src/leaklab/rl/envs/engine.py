@@ -199,10 +199,9 @@ def _close_and_remove(pid: int, path: Path) -> None:
     """At process ``pid``'s exit: close the games it started that are still open, then remove its folder."""
     if os.getpid() != pid:  # a fork's exit runs the handlers it inherited: these are its parent's
         return
-    for game, owner in list(_OPEN_GAMES.items()):
-        if owner == pid:
-            with contextlib.suppress(Exception):
-                game.close()
+    for game in list(_OPEN_GAMES):
+        with contextlib.suppress(Exception):
+            close_game(game)
     shutil.rmtree(path, ignore_errors=True)
 
 
