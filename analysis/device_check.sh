@@ -2,37 +2,42 @@
 # The room audit on a lent GPU machine, step by step, each step's output in $OUT/<step>.log (no pipes: a
 # crashed parent's engines kept a `| tail` open for 9 minutes in session 23). Its question: why the
 # default `leaklab audit --device cuda` died of a segmentation fault there at c17b940 while `--quick` ran
-# (docs/reproductions.md, "The main job on CUDA crashed").
+# (docs/reproductions.md, "The main job on CUDA crashed"; session 26's run of this script did not see it).
 #
 # The machine has its own torch (2.11 + CUDA, Python 3.12) and no network. Before the call, on this
-# machine, fetch the wheels of the rest into the ignored folder .whl (the device tool carries at most
-# 64 MiB: keep vizdoom and the small ones, leave out torch, numpy, scipy, pandas, scikit-*, sympy):
-#   .venv/bin/python -m pip download -q -d .whl --python-version 3.12 --only-binary=:all: \
-#       -c constraints.txt vizdoom gymnasium typer rich pydantic safetensors jinja2 torchmetrics \
-#       dp-accounting opacus matplotlib
-#   (then delete .whl/torch-* .whl/nvidia* .whl/triton* and whatever is large and already there)
+# machine, fetch the wheels it lacks into the ignored folder .whl (the device tool carries at most 64 MiB):
+#   .venv/bin/python -m pip download -q --no-deps -d .whl --only-binary=:all: --python-version 3.12 \
+#       --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 \
+#       --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 --platform any \
+#       $(grep -iE '^(vizdoom|gymnasium|farama-notifications|pydantic|pydantic_core|annotated-types|typing-inspection|typing_extensions|dp-accounting|dm-tree|opacus|mlxtend)==' constraints.txt)
 # and run it with the device tool: command "sh analysis/device_check.sh", carry [".whl"], timeout 560
-# (the steps' limits add up to 480 s and 40 s of kill grace).
+# (the steps' limits add up to at most 500 s with the kill grace). At most 8 files come back from $OUT: the
+# audits write under /tmp/dc and only the CUDA audit's results.json is copied back.
 set -u
 OUT=${OUT:-/tmp/device-check}
 mkdir -p "$OUT"
-python3 -m venv --system-site-packages /tmp/dc-venv
-PY=/tmp/dc-venv/bin/python
 step() {  # step NAME SECONDS COMMAND...: run it under a time limit, note its exit status and /dev/shm
     name=$1 limit=$2
     shift 2
     start=$(date +%s)
     timeout -k 10 "$limit" "$@" > "$OUT/$name.log" 2>&1
-    echo "$name: exit $? after $(( $(date +%s) - start )) s" >> "$OUT/steps.txt"
+    status=$?
+    echo "$name: exit $status after $(( $(date +%s) - start )) s" >> "$OUT/steps.txt"
     { echo "after $name"; df -k /dev/shm; } >> "$OUT/shm.txt"
+    return $status
 }
 { nproc; nvidia-smi; python3 --version; df -h /dev/shm; ulimit -a; cat /proc/sys/vm/overcommit_memory; } \
     > "$OUT/machine.txt" 2>&1
-# what the machine lacks comes from .whl (pip keeps what is installed, whatever its version)
-step install 120 "$PY" -m pip install --no-index --find-links .whl vizdoom gymnasium typer rich pydantic \
-    safetensors jinja2 torchmetrics dp-accounting opacus matplotlib scipy
-export PYTHONPATH="$PWD/src" LEAKLAB_THREADS=1
-step quick 90 "$PY" -X faulthandler -m leaklab.cli audit --quick --device cuda --out "$OUT/quick"
-step capture-cpu 90 "$PY" -X faulthandler -m leaklab.cli audit --iterations 1 --out "$OUT/capture-cpu"
-step audit-cuda 180 "$PY" -X faulthandler -m leaklab.cli audit --device cuda --out "$OUT/audit-cuda"
+# what the machine lacks comes from .whl, without its dependencies (the machine's own versions serve)
+step install 60 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site \
+    .whl/*.whl
+export PYTHONPATH="$PWD/src:/tmp/site" LEAKLAB_THREADS=1 PYTHONUNBUFFERED=1
+if step audit-cuda 240 python3 -X faulthandler -m leaklab.cli audit --device cuda --out /tmp/dc/audit-cuda; then
+    step quick 60 python3 -X faulthandler -m leaklab.cli audit --quick --device cuda --out /tmp/dc/quick
+else  # the native stack of the crash: cuda-gdb stays with the parent and lets the children go
+    step audit-gdb 190 cuda-gdb -batch -ex 'set follow-fork-mode parent' -ex 'set detach-on-fork on' \
+        -ex 'set pagination off' -ex run -ex 'thread apply all bt 30' --args \
+        python3 -m leaklab.cli audit --device cuda --out /tmp/dc/audit-gdb
+fi
 ps -ef > "$OUT/ps.txt"
+cp /tmp/dc/audit-cuda/results.json "$OUT/audit-cuda-results.json" 2>/dev/null
