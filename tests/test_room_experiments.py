@@ -62,7 +62,7 @@ def test_attack_qgi_writes_the_results_contract(tmp_path):
                 "depth_psnr_raw_mean", "rgb_psnr_baseline_mean", "depth_psnr_baseline_mean", "iou_mean",
                 "action_accuracy", "q_pred_err_mean", "q_target_err_mean", "iterations", "seconds_per_sample"):
         assert s[key] is not None, key
-    assert "reward_abs_err_mean" not in s
+    assert "reward_abs_err_mean" not in s and s["update_cosine_median"] == 1.0  # no defense: the update as it is
     assert s["samples"] == 2 and s["layouts"] == 2 and len(res["samples"]) == 2
     # the exact recovery of the vector parts holds even with 3 image iterations
     assert s["iou_min"] > 0.999 and s["action_accuracy"] == 1.0 and s["q_target_err_mean"] < 0.01
@@ -154,6 +154,10 @@ def test_quick_room_audit_writes_report_with_defenses(tmp_path):
     assert sigma != dp["defense_chain"] and float(sigma) == pytest.approx(analytic_gaussian_sigma(8.0, 1e-5), rel=1e-5)
     clean = next(c for c in res["cells"] if c["defense"] == "none" and c["algorithm"] == "qgi")
     assert clean["summary"]["iou_min"] > 0.999
+    # what each defense costs: the cosine an update keeps, reported beside what leaks
+    kept = {(c["algorithm"], c["defense"]): c["summary"]["update_cosine_median"] for c in res["cells"]}
+    assert all(kept[(a, "none")] == 1.0 and abs(kept[(a, "DP-SGD ε=8")]) < 0.01 for a in ("qgi", "rgi"))
+    assert "update kept (cosine)" in (out / "report.html").read_text()
     assert (out / "figures" / "leakage_per_defense.png").read_bytes().startswith(PNG)
     assert "At a glance" in html and "leaks the target&#39;s box" in html  # 3 image steps: not the room
     # 3 image steps: the report says that its verdicts understate the leak, and how much the attacks did
@@ -193,29 +197,42 @@ def test_audit_takes_the_defense_levels_a_user_asks_for(tmp_path):
 def test_audit_verdicts_in_words():
     from leaklab.experiments.room_report import conclusion, verdicts
 
-    def cell(defense, chain, depth, iou, action, frames):
-        return {"defense": defense, "defense_chain": chain, "algorithm": "qgi", "setting": "S2",
+    def cell(defense, chain, depth, iou, action, frames, kept=1.0, algorithm="qgi", error=None):
+        read = {"qgi": "q_target_err_mean", "rgi": "reward_abs_err_mean"}[algorithm]
+        return {"defense": defense, "defense_chain": chain, "algorithm": algorithm, "setting": "S2",
                 "summary": {"depth_psnr_mean": depth, "depth_psnr_baseline_mean": 15.0, "iou_mean": iou,
-                            "action_accuracy": action},
-                "samples": [{"metrics": {"depth_paper_psnr": d, "depth_paper_psnr_baseline": 15.0}} for d in frames]}
+                            "action_accuracy": action, "update_cosine_median": kept, read: error},
+                "samples": [{"metrics": {"depth_paper_psnr": d, "depth_paper_psnr_baseline": 15.0,
+                                         "action": float(i < action * len(frames))}} for i, d in enumerate(frames)]}
 
     # the mean of the noisy cell is under the 3 dB line, but one of its two updates shows its room
     rows = verdicts({"summary": {"defenses": ["none", "noise", "dp"]},
-                     "cells": [cell("none", None, 40.0, 1.0, 1.0, [45.0, 35.0]),
-                               cell("noise", "gaussian:0.001", 17.0, 0.6, 1.0, [19.0, 15.0]),
-                               cell("dp", "clip:1,gaussian:0.6", 5.0, 0.0, 0.25, [5.0, 5.0])]})
+                     "cells": [cell("none", None, 40.0, 1.0, 1.0, [45.0, 35.0], error=1.2e-6),
+                               cell("noise", "gaussian:0.001", 17.0, 0.6, 1.0, [19.0, 15.0], kept=0.8712, error=12.1),
+                               cell("noise", "gaussian:0.001", 5.0, 0.0, 0.0, [5.0, 5.0], kept=0.6, algorithm="rgi",
+                                    error=0.00113),
+                               cell("dp", "clip:1,gaussian:0.6", 5.0, 0.0, 0.25, [5.0] * 4, kept=0.000651,
+                                    error=347.0)]})
     assert [r[1] for r in rows] == ["nothing", "noise std 0.001", "clip to norm 1, noise std 0.6"]
-    assert [r[4] for r in rows] == ["2 of 2", "1 of 2", "0 of 2"]
-    assert rows[0][7] == ("leaks the room (2 of 2 updates show it; QGI S2 depth +25.0 dB over the baseline on "
-                          "average), the target's box (IoU 1.00) and the action (100%)")
+    # what each defense costs: the cosine an update keeps, the attacks' range where they differ
+    assert [r[2] for r in rows] == ["1", "0.6 to 0.871", "0.000651"]
+    assert [r[5] for r in rows] == ["2 of 2", "1 of 4", "0 of 4"]
+    assert rows[0][8] == ("leaks the room (2 of 2 updates show it; QGI S2 depth +25.0 dB over the baseline on "
+                          "average), the target's box (IoU 1.00), the action (100%) and the target Q-value (error "
+                          "1.2e-06%)")
     # the room leaks where any update shows it: the mean's +2.0 dB hid the one that does
-    assert rows[1][7] == ("leaks the room (1 of 2 updates show it; QGI S2 depth +2.0 dB over the baseline on "
-                          "average), the target's box (IoU 0.60) and the action (100%)")
-    assert rows[2][7] == "nothing measured leaks" and rows[2][6] == "25%"
-    assert conclusion(rows) == ("dp is the weakest defense tested behind which nothing measured leaks; behind noise "
-                                "the update still leaks the room (1 of 2 updates show it; QGI S2 depth +2.0 dB over "
-                                "the baseline on average), the target's box (IoU 0.60) and the action (100%).")
-    assert conclusion(rows[:2]).startswith("Every defense tested leaks: behind noise the update still leaks")
+    # QGI's target Q under the noise (12% off) is not read; RGI's reward (0.0011 off) is
+    assert rows[1][8] == ("leaks the room (1 of 4 updates show it; QGI S2 depth +2.0 dB over the baseline on "
+                          "average), the target's box (IoU 0.60), the action (100%) and the reward (error 0.0011)")
+    assert rows[2][8] == "nothing measured leaks" and rows[2][7] == "25% of 4 updates"  # QGI's updates only
+    assert conclusion(rows) == ("dp is the weakest defense tested behind which nothing measured leaks, and there an "
+                                "update keeps a cosine of 0.000651 with the true one; behind noise (cosine 0.6 to "
+                                "0.871) the update still leaks the room (1 of 4 updates show it; QGI S2 depth +2.0 dB over the baseline on "
+                                "average), the target's box (IoU 0.60), the action (100%) and the reward (error "
+                                "0.0011).")
+    assert conclusion(rows[:2]).startswith("Every defense tested leaks: behind noise (cosine 0.6 to 0.871) the "
+                                           "update still leaks")
+    assert conclusion(rows[:1]).startswith("Every defense tested leaks: behind none the update still leaks")
     assert conclusion(rows[2:]) == "Nothing measured leaks behind any defense tested, dp included."
 
 
@@ -687,6 +704,27 @@ def test_a_defense_that_prunes_every_bias_gradient_is_scored_not_fatal(tmp_path)
     assert result.exit_code == 0, result.output
     row = json.loads((out / "samples.jsonl").read_text().splitlines()[0])
     assert row["no_signal"] is True and row["exact"] == [] and row["metrics"]["q_target_error"] == 100.0
+    # the server got the largest 0.01% of the entries: part of the update's direction, not all of it
+    assert 0 < row["metrics"]["update_cosine"] < 1
+
+
+def test_update_kept_is_the_cosine_of_what_the_attack_receives():
+    from leaklab.experiments.room_attack import RoomRunConfig, attack_job, capture_samples, update_kept
+    from leaklab.metrics import cosine_similarity
+
+    config = RoomRunConfig(setting="S2", samples=2, layouts=layouts_arg("2"), seed=3)
+    state, samples = capture_samples(config)
+    for defense in ("gaussian:0.001", "clip:1,gaussian:0.6"):
+        for sample in samples:
+            sent = attack_job(config, state, sample, defense).update.tensors
+            names = sorted(sent)
+            truth = cosine_similarity([sample.update.tensors[n] for n in names], [sent[n] for n in names])
+            assert update_kept(sample, defense, config.seed) == truth
+    assert update_kept(samples[0], None, config.seed) == 1.0
+    # DP-SGD's noise (std 0.6 on each of about 1.9 million entries, the update clipped to norm 1) leaves a
+    # single update next to nothing of its direction; noise of std 0.001 leaves most of it
+    assert abs(update_kept(samples[0], "clip:1,gaussian:0.6", 0)) < 0.01
+    assert 0.5 < update_kept(samples[0], "gaussian:0.001", 0) < 1
 
 
 @pytest.mark.parametrize("iterations", [None, 300])

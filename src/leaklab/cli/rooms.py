@@ -92,6 +92,8 @@ def _room_summary_line(s: dict[str, Any], defended: bool) -> str:
         parts.append(f"predicted-Q error {s['q_pred_err_mean']:.3g}%, target-Q error {s['q_target_err_mean']:.3g}%")
     if s.get("reward_abs_err_mean") is not None:
         parts.append(f"reward error {s['reward_abs_err_mean']:.3g}")
+    if defended and s.get("update_cosine_median") is not None:  # a saved case's true update is not known
+        parts.append(f"update kept (cosine with the true one) {s['update_cosine_median']:.3g}")
     return "; ".join(parts)
 
 
@@ -245,7 +247,7 @@ def audit(
             return
         from leaklab.attacks.rl import RoomAttackConfig
         from leaklab.device import require_device
-        from leaklab.experiments import room_attack, room_audit
+        from leaklab.experiments import room_attack, room_audit, room_report
 
         require_device(device)  # before the configs: one plain line for a bad name
         if cases is not None:
@@ -284,11 +286,13 @@ def audit(
                + (f"; {plural(resumed, 'attack')} resumed from an interrupted run" if resumed else "") + ")")
     for cell in results["cells"]:
         s = cell["summary"]
+        defended = cell["defense_chain"] is not None
         images = ", ".join(f"{im} PSNR {s[f'{im}_psnr_mean']:.2f} dB (baseline {s[f'{im}_psnr_baseline_mean']:.2f})"
                            for im in ("rgb", "depth") if s.get(f"{im}_psnr_mean") is not None)
         typer.echo(f"  {cell['algorithm'].upper()} {cell['setting']} {cell['mode']:5s} {cell['defense']:18s} "
-                   f"{images}, box IoU {s['iou_mean']:.3f}, "
-                   f"action {room_attack.action_share(s, cell['defense_chain'] is not None)}")
+                   f"{images}, box IoU {s['iou_mean']:.3f}, action {room_attack.action_share(s, defended)}"
+                   + (f", update kept {s['update_cosine_median']:.3g}" if defended else ""))
+    typer.echo(room_report.conclusion(room_report.verdicts(results)))
 
 
 def _image_audit(out: Path, quick: bool, seed: int, progress: Callable[..., None]) -> None:

@@ -37,6 +37,7 @@ from leaklab.fields import DefenseOption, Seed
 from leaklab.io import (RECONSTRUCTIONS_FILE, RESULTS_FILE, ROOM_ATTACK_FORMAT, atomic_dir, check_out, json_line,
                         save_tensors, write_json)
 from leaklab.metrics.rooms import room_metrics, transition_metrics
+from leaklab.metrics.vectors import cosine_similarity
 from leaklab.models import PerceptionSpec
 from leaklab.models.perception import ArchName, architecture_digest
 from leaklab.names import ROOM_ATTACK_NAMES, SETTING_NAMES
@@ -135,6 +136,18 @@ def attack_job(config: RoomRunConfig, state: dict[str, torch.Tensor], sample: Sa
                config.attack, device=config.device)
 
 
+def update_kept(sample: Sample, defense: str | None, seed: int) -> float:
+    """What ``defense`` costs the federation on ``sample``'s update: the cosine of the update the server
+    receives (as :func:`attack_job` draws it) with the client's true one, 1 when it is unchanged. A
+    server that averages ``K`` such updates of one direction lifts a small cosine about ``sqrt(K)``-fold
+    at best."""
+    if not defense:
+        return 1.0
+    sent = defended(sample.update, defense, seed, sample.index).tensors
+    names = sorted(sample.update.tensors)
+    return cosine_similarity([sample.update.tensors[n] for n in names], [sent[n] for n in names])
+
+
 def _finite(values: list[float | None]) -> list[float]:
     return [v for v in values if v is not None and math.isfinite(v)]
 
@@ -146,7 +159,8 @@ def _mean(values: list[float]) -> float | None:
 
 def summarise(rows: list[dict[str, Any]], iterations: int, seconds: float) -> dict[str, Any]:
     """The ``summary`` of ``results.json`` from the per-sample rows: means (``SUMMARY_KEYS``; ``_min``: the
-    least) and the images' population standard deviations (``SPREAD_KEYS``). A row is one client update:
+    least), the images' population standard deviations (``SPREAD_KEYS``) and the median of the updates'
+    cosines with the true ones (:func:`update_kept`). A row is one client update:
     ``samples`` counts them, ``transitions`` their transitions (more with batches of 2), and
     ``seconds_per_sample`` is per update."""
     summary: dict[str, Any] = {}
@@ -158,6 +172,9 @@ def summarise(rows: list[dict[str, Any]], iterations: int, seconds: float) -> di
         finite = _finite([r["metrics"].get(metric) for r in rows])
         if finite:
             summary[key] = statistics.pstdev(finite)
+    kept = _finite([r["metrics"].get("update_cosine") for r in rows])
+    if kept:  # a median: an update whose own gradient is small drowns in weak noise and would pull a mean
+        summary["update_cosine_median"] = statistics.median(kept)
     if any("action_informative" in r["metrics"] for r in rows):
         # a row's metrics are its batch's means: weigh them by the batch size to count samples
         sizes = [r["batch_size"] for r in rows]
@@ -183,11 +200,14 @@ def action_share(summary: dict[str, Any], defended: bool = False) -> str:
     return text
 
 
-def score(sample: Sample, rec: RoomReconstruction, setting: str) -> dict[str, Any]:
-    """The per-sample row of ``results.json``: section V metrics against the client's truth."""
+def score(sample: Sample, rec: RoomReconstruction, setting: str, kept: float | None = None) -> dict[str, Any]:
+    """The per-sample row of ``results.json``: section V metrics against the client's truth, and the
+    update's cosine with the true one (:func:`update_kept`) where the caller knows it."""
+    metrics = room_metrics(rec, sample.truth, setting)
+    if kept is not None:
+        metrics["update_cosine"] = kept
     row = {"index": sample.index, "layouts": sample.layouts, "batch_size": sample.update.metadata.batch_size,
-           "metrics": room_metrics(rec, sample.truth, setting), "iterations": rec.iterations,
-           "seconds": rec.seconds, "exact": list(rec.exact)}
+           "metrics": metrics, "iterations": rec.iterations, "seconds": rec.seconds, "exact": list(rec.exact)}
     if rec.no_signal:
         row["no_signal"] = True
     return row
@@ -247,7 +267,7 @@ def run(config: RoomRunConfig, out: Path, progress: ProgressFn | None = None) ->
 
         def on_result(i: int, rec: RoomReconstruction) -> None:
             sample = clean[i]
-            row = score(sample, rec, config.setting)
+            row = score(sample, rec, config.setting, update_kept(sample, config.defense, config.seed))
             rows.append(row)
             recovered.append(rec)
             seconds_attacking[0] += rec.seconds

@@ -170,7 +170,8 @@ def run(out: Path, config: AuditConfig, progress: ProgressFn | None = None) -> d
     def on_result(i: int, rec) -> None:
         c, d, sample = where[i]
         setting = cells[c][1].setting
-        rows.setdefault((c, d), []).append(room_attack.score(sample, rec, setting))
+        kept = room_attack.update_kept(sample, defenses[d][1], cells[c][1].seed)
+        rows.setdefault((c, d), []).append(room_attack.score(sample, rec, setting, kept))
         seconds[(c, d)] = seconds.get((c, d), 0.0) + rec.seconds
         if len(rows[(c, d)]) <= room_report.SHOWN_SAMPLES:  # results arrive in sample order
             pictures.setdefault((c, d), []).append(room_report.picture(rec, sample.truth))

@@ -24,6 +24,8 @@ from leaklab.words import listing, plural
 IMAGE_LEAK_DB = 3.0  # verdict: images leak when their PSNR beats the no-information baseline by this
 BOX_LEAK_IOU = 0.5  # verdict: the target's box leaks at this mean IoU (the usual detection threshold)
 ACTION_LEAK = 0.5  # verdict: QGI's action leaks at this accuracy (chance: 1 in 7)
+Q_LEAK_PERCENT = 1.0  # verdict: the target Q-value leaks read to this error (seed 000's QGI: about 1%)
+REWARD_LEAK = 0.01  # verdict: the reward leaks read to this absolute error (1% of one step's reward range)
 SHOWN_SAMPLES = 16  # the report pictures a cell's (or the cases') first samples; results.json has every row
 Picture = tuple[torch.Tensor, torch.Tensor]  # a pictured state: its images [1, C, H, W] and the target's box [4]
 
@@ -74,7 +76,8 @@ def write_cases_report(folder: Path, results: dict[str, Any], truths: list[Pictu
                 if "metrics" in r and all(r.get("action_identified", [True]))]
         action = statistics.fmean(held) if held else None
         shown = _leak_count(results["cases"])
-        verdict = _verdict(gain, where, shown, s["iou_mean"], action)
+        verdict = _verdict(gain, where, shown, s["iou_mean"], action, s.get("q_target_err_mean"),
+                           s.get("reward_abs_err_mean"))
         lead = (f"Over {plural(s['scored'], 'scored case')}, the saved updates give away "
                 f"{verdict.removeprefix('leaks ') if verdict != NOTHING_LEAKS else 'nothing measured'}.")
         glance = Table(columns=["largest image gain (dB)", "where", "cases showing their room", "box IoU (mean)",
@@ -203,11 +206,20 @@ def chain_in_words(chain: str | None) -> str:
     return ", ".join(words[name].format(value) for name, value in defense_steps(chain)) or "nothing"
 
 
+def _kept_text(cells: list[dict[str, Any]]) -> str:
+    """The cosine an update keeps with the true one behind a defense: the attacks' medians, as one number
+    when they agree to three digits, else their range."""
+    medians = sorted(c["summary"]["update_cosine_median"] for c in cells)
+    lo, hi = f"{medians[0]:.3g}", f"{medians[-1]:.3g}"
+    return lo if lo == hi else f"{lo} to {hi}"
+
+
 def verdicts(results: dict[str, Any]) -> list[list[Any]]:
-    """One row per defense, weakest first: what the clients add, the largest image gain over the constant
-    baseline (and where), how many attacked updates show their room (an image at :data:`IMAGE_LEAK_DB`
-    or more over its own baseline), the best mean box IoU, QGI's action accuracy, and a verdict in words
-    naming what leaks (:data:`IMAGE_LEAK_DB`, :data:`BOX_LEAK_IOU`, :data:`ACTION_LEAK`)."""
+    """One row per defense, weakest first: what the clients add, the cosine an update keeps with the true
+    one (what the defense costs), the largest image gain over the constant baseline (and where), how many
+    attacked updates show their room (an image at :data:`IMAGE_LEAK_DB` or more over its own baseline),
+    the best mean box IoU, QGI's action accuracy over its updates, and a verdict in words naming what leaks (:func:`_verdict`;
+    the target Q-value and the reward by the attack that reads them best)."""
     rows = []
     for label in results["summary"]["defenses"]:
         cells = [c for c in results["cells"] if c["defense"] == label]
@@ -216,37 +228,51 @@ def verdicts(results: dict[str, Any]) -> list[list[Any]]:
         gain, where = max(gains)
         shown = _leak_count([r for c in cells for r in c["samples"]])
         iou = max(c["summary"]["iou_mean"] for c in cells)
-        actions = [c["summary"]["action_accuracy"] for c in cells if c["algorithm"] == "qgi"]
+        actions = [r["metrics"]["action"] for c in cells if c["algorithm"] == "qgi" for r in c["samples"]]
         action = statistics.fmean(actions) if actions else None
-        rows.append([label, chain_in_words(cells[0].get("defense_chain")), gain, where, "{} of {}".format(*shown),
-                     iou, None if action is None else f"{100 * action:.0f}%",
-                     _verdict(gain, where, shown, iou, action)])
+        q_error, reward_error = (min((e for c in cells if (e := c["summary"].get(key)) is not None), default=None)
+                                 for key in ("q_target_err_mean", "reward_abs_err_mean"))
+        rows.append([label, chain_in_words(cells[0].get("defense_chain")), _kept_text(cells), gain, where,
+                     "{} of {}".format(*shown), iou,
+                     None if action is None else f"{100 * action:.0f}% of {plural(len(actions), 'update')}",
+                     _verdict(gain, where, shown, iou, action, q_error, reward_error)])
     return rows
 
 
 def conclusion(rows: list[list[Any]]) -> str:
-    """The audit in one sentence, from :func:`verdicts`' rows (weakest defense first)."""
-    safe = [r[0] for r in rows if r[-1] == NOTHING_LEAKS]
+    """The audit in one sentence, from :func:`verdicts`' rows (weakest defense first), with the cosine an
+    update keeps behind the defenses it names."""
+    safe = [r for r in rows if r[-1] == NOTHING_LEAKS]
     leaky = [r for r in rows if r[-1] != NOTHING_LEAKS]
     if not leaky:
         return f"Nothing measured leaks behind any defense tested, {rows[0][0]} included."
     last = leaky[-1]
-    sees = f"behind {last[0]} the update still {last[-1]}"
+    sees = f"behind {last[0]}" + (f" (cosine {last[2]})" if last[1] != "nothing" else "") + \
+        f" the update still {last[-1]}"
     if not safe:
         return f"Every defense tested leaks: {sees}."
-    return f"{safe[0]} is the weakest defense tested behind which nothing measured leaks; {sees}."
+    first = safe[0]
+    return (f"{first[0]} is the weakest defense tested behind which nothing measured leaks, and there an update "
+            f"keeps a cosine of {first[2]} with the true one; {sees}.")
 
 
-def _verdict(gain: float, where: str, shown: tuple[int, int], iou: float, action: float | None) -> str:
+def _verdict(gain: float, where: str, shown: tuple[int, int], iou: float, action: float | None,
+             q_error: float | None = None, reward_error: float | None = None) -> str:
     """What leaks, in words: the room where any attacked update shows it (``shown``: how many of how
     many have an image :data:`IMAGE_LEAK_DB` over its own baseline; a mean over the updates hid a room
     that some show), with the largest mean gain ``gain`` (``where``); the box at a mean IoU of
-    :data:`BOX_LEAK_IOU`; the action at an accuracy (``action``; None: not measured) of :data:`ACTION_LEAK`."""
+    :data:`BOX_LEAK_IOU`; the action at an accuracy (``action``; None: not measured) of :data:`ACTION_LEAK`;
+    the target Q-value at a mean error (``q_error``, %) of :data:`Q_LEAK_PERCENT` and the reward at a
+    mean absolute error (``reward_error``) of :data:`REWARD_LEAK` (None: not measured)."""
     k, n = shown
     leaks = [f"the room ({k} of {plural(n, 'update')} show it; {where} {gain:+.1f} dB over the baseline on "
              "average)"] if k else []
     leaks += [f"the target's box (IoU {iou:.2f})"] if iou >= BOX_LEAK_IOU else []
     leaks += [f"the action ({100 * action:.0f}%)"] if action is not None and action >= ACTION_LEAK else []
+    leaks += [f"the target Q-value (error {q_error:.2g}%)"] if q_error is not None and q_error <= Q_LEAK_PERCENT \
+        else []
+    leaks += [f"the reward (error {reward_error:.2g})"] if reward_error is not None and reward_error <= REWARD_LEAK \
+        else []
     return "leaks " + listing(leaks) if leaks else NOTHING_LEAKS
 
 
@@ -259,7 +285,8 @@ def _glance_caption() -> str:
             "baseline, and the room leaks when any update shows it (a mean over rooms can hide one). The box "
             f"leaks at a mean IoU of {BOX_LEAK_IOU:g} or more (a target out of view counts 1 only when the "
             f"recovered box is empty too), the action at an accuracy of {100 * ACTION_LEAK:.0f}% or more "
-            "(chance: 1 in 7).")
+            f"(chance: 1 in 7), the target Q-value (QGI) at a mean error of {Q_LEAK_PERCENT:g}% or less and the "
+            f"reward (RGI) at a mean absolute error of {REWARD_LEAK:g} or less (a step's reward is in [0, 1]).")
 
 
 def _leak_count(rows: list[dict[str, Any]]) -> tuple[int, int]:
@@ -286,7 +313,8 @@ def _cell_table(meta: dict[str, str], images: tuple[str, ...], labels: list[str]
     columns = ["defense"] + [f"{names[im]} {col}" for im in images for col in
                              ("PSNR (dB)", "baseline (dB)", "SSIM", "SSIM baseline")]
     qgi = meta["algorithm"] == "qgi"
-    columns += ["box IoU", "action", "target-Q error (%)" if qgi else "reward error (absolute)", "s per sample"]
+    columns += ["box IoU", "action", "target-Q error (%)" if qgi else "reward error (absolute)", "update kept (cosine)",
+                "s per sample"]
     rows = []
     for label in labels:
         cell = by[(meta["algorithm"], meta["setting"], meta["mode"], label)]
@@ -295,7 +323,8 @@ def _cell_table(meta: dict[str, str], images: tuple[str, ...], labels: list[str]
                          ("psnr_mean", "psnr_baseline_mean", "ssim_mean", "ssim_baseline_mean")]
         error = s.get("q_target_err_mean" if qgi else "reward_abs_err_mean")
         row += [s.get("iou_mean"), room_attack.action_share(s, cell["defense_chain"] is not None),
-                None if error is None else f"{error:.3g}", s.get("seconds_per_sample")]
+                None if error is None else f"{error:.3g}", f"{s['update_cosine_median']:.3g}",
+                s.get("seconds_per_sample")]
         rows.append(row)
     return Table(columns=columns, rows=rows,
                  caption="Baseline: a constant image at the true mean, what an attacker gets with no information; "
@@ -313,12 +342,16 @@ def write_report(folder: Path, results: dict[str, Any], cells, defenses, truths,
     labels = [label for label, _ in defenses]
     plot = _leakage_plot(results, labels, folder / "figures" / "leakage_per_defense.png")
     by = {(c["algorithm"], c["setting"], c["mode"], c["defense"]): c for c in results["cells"]}
-    glance = Table(columns=["defense", "what each client does", "largest image gain (dB)", "where",
-                            "updates showing their room", "box IoU (best)", "action (QGI)", "verdict"],
+    glance = Table(columns=["defense", "what each client does", "update kept (cosine)", "largest image gain (dB)",
+                            "where", "updates showing their room", "box IoU (best)", "action (QGI)", "verdict"],
                    rows=verdicts(results),
-                   caption=_glance_caption() + " The action column is QGI's: RGI's is left out of the verdict, as a "
-                   "REINFORCE update whose return is 0 holds no trace of the action and under noise RGI's rule "
-                   "reads the noise; the per-attack tables show it.")
+                   caption=_glance_caption() + " Update kept: the cosine of the update the server receives with "
+                   "the client's true one, the median over the updates (the attacks' range where they differ), 1 "
+                   "when nothing changes: a measure of what the defense costs the training. An update whose own "
+                   "gradient is small (a REINFORCE return near 0) drowns in weak noise; a server that averages K "
+                   "updates of one direction lifts a small cosine about √K-fold at best. The action column is "
+                   "QGI's: RGI's is left out of the verdict, as a REINFORCE update whose return is 0 holds no trace "
+                   "of the action and under noise RGI's rule reads the noise; the per-attack tables show it.")
     sections = [Section(title="At a glance", tables=[glance])]
     for c, (meta, run_config) in enumerate(cells):
         rows = []
