@@ -545,3 +545,20 @@ def test_sigterm_ends_a_command_with_one_line():
     assert run.returncode == 128 + signal.SIGTERM, run.stderr
     assert len(run.stderr.splitlines()) == 1 and run.stderr.startswith("error: terminated; --out holds"), run.stderr
     assert run.stdout == "cleaned up\n"
+
+
+def test_an_interrupted_command_says_what_it_leaves(capsys):
+    """Ctrl-C's line names what the command keeps: the room commands their finished attacks, the
+    table reproductions their cells, the others nothing."""
+    import importlib
+
+    cli_app = importlib.import_module("leaklab.cli.app")  # the module; leaklab.cli.app is the typer app
+
+    def work():
+        raise KeyboardInterrupt
+
+    for guarded, kept in ((cli_app._guard(work), cli_app.NOTHING_KEPT),
+                          (cli_app._guard(stopped=cli_app.CELLS_KEPT)(work), cli_app.CELLS_KEPT)):
+        with pytest.raises(typer.Exit) as stop:
+            guarded()
+        assert stop.value.exit_code == 130 and capsys.readouterr().err == f"error: interrupted; {kept}\n"

@@ -64,12 +64,14 @@ mechanisms_app.add_typer(mechanisms_epsilon_app, name="epsilon")
 mechanisms_app.add_typer(mechanisms_account_app, name="account")
 
 
-# what an interrupted or terminated command leaves
-_STOPPED = ("--out holds no partial results (the room attacks and the room audit keep their finished attacks "
-            "beside it, the reproduce commands their finished cells: the same command resumes)")
+# what an interrupted or terminated command leaves (_guard's ``stopped``)
+NOTHING_KEPT = "--out holds no partial results"
+ATTACKS_KEPT = ("--out holds no partial results; finished room attacks are kept beside it, and the same command "
+                "resumes them")
+CELLS_KEPT = "the finished cells stay in --out, and the same command resumes from them"
 
 
-def _exit_on_sigterm() -> None:
+def _exit_on_sigterm(stopped: str) -> None:
     """Turn SIGTERM into SystemExit, saying so in one line, so that partial output folders are removed on
     the way out; a SIGTERM more (``timeout`` sends its process group one too) waits for that to finish."""
     import signal
@@ -77,7 +79,7 @@ def _exit_on_sigterm() -> None:
 
     def terminate(signum: int, frame: Any) -> None:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        typer.echo(f"error: terminated; {_STOPPED}", err=True)
+        typer.echo(f"error: terminated; {stopped}", err=True)
         sys.exit(128 + signum)
 
     if threading.current_thread() is threading.main_thread():
@@ -94,13 +96,16 @@ def _one_line_warnings() -> None:
 _run: dict[str, int | None] = {"threads": None}  # this invocation's --threads (the main callback's)
 
 
-def _guard(fn: Callable) -> Callable:
+def _guard(fn: Callable | None = None, *, stopped: str = NOTHING_KEPT) -> Callable:
     """Run a command with the torch thread count of ``--threads``; user mistakes become one ``error:``
-    line and exit code 2."""
+    line and exit code 2, and Ctrl-C or SIGTERM one line saying what the command leaves (``stopped``).
+    ``@_guard`` or ``@_guard(stopped=...)``."""
+    if fn is None:
+        return functools.partial(_guard, stopped=stopped)
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        _exit_on_sigterm()
+        _exit_on_sigterm(stopped)
         _one_line_warnings()
         try:
             from leaklab.device import configure_threads, crash_tracebacks
@@ -113,7 +118,7 @@ def _guard(fn: Callable) -> Callable:
         except ValidationError as e:
             _fail(validation_message(e, name=_option_name))
         except KeyboardInterrupt:
-            typer.echo(f"error: interrupted; {_STOPPED}", err=True)
+            typer.echo(f"error: interrupted; {stopped}", err=True)
             raise typer.Exit(130) from None
 
     return wrapper

@@ -10,7 +10,7 @@ from typing import Annotated, Any, Optional
 
 import typer
 
-from leaklab.cli.app import _guard, reproduce_app
+from leaklab.cli.app import CELLS_KEPT, _guard, reproduce_app
 from leaklab.cli.options import QuickOpt, SeedOpt, _each, _run_out, _some, _spelling, _split, _whole_number
 from leaklab.cli.progress import _progress
 from leaklab.cli.rooms import ArchOpt, DeviceOpt, IterationsOpt, LayoutsOpt, ModeOpt, WorkersOpt
@@ -20,7 +20,7 @@ from leaklab.words import plural
 
 
 @reproduce_app.command("bayes-table2")
-@_guard
+@_guard(stopped=CELLS_KEPT)
 def reproduce_bayes_table2(
     quick: QuickOpt = False,
     datasets: Annotated[Optional[list[str]], typer.Option("--datasets", help="repeatable or comma-separated, e.g. "
@@ -91,7 +91,7 @@ UpdateDocsOpt = Annotated[bool, typer.Option("--update-docs", help="write the ta
 
 
 @reproduce_app.command("room-table1")
-@_guard
+@_guard(stopped=CELLS_KEPT)
 def reproduce_room_table1(
     mode: ModeOpt = "paper", samples: RoomSamplesOpt = 48, layouts: LayoutsOpt = None,
     iterations: IterationsOpt = None, arch: ArchOpt = "small",
@@ -117,7 +117,7 @@ def reproduce_room_table1(
 
 
 @reproduce_app.command("room-table2")
-@_guard
+@_guard(stopped=CELLS_KEPT)
 def reproduce_room_table2(
     samples: RoomSamplesOpt = 48, layouts: LayoutsOpt = None, iterations: IterationsOpt = None,
     arch: ArchOpt = "small", seed: SeedOpt = 0,

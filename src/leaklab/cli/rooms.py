@@ -12,7 +12,7 @@ from typing import Annotated, Any, Optional
 
 import typer
 
-from leaklab.cli.app import _guard, app, attack_app, env_app
+from leaklab.cli.app import ATTACKS_KEPT, _guard, app, attack_app, env_app
 from leaklab.cli.options import (OutOpt, QuickOpt, SeedOpt, _checked, _choice, _defense_chain, _layouts,
                                  _positive_numbers, _run_out, _seed_opt)
 from leaklab.cli.progress import _progress, _resumed
@@ -118,7 +118,7 @@ def _room_command(algorithm: str, doc: str) -> Callable:
                      train_steps, defense, workers, device, layerwise, out)
 
     command.__doc__ = doc
-    return _guard(command)
+    return _guard(command, stopped=ATTACKS_KEPT)
 
 
 attack_app.command("qgi")(_room_command(
@@ -202,7 +202,7 @@ def env_capture(
 
 
 @app.command()
-@_guard
+@_guard(stopped=ATTACKS_KEPT)
 def audit(
     out: Annotated[Optional[Path], _run_out("audit")] = None,
     quick: QuickOpt = False,
