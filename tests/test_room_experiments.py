@@ -568,8 +568,10 @@ def test_a_truth_that_is_no_file_is_an_error_not_an_unscored_case(tmp_path, kind
     {"folder": truth.mkdir, "pipe": lambda: os.mkfifo(truth),
      "broken link": lambda: truth.symlink_to(truth.parent / "gone.safetensors")}[kind]()
     out = tmp_path / "audit"
+    words = {"folder": "not a regular file", "pipe": "not a regular file",
+             "broken link": "is a link to " + str(truth.parent / "gone.safetensors") + ", which does not exist"}
     assert_user_error(invoke("audit", "--cases", cases, "--iterations", "3", "--out", out), out, "truth file",
-                      str(truth))
+                      str(truth), words[kind])
 
 
 def test_a_batch_update_pictures_and_lists_each_transition_against_its_own_reconstruction(tmp_path, monkeypatch):

@@ -132,7 +132,7 @@ def read_json(path: Path, what: str | None = None) -> Any:
                                f"{_missing_hint(path)}")
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
-        raise LeaklabError(f"{what} file {path} is missing; {_missing_hint(path)}") from None
+        raise _missing(what, path) from None
     except (OSError, UnicodeDecodeError) as e:
         raise LeaklabError(f"{what} file {path} cannot be read ({_first_line(e)})") from None
     try:
@@ -164,6 +164,14 @@ def check_finite(data: Any, where: str) -> Any:
 
 def _first_line(e: BaseException) -> str:
     return (str(e).strip().splitlines() or [type(e).__name__])[0]
+
+
+def _missing(what: str, path: Path) -> LeaklabError:
+    """The error for a file that is not there: a link whose target is gone says so and names the target."""
+    if path.is_symlink():
+        return LeaklabError(f"{what} file {path} is a link to {os.readlink(path)}, which does not exist; "
+                            f"{_missing_hint(path)}")
+    return LeaklabError(f"{what} file {path} is missing; {_missing_hint(path)}")
 
 
 def _missing_hint(path: Path) -> str:
@@ -234,7 +242,7 @@ def load_tensors(path: Path, what: str, sha256: str | None = None,
                                    f"({MAX_TENSOR_FILE_BYTES >> 30} GiB)")
         data = path.read_bytes()
     except FileNotFoundError:
-        raise LeaklabError(f"{what} file {path} is missing; {_missing_hint(path)}") from None
+        raise _missing(what, path) from None
     except OSError as e:
         raise LeaklabError(f"{what} file {path} cannot be read ({_first_line(e)})") from None
     fix = "re-capture it (or copy it again)"
