@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import json
+import math
 import re
 
 import pytest
@@ -59,6 +60,27 @@ def test_bar_plot_with_baselines_and_gaps():
     data = bar_plot(["none", "gaussian:0.1"], {"photos": [20.0, None], "faces": [30.0, 12.0]},
                     baselines={"photos": 15.0, "faces": 11.0}, title="PSNR")
     assert data.startswith(PNG)
+
+
+def test_bar_plot_draws_a_line_on_its_own_axis(monkeypatch):
+    """The room audit's leakage plot: bars in dB, the cosine an update keeps per defense on a [0, 1] axis."""
+    from leaklab.report import plots
+
+    shown, real = {}, plots._to_png
+
+    def keep(fig):
+        left, right = fig.axes
+        shown["line"] = [list(map(float, line.get_ydata())) for line in right.get_lines()]
+        shown["right"], shown["left"] = right.get_ylim(), left.get_ylim()
+        shown["legend"] = [t.get_text() for t in left.get_legend().get_texts()]
+        return real(fig)
+
+    monkeypatch.setattr(plots, "_to_png", keep)
+    data = bar_plot(["none", "noise", "dp"], {"depth": [30.0, 6.0, -12.0]}, line=("kept", [1.0, 0.9, None]))
+    assert data.startswith(PNG)
+    assert shown["line"][0][:2] == [1.0, 0.9] and math.isnan(shown["line"][0][2])
+    assert shown["right"] == (-0.05, 1.05) and shown["left"][0] < -12 and shown["left"][1] > 30
+    assert shown["legend"] == ["depth", "kept"]
 
 
 def test_bar_plot_labels_are_shown_as_written(monkeypatch):

@@ -2,7 +2,8 @@
 
 * :func:`image_grid`: rows of images (e.g. originals above reconstructions), wrapped into blocks of
   ``max_cols`` columns, with an optional caption under each image and a box drawn on it (:func:`draw_box`);
-* :func:`bar_plot`: grouped bars, e.g. mean PSNR per defense with the constant-image baseline;
+* :func:`bar_plot`: grouped bars, e.g. mean PSNR per defense with the constant-image baseline, and
+  optionally one line on its own axis (e.g. the cosine an update keeps per defense);
 * :func:`spread_panels`: one panel per metric, each series' mean ± standard deviation with its samples.
 
 All return PNG bytes and, with ``path``, also write the file (atomically).
@@ -115,12 +116,14 @@ def _plain(label: str) -> str:
 def bar_plot(groups: Sequence[str], series: dict[str, Sequence[float | None]],
              path: Path | None = None, ylabel: str = "PSNR (dB)", title: str | None = None,
              baselines: dict[str, float | None] | None = None, xlabel: str | None = None,
-             threshold: tuple[float, str] | None = None) -> bytes:
+             threshold: tuple[float, str] | None = None,
+             line: tuple[str, Sequence[float | None]] | None = None) -> bytes:
     """Grouped bars: one group per entry of ``groups``, one bar per series (None leaves a gap).
 
     ``baselines`` maps a series name to a reference value, drawn as a dashed line in its colour;
-    ``threshold`` ``(value, label)`` is one grey dotted line for all. The figure is at most 11 inches
-    wide, so that a report page shows its text at a readable size.
+    ``threshold`` ``(value, label)`` is one grey dotted line for all; ``line`` ``(label, values)`` is one
+    value per group in [0, 1] (e.g. a share or a cosine) drawn as a black line on its own axis at the
+    right. The figure is at most 11 inches wide, so that a report page shows its text at a readable size.
     """
     k = max(1, len(series))
     width = 0.8 / k
@@ -147,9 +150,19 @@ def bar_plot(groups: Sequence[str], series: dict[str, Sequence[float | None]],
         ax.set_xlabel(xlabel)
     if title:
         ax.set_title(title, fontsize=10)
-    if len(series) > 1 or baselines or threshold:
-        ax.legend(fontsize=7, loc="best")
-    ax.spines[["top", "right"]].set_visible(False)
+    handles, labels = ax.get_legend_handles_labels()
+    if line is not None:
+        right = ax.twinx()
+        ys = [float("nan") if v is None else float(v) for v in line[1]]
+        handles += right.plot(range(len(groups)), ys, color="black", marker="o", markersize=4, linewidth=1.2,
+                              label=_plain(line[0]))
+        labels.append(_plain(line[0]))
+        right.set_ylim(-0.05, 1.05)
+        right.set_ylabel(_plain(line[0]), fontsize=8)
+        right.spines[["top"]].set_visible(False)
+    if len(series) > 1 or baselines or threshold or line is not None:
+        ax.legend(handles, labels, fontsize=7, loc="best")
+    ax.spines[["top"] + ([] if line is not None else ["right"])].set_visible(False)
     fig.tight_layout()
     data = _to_png(fig)
     if path is not None:
