@@ -74,7 +74,9 @@ class AuditConfig(BaseModel):
     samples: int = Field(default=3, ge=1)
     layouts: tuple[str, ...] | None = Field(default=None, description="None: the first `samples` layouts")
     iterations: int | None = Field(default=None, ge=1, description="image-stage iterations; None: the mode's")
-    gaussian_sigmas: tuple[PositiveFloat, ...] = Field(default=(1e-5, 1e-3), description="Gaussian noise std levels")
+    # σ = 1e-3 keeps a typical update's direction (cosine 0.87-1) and leaks the room; 3e-2 keeps a cosine of
+    # 0.06-0.34 and leaks the action (docs/reproductions.md, "The levels in between")
+    gaussian_sigmas: tuple[PositiveFloat, ...] = Field(default=(1e-3, 3e-2), description="Gaussian noise std levels")
     dp_epsilons: tuple[PositiveFloat, ...] = Field(default=(8.0, 1.0), description="one DP-SGD step's ε levels")
     workers: int = Field(default=0, ge=0, description="attack processes; 0: one per CPU core")
     device: str = Field(default="cpu", pattern=DEVICE_PATTERN,
