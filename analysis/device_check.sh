@@ -11,7 +11,7 @@
 #       --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 --platform any \
 #       $(grep -iE '^(vizdoom|gymnasium|farama|pydantic|annotated|typing|dp-acc|dm-tree|opacus|mlxtend)' constraints.txt)
 # and run it with the device tool: command "sh analysis/device_check.sh", carry [".whl"], timeout 560
-# (the steps' limits add up to at most 500 s with the kill grace). At most 8 files come back from $OUT: the
+# (the steps' limits add up to at most 520 s with the kill grace). At most 8 files come back from $OUT: the
 # audits write under /tmp/dc and only the CUDA audit's results.json is copied back.
 set -u
 OUT=${OUT:-/tmp/device-check}

@@ -417,7 +417,7 @@ def read_config(path: Path) -> dict[str, Any]:
         try:
             text = path.read_text(encoding="utf-8")
         except FileNotFoundError:
-            raise LeaklabError(f"config file {path} is missing; check the path") from None
+            raise _missing("config", path) from None
         except (OSError, UnicodeDecodeError) as e:
             raise LeaklabError(f"config file {path} cannot be read ({_first_line(e)})") from None
         try:

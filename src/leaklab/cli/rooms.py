@@ -218,7 +218,7 @@ def audit(
     iterations: IterationsOpt = None,
     sigmas: Annotated[Optional[str], typer.Option(
         "--sigmas", callback=_positive_numbers("--sigmas"), help="the Gaussian defense's noise std per gradient "
-        "entry, one audited level each, comma-separated (default 1e-5,1e-3)")] = None,
+        "entry, one audited level each, comma-separated (default 1e-3,3e-2)")] = None,
     epsilons: Annotated[Optional[str], typer.Option(
         "--epsilons", callback=_positive_numbers("--epsilons"), help="the DP-SGD defense's ε at δ = 1e-5 for one "
         "step (clip 1, calibrated noise), one audited level each (default 8,1)")] = None,
@@ -291,7 +291,7 @@ def audit(
                            for im in ("rgb", "depth") if s.get(f"{im}_psnr_mean") is not None)
         typer.echo(f"  {cell['algorithm'].upper()} {cell['setting']} {cell['mode']:5s} {cell['defense']:18s} "
                    f"{images}, box IoU {s['iou_mean']:.3f}, action {room_attack.action_share(s, defended)}"
-                   + (f", update kept {s['update_cosine_median']:.3g}" if defended else ""))
+                   + (f", update kept {s['update_cosine_median']:.3g}" if defended else ""))  # every row has one
     typer.echo(room_report.conclusion(room_report.verdicts(results)))
 
 

@@ -136,16 +136,14 @@ def attack_job(config: RoomRunConfig, state: dict[str, torch.Tensor], sample: Sa
                config.attack, device=config.device)
 
 
-def update_kept(sample: Sample, defense: str | None, seed: int) -> float:
-    """What ``defense`` costs the federation on ``sample``'s update: the cosine of the update the server
-    receives (as :func:`attack_job` draws it) with the client's true one, 1 when it is unchanged. A
-    server that averages ``K`` such updates of one direction lifts a small cosine about ``sqrt(K)``-fold
-    at best."""
-    if not defense:
+def update_kept(sample: Sample, sent: ClientUpdate) -> float:
+    """What a defense costs the federation on ``sample``'s update: the cosine of the update the server
+    receives (``sent``, an attack job's) with the client's true one, 1 when it is unchanged. A server
+    that averages ``K`` such updates of one direction lifts a small cosine about ``sqrt(K)``-fold at best."""
+    if sent is sample.update:
         return 1.0
-    sent = defended(sample.update, defense, seed, sample.index).tensors
     names = sorted(sample.update.tensors)
-    return cosine_similarity([sample.update.tensors[n] for n in names], [sent[n] for n in names])
+    return cosine_similarity([sample.update.tensors[n] for n in names], [sent.tensors[n] for n in names])
 
 
 def _finite(values: list[float | None]) -> list[float]:
@@ -257,7 +255,14 @@ def run(config: RoomRunConfig, out: Path, progress: ProgressFn | None = None) ->
     start = time.perf_counter()
     state, clean = capture_samples(config, task_progress(progress, f"capture {config.algorithm} {config.setting}",
                                                          config.samples * config.batch_size))
-    jobs = JobList(len(clean), lambda i: attack_job(config, state, clean[i], config.defense))
+    kept: dict[int, float] = {}  # each update's cosine, taken from its job when the job is first built
+
+    def make_job(i: int) -> Job:
+        job = attack_job(config, state, clean[i], config.defense)
+        kept.setdefault(i, update_kept(clean[i], job.update))
+        return job
+
+    jobs = JobList(len(clean), make_job)
     rows: list[dict[str, Any]] = []
     truths, recs, captions = [], [], []
     recovered: list[RoomReconstruction] = []
@@ -267,7 +272,7 @@ def run(config: RoomRunConfig, out: Path, progress: ProgressFn | None = None) ->
 
         def on_result(i: int, rec: RoomReconstruction) -> None:
             sample = clean[i]
-            row = score(sample, rec, config.setting, update_kept(sample, config.defense, config.seed))
+            row = score(sample, rec, config.setting, kept[i])
             rows.append(row)
             recovered.append(rec)
             seconds_attacking[0] += rec.seconds

@@ -75,7 +75,8 @@ class AuditConfig(BaseModel):
     layouts: tuple[str, ...] | None = Field(default=None, description="None: the first `samples` layouts")
     iterations: int | None = Field(default=None, ge=1, description="image-stage iterations; None: the mode's")
     # σ = 1e-3 keeps a typical update's direction (cosine 0.87-1) and leaks the room; 3e-2 keeps a cosine of
-    # 0.06-0.34 and leaks the action (docs/reproductions.md, "The levels in between")
+    # 0.06-0.34 and leaks the action and, in 1 update of 12, the room (docs/reproductions.md, "The levels in
+    # between")
     gaussian_sigmas: tuple[PositiveFloat, ...] = Field(default=(1e-3, 3e-2), description="Gaussian noise std levels")
     dp_epsilons: tuple[PositiveFloat, ...] = Field(default=(8.0, 1.0), description="one DP-SGD step's ε levels")
     workers: int = Field(default=0, ge=0, description="attack processes; 0: one per CPU core")
@@ -157,11 +158,15 @@ def run(out: Path, config: AuditConfig, progress: ProgressFn | None = None) -> d
     where = [(c, d, sample) for c, (_, run_config) in enumerate(cells) for d in range(len(defenses))
              for sample in captures[(run_config.algorithm, run_config.setting)][1]]
 
+    kept: dict[int, float] = {}  # each update's cosine with the true one, from its job's first build
+
     def make_job(i: int) -> attack_pool.Job:  # a cell's run config carries the audit's seed
         c, d, sample = where[i]
         run_config = cells[c][1]
         state = captures[(run_config.algorithm, run_config.setting)][0]
-        return room_attack.attack_job(run_config, state, sample, defenses[d][1])
+        job = room_attack.attack_job(run_config, state, sample, defenses[d][1])
+        kept.setdefault(i, room_attack.update_kept(sample, job.update))
+        return job
 
     jobs = attack_pool.JobList(len(where), make_job)
     rows: dict[tuple[int, int], list[dict[str, Any]]] = {}
@@ -172,8 +177,7 @@ def run(out: Path, config: AuditConfig, progress: ProgressFn | None = None) -> d
     def on_result(i: int, rec) -> None:
         c, d, sample = where[i]
         setting = cells[c][1].setting
-        kept = room_attack.update_kept(sample, defenses[d][1], cells[c][1].seed)
-        rows.setdefault((c, d), []).append(room_attack.score(sample, rec, setting, kept))
+        rows.setdefault((c, d), []).append(room_attack.score(sample, rec, setting, kept[i]))
         seconds[(c, d)] = seconds.get((c, d), 0.0) + rec.seconds
         if len(rows[(c, d)]) <= room_report.SHOWN_SAMPLES:  # results arrive in sample order
             pictures.setdefault((c, d), []).append(room_report.picture(rec, sample.truth))

@@ -25,7 +25,8 @@ IMAGE_LEAK_DB = 3.0  # verdict: images leak when their PSNR beats the no-informa
 BOX_LEAK_IOU = 0.5  # verdict: the target's box leaks at this mean IoU (the usual detection threshold)
 ACTION_LEAK = 0.5  # verdict: QGI's action leaks at this accuracy (chance: 1 in 7)
 Q_LEAK_PERCENT = 1.0  # verdict: the target Q-value leaks read to this error (seed 000's QGI: about 1%)
-REWARD_LEAK = 0.01  # verdict: the reward leaks read to this absolute error (1% of one step's reward range)
+REWARD_LEAK = 0.01  # verdict: the reward (RGI reads the discounted return that weights log π) leaks read to
+# this absolute error, 1% of the most one step earns
 SHOWN_SAMPLES = 16  # the report pictures a cell's (or the cases') first samples; results.json has every row
 Picture = tuple[torch.Tensor, torch.Tensor]  # a pictured state: its images [1, C, H, W] and the target's box [4]
 
@@ -187,12 +188,13 @@ def _leakage_plot(results: dict[str, Any], labels: list[str], path: Path) -> byt
             if s.get(f"{image}_psnr_mean") is not None:
                 gain = s[f"{image}_psnr_mean"] - s[f"{image}_psnr_baseline_mean"]
                 series.setdefault(f"{key} {image}", [None] * len(labels))[labels.index(cell["defense"])] = gain
-    kept = [statistics.median(c["summary"]["update_cosine_median"] for c in results["cells"]
-                              if c["defense"] == label) for label in labels]
+    kept = [statistics.median(medians) if (medians := [m for c in results["cells"] if c["defense"] == label and
+                                                       (m := c["summary"].get("update_cosine_median")) is not None])
+            else None for label in labels]
     return bar_plot(labels, series, path, ylabel="PSNR over baseline (dB)", xlabel="defense, weakest first",
                     title="Leakage per defense: reconstruction PSNR minus the constant-image baseline",
                     threshold=(IMAGE_LEAK_DB, f"the room shows from +{IMAGE_LEAK_DB:g} dB"),
-                    line=("update kept (cosine, right axis)", kept))
+                    line=("update kept (cosine; right axis)", kept))
 
 
 def _frame_gain(row: dict[str, Any]) -> float | None:
@@ -212,18 +214,24 @@ def chain_in_words(chain: str | None) -> str:
 
 def _kept_text(cells: list[dict[str, Any]]) -> str:
     """The cosine an update keeps with the true one behind a defense: the attacks' medians, as one number
-    when they agree to three digits, else their range."""
-    medians = sorted(c["summary"]["update_cosine_median"] for c in cells)
+    when they agree to three digits, else their range; "–" where none was measured (results written before
+    leaklab measured it)."""
+    medians = sorted(m for c in cells if (m := c["summary"].get("update_cosine_median")) is not None)
+    if not medians:
+        return NOT_MEASURED
     lo, hi = f"{medians[0]:.3g}", f"{medians[-1]:.3g}"
     return lo if lo == hi else f"{lo} to {hi}"
+
+
+NOT_MEASURED = "–"
 
 
 def verdicts(results: dict[str, Any]) -> list[list[Any]]:
     """One row per defense, weakest first: what the clients add, the cosine an update keeps with the true
     one (what the defense costs), the largest image gain over the constant baseline (and where), how many
     attacked updates show their room (an image at :data:`IMAGE_LEAK_DB` or more over its own baseline),
-    the best mean box IoU, QGI's action accuracy over its updates, and a verdict in words naming what leaks (:func:`_verdict`;
-    the target Q-value and the reward by the attack that reads them best)."""
+    the best mean box IoU, QGI's action accuracy over its updates, and a verdict in words naming what
+    leaks (:func:`_verdict`; the target Q-value and the reward by the attack that reads them best)."""
     rows = []
     for label in results["summary"]["defenses"]:
         cells = [c for c in results["cells"] if c["defense"] == label]
@@ -251,13 +259,13 @@ def conclusion(rows: list[list[Any]]) -> str:
     if not leaky:
         return f"Nothing measured leaks behind any defense tested, {rows[0][0]} included."
     last = leaky[-1]
-    sees = f"behind {last[0]}" + (f" (cosine {last[2]})" if last[1] != "nothing" else "") + \
-        f" the update still {last[-1]}"
+    sees = f"behind {last[0]}" + (f" (cosine {last[2]})" if last[1] != "nothing" and last[2] != NOT_MEASURED
+                                  else "") + f" the update still {last[-1]}"
     if not safe:
         return f"Every defense tested leaks: {sees}."
     first = safe[0]
-    return (f"{first[0]} is the weakest defense tested behind which nothing measured leaks, and there an update "
-            f"keeps a cosine of {first[2]} with the true one; {sees}.")
+    kept = f", and there an update keeps a cosine of {first[2]} with the true one" if first[2] != NOT_MEASURED else ""
+    return f"{first[0]} is the weakest defense tested behind which nothing measured leaks{kept}; {sees}."
 
 
 def _verdict(gain: float, where: str, shown: tuple[int, int], iou: float, action: float | None,
@@ -290,7 +298,8 @@ def _glance_caption() -> str:
             f"leaks at a mean IoU of {BOX_LEAK_IOU:g} or more (a target out of view counts 1 only when the "
             f"recovered box is empty too), the action at an accuracy of {100 * ACTION_LEAK:.0f}% or more "
             f"(chance: 1 in 7), the target Q-value (QGI) at a mean error of {Q_LEAK_PERCENT:g}% or less and the "
-            f"reward (RGI) at a mean absolute error of {REWARD_LEAK:g} or less (a step's reward is in [0, 1]).")
+            f"reward (RGI: the discounted return that weights log π) at a mean absolute error of {REWARD_LEAK:g} or "
+            "less (one step earns at most 1).")
 
 
 def _leak_count(rows: list[dict[str, Any]]) -> tuple[int, int]:
@@ -310,7 +319,8 @@ def effort_notice(iterations: int, after: str = "") -> str:
 
 def _cell_table(meta: dict[str, str], images: tuple[str, ...], labels: list[str], by: dict) -> Any:
     """One attack's metrics under every defense: each image score beside its constant baseline, the
-    box, the action and the Q-value (QGI) or reward (RGI) error, and the time per sample."""
+    box, the action, the Q-value (QGI) or reward (RGI) error, the cosine an update keeps with the true
+    one (a median) and the time per sample."""
     from leaklab.report.html import Table
 
     names = {"rgb": "RGB", "depth": "depth"}
@@ -327,7 +337,8 @@ def _cell_table(meta: dict[str, str], images: tuple[str, ...], labels: list[str]
                          ("psnr_mean", "psnr_baseline_mean", "ssim_mean", "ssim_baseline_mean")]
         error = s.get("q_target_err_mean" if qgi else "reward_abs_err_mean")
         row += [s.get("iou_mean"), room_attack.action_share(s, cell["defense_chain"] is not None),
-                None if error is None else f"{error:.3g}", f"{s['update_cosine_median']:.3g}",
+                None if error is None else f"{error:.3g}",
+                None if s.get("update_cosine_median") is None else f"{s['update_cosine_median']:.3g}",
                 s.get("seconds_per_sample")]
         rows.append(row)
     return Table(columns=columns, rows=rows,
@@ -352,10 +363,10 @@ def write_report(folder: Path, results: dict[str, Any], cells, defenses, truths,
                    caption=_glance_caption() + " Update kept: the cosine of the update the server receives with "
                    "the client's true one, the median over the updates (the attacks' range where they differ), 1 "
                    "when nothing changes: a measure of what the defense costs the training. An update whose own "
-                   "gradient is small (a REINFORCE return near 0) drowns in weak noise; a server that averages K "
-                   "updates of one direction lifts a small cosine about √K-fold at best. The action column is "
-                   "QGI's: RGI's is left out of the verdict, as a REINFORCE update whose return is 0 holds no trace "
-                   "of the action and under noise RGI's rule reads the noise; the per-attack tables show it.")
+                   "gradient is small (a TD error or a REINFORCE return near 0) drowns in weak noise; a server that "
+                   "averages K updates of one direction lifts a small cosine about √K-fold at best. The action "
+                   "column is QGI's: RGI's is left out of the verdict, as a REINFORCE update whose return is 0 holds "
+                   "no trace of the action and under noise RGI's rule reads the noise; the per-attack tables show it.")
     sections = [Section(title="At a glance", tables=[glance])]
     for c, (meta, run_config) in enumerate(cells):
         rows = []

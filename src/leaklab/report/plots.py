@@ -160,8 +160,11 @@ def bar_plot(groups: Sequence[str], series: dict[str, Sequence[float | None]],
         right.set_ylim(-0.05, 1.05)
         right.set_ylabel(_plain(line[0]), fontsize=8)
         right.spines[["top"]].set_visible(False)
-    if len(series) > 1 or baselines or threshold or line is not None:
-        ax.legend(handles, labels, fontsize=7, loc="best")
+    if len(series) > 1 or baselines or threshold or line is not None:  # a line's legend goes above the axes,
+        # where it covers neither the bars nor the line
+        ax.legend(handles, labels, fontsize=7, **({"loc": "lower center", "bbox_to_anchor": (0.5, 1.08),
+                                                   "ncol": min(4, len(labels))} if line is not None else
+                                                  {"loc": "best"}))
     ax.spines[["top"] + ([] if line is not None else ["right"])].set_visible(False)
     fig.tight_layout()
     data = _to_png(fig)
