@@ -205,6 +205,7 @@ def test_capture_rooms_writes_one_case_per_update(tmp_path, monkeypatch):
 
 
 def test_a_capture_behind_a_defense_holds_the_clients_defended_updates(tmp_path):
+    from leaklab.metrics.vectors import update_cosine
     from leaklab.rl.capture import RoomCaptureConfig, capture_rooms, client_rounds, defended
 
     config = RoomCaptureConfig(spec=PerceptionSpec(setting="S2", image_size=64), layouts=ROOMS[:1], samples=2,
@@ -217,6 +218,10 @@ def test_a_capture_behind_a_defense_holds_the_clients_defended_updates(tmp_path)
         assert update.defense == "clip:1.0,gaussian:0.1"
         assert _same(update.tensors, defended(r.update, chain, 2, i).tensors)
         assert not _same(update.tensors, r.update.tensors)
+        # the truth records what the defense left of the update: its cosine with the true one
+        kept = load_room_truth(folder)[1]["update_cosine"]
+        assert kept == pytest.approx(update_cosine(r.update.tensors, update.tensors), rel=1e-9) and abs(kept) < 0.5
+        assert r.kept == 1.0  # the capture without a defense
     assert not torch.equal(*(load_room_case(f).update.tensors["head.2.bias"] - r.update.tensors["head.2.bias"]
                              for f, r in zip(folders, clean)))  # each update draws its own noise
     with pytest.raises(ValueError, match="unknown defense .blur."):

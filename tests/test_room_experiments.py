@@ -267,6 +267,8 @@ def test_audit_attacks_saved_room_cases(tmp_path, monkeypatch):
     # the attack's own verdict on the action agrees with the truth: a zero return hides it
     assert all(c["action_identified"] == [c["metrics"]["action_informative"] == 1.0] for c in res["cases"])
     assert res["summary"]["iou_min"] > 0.999 and "2 scored; depth PSNR" in result.output
+    # what the clients' (here no) defense left of each update, as the capture recorded it
+    assert [c["metrics"]["update_cosine"] for c in res["cases"]] == [1.0, 1.0] and "update kept (cosine)" in html
     # every case's reconstruction as tensors, named by its case, the box and action those of results.json
     from leaklab.io import load_tensors
 
@@ -328,8 +330,10 @@ def test_audit_of_cases_checks_every_truth_before_attacking(tmp_path):
     with safe_open(str(last), "pt") as f:
         tensors, meta = {k: f.get_tensor(k) for k in f.keys()}, f.metadata()
     out = tmp_path / "audit"
-    # not an object; more rooms than the update has transitions (the summary counted them as rooms audited)
-    for provenance in ("[1, 2]", '{"layouts": ["e1m1-stalactite", "map01-hangar", "map02-vault"]}'):
+    # not an object; more rooms than the update has transitions (the summary counted them as rooms audited);
+    # a cosine that is none
+    for provenance in ("[1, 2]", '{"layouts": ["e1m1-stalactite", "map01-hangar", "map02-vault"]}',
+                       '{"update_cosine": 1.5}', '{"update_cosine": "high"}'):
         save_file(tensors, str(last), metadata={**meta, "provenance": provenance})
         assert_user_error(invoke("audit", "--cases", cases, "--iterations", "3", "--workers", "1", "--out", out),
                           out, "provenance")

@@ -37,7 +37,7 @@ from leaklab.fields import DefenseOption, Seed
 from leaklab.io import (RECONSTRUCTIONS_FILE, RESULTS_FILE, ROOM_ATTACK_FORMAT, atomic_dir, check_out, json_line,
                         save_tensors, write_json)
 from leaklab.metrics.rooms import room_metrics, transition_metrics
-from leaklab.metrics.vectors import cosine_similarity
+from leaklab.metrics.vectors import update_cosine
 from leaklab.models import PerceptionSpec
 from leaklab.models.perception import ArchName, architecture_digest
 from leaklab.names import ROOM_ATTACK_NAMES, SETTING_NAMES
@@ -140,10 +140,7 @@ def update_kept(sample: Sample, sent: ClientUpdate) -> float:
     """What a defense costs the federation on ``sample``'s update: the cosine of the update the server
     receives (``sent``, an attack job's) with the client's true one, 1 when it is unchanged. A server
     that averages ``K`` such updates of one direction lifts a small cosine about ``sqrt(K)``-fold at best."""
-    if sent is sample.update:
-        return 1.0
-    names = sorted(sample.update.tensors)
-    return cosine_similarity([sample.update.tensors[n] for n in names], [sent.tensors[n] for n in names])
+    return 1.0 if sent is sample.update else update_cosine(sample.update.tensors, sent.tensors)
 
 
 def _finite(values: list[float | None]) -> list[float]:

@@ -278,7 +278,7 @@ def run_cases(out: Path, cases_dir: Path, attack: RoomAttackConfig, workers: int
         if i in truth_of:
             truth, provenance = truth_of[i]
             sample = room_attack.Sample(i, list(provenance.get("layouts", [])), case.update, truth)
-            scored = room_attack.score(sample, rec, case.view.spec.setting)
+            scored = room_attack.score(sample, rec, case.view.spec.setting, provenance.get("update_cosine"))
             row.update(metrics=scored["metrics"], layouts=scored["layouts"], batch_size=scored["batch_size"])
             order = matched(rec.images, truth["images"])  # a batch's transitions in the truth's order, as its layouts
             row.update({key: [row[key][r] for r in order] for key in ("action", "box", "action_identified")

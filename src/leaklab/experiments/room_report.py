@@ -107,14 +107,18 @@ def write_cases_report(folder: Path, results: dict[str, Any], truths: list[Pictu
 
     scores = [f"{im}_paper_{key}" for im in ("depth", "rgb")
               for key in ("psnr", "psnr_baseline", "ssim", "ssim_baseline")]
-    columns = ["case", "attack", "setting", "defense", "action", "action right", "box IoU",
+    columns = ["case", "attack", "setting", "defense", "update kept (cosine)", "action", "action right", "box IoU",
                *(f"{name} {col}" for name in ("depth", "RGB") for col in ("PSNR (dB)", "baseline (dB)", "SSIM",
                                                                          "SSIM baseline")), "s"]
     table = Table(columns=columns, rows=[
-        [r["case"], r["algorithm"].upper(), r["setting"], r["defense"] or "none", _action_text(r), right(r),
-         *(r.get("metrics", {}).get(k) for k in ("box_iou", *scores)), r["seconds"]] for r in results["cases"]],
+        [r["case"], r["algorithm"].upper(), r["setting"], r["defense"] or "none",
+         None if (kept := r.get("metrics", {}).get("update_cosine")) is None else f"{kept:.3g}", _action_text(r),
+         right(r), *(r.get("metrics", {}).get(k) for k in ("box_iou", *scores)), r["seconds"]]
+        for r in results["cases"]],
         caption="Metrics appear for cases whose truth.safetensors is present; PSNR/SSIM with the paper's "
-                "normalisation, baseline: a constant image at the true mean.")
+                "normalisation, baseline: a constant image at the true mean. Update kept: the cosine of the "
+                "update the case holds with the client's true one, as `leaklab env capture` recorded it (1 "
+                "without a defense; blank where the truth does not record it).")
     sections.append(Section(title="Cases", figures=figures, tables=[table]))
     summary = [("generated", time.strftime("%Y-%m-%d %H:%M:%S")), ("cases", results["cases_dir"]),
                ("network", results["model_class"] or "leaklab's perception network (as the cases' views name it)"),

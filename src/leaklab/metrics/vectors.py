@@ -36,3 +36,10 @@ def cosine_similarity(a: list[torch.Tensor] | torch.Tensor, b: list[torch.Tensor
     """Cosine similarity of two vectors, or of two lists of tensors seen as one vector each."""
     va, vb = _flat(a).double(), _flat(b).double()
     return float((va @ vb) / (va.norm() * vb.norm()).clamp_min(1e-300))
+
+
+def update_cosine(true: dict[str, torch.Tensor], sent: dict[str, torch.Tensor]) -> float:
+    """The cosine of a sent update with the true one, both as parameter name -> tensor (the same names):
+    what a defense leaves of the update's direction, 1 when it is unchanged."""
+    names = sorted(true)
+    return cosine_similarity([true[n] for n in names], [sent[n] for n in names])

@@ -31,6 +31,7 @@ from leaklab.defenses import parse_defense
 from leaklab.errors import LeaklabError
 from leaklab.fields import DefenseOption, Seed
 from leaklab.io import CAPTURE_JSON, ROOM_CAPTURE_FORMAT, atomic_dir, check_out, write_json
+from leaklab.metrics.vectors import update_cosine
 from leaklab.models import PerceptionNet, PerceptionSpec, build_perception_net
 from leaklab.names import POLICY_NAMES, RL_ALGORITHM_NAMES
 from leaklab.rl.agents import (DQNConfig, ReinforceConfig, epsilon_greedy, td_targets, train_dqn,
@@ -269,6 +270,7 @@ class ClientRound:
     transitions: tuple[Transition, ...]
     update: ClientUpdate
     truth: dict[str, torch.Tensor]
+    kept: float = 1.0  # the cosine of ``update`` with the client's true one (below 1 behind a defense)
 
     @property
     def layouts(self) -> list[str]:
@@ -306,7 +308,9 @@ def client_rounds(config: RoomCaptureConfig, on_episode: Callable[[int], None] |
             update, truth = dqn_client_update(net, target, batch, config.gamma)
         else:
             update, truth = reinforce_client_update(net, batch, entropy_weight=config.entropy_weight)
-        rounds.append(ClientRound(batch, defended(update, config.defense, config.seed, i), truth))
+        sent = defended(update, config.defense, config.seed, i)
+        rounds.append(ClientRound(batch, sent, truth,
+                                  1.0 if sent is update else update_cosine(update.tensors, sent.tensors)))
     return {k: v.detach().clone() for k, v in net.state_dict().items()}, rounds
 
 
@@ -324,7 +328,7 @@ def capture_rooms(config: RoomCaptureConfig, out: Path,
     with atomic_dir(out, ROOM_CAPTURE_FORMAT) as tmp:
         for i, (name, r) in enumerate(zip(names, rounds)):
             provenance = {"capture": config.model_dump(mode="json"), "index": i, "layouts": r.layouts,
-                          "steps": [t.step for t in r.transitions]}
+                          "steps": [t.step for t in r.transitions], "update_cosine": r.kept}
             write_room_case(tmp / name, config.spec, state, r.update, r.truth, provenance, config.model_class)
         write_json(tmp / CAPTURE_JSON, {"format": ROOM_CAPTURE_FORMAT, "format_version": 1,
                                         "config": config.model_dump(mode="json"),
