@@ -211,6 +211,16 @@ def test_case_round_trip(case_dir, tiny_capture):
     images, labels, provenance = load_truth(case_dir, case)
     assert torch.equal(images, tiny_capture.images) and torch.equal(labels, tiny_capture.truth_labels)
     assert provenance["capture"]["model"] == "lenet"
+    # what the defense left of each update: the cosine of the update sent with the client's true one
+    from leaklab.fl import fedsgd_update
+    from leaklab.metrics.vectors import update_cosine
+    from leaklab.models import build_model
+
+    clean = [fedsgd_update(build_model(tiny_capture.spec, seed=1), tiny_capture.images[i:i + 1],
+                           tiny_capture.truth_labels[i:i + 1]) for i in range(2)]
+    assert provenance["update_cosine"] == pytest.approx(
+        [update_cosine(c.tensors, sent.tensors) for c, sent in zip(clean, tiny_capture.updates)], rel=1e-9)
+    assert all(0 < k < 1 for k in provenance["update_cosine"])
     view = json.loads((case_dir / VIEW_FILE).read_text())
     assert "truth" not in json.dumps(view)
 
@@ -410,7 +420,9 @@ def test_truth_with_a_bad_provenance_or_out_of_range_values_is_refused(case_dir,
             ({"images": images, "labels": labels}, "[1, 2]", "not a JSON object"),
             ({"images": images * 255, "labels": labels}, "{}", r"outside \[0, 1\]"),
             ({"images": images, "labels": labels + 1000}, "{}", "labels outside"),
-            ({"images": images, "labels": labels.float()}, "{}", "integer labels")):
+            ({"images": images, "labels": labels.float()}, "{}", "integer labels"),
+            ({"images": images, "labels": labels}, '{"update_cosine": [0.5]}', "must list 2 number"),
+            ({"images": images, "labels": labels}, '{"update_cosine": [0.5, 2]}', r"in \[-1, 1\]")):
         save_tensors(case_dir / "truth.safetensors", tensors, {"format": "leaklab.truth", "provenance": provenance})
         with pytest.raises(LeaklabError, match=match):
             load_truth(case_dir, case)

@@ -166,5 +166,9 @@ def test_quick_image_audit_writes_report_and_results(tmp_path):
                    and k.endswith(setting["defense"]))
         assert res["summary"]["psnr_mean"][key] == pytest.approx(setting["summary"]["psnr_mean"])
         assert (out / setting["case"] / "view.json").exists()
+        # what the defense costs: the median cosine of the sent updates with the true ones
+        kept = setting["summary"]["update_cosine_median"]
+        assert kept == 1.0 if setting["defense"] == "none" else -1 <= kept < 1
+    assert "update kept (cosine)" in html
     for name in ("photos.png", "faces.png", "psnr_per_defense.png"):
         assert (out / "figures" / name).read_bytes().startswith(PNG)

@@ -753,6 +753,20 @@ def test_update_kept_is_the_cosine_of_what_the_attack_received(tmp_path):
     assert room_attack.update_kept(samples[0], samples[0].update) == 1.0
 
 
+@pytest.mark.parametrize("iterations", [None, 300])
+def test_table2_joint_row_gets_the_separate_rows_step_count(iterations):
+    """Fig. 4 compares joint and separate optimisation at the same number of Adam steps: the separate
+    rows run stage 1 and then ``iterations`` image steps, the joint row their sum in one stage."""
+    from leaklab.experiments.room_tables import table2_cells
+
+    cells = table2_cells(4, None, iterations, "small", 0, 1, "cpu")
+    separate, joint = cells["error-direction"].attack, cells["joint"].attack
+    assert joint.multimodal == "joint" and separate.multimodal == "separate"
+    assert joint.iterations == separate.stage1_iterations + separate.iterations
+    assert separate.iterations == (iterations or 2000)
+    assert all(c.attack.iterations == separate.iterations for n, c in cells.items() if n != "joint")
+
+
 def test_rgi_summary_counts_samples_not_updates_in_a_batch():
     """A batch row holds its samples' means: a mixed batch (one zero return) must count one sample
     with a non-zero return, and whether that one's action was right."""

@@ -303,4 +303,5 @@ def _image_audit(out: Path, quick: bool, seed: int, progress: Callable[..., None
     for row in results.get("settings", []):
         s = row["summary"]
         typer.echo(f"  {row['scenario']:28s} {row['defense']:26s} PSNR {s['psnr_mean']:6.2f} dB "
-                   f"(baseline {s['psnr_baseline_mean']:5.2f}), SSIM {s['ssim_mean']:.3f}")
+                   f"(baseline {s['psnr_baseline_mean']:5.2f}), SSIM {s['ssim_mean']:.3f}"
+                   + (f", update kept {s['update_cosine_median']:.3g}" if row["defense"] != "none" else ""))

@@ -23,6 +23,7 @@ from leaklab.fields import DefenseOption, Seed
 from leaklab.fl import fedavg_update, fedsgd_update, train_steps
 from leaklab.cases import write_case
 from leaklab.io import VIEW_FORMAT, atomic_dir
+from leaklab.metrics.vectors import update_cosine
 from leaklab.models import MODEL_NAMES, ModelSpec, build_model
 from leaklab.names import BN_STATS_NAMES, UPDATE_NAMES
 from leaklab.threat import Capabilities, ClientUpdate, UpdateMetadata
@@ -73,10 +74,12 @@ class Capture:
     labels: list[torch.Tensor]
     images: torch.Tensor  # (num_images, C, S, S) in [0, 1]
     truth_labels: torch.Tensor  # (num_images,)
+    kept: list[float]  # each update's cosine with the client's true one (1 without a defense)
 
     @property
     def provenance(self) -> dict:
-        return {"capture": self.config.model_dump(mode="json"), "dataset": self.config.data}
+        return {"capture": self.config.model_dump(mode="json"), "dataset": self.config.data,
+                "update_cosine": self.kept}
 
 
 def capture(config: CaptureConfig) -> Capture:
@@ -106,7 +109,7 @@ def capture(config: CaptureConfig) -> Capture:
 
     generator = torch.Generator().manual_seed(config.seed)
     b = config.batch_size
-    updates, labels = [], []
+    updates, labels, kept = [], [], []
     for start in range(0, config.num_images, b):
         x, y = batch.images[start:start + b], batch.labels[start:start + b]
         if config.update == "fedsgd":
@@ -115,11 +118,12 @@ def capture(config: CaptureConfig) -> Capture:
             clean = fedavg_update(model, x, y, local_lr=config.local_lr, local_steps=config.local_steps,
                                   train_mode=config.bn_stats == "batch")
         updates.append(chain.apply(clean, generator))
+        kept.append(update_cosine(clean.tensors, updates[-1].tensors) if chain.steps else 1.0)
         labels.append(y.clone())
     state = {k: v.detach().clone() for k, v in model.state_dict().items()}
     return Capture(config=config, spec=spec, state=state, metadata=updates[0].metadata,
                    capabilities=Capabilities(knows_labels=config.knows_labels), defense=chain.spec,
-                   updates=updates, labels=labels, images=batch.images, truth_labels=batch.labels)
+                   updates=updates, labels=labels, images=batch.images, truth_labels=batch.labels, kept=kept)
 
 
 def write(result: Capture, folder: Path) -> None:

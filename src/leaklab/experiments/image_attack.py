@@ -14,6 +14,7 @@ and labels are compared as multisets.
 
 from __future__ import annotations
 
+import statistics
 import time
 from collections import Counter
 from pathlib import Path
@@ -26,7 +27,7 @@ from leaklab.device import default_device, describe, versions
 from leaklab.errors import LeaklabError
 from leaklab.experiments import ProgressFn
 from leaklab.experiments import capture as capture_mod
-from leaklab.cases import Case, load_case, load_truth
+from leaklab.cases import Case, load_case, load_truth, update_cosines
 from leaklab.io import (CASE_SUBDIR, IMAGE_ATTACK_FORMAT, RECONSTRUCTIONS_FILE, RESULTS_FILE, atomic_dir, save_tensors,
                         write_json)
 from leaklab.metrics import match_order, psnr, scores
@@ -149,6 +150,7 @@ def evaluate(case: Case, recons: list[Reconstruction],
     """Summary, per-image samples, and the reconstructed images and labels in the truth's order."""
     b = case.view.metadata.batch_size
     samples, images, labels = [], [], []
+    kept = update_cosines(truth[2], len(case.updates), case.folder) if truth is not None else None
     for u, rec in enumerate(recons):
         rec_images, rec_labels = rec.images.detach().float().cpu(), rec.labels.cpu().long()
         if truth is None:
@@ -169,7 +171,8 @@ def evaluate(case: Case, recons: list[Reconstruction],
             samples.append({"index": u * b + j, "update": u, "psnr": float(scored["psnr"][j]), "psnr_y": float(p_y[j]),
                             "ssim": float(scored["ssim"][j]), "psnr_baseline": float(scored["psnr_baseline"][j]),
                             "ssim_baseline": float(scored["ssim_baseline"][j]), "label": int(rec_labels[perm[j]]),
-                            "label_true": int(t_labels[j]), "label_correct": bool(hits[j])})
+                            "label_true": int(t_labels[j]), "label_correct": bool(hits[j]),
+                            **({"update_cosine": kept[u]} if kept else {})})
         images.append(matched)
         labels.append(rec_labels[perm])
     seconds = sum(r.seconds for r in _unique_runs(recons))
@@ -185,6 +188,8 @@ def evaluate(case: Case, recons: list[Reconstruction],
         "iterations": max((r.iterations for r in recons), default=0),
         "truth": truth is not None,
     }
+    if kept:  # what the defense left of the updates, as the capture recorded it (a median, as the rooms')
+        summary["update_cosine_median"] = statistics.median(kept)
     return summary, samples, torch.cat(images), torch.cat(labels)
 
 

@@ -16,6 +16,7 @@ seconds-long version with the same structure, for tests.
 from __future__ import annotations
 
 import re
+import statistics
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -138,8 +139,10 @@ def _write_report(path: Path, results: dict[str, Any], chosen: list[Scenario],
     for sc in chosen:
         series[sc.key] = [by[(sc.key, d)]["summary"]["psnr_mean"] for d in defenses]
         baselines[sc.key] = by[(sc.key, defenses[0])]["summary"]["psnr_baseline_mean"]
+    kept = [statistics.median(by[(sc.key, d)]["summary"]["update_cosine_median"] for sc in chosen) for d in defenses]
     bars = bar_plot(list(defenses), series, path.parent / "figures" / "psnr_per_defense.png",
-                    title="Mean PSNR of the reconstructions per defense", baselines=baselines)
+                    title="Mean PSNR of the reconstructions per defense", baselines=baselines,
+                    line=("update kept (cosine; right axis)", kept))
 
     sections = []
     for sc in chosen:
@@ -151,15 +154,16 @@ def _write_report(path: Path, results: dict[str, Any], chosen: list[Scenario],
         first = by[(sc.key, defenses[0])]
         table = Table(
             columns=["defense", "PSNR (dB)", "SSIM", "baseline PSNR (dB)", "baseline SSIM",
-                     "PSNR over baseline (dB)", "label accuracy", "iterations", "seconds"],
+                     "PSNR over baseline (dB)", "label accuracy", "update kept (cosine)", "iterations", "seconds"],
             rows=[[d, s["psnr_mean"], s["ssim_mean"], s["psnr_baseline_mean"], s["ssim_baseline_mean"],
                    s["psnr_mean"] - s["psnr_baseline_mean"], f"{100 * s['label_accuracy']:.0f}%",
-                   s["iterations"],
-                   s["seconds"]]
+                   f"{s['update_cosine_median']:.3g}", s["iterations"], s["seconds"]]
                   for d in defenses for s in [by[(sc.key, d)]["summary"]]],
             caption="Baseline: every pixel at the true image's per-channel mean, the best an attacker "
                     "does with no information beyond the average colour. PSNR well above it means "
-                    "the update leaks the image.")
+                    "the update leaks the image. Update kept: the cosine of the update the server receives "
+                    "with the client's true one (the median over the updates; 1 without a defense), what "
+                    "the defense costs the training.")
         per_image = Table(
             title="Per image",
             columns=["image", "defense", "PSNR (dB)", "SSIM", "baseline PSNR (dB)", "label (recovered)",
@@ -188,7 +192,8 @@ def _write_report(path: Path, results: dict[str, Any], chosen: list[Scenario],
     render_report(path, "leaklab image audit", summary=summary, intro=intro,
                   figures=[Figure("PSNR per defense", bars,
                                   "higher is more leakage; dashed lines: the constant-image baseline "
-                                  "of each scenario (no information beyond the mean colour)")],
+                                  "of each scenario (no information beyond the mean colour); black line: the "
+                                  "cosine an update keeps with the true one (right axis)")],
                   sections=sections,
                   notice=("a --quick run: each attack ran a few iterations, so these numbers show that the "
                           "audit works, not how much the updates leak") if results["quick"] else "")

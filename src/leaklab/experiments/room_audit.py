@@ -39,6 +39,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, field_validator
 
 from leaklab.attacks.rl import RoomAttackConfig, max_batch
+from leaklab.cases import update_cosines
 from leaklab.device import DEVICE_PATTERN, describe, require_device, versions
 from leaklab.errors import LeaklabError, ModelClassError
 from leaklab.experiments import ProgressFn, attack_pool, room_attack, room_report
@@ -278,7 +279,8 @@ def run_cases(out: Path, cases_dir: Path, attack: RoomAttackConfig, workers: int
         if i in truth_of:
             truth, provenance = truth_of[i]
             sample = room_attack.Sample(i, list(provenance.get("layouts", [])), case.update, truth)
-            scored = room_attack.score(sample, rec, case.view.spec.setting, provenance.get("update_cosine"))
+            kept = update_cosines(provenance, 1, case.folder)  # checked when the truth was read
+            scored = room_attack.score(sample, rec, case.view.spec.setting, kept[0] if kept else None)
             row.update(metrics=scored["metrics"], layouts=scored["layouts"], batch_size=scored["batch_size"])
             order = matched(rec.images, truth["images"])  # a batch's transitions in the truth's order, as its layouts
             row.update({key: [row[key][r] for r in order] for key in ("action", "box", "action_identified")

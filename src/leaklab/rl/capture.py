@@ -328,7 +328,7 @@ def capture_rooms(config: RoomCaptureConfig, out: Path,
     with atomic_dir(out, ROOM_CAPTURE_FORMAT) as tmp:
         for i, (name, r) in enumerate(zip(names, rounds)):
             provenance = {"capture": config.model_dump(mode="json"), "index": i, "layouts": r.layouts,
-                          "steps": [t.step for t in r.transitions], "update_cosine": r.kept}
+                          "steps": [t.step for t in r.transitions], "update_cosine": [r.kept]}
             write_room_case(tmp / name, config.spec, state, r.update, r.truth, provenance, config.model_class)
         write_json(tmp / CAPTURE_JSON, {"format": ROOM_CAPTURE_FORMAT, "format_version": 1,
                                         "config": config.model_dump(mode="json"),

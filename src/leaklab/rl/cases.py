@@ -19,7 +19,8 @@ from typing import Any
 import torch
 
 from leaklab.errors import LeaklabError
-from leaklab.cases import check_claimed, member_file, read_case_files, truth_provenance, update_entries
+from leaklab.cases import (check_claimed, member_file, read_case_files, truth_provenance, update_cosines,
+                           update_entries)
 from leaklab.io import (FORMAT_VERSION, MODEL_FILE, PERCEPTION_MODEL_TYPE, TRUTH_FILE, UPDATE_FILE, UPDATE_JSON,
                         VIEW_FILE, VIEW_FORMAT, dumps_json, load_tensors, save_tensors, write_json)
 from leaklab.models import PerceptionSpec
@@ -142,8 +143,5 @@ def load_room_truth(folder: Path, case: RoomCase | None = None,
             (case is not None and layouts and len(layouts) != case.view.metadata.batch_size):
         raise LeaklabError(f"{path}: provenance 'layouts' must be a list of room names, one per transition; "
                            "re-capture the case")
-    kept = provenance.get("update_cosine")  # what the client's defense left of its update (leaklab's captures)
-    if kept is not None and (isinstance(kept, bool) or not isinstance(kept, (int, float)) or abs(kept) > 1 + 1e-6):
-        raise LeaklabError(f"{path}: provenance 'update_cosine' must be a number in [-1, 1] (the cosine of the "
-                           "update sent with the true one); re-capture the case or leave it out")
+    update_cosines(provenance, 1, path)
     return tensors, provenance
