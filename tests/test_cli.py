@@ -4,6 +4,7 @@ exit code 2, nothing left in --out)."""
 from __future__ import annotations
 
 import json
+import statistics
 import sys
 import types
 from pathlib import Path
@@ -84,6 +85,11 @@ def test_capture_then_attack_round_trip(case, tmp_path):
     sample = res["samples"][0]
     for key in ("psnr", "ssim", "label_correct", "psnr_baseline"):
         assert key in sample
+    # what the defense left of each image's update, as the capture recorded it, and in the printed line
+    kept = [s["update_cosine"] for s in res["samples"]]
+    assert all(-1 <= k < 1 for k in kept)
+    assert res["summary"]["update_cosine_median"] == pytest.approx(statistics.median(kept))
+    assert "update kept (cosine with the true one)" in result.stdout
     assert res["config"]["inversion"]["objective"] == "l2"
     assert res["config"]["capture"]["defense"] == "prune:0.5,gaussian:0.1"
     assert set(res["versions"]) >= {"leaklab", "torch", "python"} and res["device"]
@@ -99,6 +105,7 @@ def test_attack_without_truth_reports_no_scores(case, tmp_path):
     res = json.loads((out / "results.json").read_text())
     assert res["summary"]["psnr_mean"] is None and res["summary"]["truth"] is False
     assert "label" in res["samples"][0] and "psnr" not in res["samples"][0]
+    assert "update_cosine" not in res["samples"][0] and "update_cosine_median" not in res["summary"]
 
 
 def test_one_shot_and_same_seed_same_numbers(tmp_path):
@@ -111,6 +118,8 @@ def test_one_shot_and_same_seed_same_numbers(tmp_path):
     assert (a / "case" / "view.json").exists() and (a / "case" / "truth.safetensors").exists()
     ra, rb = (json.loads((d / "results.json").read_text()) for d in (a, b))
     assert ra["samples"] == rb["samples"]
+    # a batch of two images is one update: both carry that update's cosine
+    assert ra["samples"][0]["update_cosine"] == ra["samples"][1]["update_cosine"] < 1
     assert ra["summary"]["psnr_mean"] == rb["summary"]["psnr_mean"]
     ta, _ = load_tensors(a / "case" / UPDATE_FILE, "update")
     tb, _ = load_tensors(b / "case" / UPDATE_FILE, "update")

@@ -333,7 +333,7 @@ def test_audit_of_cases_checks_every_truth_before_attacking(tmp_path):
     # not an object; more rooms than the update has transitions (the summary counted them as rooms audited);
     # a cosine that is none
     for provenance in ("[1, 2]", '{"layouts": ["e1m1-stalactite", "map01-hangar", "map02-vault"]}',
-                       '{"update_cosine": 1.5}', '{"update_cosine": "high"}'):
+                       '{"update_cosine": [1.5]}', '{"update_cosine": [0.5, 0.5]}', '{"update_cosine": "high"}'):
         save_file(tensors, str(last), metadata={**meta, "provenance": provenance})
         assert_user_error(invoke("audit", "--cases", cases, "--iterations", "3", "--workers", "1", "--out", out),
                           out, "provenance")
@@ -723,13 +723,14 @@ def test_a_defense_that_prunes_every_bias_gradient_is_scored_not_fatal(tmp_path)
     assert 0 < row["metrics"]["update_cosine"] < 1
 
 
-def test_update_kept_is_the_cosine_of_what_the_attack_received(tmp_path):
+def test_the_update_cosine_is_that_of_what_the_attack_received(tmp_path):
     """Each row's update_cosine is that of the update its attack was handed: the same noise draw."""
     import statistics
 
     from leaklab.attacks.rl import RoomAttackConfig
     from leaklab.experiments import room_attack
     from leaklab.metrics import cosine_similarity
+    from leaklab.metrics.vectors import update_cosine
 
     config = room_attack.RoomRunConfig(setting="S2", samples=2, layouts=layouts_arg("2"), seed=3, workers=1,
                                        defense="gaussian:0.001", attack=RoomAttackConfig(iterations=3))
@@ -742,15 +743,15 @@ def test_update_kept_is_the_cosine_of_what_the_attack_received(tmp_path):
         assert row["metrics"]["update_cosine"] == pytest.approx(truth, rel=1e-12)
         # another draw of the same noise level keeps a different cosine: the row's is this draw's
         other = room_attack.attack_job(config.model_copy(update={"seed": 4}), state, sample, config.defense)
-        assert room_attack.update_kept(sample, other.update) != pytest.approx(truth, rel=1e-9)
+        assert update_cosine(sample.update.tensors, other.update.tensors) != pytest.approx(truth, rel=1e-9)
     assert res["summary"]["update_cosine_median"] == pytest.approx(
         statistics.median(r["metrics"]["update_cosine"] for r in res["samples"]))
     # DP-SGD's noise (std 0.6 on each of about 1.9 million entries, the update clipped to norm 1) leaves a
     # single update next to nothing of its direction; noise of std 0.001 leaves most of a large one
     dp = room_attack.attack_job(config, state, samples[0], "clip:1,gaussian:0.6").update
-    assert abs(room_attack.update_kept(samples[0], dp)) < 0.01
+    assert abs(update_cosine(samples[0].update.tensors, dp.tensors)) < 0.01
     assert 0.5 < res["samples"][0]["metrics"]["update_cosine"] < 1
-    assert room_attack.update_kept(samples[0], samples[0].update) == 1.0
+    assert update_cosine(samples[0].update.tensors, samples[0].update.tensors) == 1.0
 
 
 @pytest.mark.parametrize("iterations", [None, 300])

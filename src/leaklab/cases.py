@@ -278,18 +278,16 @@ def truth_provenance(metadata: dict[str, str], path: Path) -> dict[str, Any]:
     return check_finite(provenance, f"truth file {path}: provenance")
 
 
-def update_cosines(provenance: dict[str, Any], count: int, path: Path) -> list[float] | None:
-    """The truth's record of what the client's defense left of each of its ``count`` updates (the cosine
-    of the update sent with the true one; leaklab's captures write it), or None where it has none."""
+def check_update_cosines(provenance: dict[str, Any], count: int, path: Path) -> None:
+    """Refuse a truth whose record of what the client's defense left of its ``count`` updates
+    (``update_cosine``: one cosine of the update sent with the true one per update; leaklab's captures
+    write it) is anything but ``count`` numbers in [-1, 1]; a truth may leave it out."""
     kept = provenance.get("update_cosine")
-    if kept is None:
-        return None
-    if not isinstance(kept, list) or len(kept) != count or any(
-            isinstance(k, bool) or not isinstance(k, (int, float)) or abs(k) > 1 + 1e-6 for k in kept):
-        raise LeaklabError(f"{path}: provenance 'update_cosine' must list {count} number(s) in [-1, 1], one per "
-                           "update (the cosine of the update sent with the true one); re-capture the case or "
-                           "leave it out")
-    return [float(k) for k in kept]
+    if kept is not None and (not isinstance(kept, list) or len(kept) != count or any(
+            isinstance(k, bool) or not isinstance(k, (int, float)) or abs(k) > 1 + 1e-6 for k in kept)):
+        raise LeaklabError(f"truth file {path}: provenance 'update_cosine' must list {count} number(s) in "
+                           "[-1, 1], one per update (the cosine of the update sent with the true one); "
+                           "re-capture the case or leave it out")
 
 
 def load_truth(folder: Path, case: Case) -> tuple[torch.Tensor, torch.Tensor, dict[str, Any]] | None:
@@ -315,5 +313,5 @@ def load_truth(folder: Path, case: Case) -> tuple[torch.Tensor, torch.Tensor, di
         raise LeaklabError(f"truth file {path} holds pixels outside [0, 1] (or NaN/Inf); re-capture the case")
     if len(labels) and (labels.min() < 0 or labels.max() >= spec.num_classes):
         raise LeaklabError(f"truth file {path} holds labels outside 0..{spec.num_classes - 1}")
-    update_cosines(provenance, len(case.updates), path)
+    check_update_cosines(provenance, len(case.updates), path)
     return images.float(), labels.long(), provenance

@@ -26,7 +26,7 @@ def _echo_summary(out: Path, results: dict) -> None:
         parts.append(f"SSIM {s['ssim_mean']:.3f}")
     if s.get("label_accuracy") is not None:
         parts.append(f"labels {100 * s['label_accuracy']:.0f}%")
-    if s.get("update_cosine_median", 1.0) != 1.0:  # behind a defense, as the case's capture recorded it
+    if results.get("view", {}).get("defense") and s.get("update_cosine_median") is not None:  # as captured
         parts.append(f"update kept (cosine with the true one) {s['update_cosine_median']:.3g}")
     parts.append(f"{plural(s['images'], 'image') if 'images' in s else '? images'}, {s.get('seconds', 0):.1f} s")
     typer.echo(f"wrote {out}: " + ", ".join(parts))

@@ -92,7 +92,7 @@ def _room_summary_line(s: dict[str, Any], defended: bool) -> str:
         parts.append(f"predicted-Q error {s['q_pred_err_mean']:.3g}%, target-Q error {s['q_target_err_mean']:.3g}%")
     if s.get("reward_abs_err_mean") is not None:
         parts.append(f"reward error {s['reward_abs_err_mean']:.3g}")
-    if defended and s.get("update_cosine_median") is not None:  # a saved case's true update is not known
+    if defended and s.get("update_cosine_median") is not None:  # absent where no saved truth records it
         parts.append(f"update kept (cosine with the true one) {s['update_cosine_median']:.3g}")
     return "; ".join(parts)
 

@@ -118,7 +118,7 @@ def capture(config: CaptureConfig) -> Capture:
             clean = fedavg_update(model, x, y, local_lr=config.local_lr, local_steps=config.local_steps,
                                   train_mode=config.bn_stats == "batch")
         updates.append(chain.apply(clean, generator))
-        kept.append(update_cosine(clean.tensors, updates[-1].tensors) if chain.steps else 1.0)
+        kept.append(update_cosine(clean.tensors, updates[-1].tensors))
         labels.append(y.clone())
     state = {k: v.detach().clone() for k, v in model.state_dict().items()}
     return Capture(config=config, spec=spec, state=state, metadata=updates[0].metadata,

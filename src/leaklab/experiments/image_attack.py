@@ -27,7 +27,7 @@ from leaklab.device import default_device, describe, versions
 from leaklab.errors import LeaklabError
 from leaklab.experiments import ProgressFn
 from leaklab.experiments import capture as capture_mod
-from leaklab.cases import Case, load_case, load_truth, update_cosines
+from leaklab.cases import Case, load_case, load_truth
 from leaklab.io import (CASE_SUBDIR, IMAGE_ATTACK_FORMAT, RECONSTRUCTIONS_FILE, RESULTS_FILE, atomic_dir, save_tensors,
                         write_json)
 from leaklab.metrics import match_order, psnr, scores
@@ -150,7 +150,7 @@ def evaluate(case: Case, recons: list[Reconstruction],
     """Summary, per-image samples, and the reconstructed images and labels in the truth's order."""
     b = case.view.metadata.batch_size
     samples, images, labels = [], [], []
-    kept = update_cosines(truth[2], len(case.updates), case.folder) if truth is not None else None
+    kept = truth[2].get("update_cosine") if truth is not None else None  # one per update, as load_truth checked
     for u, rec in enumerate(recons):
         rec_images, rec_labels = rec.images.detach().float().cpu(), rec.labels.cpu().long()
         if truth is None:

@@ -5,7 +5,8 @@ A few real private images (photo crops and faces) are sent as FedSGD gradients o
 with no defense and with two defenses, and attacked by the server with Deep Leakage from Gradients
 (L2 gradient matching with L-BFGS, labels by iDLG) on the sigmoid LeNet of DLG. The audit writes
 ``OUT/report.html`` (originals beside reconstructions, a metrics table with the constant-image
-baseline, a PSNR-per-defense bar plot; the figures are embedded, and also in ``OUT/figures/``),
+baseline and the cosine each defense leaves of the updates, a PSNR-per-defense bar plot with that
+cosine as a line; the figures are embedded, and also in ``OUT/figures/``),
 ``OUT/results.json`` and the attacked cases in
 ``OUT/cases/`` (re-attack one with ``leaklab attack inversion --case OUT/cases/NAME ...``).
 
@@ -16,7 +17,6 @@ seconds-long version with the same structure, for tests.
 from __future__ import annotations
 
 import re
-import statistics
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,6 +28,7 @@ from leaklab.experiments.capture import CaptureConfig, capture, write
 from leaklab.experiments.image_attack import attack, evaluate, inversion_config
 from leaklab.cases import load_case, load_truth
 from leaklab.io import AUDIT_FORMAT, REPORT_FILE, RESULTS_FILE, atomic_dir, write_json
+from leaklab.metrics.vectors import median_of
 from leaklab.words import plural
 
 DEFENSES = ("none", "gaussian:0.01", "prune:0.5,gaussian:0.01")
@@ -139,7 +140,7 @@ def _write_report(path: Path, results: dict[str, Any], chosen: list[Scenario],
     for sc in chosen:
         series[sc.key] = [by[(sc.key, d)]["summary"]["psnr_mean"] for d in defenses]
         baselines[sc.key] = by[(sc.key, defenses[0])]["summary"]["psnr_baseline_mean"]
-    kept = [statistics.median(by[(sc.key, d)]["summary"]["update_cosine_median"] for sc in chosen) for d in defenses]
+    kept = [median_of(by[(sc.key, d)]["summary"].get("update_cosine_median") for sc in chosen) for d in defenses]
     bars = bar_plot(list(defenses), series, path.parent / "figures" / "psnr_per_defense.png",
                     title="Mean PSNR of the reconstructions per defense", baselines=baselines,
                     line=("update kept (cosine; right axis)", kept))
@@ -157,7 +158,8 @@ def _write_report(path: Path, results: dict[str, Any], chosen: list[Scenario],
                      "PSNR over baseline (dB)", "label accuracy", "update kept (cosine)", "iterations", "seconds"],
             rows=[[d, s["psnr_mean"], s["ssim_mean"], s["psnr_baseline_mean"], s["ssim_baseline_mean"],
                    s["psnr_mean"] - s["psnr_baseline_mean"], f"{100 * s['label_accuracy']:.0f}%",
-                   f"{s['update_cosine_median']:.3g}", s["iterations"], s["seconds"]]
+                   None if s.get("update_cosine_median") is None else f"{s['update_cosine_median']:.3g}",
+                   s["iterations"], s["seconds"]]
                   for d in defenses for s in [by[(sc.key, d)]["summary"]]],
             caption="Baseline: every pixel at the true image's per-channel mean, the best an attacker "
                     "does with no information beyond the average colour. PSNR well above it means "

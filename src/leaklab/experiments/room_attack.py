@@ -136,13 +136,6 @@ def attack_job(config: RoomRunConfig, state: dict[str, torch.Tensor], sample: Sa
                config.attack, device=config.device)
 
 
-def update_kept(sample: Sample, sent: ClientUpdate) -> float:
-    """What a defense costs the federation on ``sample``'s update: the cosine of the update the server
-    receives (``sent``, an attack job's) with the client's true one, 1 when it is unchanged. A server
-    that averages ``K`` such updates of one direction lifts a small cosine about ``sqrt(K)``-fold at best."""
-    return 1.0 if sent is sample.update else update_cosine(sample.update.tensors, sent.tensors)
-
-
 def _finite(values: list[float | None]) -> list[float]:
     return [v for v in values if v is not None and math.isfinite(v)]
 
@@ -155,7 +148,7 @@ def _mean(values: list[float]) -> float | None:
 def summarise(rows: list[dict[str, Any]], iterations: int, seconds: float) -> dict[str, Any]:
     """The ``summary`` of ``results.json`` from the per-sample rows: means (``SUMMARY_KEYS``; ``_min``: the
     least), the images' population standard deviations (``SPREAD_KEYS``) and the median of the updates'
-    cosines with the true ones (:func:`update_kept`). A row is one client update:
+    cosines with the true ones (what a defense costs: ``update_cosine``). A row is one client update:
     ``samples`` counts them, ``transitions`` their transitions (more with batches of 2), and
     ``seconds_per_sample`` is per update."""
     summary: dict[str, Any] = {}
@@ -197,7 +190,9 @@ def action_share(summary: dict[str, Any], defended: bool = False) -> str:
 
 def score(sample: Sample, rec: RoomReconstruction, setting: str, kept: float | None = None) -> dict[str, Any]:
     """The per-sample row of ``results.json``: section V metrics against the client's truth, and the
-    update's cosine with the true one (:func:`update_kept`) where the caller knows it."""
+    update's cosine with the true one (``kept``: what a defense left of its direction; a server that averages
+    ``K`` updates of one direction lifts a small cosine about ``sqrt(K)``-fold at best) where the caller
+    knows it."""
     metrics = room_metrics(rec, sample.truth, setting)
     if kept is not None:
         metrics["update_cosine"] = kept
@@ -256,7 +251,7 @@ def run(config: RoomRunConfig, out: Path, progress: ProgressFn | None = None) ->
 
     def make_job(i: int) -> Job:
         job = attack_job(config, state, clean[i], config.defense)
-        kept.setdefault(i, update_kept(clean[i], job.update))
+        kept.setdefault(i, update_cosine(clean[i].update.tensors, job.update.tensors))
         return job
 
     jobs = JobList(len(clean), make_job)

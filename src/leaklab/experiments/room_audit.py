@@ -39,7 +39,6 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, field_validator
 
 from leaklab.attacks.rl import RoomAttackConfig, max_batch
-from leaklab.cases import update_cosines
 from leaklab.device import DEVICE_PATTERN, describe, require_device, versions
 from leaklab.errors import LeaklabError, ModelClassError
 from leaklab.experiments import ProgressFn, attack_pool, room_attack, room_report
@@ -48,6 +47,7 @@ from leaklab.fields import Seed
 from leaklab.io import (AUDIT_FORMAT, CAPTURE_JSON, RECONSTRUCTIONS_FILE, RESULTS_FILE, TRUTH_FILE, VIEW_FILE,
                         atomic_dir, check_out, read_json, save_tensors, write_json)
 from leaklab.metrics.rooms import matched
+from leaklab.metrics.vectors import update_cosine
 from leaklab.models.perception import ArchName
 from leaklab.names import ROOM_ATTACK_NAMES, ROOM_MODE_NAMES, SETTING_NAMES
 from leaklab.privacy.dpsgd import noise_multiplier_for
@@ -166,7 +166,7 @@ def run(out: Path, config: AuditConfig, progress: ProgressFn | None = None) -> d
         run_config = cells[c][1]
         state = captures[(run_config.algorithm, run_config.setting)][0]
         job = room_attack.attack_job(run_config, state, sample, defenses[d][1])
-        kept.setdefault(i, room_attack.update_kept(sample, job.update))
+        kept.setdefault(i, update_cosine(sample.update.tensors, job.update.tensors))
         return job
 
     jobs = attack_pool.JobList(len(where), make_job)
@@ -279,7 +279,7 @@ def run_cases(out: Path, cases_dir: Path, attack: RoomAttackConfig, workers: int
         if i in truth_of:
             truth, provenance = truth_of[i]
             sample = room_attack.Sample(i, list(provenance.get("layouts", [])), case.update, truth)
-            kept = update_cosines(provenance, 1, case.folder)  # checked when the truth was read
+            kept = provenance.get("update_cosine")  # one number, as load_room_truth checked
             scored = room_attack.score(sample, rec, case.view.spec.setting, kept[0] if kept else None)
             row.update(metrics=scored["metrics"], layouts=scored["layouts"], batch_size=scored["batch_size"])
             order = matched(rec.images, truth["images"])  # a batch's transitions in the truth's order, as its layouts

@@ -19,6 +19,7 @@ from leaklab.experiments import room_attack
 from leaklab.fields import defense_steps
 from leaklab.io import REPORT_FILE
 from leaklab.metrics.rooms import matched
+from leaklab.metrics.vectors import median_of
 from leaklab.words import listing, plural
 
 IMAGE_LEAK_DB = 3.0  # verdict: images leak when their PSNR beats the no-information baseline by this
@@ -192,9 +193,8 @@ def _leakage_plot(results: dict[str, Any], labels: list[str], path: Path) -> byt
             if s.get(f"{image}_psnr_mean") is not None:
                 gain = s[f"{image}_psnr_mean"] - s[f"{image}_psnr_baseline_mean"]
                 series.setdefault(f"{key} {image}", [None] * len(labels))[labels.index(cell["defense"])] = gain
-    kept = [statistics.median(medians) if (medians := [m for c in results["cells"] if c["defense"] == label and
-                                                       (m := c["summary"].get("update_cosine_median")) is not None])
-            else None for label in labels]
+    kept = [median_of(c["summary"].get("update_cosine_median") for c in results["cells"] if c["defense"] == label)
+            for label in labels]
     return bar_plot(labels, series, path, ylabel="PSNR over baseline (dB)", xlabel="defense, weakest first",
                     title="Leakage per defense: reconstruction PSNR minus the constant-image baseline",
                     threshold=(IMAGE_LEAK_DB, f"the room shows from +{IMAGE_LEAK_DB:g} dB"),

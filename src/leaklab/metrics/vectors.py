@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import statistics
+from collections.abc import Iterable
+
 import torch
 
 
@@ -40,6 +43,15 @@ def cosine_similarity(a: list[torch.Tensor] | torch.Tensor, b: list[torch.Tensor
 
 def update_cosine(true: dict[str, torch.Tensor], sent: dict[str, torch.Tensor]) -> float:
     """The cosine of a sent update with the true one, both as parameter name -> tensor (the same names):
-    what a defense leaves of the update's direction, 1 when it is unchanged."""
+    what a defense leaves of the update's direction; exactly 1 when every tensor was sent as it is."""
     names = sorted(true)
+    if all(sent[n] is true[n] for n in names):
+        return 1.0
     return cosine_similarity([true[n] for n in names], [sent[n] for n in names])
+
+
+def median_of(values: Iterable[float | None]) -> float | None:
+    """The median of the numbers among ``values`` (None where there are none), e.g. one defense's cosine
+    over the attacks or scenarios that recorded one."""
+    numbers = [v for v in values if v is not None]
+    return statistics.median(numbers) if numbers else None

@@ -122,8 +122,9 @@ def bar_plot(groups: Sequence[str], series: dict[str, Sequence[float | None]],
 
     ``baselines`` maps a series name to a reference value, drawn as a dashed line in its colour;
     ``threshold`` ``(value, label)`` is one grey dotted line for all; ``line`` ``(label, values)`` is one
-    value per group in [0, 1] (e.g. a share or a cosine) drawn as a black line on its own axis at the
-    right. The figure is at most 11 inches wide, so that a report page shows its text at a readable size.
+    value per group (None leaves a gap), e.g. a share or a cosine, drawn as a black line on its own axis
+    at the right, from -0.05 to 1.05 (a cosine near 0 may be slightly negative). The figure is at most
+    11 inches wide, so that a report page shows its text at a readable size.
     """
     k = max(1, len(series))
     width = 0.8 / k

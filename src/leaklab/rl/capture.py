@@ -270,7 +270,7 @@ class ClientRound:
     transitions: tuple[Transition, ...]
     update: ClientUpdate
     truth: dict[str, torch.Tensor]
-    kept: float = 1.0  # the cosine of ``update`` with the client's true one (below 1 behind a defense)
+    kept: float  # the cosine of ``update`` with the client's true one (below 1 behind a defense)
 
     @property
     def layouts(self) -> list[str]:
@@ -309,8 +309,7 @@ def client_rounds(config: RoomCaptureConfig, on_episode: Callable[[int], None] |
         else:
             update, truth = reinforce_client_update(net, batch, entropy_weight=config.entropy_weight)
         sent = defended(update, config.defense, config.seed, i)
-        rounds.append(ClientRound(batch, sent, truth,
-                                  1.0 if sent is update else update_cosine(update.tensors, sent.tensors)))
+        rounds.append(ClientRound(batch, sent, truth, update_cosine(update.tensors, sent.tensors)))
     return {k: v.detach().clone() for k, v in net.state_dict().items()}, rounds
 
 

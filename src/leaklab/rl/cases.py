@@ -19,8 +19,8 @@ from typing import Any
 import torch
 
 from leaklab.errors import LeaklabError
-from leaklab.cases import (check_claimed, member_file, read_case_files, truth_provenance, update_cosines,
-                           update_entries)
+from leaklab.cases import (check_claimed, check_update_cosines, member_file, read_case_files,
+                           truth_provenance, update_entries)
 from leaklab.io import (FORMAT_VERSION, MODEL_FILE, PERCEPTION_MODEL_TYPE, TRUTH_FILE, UPDATE_FILE, UPDATE_JSON,
                         VIEW_FILE, VIEW_FORMAT, dumps_json, load_tensors, save_tensors, write_json)
 from leaklab.models import PerceptionSpec
@@ -143,5 +143,5 @@ def load_room_truth(folder: Path, case: RoomCase | None = None,
             (case is not None and layouts and len(layouts) != case.view.metadata.batch_size):
         raise LeaklabError(f"{path}: provenance 'layouts' must be a list of room names, one per transition; "
                            "re-capture the case")
-    update_cosines(provenance, 1, path)
+    check_update_cosines(provenance, 1, path)
     return tensors, provenance
