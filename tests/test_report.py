@@ -63,7 +63,8 @@ def test_bar_plot_with_baselines_and_gaps():
 
 
 def test_bar_plot_draws_a_line_on_its_own_axis(monkeypatch):
-    """The room audit's leakage plot: bars in dB, the cosine an update keeps per defense on a [0, 1] axis."""
+    """The room audit's leakage plot: bars in dB; the cosine an update keeps and the action accuracy per
+    defense as lines on a [0, 1] axis."""
     from leaklab.report import plots
 
     shown, real = {}, plots._to_png
@@ -76,11 +77,13 @@ def test_bar_plot_draws_a_line_on_its_own_axis(monkeypatch):
         return real(fig)
 
     monkeypatch.setattr(plots, "_to_png", keep)
-    data = bar_plot(["none", "noise", "dp"], {"depth": [30.0, 6.0, -12.0]}, line=("kept", [1.0, 0.9, None]))
+    data = bar_plot(["none", "noise", "dp"], {"depth": [30.0, 6.0, -12.0]},
+                    lines={"kept": [1.0, 0.9, None], "action": [1.0, 0.67, 0.17]}, lines_label="share")
     assert data.startswith(PNG)
     assert shown["line"][0][:2] == [1.0, 0.9] and math.isnan(shown["line"][0][2])
+    assert shown["line"][1] == [1.0, 0.67, 0.17]
     assert shown["right"] == (-0.05, 1.05) and shown["left"][0] < -12 and shown["left"][1] > 30
-    assert shown["legend"] == ["depth", "kept"]
+    assert shown["legend"] == ["depth", "kept", "action"]
 
 
 def test_bar_plot_labels_are_shown_as_written(monkeypatch):

@@ -181,8 +181,9 @@ def _shown(pictured: int, total: int, what: str) -> str:
 
 
 def _leakage_plot(results: dict[str, Any], labels: list[str], path: Path) -> bytes:
-    """PSNR gain over the constant-image baseline per defense (RGB and depth per attack), and the cosine
-    an update keeps behind each (the median of the attacks' medians) on the right axis."""
+    """PSNR gain over the constant-image baseline per defense (RGB and depth per attack) and, on the right
+    axis, the cosine an update keeps behind each (the median of the attacks' medians) and QGI's action
+    accuracy over its updates (the leak that outlasts the images)."""
     from leaklab.report.plots import bar_plot
 
     series: dict[str, list[float | None]] = {}
@@ -195,10 +196,14 @@ def _leakage_plot(results: dict[str, Any], labels: list[str], path: Path) -> byt
                 series.setdefault(f"{key} {image}", [None] * len(labels))[labels.index(cell["defense"])] = gain
     kept = [median_of(c["summary"].get("update_cosine_median") for c in results["cells"] if c["defense"] == label)
             for label in labels]
+    actions = [[r["metrics"]["action"] for c in results["cells"] if c["defense"] == label and c["algorithm"] == "qgi"
+                for r in c["samples"]] for label in labels]
     return bar_plot(labels, series, path, ylabel="PSNR over baseline (dB)", xlabel="defense, weakest first",
                     title="Leakage per defense: reconstruction PSNR minus the constant-image baseline",
                     threshold=(IMAGE_LEAK_DB, f"the room shows from +{IMAGE_LEAK_DB:g} dB"),
-                    line=("update kept (cosine; right axis)", kept))
+                    lines={"update kept (cosine; right axis)": kept,
+                           "QGI action accuracy (right axis)": [statistics.fmean(a) if a else None for a in actions]},
+                    lines_label="cosine kept; action accuracy (chance 1/7)")
 
 
 def _frame_gain(row: dict[str, Any]) -> float | None:
@@ -437,6 +442,6 @@ def write_report(folder: Path, results: dict[str, Any], cells, defenses, truths,
                   figures=[Figure("Leakage per defense", plot, "bars: PSNR minus the constant-image "
                                   f"baseline, a mean over the samples; from {IMAGE_LEAK_DB:g} dB (the dotted line) "
                                   "the room shows, below 0 the reconstruction is worse than a constant guess; "
-                                  "line: the cosine an update keeps with the true one (right axis), what the "
-                                  "defense costs")],
+                                  "lines (right axis): the cosine an update keeps with the true one, what the "
+                                  "defense costs, and QGI's action accuracy (chance: 1 in 7)")],
                   sections=sections)

@@ -3,7 +3,7 @@
 * :func:`image_grid`: rows of images (e.g. originals above reconstructions), wrapped into blocks of
   ``max_cols`` columns, with an optional caption under each image and a box drawn on it (:func:`draw_box`);
 * :func:`bar_plot`: grouped bars, e.g. mean PSNR per defense with the constant-image baseline, and
-  optionally one line on its own axis (e.g. the cosine an update keeps per defense);
+  optionally lines on a [0, 1] axis of their own (e.g. the cosine an update keeps per defense);
 * :func:`spread_panels`: one panel per metric, each series' mean ± standard deviation with its samples.
 
 All return PNG bytes and, with ``path``, also write the file (atomically).
@@ -113,22 +113,26 @@ def _plain(label: str) -> str:
     return " " + label if label.startswith("_") else label
 
 
+_LINE_STYLES = [{"marker": "o", "linestyle": "-"}, {"marker": "s", "linestyle": "--"},
+                {"marker": "^", "linestyle": ":"}]  # bar_plot's lines, all black: told apart by these
+
+
 def bar_plot(groups: Sequence[str], series: dict[str, Sequence[float | None]],
              path: Path | None = None, ylabel: str = "PSNR (dB)", title: str | None = None,
              baselines: dict[str, float | None] | None = None, xlabel: str | None = None,
              threshold: tuple[float, str] | None = None,
-             line: tuple[str, Sequence[float | None]] | None = None) -> bytes:
+             lines: dict[str, Sequence[float | None]] | None = None, lines_label: str = "") -> bytes:
     """Grouped bars: one group per entry of ``groups``, one bar per series (None leaves a gap).
 
     ``baselines`` maps a series name to a reference value, drawn as a dashed line in its colour;
-    ``threshold`` ``(value, label)`` is one grey dotted line for all; ``line`` ``(label, values)`` is one
-    value per group (None leaves a gap), e.g. a share or a cosine, drawn as a black line on its own axis
-    at the right, from -0.05 to 1.05 (a cosine near 0 may be slightly negative). The figure is at most
-    11 inches wide, so that a report page shows its text at a readable size.
+    ``threshold`` ``(value, label)`` is one grey dotted line for all; ``lines`` maps a label to one value
+    per group (None leaves a gap), e.g. a share or a cosine, each drawn as a line on one axis at the
+    right (``lines_label``), from -0.05 to 1.05 (a cosine near 0 may be slightly negative). The figure is
+    at most 11 inches wide, so that a report page shows its text at a readable size.
     """
     k = max(1, len(series))
     width = 0.8 / k
-    fig, ax = plt.subplots(figsize=(min(11.0, max(4.0, 1.4 * len(groups) * max(1, k / 2) + 1.5)),
+    fig, ax = plt.subplots(figsize=(min(11.0, max(6.0 if lines else 4.0, 1.4 * len(groups) * max(1, k / 2) + 1.5)),
                                     3.2 if k <= 3 else 4.2), dpi=100)
     if threshold is not None:
         ax.axhline(threshold[0], color="0.45", linestyle=":", linewidth=1.2, label=_plain(threshold[1]))
@@ -152,21 +156,21 @@ def bar_plot(groups: Sequence[str], series: dict[str, Sequence[float | None]],
     if title:
         ax.set_title(title, fontsize=10)
     handles, labels = ax.get_legend_handles_labels()
-    if line is not None:
+    if lines:
         right = ax.twinx()
-        ys = [float("nan") if v is None else float(v) for v in line[1]]
-        handles += right.plot(range(len(groups)), ys, color="black", marker="o", markersize=4, linewidth=1.2,
-                              label=_plain(line[0]))
-        labels.append(_plain(line[0]))
+        for (label, values), style in zip(lines.items(), _LINE_STYLES * len(lines)):
+            ys = [float("nan") if v is None else float(v) for v in values]
+            handles += right.plot(range(len(groups)), ys, color="black", linewidth=1.2, markersize=4,
+                                  label=_plain(label), **style)
+            labels.append(_plain(label))
         right.set_ylim(-0.05, 1.05)
-        right.set_ylabel(_plain(line[0]), fontsize=8)
+        right.set_ylabel(_plain(lines_label), fontsize=8)
         right.spines[["top"]].set_visible(False)
-    if len(series) > 1 or baselines or threshold or line is not None:  # a line's legend goes above the axes,
-        # where it covers neither the bars nor the line
+    if len(series) > 1 or baselines or threshold or lines:  # with lines the legend goes above the axes,
+        # where it covers neither the bars nor the lines
         ax.legend(handles, labels, fontsize=7, **({"loc": "lower center", "bbox_to_anchor": (0.5, 1.08),
-                                                   "ncol": min(4, len(labels))} if line is not None else
-                                                  {"loc": "best"}))
-    ax.spines[["top"] + ([] if line is not None else ["right"])].set_visible(False)
+                                                   "ncol": min(4, len(labels))} if lines else {"loc": "best"}))
+    ax.spines[["top"] + ([] if lines else ["right"])].set_visible(False)
     fig.tight_layout()
     data = _to_png(fig)
     if path is not None:
