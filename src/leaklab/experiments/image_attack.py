@@ -14,7 +14,6 @@ and labels are compared as multisets.
 
 from __future__ import annotations
 
-import statistics
 import time
 from collections import Counter
 from pathlib import Path
@@ -31,6 +30,7 @@ from leaklab.cases import Case, load_case, load_truth
 from leaklab.io import (CASE_SUBDIR, IMAGE_ATTACK_FORMAT, RECONSTRUCTIONS_FILE, RESULTS_FILE, atomic_dir, save_tensors,
                         write_json)
 from leaklab.metrics import match_order, psnr, scores
+from leaklab.metrics.vectors import median_of
 
 Method = Literal["inversion", "analytic"]
 
@@ -189,7 +189,7 @@ def evaluate(case: Case, recons: list[Reconstruction],
         "truth": truth is not None,
     }
     if kept:  # what the defense left of the updates, as the capture recorded it (a median, as the rooms')
-        summary["update_cosine_median"] = statistics.median(kept)
+        summary["update_cosine_median"] = median_of(kept)
     return summary, samples, torch.cat(images), torch.cat(labels)
 
 

@@ -37,7 +37,7 @@ from leaklab.fields import DefenseOption, Seed
 from leaklab.io import (RECONSTRUCTIONS_FILE, RESULTS_FILE, ROOM_ATTACK_FORMAT, atomic_dir, check_out, json_line,
                         save_tensors, write_json)
 from leaklab.metrics.rooms import room_metrics, transition_metrics
-from leaklab.metrics.vectors import update_cosine
+from leaklab.metrics.vectors import median_of, update_cosine
 from leaklab.models import PerceptionSpec
 from leaklab.models.perception import ArchName, architecture_digest
 from leaklab.names import ROOM_ATTACK_NAMES, SETTING_NAMES
@@ -160,9 +160,9 @@ def summarise(rows: list[dict[str, Any]], iterations: int, seconds: float) -> di
         finite = _finite([r["metrics"].get(metric) for r in rows])
         if finite:
             summary[key] = statistics.pstdev(finite)
-    kept = _finite([r["metrics"].get("update_cosine") for r in rows])
-    if kept:  # a median: an update whose own gradient is small drowns in weak noise and would pull a mean
-        summary["update_cosine_median"] = statistics.median(kept)
+    kept = median_of(r["metrics"].get("update_cosine") for r in rows)
+    if kept is not None:  # a median: an update whose own gradient is small drowns in weak noise and would
+        summary["update_cosine_median"] = kept  # pull a mean
     if any("action_informative" in r["metrics"] for r in rows):
         # a row's metrics are its batch's means: weigh them by the batch size to count samples
         sizes = [r["batch_size"] for r in rows]
