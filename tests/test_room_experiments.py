@@ -165,6 +165,9 @@ def test_quick_room_audit_writes_report_with_defenses(tmp_path):
     # RGI's share of updates with a policy-gradient part is shown for clean updates only (noise passes for one)
     rgi = [line for line in result.output.splitlines() if line.strip().startswith("RGI")]
     assert [("policy-gradient part found" in line) for line in rgi] == [True, False, False], rgi
+    # 3 image steps: no levels to audit next are suggested from verdicts that understate the leak
+    assert res["summary"]["next_levels"] == {"gaussian_sigmas": [], "dp_epsilons": []}
+    assert "To pin down" not in result.output and "To pin down" not in html
 
 
 def test_audit_report_pictures_a_cells_first_samples_and_scores_them_all(tmp_path, monkeypatch):
@@ -243,6 +246,50 @@ def test_audit_verdicts_in_words():
     assert [r[2] for r in old] == ["–", "–"]
     assert conclusion(old).startswith("dp is the weakest defense tested behind which nothing measured leaks; behind "
                                       "none the update still leaks the room")
+
+
+def test_audit_suggests_the_levels_to_audit_next():
+    from leaklab.experiments.audit_levels import next_levels, next_levels_text
+
+    # every σ leaks: two stronger round levels; every ε is safe: two weaker ones (larger ε)
+    assert next_levels({1e-3: True, 0.03: True}, {8.0: False, 1.0: False}) == {
+        "gaussian_sigmas": [0.1, 0.3], "dp_epsilons": [30.0, 100.0]}
+    # a bracket: two levels between, a third and two thirds of the way (log scale); ε orders the other way
+    assert next_levels({1e-3: True, 0.3: False}, {50.0: True, 8.0: False}) == {
+        "gaussian_sigmas": [0.005, 0.05], "dp_epsilons": [20.0, 30.0]}
+    # every σ safe: weaker ones; every ε leaks: stronger ones (smaller ε); a family not tested: none
+    assert next_levels({0.1: False}, {}) == {"gaussian_sigmas": [0.01, 0.03], "dp_epsilons": []}
+    assert next_levels({}, {50.0: True})["dp_epsilons"] == [5.0, 20.0]
+    # a bracket of adjacent round levels is narrow already; a level already tested is not suggested again
+    assert next_levels({0.1: True, 0.2: False}, {})["gaussian_sigmas"] == []
+    assert next_levels({0.03: True, 0.1: True}, {})["gaussian_sigmas"] == [0.3, 1.0]
+    assert next_levels_text({"gaussian_sigmas": [0.1, 0.3], "dp_epsilons": [30.0]}).startswith(
+        "To pin down where the leaks stop, audit next with `--sigmas 0.1,0.3 --epsilons 30`")
+    assert next_levels_text({"gaussian_sigmas": [], "dp_epsilons": []}) == ""
+
+
+def test_audit_suggests_levels_from_its_verdicts_only_when_they_are_full_strength():
+    from leaklab.experiments import room_audit
+
+    def cell(defense, depth):
+        return {"defense": defense, "defense_chain": None if defense == "none" else "gaussian:1", "algorithm": "rgi",
+                "setting": "S2", "summary": {"depth_psnr_mean": depth, "depth_psnr_baseline_mean": 15.0,
+                                              "iou_mean": 0.0},
+                "samples": [{"metrics": {"depth_paper_psnr": depth, "depth_paper_psnr_baseline": 15.0}}]}
+
+    config = room_audit.AuditConfig(gaussian_sigmas=(1e-3, 0.3), dp_epsilons=(8.0,))
+    labels = [label for label, _ in config.defenses()]
+    assert labels == ["none", "gaussian σ=0.001", "gaussian σ=0.3", "DP-SGD ε=8"]
+
+    def suggest(depths, **fields):
+        results = {"summary": {"defenses": labels}, "cells": [cell(label, d) for label, d in zip(labels, depths)]}
+        return room_audit._next_levels(config.model_copy(update=fields), results)
+
+    assert suggest([40.0, 20.0, 15.0, 15.0]) == {"gaussian_sigmas": [0.005, 0.05], "dp_epsilons": [30.0, 100.0]}
+    assert suggest([40.0, 20.0, 20.0, 20.0]) == {"gaussian_sigmas": [1.0, 3.0], "dp_epsilons": [1.0, 3.0]}
+    # nothing leaks even undefended, or the attacks ran short (their verdicts understate): no suggestion
+    none = {"gaussian_sigmas": [], "dp_epsilons": []}
+    assert suggest([15.0] * 4) == none and suggest([40.0, 20.0, 15.0, 15.0], iterations=3) == none
 
 
 def test_audit_attacks_saved_room_cases(tmp_path, monkeypatch):

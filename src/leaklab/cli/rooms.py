@@ -248,6 +248,7 @@ def audit(
         from leaklab.attacks.rl import RoomAttackConfig
         from leaklab.device import require_device
         from leaklab.experiments import room_attack, room_audit, room_report
+        from leaklab.experiments.audit_levels import next_levels_text
 
         require_device(device)  # before the configs: one plain line for a bad name
         if cases is not None:
@@ -293,6 +294,8 @@ def audit(
                    f"{images}, box IoU {s['iou_mean']:.3f}, action {room_attack.action_share(s, defended)}"
                    + (f", update kept {s['update_cosine_median']:.3g}" if defended else ""))  # every row has one
     typer.echo(room_report.conclusion(room_report.verdicts(results)))
+    if advice := next_levels_text(results["summary"]["next_levels"]):
+        typer.echo(advice)
 
 
 def _image_audit(out: Path, quick: bool, seed: int, progress: Callable[..., None]) -> None:

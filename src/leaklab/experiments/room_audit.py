@@ -43,6 +43,7 @@ from leaklab.device import DEVICE_PATTERN, describe, require_device, versions
 from leaklab.errors import LeaklabError, ModelClassError
 from leaklab.experiments import ProgressFn, attack_pool, room_attack, room_report
 from leaklab.experiments.attack_journal import journal_beside
+from leaklab.experiments.audit_levels import next_levels
 from leaklab.fields import Seed
 from leaklab.io import (AUDIT_FORMAT, CAPTURE_JSON, RECONSTRUCTIONS_FILE, RESULTS_FILE, TRUTH_FILE, VIEW_FILE,
                         atomic_dir, check_out, read_json, save_tensors, write_json)
@@ -95,9 +96,28 @@ class AuditConfig(BaseModel):
     def defenses(self) -> list[tuple[str, str | None]]:
         """(label, defense chain) from the weakest to the strongest."""
         out: list[tuple[str, str | None]] = [("none", None)]
-        out += [(f"gaussian σ={s:g}", f"gaussian:{s:g}") for s in self.gaussian_sigmas]
-        out += [(f"DP-SGD ε={e:g}", dpsgd_defense(e)) for e in sorted(self.dp_epsilons, reverse=True)]
+        out += [(gaussian_label(s), f"gaussian:{s:g}") for s in self.gaussian_sigmas]
+        out += [(dpsgd_label(e), dpsgd_defense(e)) for e in sorted(self.dp_epsilons, reverse=True)]
         return out
+
+
+def gaussian_label(sigma: float) -> str:
+    return f"gaussian σ={sigma:g}"
+
+
+def dpsgd_label(epsilon: float) -> str:
+    return f"DP-SGD ε={epsilon:g}"
+
+
+def _next_levels(config: AuditConfig, results: dict[str, Any]) -> dict[str, list[float]]:
+    """The levels to audit next (:mod:`.audit_levels`) from each tested level's verdict; none when the
+    undefended updates leak nothing or the attacks ran fewer image iterations than their default (their
+    verdicts understate the leaks)."""
+    leaks = {row[0]: row[-1] != room_report.NOTHING_LEAKS for row in room_report.verdicts(results)}
+    if not leaks["none"] or (config.iterations is not None and room_report.effort_notice(config.iterations)):
+        return {"gaussian_sigmas": [], "dp_epsilons": []}
+    return next_levels({s: leaks[gaussian_label(s)] for s in config.gaussian_sigmas},
+                       {e: leaks[dpsgd_label(e)] for e in config.dp_epsilons})
 
 
 def default_config(quick: bool = False, full: bool = False, seed: int = 0) -> AuditConfig:
@@ -202,6 +222,7 @@ def run(out: Path, config: AuditConfig, progress: ProgressFn | None = None) -> d
                    "summary": {"seconds": time.perf_counter() - start, "samples_attacked": len(jobs),
                                "resumed_attacks": resumed, "defenses": [label for label, _ in defenses]},
                    "cells": results_cells, "versions": versions(), "device": describe(torch.device(config.device))}
+        results["summary"]["next_levels"] = _next_levels(config, results)
         write_json(tmp / RESULTS_FILE, results)
         room_report.write_report(tmp, results, cells, defenses, truths, pictures)
     return results

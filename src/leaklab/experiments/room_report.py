@@ -16,6 +16,7 @@ import torch
 
 from leaklab.attacks.rl import RoomAttackConfig
 from leaklab.experiments import room_attack
+from leaklab.experiments.audit_levels import next_levels_text
 from leaklab.fields import defense_steps
 from leaklab.io import REPORT_FILE
 from leaklab.metrics.rooms import matched
@@ -436,7 +437,8 @@ def write_report(folder: Path, results: dict[str, Any], cells, defenses, truths,
              "the images (on a noised update its closed forms read noisy values, and the image stage leaves "
              "out the terms that need an exact update). Baseline: a constant image at the true mean, what an "
              "attacker with no information scores; the gain over it is what the update gave away.")
-    lead = f"{conclusion(verdicts(results))} ({plural(config['samples'], 'sample')} per attack and defense.)"
+    lead = " ".join(filter(None, (f"{conclusion(verdicts(results))} ({plural(config['samples'], 'sample')} per "
+                                  "attack and defense.)", next_levels_text(results["summary"]["next_levels"]))))
     render_report(folder / REPORT_FILE, "leaklab audit: your room through federated RL updates",
                   summary=summary, intro=intro, notice=notice, lead=lead,
                   figures=[Figure("Leakage per defense", plot, "bars: PSNR minus the constant-image "

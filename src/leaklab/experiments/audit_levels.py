@@ -1,0 +1,70 @@
+"""The defense levels the room audit suggests auditing next: where the leaks stop between the levels it
+tested, or beyond them (``results.json`` ``summary.next_levels``; the report and the command print them).
+
+A defense family's levels are ordered by strength (Gaussian noise: σ, larger is stronger; one DP-SGD
+step: ε, smaller is stronger). Per family, with ``leaks`` the verdict of each tested level:
+
+* a level that leaks below a stronger one that does not: two levels between them, a third and two
+  thirds of the way on a log scale;
+* every level leaks: two stronger ones, √10 and 10 times the strongest's strength;
+* no level leaks: two weaker ones, √10 and 10 times weaker than the weakest.
+
+Each suggestion is rounded to 1, 2, 3 or 5 times a power of ten (a level a user would type), and one
+already tested, or outside the bracket it should narrow, is dropped: a bracket of adjacent round levels
+gets none.
+"""
+
+from __future__ import annotations
+
+import math
+
+ROUND_MANTISSAS = (1, 2, 3, 5)
+
+
+def _round_level(x: float) -> float:
+    """The nearest (on a log scale) of 1, 2, 3 or 5 times a power of ten."""
+    k = math.floor(math.log10(x))
+    candidates = [m * 10.0 ** e for e in (k, k + 1) for m in ROUND_MANTISSAS]
+    return float(f"{min(candidates, key=lambda c: abs(math.log(c / x))):.1g}")
+
+
+def _next_strengths(tested: dict[float, bool]) -> tuple[list[float], tuple[float, float]]:
+    """Suggested strengths (larger: stronger) from ``tested`` (strength -> leaks), and the open interval
+    they must fall in."""
+    leaky = [s for s, leaks in tested.items() if leaks]
+    if not leaky:
+        weakest = min(tested)
+        return [weakest / math.sqrt(10), weakest / 10], (0.0, weakest)
+    lo = max(leaky)
+    stronger_safe = [s for s, leaks in tested.items() if not leaks and s > lo]
+    if not stronger_safe:
+        return [lo * math.sqrt(10), lo * 10], (lo, math.inf)
+    hi = min(stronger_safe)
+    return [lo ** (2 / 3) * hi ** (1 / 3), lo ** (1 / 3) * hi ** (2 / 3)], (lo, hi)
+
+
+def _suggest(tested: dict[float, bool], strength) -> list[float]:
+    """Round levels to audit next for one family; ``strength`` maps a level to its strength and back
+    (an involution: σ -> σ, ε -> 1/ε)."""
+    if not tested:
+        return []
+    strengths, (lo, hi) = _next_strengths({strength(level): leaks for level, leaks in tested.items()})
+    levels = {_round_level(strength(s)) for s in strengths}
+    return sorted(level for level in levels if level not in tested and lo < strength(level) < hi)
+
+
+def next_levels(gaussian: dict[float, bool], dpsgd: dict[float, bool]) -> dict[str, list[float]]:
+    """The Gaussian σ and DP-SGD ε levels to audit next, from each tested level's verdict (level ->
+    leaks); both empty lists when the family was not tested."""
+    return {"gaussian_sigmas": _suggest(gaussian, lambda s: s),
+            "dp_epsilons": _suggest(dpsgd, lambda e: 1 / e)}
+
+
+def next_levels_text(levels: dict[str, list[float]]) -> str:
+    """One sentence naming the options that audit the suggested levels; "" when there are none."""
+    options = [f"{flag} {','.join(f'{v:g}' for v in levels[key])}"
+               for flag, key in (("--sigmas", "gaussian_sigmas"), ("--epsilons", "dp_epsilons")) if levels[key]]
+    if not options:
+        return ""
+    return (f"To pin down where the leaks stop, audit next with `{' '.join(options)}` (levels between the "
+            "strongest tested that leaks and the weakest that does not, or beyond them).")
