@@ -18,7 +18,6 @@ The widened networks reach the attack's workers as a user's own class would
 from __future__ import annotations
 
 import argparse
-import functools
 import json
 import os
 import statistics
@@ -39,30 +38,36 @@ from leaklab.rl.capture import collect_transitions, dqn_client_update, target_co
 
 from start_spread import gains  # analysis/, beside this script
 
-def widened(widths: tuple[int, int, int]) -> type[PerceptionNet]:
-    """``small`` (box branch and head as built-in) with each stream's convolutions ``widths`` wide."""
+def widened(widths: tuple[int, int, int], rgb_only: bool = False) -> type[PerceptionNet]:
+    """``small`` (box branch and head as built-in) with each stream's convolutions ``widths`` wide (with
+    ``rgb_only``, the RGB stream's alone: the depth stream, and so an S2 network, stays ``small``'s)."""
+
+    def stream(channels: int) -> nn.Sequential:
+        wide = not rgb_only or channels == 3
+        return three_conv_stream(channels, widths=widths if wide else SMALL_WIDTHS)
 
     class Widened(PerceptionNet):
         def __init__(self, spec: PerceptionSpec):
             super().__init__(spec)
-            self.conv = ModalityStreams(spec.setting, functools.partial(three_conv_stream, widths=widths))
+            self.conv = ModalityStreams(spec.setting, stream)
             with torch.no_grad():
                 count = self.conv(torch.zeros(1, spec.in_channels, spec.image_size, spec.image_size)).shape[1]
             self.conv_features = count
             self.head = nn.Sequential(nn.Linear(count + 32, 256), nn.ReLU(), nn.Linear(256, spec.num_actions))
 
-    Widened.__name__ = class_name(widths)
+    Widened.__name__ = class_name(widths, rgb_only)
     return Widened
 
 
-def class_name(widths: tuple[int, int, int]) -> str:
-    return "W" + "_".join(map(str, widths))
+def class_name(widths: tuple[int, int, int], rgb_only: bool = False) -> str:
+    return ("R" if rgb_only else "W") + "_".join(map(str, widths))
 
 
 def __getattr__(name: str) -> type[PerceptionNet]:
-    """``W32_64_64`` and the like: the widened network class, for ``model_class`` strings."""
-    if name.startswith("W") and name[1:].replace("_", "").isdigit() and name.count("_") == 2:
-        return widened(tuple(int(w) for w in name[1:].split("_")))
+    """``W32_64_64`` and the like (``R…``: the RGB stream alone widened): the widened network class, for
+    ``model_class`` strings."""
+    if name[:1] in "WR" and name[1:].replace("_", "").isdigit() and name.count("_") == 2:
+        return widened(tuple(int(w) for w in name[1:].split("_")), rgb_only=name[0] == "R")
     raise AttributeError(name)
 
 
@@ -76,6 +81,7 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=8)
     parser.add_argument("--setting", choices=("S1", "S2"), default="S1")
     parser.add_argument("--widths", action="append", required=True, help="three widths, e.g. 32,64,64")
+    parser.add_argument("--rgb-only", action="store_true", help="widen the RGB stream alone (depth stays small)")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
@@ -91,7 +97,7 @@ def main() -> None:
     transitions = collect_transitions(config.layouts, args.samples, spec, seed=config.seed, gamma=config.gamma)
     jobs, truths = [], []
     for widths in nets:
-        model_class = None if widths == SMALL_WIDTHS else f"width_probe:{class_name(widths)}"
+        model_class = None if widths == SMALL_WIDTHS else f"width_probe:{class_name(widths, args.rgb_only)}"
         net = build_perception_net(spec, seed=config.seed, model_class=model_class)
         target = target_copy(net)
         state = {k: v.detach().clone() for k, v in net.state_dict().items()}
