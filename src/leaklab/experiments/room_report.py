@@ -197,14 +197,20 @@ def _leakage_plot(results: dict[str, Any], labels: list[str], path: Path) -> byt
                 series.setdefault(f"{key} {image}", [None] * len(labels))[labels.index(cell["defense"])] = gain
     kept = [median_of(c["summary"].get("update_cosine_median") for c in results["cells"] if c["defense"] == label)
             for label in labels]
-    actions = [[r["metrics"]["action"] for c in results["cells"] if c["defense"] == label and c["algorithm"] == "qgi"
-                for r in c["samples"]] for label in labels]
+    actions = [_qgi_actions([c for c in results["cells"] if c["defense"] == label]) for label in labels]
     return bar_plot(labels, series, path, ylabel="PSNR over baseline (dB)", xlabel="defense, weakest first",
                     title="Leakage per defense: reconstruction PSNR minus the constant-image baseline",
                     threshold=(IMAGE_LEAK_DB, f"the room shows from +{IMAGE_LEAK_DB:g} dB"),
                     lines={"update kept (cosine; right axis)": kept,
                            "QGI action accuracy (right axis)": [statistics.fmean(a) if a else None for a in actions]},
                     lines_label="cosine kept; action accuracy (chance 1/7)")
+
+
+def _qgi_actions(cells: list[dict[str, Any]]) -> list[float]:
+    """Whether QGI read each of its attacked updates' action right (1 or 0; a batch's share), over ``cells``:
+    the verdicts' and the leakage plot's action (RGI's is left out: a REINFORCE update whose return is 0 holds
+    no trace of its action, and under noise RGI's rule reads the noise)."""
+    return [r["metrics"]["action"] for c in cells if c["algorithm"] == "qgi" for r in c["samples"]]
 
 
 def _frame_gain(row: dict[str, Any]) -> float | None:
@@ -250,7 +256,7 @@ def verdicts(results: dict[str, Any]) -> list[list[Any]]:
         gain, where = max(gains)
         shown = _leak_count([r for c in cells for r in c["samples"]])
         iou = max(c["summary"]["iou_mean"] for c in cells)
-        actions = [r["metrics"]["action"] for c in cells if c["algorithm"] == "qgi" for r in c["samples"]]
+        actions = _qgi_actions(cells)
         action = statistics.fmean(actions) if actions else None
         q_error, reward_error = (min((e for c in cells if (e := c["summary"].get(key)) is not None), default=None)
                                  for key in ("q_target_err_mean", "reward_abs_err_mean"))
