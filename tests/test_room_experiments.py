@@ -170,6 +170,22 @@ def test_quick_room_audit_writes_report_with_defenses(tmp_path):
     assert "To pin down" not in result.output and "To pin down" not in html
 
 
+def test_audit_attacks_a_partly_trained_network(tmp_path):
+    """``train_steps``: each algorithm and setting trains its network in the rooms before the captured
+    round, the progress counts the steps, and the report says which network the clients sent."""
+    from leaklab.experiments import room_audit
+
+    calls = []
+    config = room_audit.default_config(quick=True).model_copy(update={"train_steps": 40})
+    res = room_audit.run(tmp_path / "audit", config, lambda task, done, total: calls.append((task, done, total)))
+    trained = [(done, total) for task, done, total in calls if task == "train"]
+    assert trained[-1] == (80, 80) and (40, 80) in trained  # QGI's and RGI's S1 networks, one after the other
+    assert all(a <= b for (a, _), (b, _) in zip(trained, trained[1:]))
+    assert res["config"]["train_steps"] == 40
+    html = (tmp_path / "audit" / "report.html").read_text()
+    assert "network after 40 environment steps of DQN or REINFORCE training" in html
+
+
 def test_audit_report_pictures_a_cells_first_samples_and_scores_them_all(tmp_path, monkeypatch):
     """A paper-scale audit (48 samples a cell) pictures the first SHOWN_SAMPLES of each cell."""
     from leaklab.experiments import room_audit, room_report
@@ -439,6 +455,11 @@ def test_audit_refuses_conflicting_options(tmp_path):
                       "error: --iterations: only for --kind rooms")
     assert_user_error(invoke("audit", "--cases", tmp_path, "--arch", "nature", "--out", out), out, "--arch",
                       "view.json")
+    assert_user_error(invoke("audit", "--cases", tmp_path, "--train-steps", "5", "--out", out), out,
+                      "--train-steps", "env capture --train-steps")
+    assert_user_error(invoke("audit", "--kind", "images", "--train-steps", "5", "--out", out), out,
+                      "error: --train-steps: only for --kind rooms")
+    assert_user_error(invoke("audit", "--quick", "--train-steps", "-1", "--out", out), out, "--train-steps")
     assert_user_error(invoke("attack", "rgi", "--mode", "paper", "--batch-size", "2", "--out", out), out,
                       "paper-mode RGI", "batch_size 1")  # exact mode reads a batch of two
     assert_user_error(invoke("attack", "qgi", "--device", "cuda:x", "--out", out), out, "--device", "cpu or cuda")

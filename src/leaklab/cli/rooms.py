@@ -187,7 +187,9 @@ def env_capture(
                                **({} if entropy_weight is None else {"entropy_weight": entropy_weight}))
     with _progress() as progress:
         folders = capture_rooms(config, out, task_progress(progress, f"capture {algorithm} {setting}",
-                                                           samples * batch_size))
+                                                           samples * batch_size),
+                                task_progress(progress, f"train {algorithm} {setting}", train_steps)
+                                if train_steps else None)
     behind = f", behind {defense}" if config.defense else ""
     network, own = (model_class, f" --model-class {model_class}") if model_class else (f"{arch} network", "")
     readable = max_batch("dqn_mse" if algorithm == "dqn" else "reinforce", "exact")
@@ -216,6 +218,9 @@ def audit(
     arch: Annotated[Optional[str], _choice("--arch", ARCH_NAMES, "(the robots' perception network; default "
                                            "small)")] = None,
     iterations: IterationsOpt = None,
+    train_steps: Annotated[Optional[int], typer.Option(
+        "--train-steps", min=0, help="environment steps of DQN / REINFORCE training before the captured round, "
+        "per algorithm and setting (default 0: the network as initialised, the worst case for a client)")] = None,
     sigmas: Annotated[Optional[str], typer.Option(
         "--sigmas", callback=_positive_numbers("--sigmas"), help="the Gaussian defense's noise std per gradient "
         "entry, one audited level each, comma-separated (default 1e-3,3e-2)")] = None,
@@ -238,6 +243,7 @@ def audit(
         if kind == "images":
             given = [flag for flag, used in (("--full", full), ("--cases", cases), ("--model-class", model_class),
                                              ("--mode", mode), ("--arch", arch), ("--iterations", iterations),
+                                             ("--train-steps", train_steps is not None),
                                              ("--sigmas", sigmas), ("--epsilons", epsilons),
                                              ("--workers", workers), ("--device", device != "cpu")) if used]
             if given:
@@ -260,6 +266,9 @@ def audit(
             if sigmas or epsilons:
                 raise LeaklabError("--sigmas/--epsilons: the cases hold the updates as their clients defended them "
                                    "(`leaklab env capture --defense`)")
+            if train_steps is not None:
+                raise LeaklabError("--train-steps: the cases hold the updates of the network they were captured "
+                                   "from (`leaklab env capture --train-steps`)")
             attack = RoomAttackConfig(mode=mode or "exact", seed=seed,
                                       **({"iterations": iterations} if iterations is not None else {}))
             results = room_audit.run_cases(out, cases, attack, workers=workers, progress=progress,
@@ -276,6 +285,7 @@ def audit(
             raise LeaklabError("--full runs exact and paper mode; drop --mode")
         config = room_audit.default_config(quick=quick, full=full, seed=seed)
         overrides = {k: v for k, v in (("iterations", iterations), ("workers", workers or None), ("arch", arch),
+                                       ("train_steps", train_steps),
                                        ("gaussian_sigmas", sigmas), ("dp_epsilons", epsilons)) if v is not None}
         overrides["device"] = device
         if mode is not None and not full:

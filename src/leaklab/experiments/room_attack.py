@@ -116,15 +116,17 @@ class Sample:
 
 
 def capture_samples(config: RoomRunConfig, on_episode: Callable[[int], None] | None = None,
+                    on_train_step: Callable[[int], None] | None = None,
                     ) -> tuple[dict[str, torch.Tensor], list[Sample]]:
     """The network's state and one clean client update (with its truth) per sample
     (:func:`leaklab.rl.capture.client_rounds`); ``on_episode(n)`` hears how many of the
-    ``samples * batch_size`` client episodes are done."""
+    ``samples * batch_size`` client episodes are done, ``on_train_step(n)`` how many of the network's
+    ``train_steps`` of training."""
     capture = RoomCaptureConfig(algorithm="dqn" if config.algorithm == "qgi" else "reinforce", spec=config.spec,
                                 layouts=config.layouts, samples=config.samples, batch_size=config.batch_size,
                                 train_steps=config.train_steps, gamma=config.gamma,
                                 entropy_weight=config.entropy_weight, seed=config.seed)
-    state, rounds = client_rounds(capture, on_episode)
+    state, rounds = client_rounds(capture, on_episode, on_train_step)
     return state, [Sample(i, r.layouts, r.update, r.truth) for i, r in enumerate(rounds)]
 
 
@@ -246,7 +248,9 @@ def run(config: RoomRunConfig, out: Path, progress: ProgressFn | None = None) ->
     require_device(config.device)
     start = time.perf_counter()
     state, clean = capture_samples(config, task_progress(progress, f"capture {config.algorithm} {config.setting}",
-                                                         config.samples * config.batch_size))
+                                                         config.samples * config.batch_size),
+                                   task_progress(progress, f"train {config.algorithm} {config.setting}",
+                                                 config.train_steps) if config.train_steps else None)
     kept: dict[int, float] = {}  # each update's cosine, taken from its job when the job is first built
 
     def make_job(i: int) -> Job:

@@ -73,6 +73,8 @@ class AuditConfig(BaseModel):
     settings: tuple[Literal[SETTING_NAMES], ...] = ("S1", "S2")
     modes: tuple[Literal[ROOM_MODE_NAMES], ...] = ("exact",)
     arch: ArchName = "small"
+    train_steps: int = Field(default=0, ge=0, description="environment steps of DQN / REINFORCE training before the "
+                             "captured round; 0: the network as initialised (seed 000, V)")
     samples: int = Field(default=3, ge=1)
     layouts: tuple[str, ...] | None = Field(default=None, description="None: the first `samples` layouts")
     iterations: int | None = Field(default=None, ge=1, description="image-stage iterations; None: the mode's")
@@ -146,7 +148,8 @@ def _cell_configs(config: AuditConfig) -> list[tuple[dict[str, str], room_attack
                 if config.iterations is not None:
                     fields["iterations"] = config.iterations
                 run = room_attack.RoomRunConfig(algorithm=algorithm, setting=setting, arch=config.arch,
-                                                samples=config.samples, layouts=layouts,
+                                                train_steps=config.train_steps, samples=config.samples,
+                                                layouts=layouts,
                                                 attack=RoomAttackConfig(**fields), workers=config.workers,
                                                 device=config.device, seed=config.seed)
                 cells.append(({"algorithm": algorithm, "setting": setting, "mode": mode}, run))
@@ -168,14 +171,19 @@ def run(out: Path, config: AuditConfig, progress: ProgressFn | None = None) -> d
         firsts.setdefault((run_config.algorithm, run_config.setting), run_config)
     episodes = sum(run_config.samples * run_config.batch_size for run_config in firsts.values())
     captures: dict[tuple[str, str], tuple[dict[str, torch.Tensor], list[room_attack.Sample]]] = {}
-    captured = 0
+    captured = trained = 0
     for key, run_config in firsts.items():
         def on_episode(n: int, before: int = captured) -> None:
             if n or not before:  # every capture says 0 at its start: the first one's opens the bar
                 progress("capture", before + n, episodes)
 
-        captures[key] = room_attack.capture_samples(run_config, on_episode if progress else None)
+        def on_train_step(n: int, before: int = trained) -> None:  # each algorithm and setting trains a network
+            progress("train", before + n, config.train_steps * len(firsts))
+
+        captures[key] = room_attack.capture_samples(run_config, on_episode if progress else None,
+                                                    on_train_step if progress and config.train_steps else None)
         captured += run_config.samples * run_config.batch_size
+        trained += config.train_steps
     where = [(c, d, sample) for c, (_, run_config) in enumerate(cells) for d in range(len(defenses))
              for sample in captures[(run_config.algorithm, run_config.setting)][1]]
 

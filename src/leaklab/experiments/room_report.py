@@ -333,6 +333,13 @@ def effort_notice(iterations: int, after: str = "") -> str:
             if iterations < full else "")
 
 
+def _trained_words(config: dict[str, Any]) -> str:
+    """Which network the audit's clients send gradients of (``train_steps``: 0 in results written before
+    audits could train it)."""
+    steps = config.get("train_steps", 0)
+    return f"after {plural(steps, 'environment step')} of DQN or REINFORCE training" if steps else "as initialised"
+
+
 def _cell_table(meta: dict[str, str], images: tuple[str, ...], labels: list[str], by: dict) -> Any:
     """One attack's metrics under every defense: each image score beside its constant baseline, the
     box, the action, the Q-value (QGI) or reward (RGI) error, the cosine an update keeps with the true
@@ -422,7 +429,7 @@ def write_report(folder: Path, results: dict[str, Any], cells, defenses, truths,
     rooms = sorted(set(cells[0][1].layouts or ()))
     summary = [("generated", time.strftime("%Y-%m-%d %H:%M:%S")), ("device", results["device"]),
                ("leaklab", results["versions"]["leaklab"]), ("torch", results["versions"]["torch"]),
-               ("network", config["arch"]), ("seed", config["seed"]),
+               ("network", f"{config['arch']}, {_trained_words(config)}"), ("seed", config["seed"]),
                ("attacks", f"{' and '.join(config['modes'])} mode, {'/'.join(map(str, iterations))} image iterations "
                            f"each; {plural(config['samples'], 'sample')} per cell from {plural(len(rooms), 'room')}"),
                ("rooms", ", ".join(rooms)),
@@ -433,8 +440,9 @@ def write_report(folder: Path, results: dict[str, Any], cells, defenses, truths,
              "what it receives) see a robot's private room? Robots training an active-perception policy in "
              "ViZDoom rooms share one gradient per step; the server inverts it (the paper \"Your Room is not "
              "Private\": QGI against DQN clients, RGI against REINFORCE clients). Each attacked update is one "
-             "transition's gradient of the network as initialised, the case the paper attacks and the worst "
-             "for a client. Defenses: Gaussian noise "
+             f"transition's gradient of the network {_trained_words(config)}"
+             + (", the case the paper attacks and the worst for a client" if not config.get("train_steps") else
+                " (each algorithm and setting trains its own)") + ". Defenses: Gaussian noise "
              "on every gradient entry, and one DP-SGD step (clip to norm 1, then Gaussian noise calibrated to "
              "ε at δ = 1e-5 for that one step: a training run of many steps spends a larger ε); `leaklab audit "
              "--sigmas … --epsilons …` audits other levels. "

@@ -211,10 +211,12 @@ def reinforce_client_update(net: PerceptionNet, transitions: Sequence[Transition
 
 def partly_trained_net(algorithm: Literal[RL_ALGORITHM_NAMES], spec: PerceptionSpec, steps: int,
                        layouts: Sequence[str] | None = None, seed: int = 0,
-                       model_class: str | None = None) -> PerceptionNet:
+                       model_class: str | None = None,
+                       on_step: Callable[[int], None] | None = None) -> PerceptionNet:
     """The network a capture attacks: initialised with ``seed`` (``steps=0``), or partly trained by a
-    short :func:`train_dqn` / :func:`train_reinforce` run of ``steps`` environment steps;
-    ``model_class`` ("module:Class"): a user's own perception network instead of leaklab's."""
+    short :func:`train_dqn` / :func:`train_reinforce` run of ``steps`` environment steps (``on_step(n)``
+    hears how many are done); ``model_class`` ("module:Class"): a user's own perception network instead
+    of leaklab's."""
     if steps < 0:
         raise LeaklabError(f"steps must be >= 0 (got {steps})")
     if algorithm not in RL_ALGORITHM_NAMES:
@@ -224,11 +226,16 @@ def partly_trained_net(algorithm: Literal[RL_ALGORITHM_NAMES], spec: PerceptionS
     # the agents build leaklab's network themselves (from the same seed); a user's class is built here
     own = build_perception_net(spec, seed=seed, model_class=model_class) if model_class else None
     lay = tuple(layouts) if layouts is not None else None
+    progress = (lambda done, total, stats: on_step(done)) if on_step else None  # noqa: E731
     if algorithm == "dqn":
         config = DQNConfig(spec=spec, layouts=lay, steps=steps, seed=seed,
                            learning_starts=min(200, steps // 4), eps_decay_steps=max(1, steps // 2))
-        return train_dqn(config, net=own)[0]
-    return train_reinforce(ReinforceConfig(spec=spec, layouts=lay, steps=steps, seed=seed), net=own)[0]
+        net = train_dqn(config, progress, net=own)[0]
+    else:
+        net = train_reinforce(ReinforceConfig(spec=spec, layouts=lay, steps=steps, seed=seed), progress, net=own)[0]
+    if on_step:  # the agents report at the ends of episodes; the last one may end after the budget
+        on_step(steps)
+    return net
 
 
 def target_copy(net: PerceptionNet) -> PerceptionNet:
@@ -287,14 +294,15 @@ def defended(update: ClientUpdate, defense: str | None, seed: int, index: int) -
 
 
 def client_rounds(config: RoomCaptureConfig, on_episode: Callable[[int], None] | None = None,
+                  on_train_step: Callable[[int], None] | None = None,
                   ) -> tuple[dict[str, torch.Tensor], list[ClientRound]]:
     """The state of the network the clients share (:func:`partly_trained_net` of ``config.seed``;
-    DQN's target network is its copy) and ``config.samples`` rounds of ``config.batch_size``
-    private transitions each, the updates behind ``config.defense``; ``on_episode(n)`` hears how many
-    of the private episodes are done."""
+    DQN's target network is its copy; ``on_train_step(n)`` hears how many of its training steps are
+    done) and ``config.samples`` rounds of ``config.batch_size`` private transitions each, the updates
+    behind ``config.defense``; ``on_episode(n)`` hears how many of the private episodes are done."""
     spec = config.spec
     net = partly_trained_net(config.algorithm, spec, config.train_steps, config.layouts, config.seed,
-                             config.model_class)
+                             config.model_class, on_train_step)
     transitions = collect_transitions(config.layouts, config.samples * config.batch_size, spec,
                                       seed=config.seed, policy=net if config.policy == "agent" else None,
                                       epsilon=config.epsilon, warmup_steps=config.warmup_steps,
@@ -313,8 +321,8 @@ def client_rounds(config: RoomCaptureConfig, on_episode: Callable[[int], None] |
     return {k: v.detach().clone() for k, v in net.state_dict().items()}, rounds
 
 
-def capture_rooms(config: RoomCaptureConfig, out: Path,
-                  on_episode: Callable[[int], None] | None = None) -> list[Path]:
+def capture_rooms(config: RoomCaptureConfig, out: Path, on_episode: Callable[[int], None] | None = None,
+                  on_train_step: Callable[[int], None] | None = None) -> list[Path]:
     """Write :func:`client_rounds` as one room case per update under ``out`` (``out/0000``,
     ``out/0001``, ...), ``out/capture.json`` with the config and ``out/capture.png`` with the first
     private states (what the state holds: RGB in S1, depth, the box); returns the case folders. The
@@ -322,7 +330,7 @@ def capture_rooms(config: RoomCaptureConfig, out: Path,
     folder leaklab did not write is refused."""
     out = Path(out)
     check_out(out, ROOM_CAPTURE_FORMAT)  # before the minutes of capture
-    state, rounds = client_rounds(config, on_episode)
+    state, rounds = client_rounds(config, on_episode, on_train_step)
     names = [f"{i:04d}" for i in range(len(rounds))]
     with atomic_dir(out, ROOM_CAPTURE_FORMAT) as tmp:
         for i, (name, r) in enumerate(zip(names, rounds)):
