@@ -144,10 +144,11 @@ def bar_plot(groups: Sequence[str], series: dict[str, Sequence[float | None]],
         if ref is not None:
             ax.axhline(float(ref), color=bars.patches[0].get_facecolor() if bars.patches else None,
                        linestyle="--", linewidth=1.2, label=_plain(f"{name}: baseline"))
-        for bar, h in zip(bars, heights):
+        for bar, h in zip(bars, heights):  # each value at its bar's end; upright when the bars are too narrow
             if not math.isnan(h):
                 ax.annotate(f"{h:.1f}", (bar.get_x() + bar.get_width() / 2, h), ha="center",
-                            va="bottom", fontsize=7)
+                            va="bottom" if h >= 0 else "top", fontsize=7, rotation=90 if k > 4 else 0)
+    ax.margins(y=0.15 if k > 4 else 0.08)  # room for the values at the bars' ends
     ax.set_xticks(range(len(groups)))
     ax.set_xticklabels([_plain(g) for g in groups], fontsize=8)
     ax.set_ylabel(ylabel)
