@@ -17,6 +17,7 @@ gets none.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 ROUND_MANTISSAS = (1, 2, 3, 5)
 
@@ -43,7 +44,7 @@ def _next_strengths(tested: dict[float, bool]) -> tuple[list[float], tuple[float
     return [lo ** (2 / 3) * hi ** (1 / 3), lo ** (1 / 3) * hi ** (2 / 3)], (lo, hi)
 
 
-def _suggest(tested: dict[float, bool], strength) -> list[float]:
+def _suggest(tested: dict[float, bool], strength: Callable[[float], float]) -> list[float]:
     """Round levels to audit next for one family; ``strength`` maps a level to its strength and back
     (an involution: σ -> σ, ε -> 1/ε)."""
     if not tested:

@@ -104,10 +104,12 @@ class AuditConfig(BaseModel):
 
 
 def gaussian_label(sigma: float) -> str:
+    """The report's name of the Gaussian defense at ``sigma``."""
     return f"gaussian σ={sigma:g}"
 
 
 def dpsgd_label(epsilon: float) -> str:
+    """The report's name of one DP-SGD step at ``epsilon``."""
     return f"DP-SGD ε={epsilon:g}"
 
 
