@@ -244,7 +244,15 @@ def test_audit_verdicts_in_words():
     # QGI's target Q under the noise (12% off) is not read; RGI's reward (0.0011 off) is
     assert rows[1][8] == ("leaks the room (1 of 4 updates show it; QGI S2 depth +2.0 dB over the baseline on "
                           "average), the target's box (IoU 0.60), the action (100%) and the reward (error 0.0011)")
-    assert rows[2][8] == "nothing measured leaks" and rows[2][7] == "25% of 4 updates"  # QGI's updates only
+    assert rows[2][8] == "nothing measured leaks" and rows[2][7] == ("1 of 4 updates (25%; chance alone: "
+                                                                          "p = 0.46)")  # QGI's updates only
+    # the action column weighs a count against guessing one of 7 actions: 2 of 2 right by chance is 1 in 49;
+    # a batch's shares are no count
+    from leaklab.experiments.room_report import _actions_read
+
+    assert rows[0][7] == "2 of 2 updates (100%; chance alone: p = 0.02)"
+    assert _actions_read([1.0, 1.0, 0.0, 1.0, 1.0, 0.0]) == "4 of 6 updates (67%; chance alone: p = 0.0049)"
+    assert _actions_read([0.5, 1.0]) == "75% of 2 updates" and _actions_read([]) is None
     assert conclusion(rows) == ("dp is the weakest defense tested behind which nothing measured leaks, and there an "
                                 "update keeps a cosine of 0.000651 with the true one; behind noise (cosine 0.6 to "
                                 "0.871) the update still leaks the room (1 of 4 updates show it; QGI S2 depth +2.0 dB "

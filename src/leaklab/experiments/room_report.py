@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from scipy.stats import binom
 
 from leaklab.attacks.rl import RoomAttackConfig
 from leaklab.experiments import room_attack
@@ -21,6 +22,7 @@ from leaklab.fields import defense_steps
 from leaklab.io import REPORT_FILE
 from leaklab.metrics.rooms import matched
 from leaklab.metrics.vectors import median_of
+from leaklab.rl.envs.active_perception import ACTIONS
 from leaklab.words import listing, plural
 
 IMAGE_LEAK_DB = 3.0  # verdict: images leak when their PSNR beats the no-information baseline by this
@@ -213,6 +215,19 @@ def _qgi_actions(cells: list[dict[str, Any]]) -> list[float]:
     return [r["metrics"]["action"] for c in cells if c["algorithm"] == "qgi" for r in c["samples"]]
 
 
+def _actions_read(actions: list[float]) -> str | None:
+    """The glance's action column: how many updates QGI read right and, beside it, the chance that guessing
+    one of the room's actions at random would name as many or more right (a binomial tail); a batch's
+    shares are not a count, and give the share alone."""
+    if not actions:
+        return None
+    n, right = len(actions), sum(actions)
+    if any(a not in (0.0, 1.0) for a in actions):
+        return f"{100 * right / n:.0f}% of {plural(n, 'update')}"
+    p = float(binom.sf(int(right) - 1, n, 1 / len(ACTIONS)))
+    return f"{int(right)} of {plural(n, 'update')} ({100 * right / n:.0f}%; chance alone: p = {p:.2g})"
+
+
 def _frame_gain(row: dict[str, Any]) -> float | None:
     """One attacked update's largest image gain over its constant baseline (RGB or depth, dB)."""
     m = row.get("metrics", {})
@@ -261,8 +276,7 @@ def verdicts(results: dict[str, Any]) -> list[list[Any]]:
         q_error, reward_error = (min((e for c in cells if (e := c["summary"].get(key)) is not None), default=None)
                                  for key in ("q_target_err_mean", "reward_abs_err_mean"))
         rows.append([label, chain_in_words(cells[0].get("defense_chain")), _kept_text(cells), gain, where,
-                     "{} of {}".format(*shown), iou,
-                     None if action is None else f"{100 * action:.0f}% of {plural(len(actions), 'update')}",
+                     "{} of {}".format(*shown), iou, _actions_read(actions),
                      _verdict(gain, where, shown, iou, action, q_error, reward_error)])
     return rows
 
@@ -388,7 +402,8 @@ def write_report(folder: Path, results: dict[str, Any], cells, defenses, truths,
                    "when nothing changes: a measure of what the defense costs the training. An update whose own "
                    "gradient is small (a TD error or a REINFORCE return near 0) drowns in weak noise; a server that "
                    "averages K updates of one direction lifts a small cosine about √K-fold at best. The action "
-                   "column is QGI's: RGI's is left out of the verdict, as a REINFORCE update whose return is 0 holds "
+                   "column is QGI's (p: the chance that guessing one of the 7 actions at random would name as "
+                   "many right or more): RGI's is left out of the verdict, as a REINFORCE update whose return is 0 holds "
                    "no trace of the action and under noise RGI's rule reads the noise; the per-attack tables show it.")
     sections = [Section(title="At a glance", tables=[glance])]
     for c, (meta, run_config) in enumerate(cells):
