@@ -220,7 +220,7 @@ def audit(
     iterations: IterationsOpt = None,
     train_steps: Annotated[Optional[int], typer.Option(
         "--train-steps", min=0, help="environment steps of DQN / REINFORCE training before the captured round, "
-        "per algorithm and setting (default 0: the network as initialised, the worst case for a client)")] = None,
+        "per algorithm and setting (default 0: the network as initialised, the case the paper attacks)")] = None,
     sigmas: Annotated[Optional[str], typer.Option(
         "--sigmas", callback=_positive_numbers("--sigmas"), help="the Gaussian defense's noise std per gradient "
         "entry, one audited level each, comma-separated (default 1e-3,3e-2)")] = None,

@@ -456,7 +456,8 @@ def write_report(folder: Path, results: dict[str, Any], cells, defenses, truths,
              "ViZDoom rooms share one gradient per step; the server inverts it (the paper \"Your Room is not "
              "Private\": QGI against DQN clients, RGI against REINFORCE clients). Each attacked update is one "
              f"transition's gradient of the network {_trained_words(config)}"
-             + (", the case the paper attacks and the worst for a client" if not config.get("train_steps") else
+             + (", the case the paper attacks (`--train-steps N` audits a partly trained one, whose larger "
+                "updates the same noise hides less)" if not config.get("train_steps") else
                 " (each algorithm and setting trains its own)") + ". Defenses: Gaussian noise "
              "on every gradient entry, and one DP-SGD step (clip to norm 1, then Gaussian noise calibrated to "
              "ε at δ = 1e-5 for that one step: a training run of many steps spends a larger ε); `leaklab audit "
