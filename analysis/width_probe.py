@@ -34,6 +34,8 @@ from leaklab.rl.envs.layouts import layouts_arg
 from leaklab.models import PerceptionSpec
 from leaklab.models.perception import (SMALL_WIDTHS, ModalityStreams, PerceptionNet, build_perception_net,
                                        three_conv_stream)
+from leaklab.metrics.image import psnr
+from leaklab.metrics.rooms import paper_scale
 from leaklab.rl.capture import collect_transitions, dqn_client_update, target_copy
 
 from start_spread import gains  # analysis/, beside this script
@@ -82,6 +84,8 @@ def main() -> None:
     parser.add_argument("--setting", choices=("S1", "S2"), default="S1")
     parser.add_argument("--widths", action="append", required=True, help="three widths, e.g. 32,64,64")
     parser.add_argument("--rgb-only", action="store_true", help="widen the RGB stream alone (depth stays small)")
+    parser.add_argument("--mode", choices=("exact", "paper"), default="exact")
+    parser.add_argument("--iterations", type=int, help="image-stage iterations (default: the mode's)")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
@@ -96,6 +100,7 @@ def main() -> None:
     spec = config.spec
     transitions = collect_transitions(config.layouts, args.samples, spec, seed=config.seed, gamma=config.gamma)
     jobs, truths = [], []
+    attack = RoomAttackConfig(mode=args.mode, **({"iterations": args.iterations} if args.iterations else {}))
     for widths in nets:
         model_class = None if widths == SMALL_WIDTHS else f"width_probe:{class_name(widths, args.rgb_only)}"
         net = build_perception_net(spec, seed=config.seed, model_class=model_class)
@@ -103,13 +108,15 @@ def main() -> None:
         state = {k: v.detach().clone() for k, v in net.state_dict().items()}
         for i, transition in enumerate(transitions):
             update, truth = dqn_client_update(net, target, [transition], config.gamma)
-            jobs.append(Job("qgi", spec, state, update, RoomAttackConfig(), model_class=model_class))
+            jobs.append(Job("qgi", spec, state, update, attack, model_class=model_class))
             truths.append((widths, i, truth["images"]))
     rows: list[dict] = []
 
     def on_result(i: int, rec) -> None:
         widths, sample, truth = truths[i]
-        rows.append({"widths": list(widths), "sample": sample, **gains(rec.images, truth),
+        paper = {} if truth.shape[1] != 4 else {  # Table I's RGB PSNR: the paper's normalisation, not raw
+            "rgb_paper_psnr": float(psnr(paper_scale(rec.images, "S1")[:, :3], truth[:, :3], "y"))}
+        rows.append({"widths": list(widths), "sample": sample, **gains(rec.images, truth), **paper,
                      "seconds": rec.seconds})
         r = rows[-1]
         print(f"{widths} sample {sample}: {_gains_text(r)} over the baseline ({r['seconds']:.0f} s)", flush=True)
@@ -121,7 +128,8 @@ def main() -> None:
     for widths in nets:
         mine = [r for r in rows if tuple(r["widths"]) == widths]
         summary.append({"widths": list(widths), **{k: statistics.fmean(r[k] for r in mine)
-                                                   for k in ("rgb", "depth", "seconds") if k in mine[0]}})
+                                                   for k in ("rgb", "depth", "rgb_paper_psnr", "seconds")
+                                                   if k in mine[0]}})
         print(f"{widths}: {_gains_text(summary[-1])} over the baseline, {summary[-1]['seconds']:.1f} s per "
               f"sample ({len(mine)} samples)")
     args.out.write_text(json.dumps({"summary": summary, "rows": rows}, indent=1))
