@@ -251,7 +251,8 @@ def test_short_exact_image_stage_beats_the_constant_baseline():
 
 @pytest.mark.parametrize("setting,arch,prefixes", [
     ("S1", "small", ["conv.rgb.", "conv.depth."]), ("S2", "small", ["conv.depth."]), ("S1", "stacked", ["conv."]),
-    ("S1", "nature", ["conv.rgb.", "conv.depth."]), ("S1", "deep", [])])
+    ("S1", "nature", ["conv.rgb.", "conv.depth."]), ("S1", "wide-rgb", ["conv.rgb.", "conv.depth."]),
+    ("S1", "deep", [])])
 def test_last_and_inner_convolution_gradients_are_exact_at_the_true_images(setting, arch, prefixes):
     view, update, truth = client(setting=setting, arch=arch)
     net, grads = view.model, {k: v.float() for k, v in update.tensors.items()}

@@ -27,7 +27,21 @@ def test_s2_small_is_the_stacked_network():
     assert torch.equal(a(x, box), b(x, box))
 
 
-@pytest.mark.parametrize("arch", ["small", "deep"])
+def test_wide_rgb_widens_the_rgb_stream_alone():
+    """``wide-rgb``: S2 is ``small`` to the weight (and the digest); in S1 the RGB stream is 64 wide."""
+    from leaklab.models.perception import WIDE_RGB_WIDTHS, architecture_digest
+
+    a = build_perception_net(PerceptionSpec(setting="S2", arch="small"), seed=3).state_dict()
+    b = build_perception_net(PerceptionSpec(setting="S2", arch="wide-rgb"), seed=3).state_dict()
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert architecture_digest(PerceptionSpec(setting="S2", arch="wide-rgb")) == architecture_digest(
+        PerceptionSpec(setting="S2"))
+    s1 = build_perception_net(PerceptionSpec(setting="S1", arch="wide-rgb"), seed=3)
+    assert [s1.conv.rgb[i].out_channels for i in (0, 2, 4)] == list(WIDE_RGB_WIDTHS)
+    assert [s1.conv.depth[i].out_channels for i in (0, 2, 4)] == [16, 32, 32]
+
+
+@pytest.mark.parametrize("arch", ["small", "wide-rgb", "deep"])
 def test_s1_streams_see_one_modality_each(arch):
     s1 = build_perception_net(PerceptionSpec(setting="S1", arch=arch), seed=5)
     s2 = build_perception_net(PerceptionSpec(setting="S2", arch=arch), seed=5)

@@ -11,7 +11,7 @@ UPDATE_NAMES = ("fedsgd", "fedavg")
 BN_STATS_NAMES = ("batch", "running")  # BatchNorm statistics on an image client
 
 SETTING_NAMES = ("S1", "S2")  # seed 000 V: S1 = RGB + depth + box, S2 = depth + box
-ARCH_NAMES = ("small", "nature", "deep", "stacked")
+ARCH_NAMES = ("small", "nature", "wide-rgb", "deep", "stacked")
 ROOM_MODE_NAMES = ("exact", "paper")
 ROOM_ATTACK_NAMES = ("qgi", "rgi")
 TABLE1_CELLS = tuple(f"{a}-{s}" for a in ROOM_ATTACK_NAMES for s in SETTING_NAMES)  # room-table1 --cells: qgi-S1 ...
