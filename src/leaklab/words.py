@@ -11,3 +11,8 @@ def plural(count: int, noun: str) -> str:
 def listing(items: list[str]) -> str:
     """``"a"``, ``"a and b"``, ``"a, b and c"``."""
     return ", ".join(items[:-1]) + " and " + items[-1] if len(items) > 1 else "".join(items)
+
+
+def cosine_text(value: float | None) -> str | None:
+    """An update's cosine with the true one as leaklab prints it (three significant digits); None as is."""
+    return None if value is None else f"{value:.3g}"

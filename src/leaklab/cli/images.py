@@ -15,7 +15,7 @@ from leaklab.cli.options import ATTACK, CAPTURE, OutOpt, _choice, _defense_chain
 from leaklab.cli.progress import _progress
 from leaklab.errors import LeaklabError, validation_message
 from leaklab.names import BN_STATS_NAMES, DATASET_NAMES, MODEL_NAMES, UPDATE_NAMES
-from leaklab.words import plural
+from leaklab.words import cosine_text, plural
 
 
 def _echo_summary(out: Path, results: dict) -> None:
@@ -27,7 +27,7 @@ def _echo_summary(out: Path, results: dict) -> None:
     if s.get("label_accuracy") is not None:
         parts.append(f"labels {100 * s['label_accuracy']:.0f}%")
     if results.get("view", {}).get("defense") and s.get("update_cosine_median") is not None:  # as captured
-        parts.append(f"update kept (cosine with the true one) {s['update_cosine_median']:.3g}")
+        parts.append(f"update kept (cosine with the true one) {cosine_text(s['update_cosine_median'])}")
     parts.append(f"{plural(s['images'], 'image') if 'images' in s else '? images'}, {s.get('seconds', 0):.1f} s")
     typer.echo(f"wrote {out}: " + ", ".join(parts))
 

@@ -19,7 +19,7 @@ from leaklab.cli.progress import _progress, _resumed
 from leaklab.errors import LeaklabError
 from leaklab.names import (ARCH_NAMES, AUDIT_KIND_NAMES, DEVICE_PATTERN, POLICY_NAMES, RL_ALGORITHM_NAMES,
                            ROOM_MODE_NAMES, SETTING_NAMES)
-from leaklab.words import plural
+from leaklab.words import cosine_text, plural
 
 
 SettingOpt = Annotated[str, _choice("--setting", SETTING_NAMES, "(S1: RGB + depth + box; S2: depth + box)")]
@@ -93,7 +93,7 @@ def _room_summary_line(s: dict[str, Any], defended: bool) -> str:
     if s.get("reward_abs_err_mean") is not None:
         parts.append(f"reward error {s['reward_abs_err_mean']:.3g}")
     if defended and s.get("update_cosine_median") is not None:  # absent where no saved truth records it
-        parts.append(f"update kept (cosine with the true one) {s['update_cosine_median']:.3g}")
+        parts.append(f"update kept (cosine with the true one) {cosine_text(s['update_cosine_median'])}")
     return "; ".join(parts)
 
 
@@ -302,7 +302,7 @@ def audit(
                            for im in ("rgb", "depth") if s.get(f"{im}_psnr_mean") is not None)
         typer.echo(f"  {cell['algorithm'].upper()} {cell['setting']} {cell['mode']:5s} {cell['defense']:18s} "
                    f"{images}, box IoU {s['iou_mean']:.3f}, action {room_attack.action_share(s, defended)}"
-                   + (f", update kept {s['update_cosine_median']:.3g}" if defended else ""))  # every row has one
+                   + (f", update kept {cosine_text(s['update_cosine_median'])}" if defended else ""))
     typer.echo(room_report.conclusion(room_report.verdicts(results)))
     if advice := next_levels_text(results["summary"]["next_levels"]):
         typer.echo(advice)
@@ -317,4 +317,5 @@ def _image_audit(out: Path, quick: bool, seed: int, progress: Callable[..., None
         s = row["summary"]
         typer.echo(f"  {row['scenario']:28s} {row['defense']:26s} PSNR {s['psnr_mean']:6.2f} dB "
                    f"(baseline {s['psnr_baseline_mean']:5.2f}), SSIM {s['ssim_mean']:.3f}"
-                   + (f", update kept {s['update_cosine_median']:.3g}" if row["defense"] != "none" else ""))
+                   + (f", update kept {cosine_text(s['update_cosine_median'])}" if row["defense"] != "none"
+                      else ""))

@@ -29,7 +29,7 @@ from leaklab.experiments.image_attack import attack, evaluate, inversion_config
 from leaklab.cases import load_case, load_truth
 from leaklab.io import AUDIT_FORMAT, REPORT_FILE, RESULTS_FILE, atomic_dir, write_json
 from leaklab.metrics.vectors import median_of
-from leaklab.words import plural
+from leaklab.words import cosine_text, plural
 
 DEFENSES = ("none", "gaussian:0.01", "prune:0.5,gaussian:0.01")
 
@@ -158,7 +158,7 @@ def _write_report(path: Path, results: dict[str, Any], chosen: list[Scenario],
                      "PSNR over baseline (dB)", "label accuracy", "update kept (cosine)", "iterations", "seconds"],
             rows=[[d, s["psnr_mean"], s["ssim_mean"], s["psnr_baseline_mean"], s["ssim_baseline_mean"],
                    s["psnr_mean"] - s["psnr_baseline_mean"], f"{100 * s['label_accuracy']:.0f}%",
-                   None if s.get("update_cosine_median") is None else f"{s['update_cosine_median']:.3g}",
+                   cosine_text(s.get("update_cosine_median")),
                    s["iterations"], s["seconds"]]
                   for d in defenses for s in [by[(sc.key, d)]["summary"]]],
             caption="Baseline: every pixel at the true image's per-channel mean, the best an attacker "

@@ -23,7 +23,7 @@ from leaklab.io import REPORT_FILE
 from leaklab.metrics.rooms import matched
 from leaklab.metrics.vectors import median_of
 from leaklab.rl.envs.active_perception import ACTIONS
-from leaklab.words import listing, plural
+from leaklab.words import cosine_text, listing, plural
 
 IMAGE_LEAK_DB = 3.0  # verdict: images leak when their PSNR beats the no-information baseline by this
 BOX_LEAK_IOU = 0.5  # verdict: the target's box leaks at this mean IoU (the usual detection threshold)
@@ -116,7 +116,7 @@ def write_cases_report(folder: Path, results: dict[str, Any], truths: list[Pictu
                                                                          "SSIM baseline")), "s"]
     table = Table(columns=columns, rows=[
         [r["case"], r["algorithm"].upper(), r["setting"], r["defense"] or "none",
-         None if (kept := r.get("metrics", {}).get("update_cosine")) is None else f"{kept:.3g}", _action_text(r),
+         cosine_text(r.get("metrics", {}).get("update_cosine")), _action_text(r),
          right(r), *(r.get("metrics", {}).get(k) for k in ("box_iou", *scores)), r["seconds"]]
         for r in results["cases"]],
         caption="Metrics appear for cases whose truth.safetensors is present; PSNR/SSIM with the paper's "
@@ -250,7 +250,7 @@ def _kept_text(cells: list[dict[str, Any]]) -> str:
     medians = sorted(m for c in cells if (m := c["summary"].get("update_cosine_median")) is not None)
     if not medians:
         return NOT_MEASURED
-    lo, hi = f"{medians[0]:.3g}", f"{medians[-1]:.3g}"
+    lo, hi = cosine_text(medians[0]), cosine_text(medians[-1])
     return lo if lo == hi else f"{lo} to {hi}"
 
 
@@ -375,7 +375,7 @@ def _cell_table(meta: dict[str, str], images: tuple[str, ...], labels: list[str]
         error = s.get("q_target_err_mean" if qgi else "reward_abs_err_mean")
         row += [s.get("iou_mean"), room_attack.action_share(s, cell["defense_chain"] is not None),
                 None if error is None else f"{error:.3g}",
-                None if s.get("update_cosine_median") is None else f"{s['update_cosine_median']:.3g}",
+                cosine_text(s.get("update_cosine_median")),
                 s.get("seconds_per_sample")]
         rows.append(row)
     return Table(columns=columns, rows=rows,
@@ -403,8 +403,9 @@ def write_report(folder: Path, results: dict[str, Any], cells, defenses, truths,
                    "gradient is small (a TD error or a REINFORCE return near 0) drowns in weak noise; a server that "
                    "averages K updates of one direction lifts a small cosine about √K-fold at best. The action "
                    "column is QGI's (p: the chance that guessing one of the 7 actions at random would name as "
-                   "many right or more): RGI's is left out of the verdict, as a REINFORCE update whose return is 0 holds "
-                   "no trace of the action and under noise RGI's rule reads the noise; the per-attack tables show it.")
+                   "many right or more): RGI's is left out of the verdict, as a REINFORCE update whose return is 0 "
+                   "holds no trace of the action and under noise RGI's rule reads the noise; the per-attack tables "
+                   "show it.")
     sections = [Section(title="At a glance", tables=[glance])]
     for c, (meta, run_config) in enumerate(cells):
         rows = []
