@@ -218,9 +218,7 @@ def audit(
     arch: Annotated[Optional[str], _choice("--arch", ARCH_NAMES, "(the robots' perception network; default "
                                            "small)")] = None,
     iterations: IterationsOpt = None,
-    train_steps: Annotated[Optional[int], typer.Option(
-        "--train-steps", min=0, help="environment steps of DQN / REINFORCE training before the captured round, "
-        "per algorithm and setting (default 0: the network as initialised, the case the paper attacks)")] = None,
+    train_steps: TrainStepsOpt = 0,
     sigmas: Annotated[Optional[str], typer.Option(
         "--sigmas", callback=_positive_numbers("--sigmas"), help="the Gaussian defense's noise std per gradient "
         "entry, one audited level each, comma-separated (default 1e-3,3e-2)")] = None,
@@ -243,7 +241,7 @@ def audit(
         if kind == "images":
             given = [flag for flag, used in (("--full", full), ("--cases", cases), ("--model-class", model_class),
                                              ("--mode", mode), ("--arch", arch), ("--iterations", iterations),
-                                             ("--train-steps", train_steps is not None),
+                                             ("--train-steps", train_steps),
                                              ("--sigmas", sigmas), ("--epsilons", epsilons),
                                              ("--workers", workers), ("--device", device != "cpu")) if used]
             if given:
@@ -266,7 +264,7 @@ def audit(
             if sigmas or epsilons:
                 raise LeaklabError("--sigmas/--epsilons: the cases hold the updates as their clients defended them "
                                    "(`leaklab env capture --defense`)")
-            if train_steps is not None:
+            if train_steps:
                 raise LeaklabError("--train-steps: the cases hold the updates of the network they were captured "
                                    "from (`leaklab env capture --train-steps`)")
             attack = RoomAttackConfig(mode=mode or "exact", seed=seed,
@@ -285,7 +283,7 @@ def audit(
             raise LeaklabError("--full runs exact and paper mode; drop --mode")
         config = room_audit.default_config(quick=quick, full=full, seed=seed)
         overrides = {k: v for k, v in (("iterations", iterations), ("workers", workers or None), ("arch", arch),
-                                       ("train_steps", train_steps),
+                                       ("train_steps", train_steps or None),
                                        ("gaussian_sigmas", sigmas), ("dp_epsilons", epsilons)) if v is not None}
         overrides["device"] = device
         if mode is not None and not full:
