@@ -85,11 +85,38 @@ def test_rgi_says_when_the_action_is_not_in_the_update():
 def test_paper_mode_rules_recover_the_action():
     view, update, truth = client()
     cfg = RoomAttackConfig(mode="paper", iterations=3, stage1_iterations=3)
-    rec = qgi(view, update, cfg)
-    assert rec.action.tolist() == [3] and rec.iterations == 6
+    rec = qgi(view, update, cfg)  # 3 steps never match: stage 1 runs all 1 + stage1_restarts starts
+    assert rec.action.tolist() == [3] and rec.iterations == 6 and rec.stage1_starts == 1 + cfg.stage1_restarts
     assert rec.images.shape == (1, 1, 150, 150) and rec.images.min() >= 0 and rec.images.max() <= 1
     rview, rupdate, rtruth = client(loss="reinforce", actions=(2,))
     assert rgi(rview, rupdate, cfg).action.tolist() == [2]
+
+
+@pytest.mark.parametrize("ends,restarts,kept", [([0.5, 1e-7], 2, 1), ([0.5, 0.2, 0.3], 2, 1), ([0.5], 0, 0),
+                                                 ([1e-7], 2, 0)])
+def test_paper_stage1_starts_again_until_its_match_converges(monkeypatch, ends, restarts, kept):
+    """Stage 1 of paper mode (ours) starts again from a fresh draw while ``1 - cosine`` ends above
+    STAGE1_TOLERANCE, at most ``stage1_restarts`` times, keeps the start that matched best and counts
+    the starts; the image stage runs once."""
+    import leaklab.attacks.rl.paper as paper
+
+    view, update, _ = client()
+    left, image_stages = list(ends), []
+
+    def fake_adam(params, loss, iterations, lr, clamp=(), progress=None):
+        assert torch.isfinite(loss(0.0).detach())  # the stage's loss evaluates on its start
+        if params[0].dim() == 4:
+            image_stages.append(iterations)
+            return 0.0
+        return left.pop(0)
+
+    monkeypatch.setattr(paper, "adam", fake_adam)
+    cfg = RoomAttackConfig(mode="paper", iterations=5, stage1_iterations=7, stage1_restarts=restarts, seed=3)
+    rec = qgi(view, update, cfg)
+    assert not left and image_stages == [5]
+    assert rec.iterations == 7 + 5 and rec.stage1_starts == len(ends)
+    box = paper._gaussian_inputs(view.model, 1, 3 + kept * paper.STAGE1_SEED_STEP, torch.device("cpu"))[0]
+    assert torch.equal(rec.box, box.detach())
 
 
 def test_paper_target_q_rule_gives_the_target_from_the_true_last_input():

@@ -484,6 +484,14 @@ def test_room_table1_action_column_separates_zero_returns():
     assert _action(rgi) == "65% (100% of 30 non-zero returns)"
 
 
+def test_room_table1_names_the_cells_whose_stage1_started_again():
+    from leaklab.experiments.room_tables import _restart_note
+
+    assert _restart_note({"qgi-S1": {"stage1_restarted": 0}, "qgi-S2": {}}) == []
+    note = _restart_note({"qgi-S1": {"stage1_restarted": 1}, "rgi-S1": {"stage1_restarted": 2}})
+    assert note[-1].endswith("on QGI S1 1 sample, RGI S1 2 samples.")
+
+
 def test_room_table1_runs_and_updates_a_docs_section(tmp_path):
     out = tmp_path / "t1"
     result = invoke("reproduce", "room-table1", "--mode", "exact", "--samples", "1", "--layouts", "1",
@@ -731,7 +739,9 @@ def test_saved_cells_of_an_earlier_method_are_not_reused():
     before = lambda config: {k: v for k, v in saved_cell(config).items() if k != "method_version"}  # noqa: E731
     assert not _same_cell(before(exact), exact)  # exact mode has changed since (the layerwise stage)
     assert not _same_cell({**saved_cell(exact), "method_version": 1}, exact)
-    assert _same_cell(before(paper), paper)  # paper mode has not
+    assert not _same_cell(before(paper), paper)  # paper mode too (stage 1 starts again since version 2)
+    assert not _same_cell({**saved_cell(paper), "method_version": 1}, paper)
+    assert _same_cell(saved_cell(paper), paper)
 
 
 def test_exact_mode_settings_do_not_invalidate_saved_paper_cells():
@@ -862,6 +872,15 @@ def test_rgi_summary_counts_samples_not_updates_in_a_batch():
     assert s["action_accuracy_nonzero_return"] == pytest.approx(2 / 3) and s["zero_return_samples"] == 1
 
 
+def test_summary_counts_the_rows_whose_stage1_started_again():
+    from leaklab.experiments.room_attack import summarise
+
+    rows = [{"layouts": ["a"], "batch_size": 1, "metrics": {"action": 1.0}, "stage1_starts": n} for n in (1, 3, 1)]
+    assert summarise(rows, 1, 1.0)["stage1_restarted"] == 1
+    exact = [{k: v for k, v in r.items() if k != "stage1_starts"} for r in rows]
+    assert "stage1_restarted" not in summarise(exact, 1, 1.0)  # no stage 1: nothing to count
+
+
 def test_audit_arch_reaches_every_cell():
     from leaklab.experiments.room_audit import AuditConfig, _cell_configs
 
@@ -926,10 +945,14 @@ def test_run_jobs_takes_what_the_journal_holds_and_attacks_the_rest(tmp_path, wo
     for a, (_, b) in zip(first, second):
         assert torch.equal(a.images, b.images) and torch.equal(a.reward, b.reward)
         assert torch.equal(a.probs, b.probs) and torch.equal(a.action_identified, b.action_identified)
-        assert (a.iterations, a.exact, a.no_signal) == (b.iterations, b.exact, b.no_signal)
+        assert (a.iterations, a.exact, a.no_signal, a.stage1_starts) == \
+            (b.iterations, b.exact, b.no_signal, b.stage1_starts)
     assert second[1][1].seconds == first[1].seconds  # the saved attack's own time, not a new one
-    # an entry that reads back but not in the job's shapes is not taken either
     from dataclasses import replace
+
+    journal.add(0, replace(first[0], stage1_starts=3))  # paper mode's count of stage 1's starts is kept
+    assert AttackJournal(tmp_path, jobs).load(0).stage1_starts == 3
+    # an entry that reads back but not in the job's shapes is not taken either
 
     journal.add(1, replace(first[1], box=first[1].box[:, :3]))
     reread = AttackJournal(tmp_path, jobs)

@@ -39,7 +39,7 @@ from leaklab.words import plural
 
 RESUME_DIR = ".leaklab-resume"
 _TENSORS = tuple(f.name for f in fields(RoomReconstruction) if f.name not in
-                 ("iterations", "seconds", "exact", "no_signal"))
+                 ("iterations", "seconds", "exact", "no_signal", "stage1_starts"))
 
 
 def _hash_tensors(h: Any, tensors: dict[str, torch.Tensor]) -> None:
@@ -121,7 +121,8 @@ class AttackJournal:
             tensors, meta = load_tensors(self._path(index), "saved attack")
             rec = RoomReconstruction(**tensors, iterations=int(meta["iterations"]),
                                      seconds=float(meta["seconds"]), exact=tuple(json.loads(meta["exact"])),
-                                     no_signal=meta["no_signal"] == "true")
+                                     no_signal=meta["no_signal"] == "true",
+                                     stage1_starts=int(meta.get("stage1_starts", "0")))
         except (LeaklabError, KeyError, TypeError, ValueError):
             return None
         if meta.get("job") != self.digests[index] or \
@@ -140,7 +141,8 @@ class AttackJournal:
             save_tensors(self._path(index), tensors,
                          {"format": "leaklab.saved_attack", "job": self.digests[index],
                           "iterations": rec.iterations, "seconds": repr(rec.seconds),
-                          "exact": json.dumps(list(rec.exact)), "no_signal": "true" if rec.no_signal else "false"})
+                          "exact": json.dumps(list(rec.exact)), "no_signal": "true" if rec.no_signal else "false",
+                          "stage1_starts": rec.stage1_starts})
         except OSError as e:
             self._unwritable = True
             warnings.warn(f"cannot keep finished attacks in {self.folder} ({e.strerror or e}); an interrupted run "

@@ -172,6 +172,8 @@ def summarise(rows: list[dict[str, Any]], iterations: int, seconds: float) -> di
         correct = sum(b * r["metrics"]["action_informative_correct"] for b, r in zip(sizes, rows))
         summary["action_accuracy_nonzero_return"] = correct / informative if informative else None
         summary["zero_return_samples"] = round(sum(sizes) - informative)
+    if any("stage1_starts" in r for r in rows):
+        summary["stage1_restarted"] = sum(r.get("stage1_starts", 1) > 1 for r in rows)
     summary["samples"] = len(rows)  # client updates, each of its row's batch_size transitions
     summary["transitions"] = sum(r["batch_size"] for r in rows)
     summary["layouts"] = len({name for r in rows for name in r["layouts"]})
@@ -202,6 +204,8 @@ def score(sample: Sample, rec: RoomReconstruction, setting: str, kept: float | N
            "metrics": metrics, "iterations": rec.iterations, "seconds": rec.seconds, "exact": list(rec.exact)}
     if rec.no_signal:
         row["no_signal"] = True
+    if rec.stage1_starts:
+        row["stage1_starts"] = rec.stage1_starts
     return row
 
 

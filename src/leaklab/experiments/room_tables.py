@@ -159,7 +159,7 @@ def table1(out: Path, mode: str = "paper", samples: int = 48, layouts: tuple[str
     table = {name: {k: r["summary"].get(k) for k in METRICS_TABLE1 + VECTORS +
                     ("rgb_psnr_baseline_mean", "depth_psnr_baseline_mean", "rgb_psnr_raw_mean",
                      "depth_psnr_raw_mean", "iterations", "seconds_per_sample", "samples", "layouts",
-                     "action_accuracy_nonzero_return", "zero_return_samples")
+                     "action_accuracy_nonzero_return", "zero_return_samples", "stage1_restarted")
                     + tuple(room_attack.SPREAD_KEYS)}
              for name, r in results.items()}
     first = table[next(iter(cells))]
@@ -187,8 +187,19 @@ def table1(out: Path, mode: str = "paper", samples: int = 48, layouts: tuple[str
             f"{_fmt(t.get('q_target_err_mean'))} | {_fmt(t.get('reward_abs_err_mean'))} | "
             f"{_fmt(t.get('seconds_per_sample'), 1)} |")
     lines += ["", f"Published vector metrics (section V-A): {PAPER_VECTORS}."]
+    lines += _restart_note(table)
     subset = "" if tuple(cells) == TABLE1_CELLS else "-" + "-".join(cells)
     return _finish(Path(out), "room-table1", mode, arch, table, PAPER_TABLE1, "\n".join(lines), subset)
+
+
+def _restart_note(table: dict[str, dict[str, Any]]) -> list[str]:
+    """The lines that say on how many samples of which cells paper mode's stage 1 started again."""
+    restarted = [f"{name[:3].upper()} {name[4:]} {plural(t['stage1_restarted'], 'sample')}"
+                 for name, t in table.items() if t.get("stage1_restarted")]
+    if not restarted:
+        return []
+    return ["", "Stage 1 started again from a fresh draw (leaklab's addition: its match ended under a cosine "
+                f"of 0.999) on {', '.join(restarted)}."]
 
 
 def _action(t: dict[str, Any]) -> str:

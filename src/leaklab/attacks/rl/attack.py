@@ -28,7 +28,7 @@ from leaklab.attacks.rl.exact import exact_images, exact_vectors, reinforce_batc
 from leaklab.attacks.rl.images import gaussian_start
 from leaklab.attacks.rl.network import trace
 from leaklab.attacks.rl.optim import Progress
-from leaklab.attacks.rl.paper import last_layer_input, last_layer_norm_ratio, paper_state
+from leaklab.attacks.rl.paper import PaperState, last_layer_input, last_layer_norm_ratio, paper_state
 from leaklab.attacks.rl.rules import (dqn_actions, dqn_target_exact, dqn_target_paper,
                                       error_directions, reinforce_action_reward)
 from leaklab.errors import LeaklabError, NoSignal
@@ -85,6 +85,10 @@ def _images_and_state(net, grads, errors, actions, cfg, progress, batch):
     return st.box, st.images, last_input, st, st.iterations, ()
 
 
+def _starts(st: PaperState | None) -> int:
+    return 0 if st is None else st.stage1_starts
+
+
 def _nothing(net: PerceptionNet, batch: int, cfg: RoomAttackConfig, algorithm: str) -> RoomReconstruction:
     """What the server holds when the update lacks a gradient the attack reads (:class:`NoSignal`):
     the image stage's start, a zero box, action 0, zero Q-values or reward and uniform
@@ -136,7 +140,7 @@ def _qgi(net: PerceptionNet, grads: dict[str, torch.Tensor], batch: int, cfg: Ro
         exact += ("action",) if cfg.action == "rule" else ()
     return RoomReconstruction(images=images.clamp(0, 1), box=box.float(), action=actions,
                               iterations=iterations, seconds=time.perf_counter() - start,
-                              q_pred=q_pred, q_target=q_target, exact=exact)
+                              q_pred=q_pred, q_target=q_target, exact=exact, stage1_starts=_starts(st))
 
 
 def rgi(view: ServerView, update: ClientUpdate, config: RoomAttackConfig | None = None,
@@ -160,7 +164,7 @@ def _rgi(net: PerceptionNet, grads: dict[str, torch.Tensor], batch: int, cfg: Ro
     errors = gb.unsqueeze(0) if batch == 1 else reinforce_batch_errors(net, grads)
     if errors is None:
         raise NoSignal("the last layer does not separate the batch's two samples")
-    box, images, last_input, _, iterations, exact = _images_and_state(
+    box, images, last_input, st, iterations, exact = _images_and_state(
         net, grads, errors, torch.zeros(batch, dtype=torch.long, device=gb.device), cfg, progress, batch)
     if cfg.mode == "paper":  # IV-D step 1: the probabilities from the last layer alone
         last_input = last_layer_input(net, grads, errors, cfg)
@@ -174,4 +178,5 @@ def _rgi(net: PerceptionNet, grads: dict[str, torch.Tensor], batch: int, cfg: Ro
         exact += ("probs", "reward") + (("action",) if bool(identified.all()) else ())
     return RoomReconstruction(images=images.clamp(0, 1), box=box.float(), action=action,
                               iterations=iterations, seconds=time.perf_counter() - start,
-                              probs=probs, reward=reward, action_identified=identified, exact=exact)
+                              probs=probs, reward=reward, action_identified=identified, exact=exact,
+                              stage1_starts=_starts(st))

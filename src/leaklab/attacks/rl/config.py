@@ -30,12 +30,13 @@ EXACT_ONLY = ("tv_final", "feature_weight", "gradient_weight", "layerwise")  # f
 # so that ``leaklab reproduce`` does not reuse results of an earlier method; results that record none
 # are version 1 (exact mode's 2: the layerwise stage; 3: its activations' zeros read off the solve's
 # noise, up to 6 fresh factorisations in its solve, and a failed stream keeping stage 1's feature match;
-# 4: up to 12 fresh factorisations in 30 rounds).
+# 4: up to 12 fresh factorisations in 30 rounds; paper mode's 2: stage 1 starts again when its match
+# ends under a cosine of 0.999).
 # Summing stage 1's feature match stream by stream (session 10) left every result bit-identical: the
 # images' gradient does not depend on how the loss's terms are grouped.
 # The bordered factor kept in blocks (session 12) solves in another order: its float64 activations
 # move by ~1e-14 and came out the same in float32, so all 16 rows of 8 S1 and 8 S2 QGI attacks did.
-METHOD_VERSION = {"exact": 4, "paper": 1}
+METHOD_VERSION = {"exact": 4, "paper": 2}
 
 
 class RoomAttackConfig(BaseModel):
@@ -48,6 +49,8 @@ class RoomAttackConfig(BaseModel):
     stage1_iterations: int = Field(default=2000, ge=1, le=1_000_000, description="paper mode, IV-A stage 1")
     lr: float = Field(default=0.1, gt=0, description="Adam step size of the image stage")
     stage1_lr: float = Field(default=0.1, gt=0)
+    stage1_restarts: int = Field(default=2, ge=0, le=100, description="paper mode, ours: fresh starts of "
+                                 "stage 1 when the error direction's match ends under a cosine of 0.999")
     tv_weight: float = Field(default=0.1, ge=0, description="lambda of L_img (IV-A); 0.1 in section V")
     tv_final: float = Field(default=0.003, gt=0, description="exact mode: λ decays geometrically to this")
     feature_weight: float = Field(default=1.0, ge=0, description="exact mode: weight of the feature match")
@@ -105,6 +108,7 @@ class RoomReconstruction:
     action_identified: torch.Tensor | None = None
     exact: tuple[str, ...] = ()
     no_signal: bool = False  # the update lacked a gradient the attack reads: nothing was recovered
+    stage1_starts: int = 0  # paper mode: how many times stage 1 started (``iterations`` counts one start)
 
     def to(self, device: torch.device | str) -> "RoomReconstruction":
         """The same reconstruction with every tensor on ``device``."""

@@ -7,10 +7,18 @@ Gradients are simulated from the error direction ``J̃ = (∇b_last J)^T F(x)`` 
 Table II ablations, from the true DQN objective with an optimised target Q-value (and action).
 ``multimodal="joint"`` (Fig. 4) optimises box and images in one stage. RGI's step 1 (IV-D) is an
 optimisation of its own, on the last linear layer alone (:func:`last_layer_input`).
+
+Ours, not the paper's: stage 1 of the error direction starts again from a fresh Gaussian draw (up to
+``stage1_restarts`` times) when it ends with its gradients' cosine under ``1 - STAGE1_TOLERANCE``, and
+keeps the start that matched best; an attacker sees that match, not the truth. From the client's inputs
+the cosine is 1 to float32 rounding (``1 - cos`` about 1e-7); one of 48 ``wide-rgb`` S1 samples
+stopped at 0.099 with a target-Q error of 198 %, and its second start reached 3.6e-7. A defended
+update's noise keeps the match under 0.999, so there every start runs.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -21,6 +29,9 @@ from leaklab.attacks.rl.network import GradientStats, cosine_loss, linear_names,
 from leaklab.attacks.rl.optim import Progress, adam
 from leaklab.models.perception import PerceptionNet, conv_feature_count
 
+STAGE1_TOLERANCE = 1e-3  # 1 - cosine above which stage 1 of the error direction starts again
+STAGE1_SEED_STEP = 7919  # start r > 0 draws from the seed ``cfg.seed + r * STAGE1_SEED_STEP``
+
 
 @dataclass
 class PaperState:
@@ -29,7 +40,8 @@ class PaperState:
     images: torch.Tensor  # [B, C, H, W]
     actions: torch.Tensor  # [B]
     q_target: torch.Tensor | None  # optimised target Q-value (dlg / inverting), else None
-    iterations: int
+    iterations: int  # one start of stage 1 and the image stage (joint: its one stage)
+    stage1_starts: int  # how many times stage 1 started (0: joint, which has none)
 
 
 class _Supervision:
@@ -64,38 +76,65 @@ def paper_state(net: PerceptionNet, grads: dict[str, torch.Tensor], errors: torc
                 actions: torch.Tensor, cfg: RoomAttackConfig, progress: Progress | None) -> PaperState:
     """Both stages of IV-A for a batch whose per-sample error directions are ``errors`` ``[B, A]``."""
     spec, batch, device = net.spec, errors.shape[0], errors.device
-    g = torch.Generator().manual_seed(cfg.seed)  # drawn on the CPU: the same start on every device
-    box = torch.randn(batch, spec.box_dim, generator=g).to(device).requires_grad_()
-    features = torch.randn(batch, conv_feature_count(net), generator=g).to(device).requires_grad_()
     x = gaussian_start((batch, spec.in_channels, spec.image_size, spec.image_size), cfg.seed + 2)
     x = x.to(device).requires_grad_()
     sup = _Supervision(cfg, errors, actions, cfg.seed)
     all_stats = GradientStats(net, grads, conv_params=True)
-    linear_stats = GradientStats(net, grads, conv_params=False)
 
     def image_loss(b: torch.Tensor) -> torch.Tensor:
         t = trace(net, net.conv(x), b)
         return sup.match(*all_stats(sup(t.out), t.linear)) + cfg.tv_weight * room_tv(x)
 
     if cfg.multimodal == "joint":
+        box = _gaussian_inputs(net, batch, cfg.seed, device)[0]
         adam([box, x] + sup.params, lambda _: image_loss(box), cfg.iterations, cfg.lr, clamp=[x],
              progress=progress)
         with torch.no_grad():
             features = net.conv(x)
-        iterations = cfg.iterations
+        iterations, starts = cfg.iterations, 0
     else:
-        def vector_loss(_: float) -> torch.Tensor:
-            t = trace(net, features, box)
-            return sup.match(*linear_stats(sup(t.out), t.linear))
-
-        adam([box, features] + sup.params, vector_loss, cfg.stage1_iterations, cfg.stage1_lr)
-        fixed = box.detach()
-        adam([x] + sup.params, lambda _: image_loss(fixed), cfg.iterations, cfg.lr, clamp=[x],
+        box, features, starts = _stage1(net, grads, sup, cfg, batch, device)
+        adam([x] + sup.params, lambda _: image_loss(box), cfg.iterations, cfg.lr, clamp=[x],
              progress=progress)
         iterations = cfg.stage1_iterations + cfg.iterations
     q = None if cfg.objective == "error_direction" else sup.q.detach().double()
     return PaperState(box=box.detach(), features=features.detach(), images=x.detach(),
-                      actions=sup.final_actions(), q_target=q, iterations=iterations)
+                      actions=sup.final_actions(), q_target=q, iterations=iterations, stage1_starts=starts)
+
+
+def _gaussian_inputs(net: PerceptionNet, batch: int, seed: int, device: torch.device
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Stage 1's start: the box and the convolutional features drawn from N(0, 1) with ``seed``, on the
+    CPU (the same start on every device)."""
+    g = torch.Generator().manual_seed(seed)
+    box = torch.randn(batch, net.spec.box_dim, generator=g).to(device).requires_grad_()
+    features = torch.randn(batch, conv_feature_count(net), generator=g).to(device).requires_grad_()
+    return box, features
+
+
+def _stage1(net: PerceptionNet, grads: dict[str, torch.Tensor], sup: _Supervision, cfg: RoomAttackConfig,
+            batch: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """IV-A stage 1: the box and the features that match the Linear layers' gradients, and how many
+    starts it took (paper mode's error direction starts again when the match ends worse than
+    ``STAGE1_TOLERANCE``; the ablation objectives, whose loss has no known optimum value, and exact
+    mode's fallback for a batch it cannot separate start once)."""
+    linear_stats = GradientStats(net, grads, conv_params=False)
+    best: tuple[float, torch.Tensor, torch.Tensor] | None = None
+    starts = 1 + (cfg.stage1_restarts if (cfg.mode, cfg.objective) == ("paper", "error_direction") else 0)
+    for start in range(starts):
+        box, features = _gaussian_inputs(net, batch, cfg.seed + start * STAGE1_SEED_STEP, device)
+
+        def vector_loss(_: float) -> torch.Tensor:
+            t = trace(net, features, box)
+            return sup.match(*linear_stats(sup(t.out), t.linear))
+
+        value = adam([box, features] + sup.params, vector_loss, cfg.stage1_iterations, cfg.stage1_lr)
+        value = value if math.isfinite(value) else math.inf  # a start that diverged matched worst
+        if best is None or value < best[0]:
+            best = (value, box.detach(), features.detach())
+        if value <= STAGE1_TOLERANCE:
+            break
+    return best[1], best[2], start + 1
 
 
 def last_layer_norm_ratio(net: PerceptionNet, grads: dict[str, torch.Tensor], last_input: torch.Tensor,
