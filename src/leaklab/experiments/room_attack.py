@@ -138,6 +138,19 @@ def attack_job(config: RoomRunConfig, state: dict[str, torch.Tensor], sample: Sa
                config.attack, device=config.device)
 
 
+def jobs_and_cosines(count: int, build: Callable[[int], tuple[Sample, Job]]) -> tuple[JobList, dict[int, float]]:
+    """``count`` jobs, job ``i`` built by ``build(i)`` (with its sample) when the pool takes it, and the
+    cosine of each job's update with its sample's true one, filled in as the jobs are first built."""
+    kept: dict[int, float] = {}
+
+    def make(i: int) -> Job:
+        sample, job = build(i)
+        kept.setdefault(i, update_cosine(sample.update.tensors, job.update.tensors))
+        return job
+
+    return JobList(count, make), kept
+
+
 def _finite(values: list[float | None]) -> list[float]:
     return [v for v in values if v is not None and math.isfinite(v)]
 
@@ -255,14 +268,7 @@ def run(config: RoomRunConfig, out: Path, progress: ProgressFn | None = None) ->
                                                          config.samples * config.batch_size),
                                    task_progress(progress, f"train {config.algorithm} {config.setting}",
                                                  config.train_steps) if config.train_steps else None)
-    kept: dict[int, float] = {}  # each update's cosine, taken from its job when the job is first built
-
-    def make_job(i: int) -> Job:
-        job = attack_job(config, state, clean[i], config.defense)
-        kept.setdefault(i, update_cosine(clean[i].update.tensors, job.update.tensors))
-        return job
-
-    jobs = JobList(len(clean), make_job)
+    jobs, kept = jobs_and_cosines(len(clean), lambda i: (clean[i], attack_job(config, state, clean[i], config.defense)))
     rows: list[dict[str, Any]] = []
     truths, recs, captions = [], [], []
     recovered: list[RoomReconstruction] = []

@@ -48,7 +48,6 @@ from leaklab.fields import Seed
 from leaklab.io import (AUDIT_FORMAT, CAPTURE_JSON, RECONSTRUCTIONS_FILE, RESULTS_FILE, TRUTH_FILE, VIEW_FILE,
                         atomic_dir, check_out, read_json, save_tensors, write_json)
 from leaklab.metrics.rooms import matched
-from leaklab.metrics.vectors import update_cosine
 from leaklab.models.perception import ArchName
 from leaklab.names import ROOM_ATTACK_NAMES, ROOM_MODE_NAMES, SETTING_NAMES
 from leaklab.privacy.dpsgd import noise_multiplier_for
@@ -189,17 +188,13 @@ def run(out: Path, config: AuditConfig, progress: ProgressFn | None = None) -> d
     where = [(c, d, sample) for c, (_, run_config) in enumerate(cells) for d in range(len(defenses))
              for sample in captures[(run_config.algorithm, run_config.setting)][1]]
 
-    kept: dict[int, float] = {}  # each update's cosine with the true one, from its job's first build
-
-    def make_job(i: int) -> attack_pool.Job:  # a cell's run config carries the audit's seed
+    def build(i: int) -> tuple[room_attack.Sample, attack_pool.Job]:  # a cell's run config carries the seed
         c, d, sample = where[i]
         run_config = cells[c][1]
         state = captures[(run_config.algorithm, run_config.setting)][0]
-        job = room_attack.attack_job(run_config, state, sample, defenses[d][1])
-        kept.setdefault(i, update_cosine(sample.update.tensors, job.update.tensors))
-        return job
+        return sample, room_attack.attack_job(run_config, state, sample, defenses[d][1])
 
-    jobs = attack_pool.JobList(len(where), make_job)
+    jobs, kept = room_attack.jobs_and_cosines(len(where), build)
     rows: dict[tuple[int, int], list[dict[str, Any]]] = {}
     pictures: dict[tuple[int, int], list[room_report.Picture]] = {}
     truths: dict[int, list[room_report.Picture]] = {}
