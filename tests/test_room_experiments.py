@@ -211,6 +211,25 @@ def test_audit_takes_the_defense_levels_a_user_asks_for(tmp_path):
     with pytest.raises(ValueError, match="each level once"):
         from leaklab.experiments import room_audit
         room_audit.AuditConfig(dp_epsilons=(8.0, 8.0))
+    # an earlier audit of the same rooms, network and attacks counts; anything else is refused at once
+    again = tmp_path / "again"
+    result = invoke("audit", "--quick", "--sigmas", "1e-3", "--earlier", out, "--out", again)
+    assert result.exit_code == 0, result.output
+    assert json.loads((again / "results.json").read_text())["summary"]["earlier_audits"] == [str(out)]
+    for args, words in [(("--arch", "deep"), ("--earlier", "arch small where this audit has deep")),
+                        (("--seed", "1"), ("seed 0", "do not carry over"))]:
+        assert_user_error(invoke("audit", "--quick", "--earlier", out, *args, "--out", tmp_path / "bad"),
+                          tmp_path / "bad", *words)
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "results.json").write_text('{"format": "leaklab.room_attack"}')
+    assert_user_error(invoke("audit", "--quick", "--earlier", tmp_path / "mine", "--out", tmp_path / "bad"),
+                      tmp_path / "bad", "not a room audit")
+    before = (out / "results.json").read_bytes()
+    result = invoke("audit", "--quick", "--earlier", out, "--out", out)
+    assert result.exit_code == 2 and "would replace the input" in result.stderr
+    assert (out / "results.json").read_bytes() == before
+    assert_user_error(invoke("audit", "--kind", "images", "--earlier", out, "--out", tmp_path / "bad"),
+                      tmp_path / "bad", "--earlier")
 
 
 def test_audit_verdicts_in_words():
@@ -305,15 +324,33 @@ def test_audit_suggests_levels_from_its_verdicts_only_when_they_are_full_strengt
     labels = [label for label, _ in config.defenses()]
     assert labels == ["none", "gaussian σ=0.001", "gaussian σ=0.3", "DP-SGD ε=8"]
 
-    def suggest(depths, **fields):
+    def levels(depths, earlier=({}, {}), **fields):
         results = {"summary": {"defenses": labels}, "cells": [cell(label, d) for label, d in zip(labels, depths)]}
-        return room_audit._next_levels(config.model_copy(update=fields), results)
+        return room_audit._levels_summary(config.model_copy(update=fields), results, earlier)
+
+    def suggest(depths, **fields):
+        return levels(depths, **fields)["next_levels"]
 
     assert suggest([40.0, 20.0, 15.0, 15.0]) == {"gaussian_sigmas": [0.005, 0.05], "dp_epsilons": [30.0, 100.0]}
     assert suggest([40.0, 20.0, 20.0, 20.0]) == {"gaussian_sigmas": [1.0, 3.0], "dp_epsilons": [1.0, 3.0]}
     # nothing leaks even undefended, or the attacks ran short (their verdicts understate): no suggestion
     none = {"gaussian_sigmas": [], "dp_epsilons": []}
     assert suggest([15.0] * 4) == none and suggest([40.0, 20.0, 15.0, 15.0], iterations=3) == none
+    # where the leaks stop: σ = 1e-3 leaks and 0.3 does not; no DP-SGD level leaks
+    assert levels([40.0, 20.0, 15.0, 15.0])["leaks_stop"] == {"gaussian_sigma": [1e-3, 0.3], "dp_epsilon": []}
+    assert levels([40.0, 20.0, 15.0, 15.0], iterations=3)["leaks_stop"] == {"gaussian_sigma": [], "dp_epsilon": []}
+    # earlier audits' verdicts count: σ = 0.03 and ε = 30 leaked there, ε = 20 did not; this audit's own
+    # verdict wins where both tested a level (σ = 0.3)
+    both = levels([40.0, 20.0, 15.0, 15.0], earlier=({0.03: True, 0.3: True}, {30.0: True, 20.0: False}))
+    assert both["leaks_stop"] == {"gaussian_sigma": [0.03, 0.3], "dp_epsilon": [30.0, 20.0]}
+    assert both["next_levels"] == {"gaussian_sigmas": [0.05, 0.1], "dp_epsilons": []}  # 30 and 20: adjacent
+    from leaklab.experiments.room_report import levels_text
+
+    text = levels_text({**both, "earlier_audits": ["runs/a"]})
+    assert "The leaks stop between Gaussian noise σ = 0.03 (leaks) and σ = 0.3 (nothing leaks)" in text
+    assert "one DP-SGD step at ε = 30 (leaks) and ε = 20" in text and "`--sigmas 0.05,0.1`" in text
+    assert text.endswith("(From the verdicts of this audit and 1 earlier audit.)")
+    assert levels_text({"next_levels": none}) == ""  # an audit written before leaks_stop: nothing to say
 
 
 def test_audit_attacks_saved_room_cases(tmp_path, monkeypatch):

@@ -225,6 +225,9 @@ def audit(
     epsilons: Annotated[Optional[str], typer.Option(
         "--epsilons", callback=_positive_numbers("--epsilons"), help="the DP-SGD defense's ε at δ = 1e-5 for one "
         "step (clip 1, calibrated noise), one audited level each (default 8,1)")] = None,
+    earlier: Annotated[Optional[list[Path]], typer.Option(
+        "--earlier", help="an earlier audit's folder (repeatable) of the same rooms, network and attacks: its "
+        "levels' verdicts count in where the leaks stop and which levels to audit next")] = None,
     kind: Annotated[str, _choice("--kind", AUDIT_KIND_NAMES, "(rooms: federated RL; images: image classifiers, "
                                  "DLG, which takes only --quick, --seed and --out)")] = "rooms",
     workers: WorkersOpt = 0,
@@ -242,7 +245,7 @@ def audit(
             given = [flag for flag, used in (("--full", full), ("--cases", cases), ("--model-class", model_class),
                                              ("--mode", mode), ("--arch", arch), ("--iterations", iterations),
                                              ("--train-steps", train_steps),
-                                             ("--sigmas", sigmas), ("--epsilons", epsilons),
+                                             ("--sigmas", sigmas), ("--epsilons", epsilons), ("--earlier", earlier),
                                              ("--workers", workers), ("--device", device != "cpu")) if used]
             if given:
                 raise LeaklabError(f"{', '.join(given)}: only for --kind rooms (--kind images takes --quick, "
@@ -252,7 +255,6 @@ def audit(
         from leaklab.attacks.rl import RoomAttackConfig
         from leaklab.device import require_device
         from leaklab.experiments import room_attack, room_audit, room_report
-        from leaklab.experiments.audit_levels import next_levels_text
 
         require_device(device)  # before the configs: one plain line for a bad name
         if cases is not None:
@@ -267,6 +269,9 @@ def audit(
             if train_steps:
                 raise LeaklabError("--train-steps: the cases hold the updates of the network they were captured "
                                    "from (`leaklab env capture --train-steps`)")
+            if earlier:
+                raise LeaklabError("--earlier: the levels' verdicts come from audits of defense levels; the cases "
+                                   "hold their own updates")
             attack = RoomAttackConfig(mode=mode or "exact", seed=seed,
                                       **({"iterations": iterations} if iterations is not None else {}))
             results = room_audit.run_cases(out, cases, attack, workers=workers, progress=progress,
@@ -289,7 +294,7 @@ def audit(
         if mode is not None and not full:
             overrides["modes"] = (mode,)
         config = room_audit.AuditConfig(**{**config.model_dump(), **overrides})
-        results = room_audit.run(out, config, progress=progress)
+        results = room_audit.run(out, config, progress=progress, earlier=earlier or ())
     resumed = results["summary"]["resumed_attacks"]
     typer.echo(f"wrote {out / 'report.html'} ({results['summary']['seconds']:.0f} s"
                + (f"; {plural(resumed, 'attack')} resumed from an interrupted run" if resumed else "") + ")")
@@ -302,7 +307,7 @@ def audit(
                    f"{images}, box IoU {s['iou_mean']:.3f}, action {room_attack.action_share(s, defended)}"
                    + (f", update kept {cosine_text(s['update_cosine_median'])}" if defended else ""))
     typer.echo(room_report.conclusion(room_report.verdicts(results)))
-    if advice := next_levels_text(results["summary"]["next_levels"]):
+    if advice := room_report.levels_text(results["summary"]):
         typer.echo(advice)
 
 

@@ -11,7 +11,9 @@ step: ε, smaller is stronger). Per family, with ``leaks`` the verdict of each t
 
 Each suggestion is rounded to 1, 2, 3 or 5 times a power of ten (a level a user would type), and one
 already tested, or outside the bracket it should narrow, is dropped: a bracket of adjacent round levels
-gets none.
+gets none. The bracket itself (the strongest level that leaks, the weakest stronger one that does not)
+is where the leaks stop (:func:`leaks_stop`). The verdicts may come from several audits of the same
+rooms, network and attacks (``leaklab audit --earlier``).
 """
 
 from __future__ import annotations
@@ -29,18 +31,25 @@ def _round_level(x: float) -> float:
     return float(f"{min(candidates, key=lambda c: abs(math.log(c / x))):.1g}")
 
 
+def _bracket(tested: dict[float, bool]) -> tuple[float | None, float | None]:
+    """The strongest strength (larger: stronger) in ``tested`` (strength -> leaks) that leaks and the
+    weakest stronger one that does not; None for either that is missing."""
+    leaky = [s for s, leaks in tested.items() if leaks]
+    if not leaky:
+        return None, None
+    lo = max(leaky)
+    return lo, min((s for s, leaks in tested.items() if not leaks and s > lo), default=None)
+
+
 def _next_strengths(tested: dict[float, bool]) -> tuple[list[float], tuple[float, float]]:
     """Suggested strengths (larger: stronger) from ``tested`` (strength -> leaks), and the open interval
     they must fall in."""
-    leaky = [s for s, leaks in tested.items() if leaks]
-    if not leaky:
+    lo, hi = _bracket(tested)
+    if lo is None:
         weakest = min(tested)
         return [weakest / math.sqrt(10), weakest / 10], (0.0, weakest)
-    lo = max(leaky)
-    stronger_safe = [s for s, leaks in tested.items() if not leaks and s > lo]
-    if not stronger_safe:
+    if hi is None:
         return [lo * math.sqrt(10), lo * 10], (lo, math.inf)
-    hi = min(stronger_safe)
     return [lo ** (2 / 3) * hi ** (1 / 3), lo ** (1 / 3) * hi ** (2 / 3)], (lo, hi)
 
 
@@ -59,6 +68,26 @@ def next_levels(gaussian: dict[float, bool], dpsgd: dict[float, bool]) -> dict[s
     leaks); both empty lists when the family was not tested."""
     return {"gaussian_sigmas": _suggest(gaussian, lambda s: s),
             "dp_epsilons": _suggest(dpsgd, lambda e: 1 / e)}
+
+
+def leaks_stop(gaussian: dict[float, bool], dpsgd: dict[float, bool]) -> dict[str, list[float]]:
+    """Per family, the strongest tested level that leaks and the weakest stronger one that does not
+    (``[σ, σ']``, ``[ε, ε']``): the leaks stop between them; an empty list where the levels bracket no
+    such step (none leaks, or every level stronger than a leaky one leaks too)."""
+    out = {}
+    for key, tested, strength in (("gaussian_sigma", gaussian, lambda s: s), ("dp_epsilon", dpsgd, lambda e: 1 / e)):
+        level = {strength(t): t for t in tested}
+        lo, hi = _bracket({strength(t): leaks for t, leaks in tested.items()}) if tested else (None, None)
+        out[key] = [level[lo], level[hi]] if hi is not None else []
+    return out
+
+
+def leaks_stop_text(stops: dict[str, list[float]]) -> str:
+    """One sentence naming where the leaks stop (:func:`leaks_stop`); "" where no level brackets it."""
+    parts = [f"between {family} {symbol} = {pair[0]:g} (leaks) and {symbol} = {pair[1]:g} (nothing leaks)"
+             for family, symbol, pair in (("Gaussian noise", "σ", stops["gaussian_sigma"]),
+                                          ("one DP-SGD step at", "ε", stops["dp_epsilon"])) if pair]
+    return f"The leaks stop {' and '.join(parts)}." if parts else ""
 
 
 def next_levels_text(levels: dict[str, list[float]]) -> str:

@@ -18,7 +18,9 @@ cores; ``full=True`` is the paper-scale protocol (48 samples from every layout, 
 and the paper mode, hours); ``quick=True`` is a seconds-long version for tests. Finished attacks are
 kept beside ``OUT`` until the audit ends (:mod:`.attack_journal`): the same command, rerun after an
 interruption, attacks only what is left (with ``run_cases`` too). The reports are drawn by
-:mod:`.room_report`.
+:mod:`.room_report`. From each level's verdict the audit says where the leaks stop and which levels to
+audit next (:mod:`.audit_levels`), counting the verdicts of earlier audits of the same rooms, network
+and attacks that the caller names (``earlier``, ``leaklab audit --earlier``).
 
 ``run_cases`` attacks a user's own saved updates instead: room case folders written by
 :func:`leaklab.rl.capture.capture_rooms` (or in that format), of leaklab's perception network or of the
@@ -33,6 +35,7 @@ import os
 import time
 import warnings
 from pathlib import Path
+from collections.abc import Sequence
 from typing import Any, Literal
 
 import torch
@@ -43,7 +46,7 @@ from leaklab.device import DEVICE_PATTERN, describe, require_device, versions
 from leaklab.errors import LeaklabError, ModelClassError
 from leaklab.experiments import ProgressFn, attack_pool, room_attack, room_report
 from leaklab.experiments.attack_journal import journal_beside
-from leaklab.experiments.audit_levels import next_levels
+from leaklab.experiments.audit_levels import leaks_stop, next_levels
 from leaklab.fields import Seed
 from leaklab.io import (AUDIT_FORMAT, CAPTURE_JSON, RECONSTRUCTIONS_FILE, RESULTS_FILE, TRUTH_FILE, VIEW_FILE,
                         atomic_dir, check_out, read_json, save_tensors, write_json)
@@ -112,15 +115,57 @@ def dpsgd_label(epsilon: float) -> str:
     return f"DP-SGD ε={epsilon:g}"
 
 
-def _next_levels(config: AuditConfig, results: dict[str, Any]) -> dict[str, list[float]]:
-    """The levels to audit next (:mod:`.audit_levels`) from each tested level's verdict; none when the
-    undefended updates leak nothing or the attacks ran fewer image iterations than their default (their
-    verdicts understate the leaks)."""
+Levels = tuple[dict[float, bool], dict[float, bool]]  # each tested Gaussian σ's and DP-SGD ε's verdict: leaks?
+# what an earlier audit must share with this one for its verdicts to count (``--earlier``)
+COMPARED_FIELDS = ("algorithms", "settings", "modes", "arch", "train_steps", "samples", "layouts", "iterations",
+                   "seed")
+
+
+def _verdicts_by_level(config: AuditConfig, results: dict[str, Any]) -> tuple[bool, Levels]:
+    """Whether the undefended updates leak, and each tested level's verdict."""
     leaks = {row[0]: row[-1] != room_report.NOTHING_LEAKS for row in room_report.verdicts(results)}
-    if not leaks["none"] or (config.iterations is not None and room_report.effort_notice(config.iterations)):
-        return {"gaussian_sigmas": [], "dp_epsilons": []}
-    return next_levels({s: leaks[gaussian_label(s)] for s in config.gaussian_sigmas},
-                       {e: leaks[dpsgd_label(e)] for e in config.dp_epsilons})
+    return leaks["none"], ({s: leaks[gaussian_label(s)] for s in config.gaussian_sigmas},
+                           {e: leaks[dpsgd_label(e)] for e in config.dp_epsilons})
+
+
+def earlier_verdicts(folders: Sequence[Path], config: AuditConfig) -> Levels:
+    """The levels' verdicts of earlier audits (their folders) of the rooms, network and attacks
+    ``config`` audits (:data:`COMPARED_FIELDS`); one plain error when a folder holds no room audit
+    or audited something else."""
+    gaussian: dict[float, bool] = {}
+    dpsgd: dict[float, bool] = {}
+    for folder in folders:
+        results = read_json(Path(folder) / RESULTS_FILE, "--earlier results")
+        if not isinstance(results, dict) or results.get("format") != AUDIT_FORMAT or results.get("kind") != "rooms":
+            raise LeaklabError(f"--earlier {folder}: not a room audit's folder (`leaklab audit --out` writes one)")
+        try:
+            earlier = AuditConfig.model_validate(results["config"])
+            _, (g, d) = _verdicts_by_level(earlier, results)
+        except (KeyError, TypeError, ValueError, StopIteration) as e:
+            raise LeaklabError(f"--earlier {folder}: its {RESULTS_FILE} is not a whole room audit "
+                               f"({type(e).__name__}); run that audit again") from None
+        differ = [f"{name} {getattr(earlier, name)} where this audit has {getattr(config, name)}"
+                  for name in COMPARED_FIELDS if getattr(earlier, name) != getattr(config, name)]
+        if differ:
+            raise LeaklabError(f"--earlier {folder}: it audited {'; '.join(differ)}, so its verdicts do not "
+                               "carry over")
+        gaussian.update(g)
+        dpsgd.update(d)
+    return gaussian, dpsgd
+
+
+def _levels_summary(config: AuditConfig, results: dict[str, Any], earlier: Levels) -> dict[str, Any]:
+    """``next_levels`` (:mod:`.audit_levels`) and ``leaks_stop`` from each tested level's verdict, the
+    ``earlier`` audits' included (this audit's own where both tested a level); neither when the attacks
+    ran fewer image iterations than their default (their verdicts understate the leaks), no levels to
+    audit next when the undefended updates leak nothing."""
+    leaky, (gaussian, dpsgd) = _verdicts_by_level(config, results)
+    gaussian, dpsgd = {**earlier[0], **gaussian}, {**earlier[1], **dpsgd}
+    if config.iterations is not None and room_report.effort_notice(config.iterations):
+        return {"next_levels": {"gaussian_sigmas": [], "dp_epsilons": []},
+                "leaks_stop": {"gaussian_sigma": [], "dp_epsilon": []}}
+    return {"next_levels": next_levels(gaussian, dpsgd) if leaky else {"gaussian_sigmas": [], "dp_epsilons": []},
+            "leaks_stop": leaks_stop(gaussian, dpsgd)}
 
 
 def default_config(quick: bool = False, full: bool = False, seed: int = 0) -> AuditConfig:
@@ -157,9 +202,13 @@ def _cell_configs(config: AuditConfig) -> list[tuple[dict[str, str], room_attack
     return cells
 
 
-def run(out: Path, config: AuditConfig, progress: ProgressFn | None = None) -> dict[str, Any]:
-    """Run the audit and write ``out`` atomically; returns the results (also ``results.json``)."""
-    check_out(out, AUDIT_FORMAT)
+def run(out: Path, config: AuditConfig, progress: ProgressFn | None = None,
+        earlier: Sequence[Path] = ()) -> dict[str, Any]:
+    """Run the audit and write ``out`` atomically; returns the results (also ``results.json``).
+    ``earlier``: folders of earlier audits of the same rooms, network and attacks whose verdicts count
+    in where the leaks stop and which levels to audit next (:func:`earlier_verdicts`)."""
+    check_out(out, AUDIT_FORMAT, inputs=earlier)
+    judged = earlier_verdicts(earlier, config)  # before minutes of work: a wrong folder is refused at once
     require_device(config.device)
     start = time.perf_counter()
     defenses = config.defenses()
@@ -227,7 +276,9 @@ def run(out: Path, config: AuditConfig, progress: ProgressFn | None = None) -> d
                    "summary": {"seconds": time.perf_counter() - start, "samples_attacked": len(jobs),
                                "resumed_attacks": resumed, "defenses": [label for label, _ in defenses]},
                    "cells": results_cells, "versions": versions(), "device": describe(torch.device(config.device))}
-        results["summary"]["next_levels"] = _next_levels(config, results)
+        results["summary"].update(_levels_summary(config, results, judged))
+        if earlier:
+            results["summary"]["earlier_audits"] = [str(folder) for folder in earlier]
         write_json(tmp / RESULTS_FILE, results)
         room_report.write_report(tmp, results, cells, defenses, truths, pictures)
     return results

@@ -17,7 +17,7 @@ from scipy.stats import binom
 
 from leaklab.attacks.rl import RoomAttackConfig
 from leaklab.experiments import room_attack
-from leaklab.experiments.audit_levels import next_levels_text
+from leaklab.experiments.audit_levels import leaks_stop_text, next_levels_text
 from leaklab.fields import defense_steps
 from leaklab.io import REPORT_FILE
 from leaklab.metrics.rooms import matched
@@ -257,6 +257,16 @@ def _kept_text(cells: list[dict[str, Any]]) -> str:
 NOT_MEASURED = "–"
 
 
+def levels_text(summary: dict[str, Any]) -> str:
+    """Where the leaks stop and the levels to audit next, in words, from an audit's ``summary`` (saying
+    how many earlier audits' verdicts they count); "" when it names neither."""
+    stops = summary.get("leaks_stop") or {"gaussian_sigma": [], "dp_epsilon": []}
+    text = " ".join(filter(None, (leaks_stop_text(stops), next_levels_text(summary["next_levels"]))))
+    earlier = len(summary.get("earlier_audits", []))
+    return f"{text} (From the verdicts of this audit and {plural(earlier, 'earlier audit')}.)" if text and earlier \
+        else text
+
+
 def verdicts(results: dict[str, Any]) -> list[list[Any]]:
     """One row per defense, weakest first: what the clients add, the cosine an update keeps with the true
     one (what the defense costs), the largest image gain over the constant baseline (and where), how many
@@ -469,7 +479,7 @@ def write_report(folder: Path, results: dict[str, Any], cells, defenses, truths,
              "out the terms that need an exact update). Baseline: a constant image at the true mean, what an "
              "attacker with no information scores; the gain over it is what the update gave away.")
     lead = " ".join(filter(None, (f"{conclusion(verdicts(results))} ({plural(config['samples'], 'sample')} per "
-                                  "attack and defense.)", next_levels_text(results["summary"]["next_levels"]))))
+                                  "attack and defense.)", levels_text(results["summary"]))))
     render_report(folder / REPORT_FILE, "leaklab audit: your room through federated RL updates",
                   summary=summary, intro=intro, notice=notice, lead=lead,
                   figures=[Figure("Leakage per defense", plot, "bars: PSNR minus the constant-image "
