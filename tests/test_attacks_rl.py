@@ -117,6 +117,12 @@ def test_paper_stage1_starts_again_until_its_match_converges(monkeypatch, ends, 
     assert rec.iterations == 7 + 5 and rec.stage1_starts == len(ends)
     box = paper._gaussian_inputs(view.model, 1, 3 + kept * paper.STAGE1_SEED_STEP, torch.device("cpu"))[0]
     assert torch.equal(rec.box, box.detach())
+    # behind a defense no start can match to 0.999: stage 1 starts once
+    left, image_stages = list(ends), []
+    g = torch.Generator().manual_seed(0)
+    noised = ClientUpdate(metadata=update.metadata, tensors={
+        k: v + 1e-4 * torch.randn(v.shape, generator=g) for k, v in update.tensors.items()})
+    assert qgi(view, noised, cfg).stage1_starts == 1 and image_stages == [5]
 
 
 def test_paper_target_q_rule_gives_the_target_from_the_true_last_input():

@@ -50,7 +50,8 @@ class RoomAttackConfig(BaseModel):
     lr: float = Field(default=0.1, gt=0, description="Adam step size of the image stage")
     stage1_lr: float = Field(default=0.1, gt=0)
     stage1_restarts: int = Field(default=2, ge=0, le=100, description="paper mode, ours: fresh starts of "
-                                 "stage 1 when the error direction's match ends under a cosine of 0.999")
+                                 "stage 1 when the error direction's match of one sample's exact gradient "
+                                 "ends under a cosine of 0.999")
     tv_weight: float = Field(default=0.1, ge=0, description="lambda of L_img (IV-A); 0.1 in section V")
     tv_final: float = Field(default=0.003, gt=0, description="exact mode: λ decays geometrically to this")
     feature_weight: float = Field(default=1.0, ge=0, description="exact mode: weight of the feature match")

@@ -12,8 +12,9 @@ Ours, not the paper's: stage 1 of the error direction starts again from a fresh 
 ``stage1_restarts`` times) when it ends with its gradients' cosine under ``1 - STAGE1_TOLERANCE``, and
 keeps the start that matched best; an attacker sees that match, not the truth. From the client's inputs
 the cosine is 1 to float32 rounding (``1 - cos`` about 1e-7); one of 48 ``wide-rgb`` S1 samples
-stopped at 0.099 with a target-Q error of 198 %, and its second start reached 3.6e-7. A defended
-update's noise keeps the match under 0.999, so there every start runs.
+stopped at 0.099 with a target-Q error of 198 %, and its second start reached 3.6e-7. Only an update
+that is one sample's exact gradient starts again: a defense's noise keeps the match under 0.999 from
+any start.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from dataclasses import dataclass
 import torch
 
 from leaklab.attacks.rl.config import RoomAttackConfig
+from leaklab.attacks.rl.exact import untouched
 from leaklab.attacks.rl.images import gaussian_start, room_tv
 from leaklab.attacks.rl.network import GradientStats, cosine_loss, linear_names, squared_loss, trace
 from leaklab.attacks.rl.optim import Progress, adam
@@ -115,12 +117,15 @@ def _gaussian_inputs(net: PerceptionNet, batch: int, seed: int, device: torch.de
 def _stage1(net: PerceptionNet, grads: dict[str, torch.Tensor], sup: _Supervision, cfg: RoomAttackConfig,
             batch: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, int]:
     """IV-A stage 1: the box and the features that match the Linear layers' gradients, and how many
-    starts it took (paper mode's error direction starts again when the match ends worse than
-    ``STAGE1_TOLERANCE``; the ablation objectives, whose loss has no known optimum value, and exact
-    mode's fallback for a batch it cannot separate start once)."""
+    starts it took. Paper mode's error direction starts again when the match ends worse than
+    ``STAGE1_TOLERANCE`` on an update that is one sample's exact gradient (head.0's weight gradient of
+    rank 1, :func:`~leaklab.attacks.rl.exact.untouched`: only there can the match reach 1); a defended
+    update or a batch, the ablation objectives (whose loss has no known optimum value) and exact mode's
+    fallback for a batch it cannot separate start once."""
     linear_stats = GradientStats(net, grads, conv_params=False)
     best: tuple[float, torch.Tensor, torch.Tensor] | None = None
-    starts = 1 + (cfg.stage1_restarts if (cfg.mode, cfg.objective) == ("paper", "error_direction") else 0)
+    restarts = (cfg.mode, cfg.objective) == ("paper", "error_direction") and batch == 1 and untouched(grads)
+    starts = 1 + (cfg.stage1_restarts if restarts else 0)
     for start in range(starts):
         box, features = _gaussian_inputs(net, batch, cfg.seed + start * STAGE1_SEED_STEP, device)
 
