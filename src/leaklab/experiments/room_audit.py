@@ -34,8 +34,8 @@ from __future__ import annotations
 import os
 import time
 import warnings
-from pathlib import Path
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any, Literal
 
 import torch

@@ -260,8 +260,7 @@ NOT_MEASURED = "–"
 def levels_text(summary: dict[str, Any]) -> str:
     """Where the leaks stop and the levels to audit next, in words, from an audit's ``summary`` (saying
     how many earlier audits' verdicts they count); "" when it names neither."""
-    stops = summary.get("leaks_stop") or {"gaussian_sigma": [], "dp_epsilon": []}
-    text = " ".join(filter(None, (leaks_stop_text(stops), next_levels_text(summary["next_levels"]))))
+    text = " ".join(filter(None, (leaks_stop_text(summary["leaks_stop"]), next_levels_text(summary["next_levels"]))))
     earlier = len(summary.get("earlier_audits", []))
     return f"{text} (From the verdicts of this audit and {plural(earlier, 'earlier audit')}.)" if text and earlier \
         else text
