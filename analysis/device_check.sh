@@ -11,8 +11,8 @@
 #       --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 --platform any \
 #       $(grep -iE '^(vizdoom|gymnasium|farama|pydantic|annotated|typing|dp-acc|dm-tree|opacus|mlxtend)' constraints.txt)
 # and run it with the device tool: command "sh analysis/device_check.sh", carry [".whl"], timeout 560
-# (the steps' limits add up to at most 520 s with the kill grace). At most 8 files come back from $OUT: the
-# audits write under /tmp/dc and only the CUDA audit's results.json is copied back.
+# (the steps' limits add up to at most 530 s with the kill grace). At most 8 files come back from $OUT: the
+# commands write under /tmp/dc and only the CUDA audit's and the paper attack's results.json come back.
 set -u
 OUT=${OUT:-/tmp/device-check}
 mkdir -p "$OUT"
@@ -23,7 +23,7 @@ step() {  # step NAME SECONDS COMMAND...: run it under a time limit, note its ex
     timeout -k 10 "$limit" "$@" > "$OUT/$name.log" 2>&1
     status=$?
     echo "$name: exit $status after $(( $(date +%s) - start )) s" >> "$OUT/steps.txt"
-    { echo "after $name"; df -k /dev/shm; } >> "$OUT/shm.txt"
+    df -k /dev/shm | tail -1 >> "$OUT/steps.txt"
     return $status
 }
 { nproc; nvidia-smi; python3 --version; df -h /dev/shm; ulimit -a; cat /proc/sys/vm/overcommit_memory; } \
@@ -34,10 +34,14 @@ step install 60 python3 -m pip install -q --no-index --no-deps --no-compile --no
 export PYTHONPATH="$PWD/src:/tmp/site" LEAKLAB_THREADS=1 PYTHONUNBUFFERED=1
 if step audit-cuda 240 python3 -X faulthandler -m leaklab.cli audit --device cuda --out /tmp/dc/audit-cuda; then
     step quick 60 python3 -X faulthandler -m leaklab.cli audit --quick --device cuda --out /tmp/dc/quick
+    # paper mode on the GPU (stage 1's restarts, session 28, had not run there): two S1 samples
+    step paper 130 python3 -X faulthandler -m leaklab.cli attack qgi --setting S1 --mode paper --arch wide-rgb \
+        --samples 2 --layouts 2 --iterations 200 --workers 2 --device cuda --out /tmp/dc/paper
 else  # the native stack of the crash: cuda-gdb stays with the parent and lets the children go
     step audit-gdb 190 cuda-gdb -batch -ex 'set follow-fork-mode parent' -ex 'set detach-on-fork on' \
         -ex 'set pagination off' -ex run -ex 'thread apply all bt 30' --args \
         python3 -m leaklab.cli audit --device cuda --out /tmp/dc/audit-gdb
 fi
-ps -ef > "$OUT/ps.txt"
+ps -ef >> "$OUT/steps.txt"
 cp /tmp/dc/audit-cuda/results.json "$OUT/audit-cuda-results.json" 2>/dev/null
+cp /tmp/dc/paper/results.json "$OUT/paper-results.json" 2>/dev/null
