@@ -229,6 +229,25 @@ def test_a_capture_behind_a_defense_holds_the_clients_defended_updates(tmp_path)
         RoomCaptureConfig(defense="blur:1")
 
 
+def test_a_capture_gives_the_same_updates_whatever_threads_its_caller_runs():
+    # torch's CPU convolutions round by thread count: a library caller's threads must not move the updates
+    from leaklab.rl.capture import RoomCaptureConfig, client_rounds
+
+    config = RoomCaptureConfig(spec=PerceptionSpec(setting="S1"), layouts=ROOMS[:1], samples=1, max_episode_steps=5,
+                               defense="clip:1,gaussian:0.01")
+    before = torch.get_num_threads()
+    try:
+        updates = []
+        for threads in (1, 3):
+            torch.set_num_threads(threads)
+            _, (r,) = client_rounds(config)
+            assert torch.get_num_threads() == threads  # the caller's count comes back
+            updates.append(r.update.tensors)
+    finally:
+        torch.set_num_threads(before)
+    assert _same(*updates)
+
+
 def test_a_users_own_network_is_captured_initialised_or_partly_trained():
     spec = PerceptionSpec(setting="S2")
     init = partly_trained_net("reinforce", spec, 0, seed=3, model_class="tests.plugins.narrow_net:Bare")

@@ -140,6 +140,21 @@ def configure_threads(threads: int | None = None) -> int:
     return chosen
 
 
+@contextmanager
+def one_thread() -> Iterator[None]:
+    """Torch's intra-op threads at 1 within the block, the caller's count back on exit. The CPU kernels'
+    rounding depends on the thread count (a convolution's weight gradient summed in other blocks), so a
+    room capture or attack run inside it gives the same numbers bit for bit whatever the caller set: an S1
+    client update captured with 2 threads differed from the 1-thread one in the first convolutions'
+    gradients, and one attack on it by 0.5 dB (docs/reproductions.md, "The caller's thread count")."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
 def crash_tracebacks() -> None:
     """Have a crash in native code (a segmentation fault or bus error, e.g. in ViZDoom's engine start) print
     the Python traceback of every thread, for a bug report, unless a fault handler is on already."""

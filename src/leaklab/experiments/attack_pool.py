@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from leaklab.attacks.rl import RoomAttackConfig, RoomReconstruction, qgi, rgi
-from leaklab.device import crash_tracebacks, repeatable
+from leaklab.device import crash_tracebacks, one_thread, repeatable
 from leaklab.errors import LeaklabError
 from leaklab.experiments import ProgressFn
 from leaklab.experiments.attack_journal import AttackJournal
@@ -84,19 +84,14 @@ def _attack_one(job: Job, index: int = 0,
     ``job.device``, repeatably on CUDA too (:func:`leaklab.device.repeatable`); the reconstruction
     comes back on the CPU. ``report(index, fraction)`` hears how much of the image stage is done
     (every 50 steps; in a pool's worker, through the pool's queue). The caller's thread count is
-    restored on return (run in the parent, the jobs after it are built at the caller's count)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
+    restored on return (:func:`leaklab.device.one_thread`)."""
     report = report or (_report_to_queue if _progress_queue is not None else None)
     steps = job.attack.iterations
     progress = (lambda it, _: report(index, it / steps)) if report else None
-    try:
-        with repeatable(job.device):
-            view = make_view(job.spec, job.state, job.update.metadata, model_class=job.model_class)
-            view.model.to(job.device)
-            return (qgi if job.algorithm == "qgi" else rgi)(view, job.update, job.attack, progress).to("cpu")
-    finally:
-        torch.set_num_threads(threads)
+    with one_thread(), repeatable(job.device):
+        view = make_view(job.spec, job.state, job.update.metadata, model_class=job.model_class)
+        view.model.to(job.device)
+        return (qgi if job.algorithm == "qgi" else rgi)(view, job.update, job.attack, progress).to("cpu")
 
 
 def _attack_in_worker(job: bytes, index: int) -> bytes:

@@ -28,6 +28,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 from leaklab.defenses import parse_defense
+from leaklab.device import one_thread
 from leaklab.errors import LeaklabError
 from leaklab.fields import DefenseOption, Seed
 from leaklab.io import CAPTURE_JSON, ROOM_CAPTURE_FORMAT, atomic_dir, check_out, write_json
@@ -284,22 +285,27 @@ class ClientRound:
         return [t.layout for t in self.transitions]
 
 
+@one_thread()
 def defended(update: ClientUpdate, defense: str | None, seed: int, index: int) -> ClientUpdate:
     """``update`` behind the client's ``defense`` chain (None: as it is), its noise drawn from
     ``seed`` and the update's ``index``, so that every defense level of an experiment sees the same
-    draws for an update."""
+    draws for an update; on one torch thread (:func:`leaklab.device.one_thread`: a clipping norm's
+    rounding does not depend on the caller's thread count)."""
     if not defense:
         return update
     return parse_defense(defense).apply(update, torch.Generator().manual_seed(seed * 100_003 + index))
 
 
+@one_thread()
 def client_rounds(config: RoomCaptureConfig, on_episode: Callable[[int], None] | None = None,
                   on_train_step: Callable[[int], None] | None = None,
                   ) -> tuple[dict[str, torch.Tensor], list[ClientRound]]:
     """The state of the network the clients share (:func:`partly_trained_net` of ``config.seed``;
     DQN's target network is its copy; ``on_train_step(n)`` hears how many of its training steps are
     done) and ``config.samples`` rounds of ``config.batch_size`` private transitions each, the updates
-    behind ``config.defense``; ``on_episode(n)`` hears how many of the private episodes are done."""
+    behind ``config.defense``; ``on_episode(n)`` hears how many of the private episodes are done. It
+    runs on one torch thread (:func:`leaklab.device.one_thread`), as the command line does: the same
+    config gives the same updates bit for bit whatever thread count the caller set."""
     spec = config.spec
     net = partly_trained_net(config.algorithm, spec, config.train_steps, config.layouts, config.seed,
                              config.model_class, on_train_step)
