@@ -134,7 +134,8 @@ def _print_version(value: bool) -> None:
 
 @app.callback()
 def _main(threads: Annotated[Optional[int], typer.Option(
-        "--threads", min=1, help="torch threads for this run (default: LEAKLAB_THREADS or 1)")] = None,
+        "--threads", min=1, help="torch threads for this run (default: LEAKLAB_THREADS or 1); the rooms' "
+                                 "captures and attacks run on one per process whatever it says")] = None,
         show_version: Annotated[bool, typer.Option("--version", callback=_print_version, is_eager=True,
                                                    help="print leaklab's version and exit")] = False) -> None:
     """A laboratory for privacy leakage in federated learning."""
