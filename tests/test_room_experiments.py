@@ -272,6 +272,15 @@ def test_audit_verdicts_in_words():
     assert rows[0][7] == "2 of 2 updates (100%; chance alone: p = 0.02)"
     assert _actions_read([1.0, 1.0, 0.0, 1.0, 1.0, 0.0]) == "4 of 6 updates (67%; chance alone: p = 0.0049)"
     assert _actions_read([0.5, 1.0]) == "75% of 2 updates" and _actions_read([]) is None
+    # the verdicts' action: half of the updates read right, or more than guessing names but with p < 0.05
+    from leaklab.experiments.room_report import _action_leaks
+
+    def reads(right: int, n: int) -> list[float]:
+        return [1.0] * right + [0.0] * (n - right)
+
+    assert _action_leaks(reads(1, 1)) and _action_leaks(reads(3, 6)) and not _action_leaks(reads(2, 6))
+    assert _action_leaks(reads(21, 96)) and not _action_leaks(reads(20, 96))  # p = 0.029 and 0.051; 14 expected
+    assert _action_leaks([0.5, 1.0]) and not _action_leaks([0.5, 0.0]) and not _action_leaks([])
     assert conclusion(rows) == ("dp is the weakest defense tested behind which nothing measured leaks, and there an "
                                 "update keeps a cosine of 0.000651 with the true one; behind noise (cosine 0.6 to "
                                 "0.871) the update still leaks the room (1 of 4 updates show it; QGI S2 depth +2.0 dB "

@@ -1,8 +1,9 @@
 """The reports of the room audit (``leaklab audit``) and of ``leaklab audit --cases``: the conclusion in
 a sentence, an at-a-glance verdict per defense (what leaks: the room at a mean gain of
 :data:`IMAGE_LEAK_DB` over the constant-image baseline, the box at a mean IoU of :data:`BOX_LEAK_IOU`,
-the action at :data:`ACTION_LEAK`), originals beside reconstructions with their boxes, metrics tables
-beside the baselines and the leakage per defense (seed 000, section V's metrics).
+the action at :data:`ACTION_LEAK` or beyond chance, :data:`ACTION_CHANCE_P`), originals beside
+reconstructions with their boxes, metrics tables beside the baselines and the leakage per defense (seed
+000, section V's metrics).
 """
 
 from __future__ import annotations
@@ -27,7 +28,8 @@ from leaklab.words import cosine_text, listing, plural
 
 IMAGE_LEAK_DB = 3.0  # verdict: images leak when their PSNR beats the no-information baseline by this
 BOX_LEAK_IOU = 0.5  # verdict: the target's box leaks at this mean IoU (the usual detection threshold)
-ACTION_LEAK = 0.5  # verdict: QGI's action leaks at this accuracy (chance: 1 in 7)
+ACTION_LEAK = 0.5  # verdict: QGI's action leaks at this accuracy (chance: 1 in 7), or when guessing
+ACTION_CHANCE_P = 0.05  # would name as many right only with this probability (many updates: 21 of 96 right)
 Q_LEAK_PERCENT = 1.0  # verdict: the target Q-value leaks read to this error (seed 000's QGI: about 1%)
 REWARD_LEAK = 0.01  # verdict: the reward (RGI reads the discounted return that weights log π) leaks read to
 # this absolute error, 1% of the most one step earns
@@ -79,16 +81,15 @@ def write_cases_report(folder: Path, results: dict[str, Any], truths: list[Pictu
         # the action of the cases whose update holds it (QGI always; RGI unless a return of 0 hid it)
         held = [r["metrics"]["action"] for r in results["cases"]
                 if "metrics" in r and all(r.get("action_identified", [True]))]
-        action = statistics.fmean(held) if held else None
         shown = _leak_count(results["cases"])
-        verdict = _verdict(gain, where, shown, s["iou_mean"], action, s.get("q_target_err_mean"),
+        verdict = _verdict(gain, where, shown, s["iou_mean"], held, s.get("q_target_err_mean"),
                            s.get("reward_abs_err_mean"))
         lead = (f"Over {plural(s['scored'], 'scored case')}, the saved updates give away "
                 f"{verdict.removeprefix('leaks ') if verdict != NOTHING_LEAKS else 'nothing measured'}.")
         glance = Table(columns=["largest image gain (dB)", "where", "cases showing their room", "box IoU (mean)",
                                 "action", "verdict"],
                        rows=[[gain, where, "{} of {}".format(*shown), s["iou_mean"],
-                              None if action is None else f"{100 * action:.0f}% of {plural(len(held), 'case')}",
+                              f"{100 * statistics.fmean(held):.0f}% of {plural(len(held), 'case')}" if held else None,
                               verdict]],
                        caption=_glance_caption() + " Over the scored cases; the action over those whose update "
                                                    "holds it (an RGI update with a return of 0 does not).")
@@ -215,16 +216,32 @@ def _qgi_actions(cells: list[dict[str, Any]]) -> list[float]:
     return [r["metrics"]["action"] for c in cells if c["algorithm"] == "qgi" for r in c["samples"]]
 
 
+def _chance_p(actions: list[float]) -> float | None:
+    """The chance that guessing one of the room's actions at random names as many of ``actions`` (1 or 0
+    per update) right or more (a binomial tail); None for a batch's shares, which are no count."""
+    if not actions or any(a not in (0.0, 1.0) for a in actions):
+        return None
+    return float(binom.sf(int(sum(actions)) - 1, len(actions), 1 / len(ACTIONS)))
+
+
+def _action_leaks(actions: list[float] | None) -> bool:
+    """The verdicts' action rule: read right on at least :data:`ACTION_LEAK` of the updates, or on more than
+    guessing would name but with a probability under :data:`ACTION_CHANCE_P` (which a few updates cannot
+    show: 1 of 1 right is p = 0.14; many can: 21 of 96 right, a guess's 14 expected, is p = 0.03)."""
+    if not actions:
+        return False
+    p = _chance_p(actions)
+    return statistics.fmean(actions) >= ACTION_LEAK or (p is not None and p < ACTION_CHANCE_P)
+
+
 def _actions_read(actions: list[float]) -> str | None:
-    """The glance's action column: how many updates QGI read right and, beside it, the chance that guessing
-    one of the room's actions at random would name as many or more right (a binomial tail); a batch's
-    shares are not a count, and give the share alone."""
+    """The glance's action column: how many updates QGI read right and, beside it, :func:`_chance_p`; a
+    batch's shares are not a count, and give the share alone."""
     if not actions:
         return None
-    n, right = len(actions), sum(actions)
-    if any(a not in (0.0, 1.0) for a in actions):
+    n, right, p = len(actions), sum(actions), _chance_p(actions)
+    if p is None:
         return f"{100 * right / n:.0f}% of {plural(n, 'update')}"
-    p = float(binom.sf(int(right) - 1, n, 1 / len(ACTIONS)))
     return f"{int(right)} of {plural(n, 'update')} ({100 * right / n:.0f}%; chance alone: p = {p:.2g})"
 
 
@@ -281,12 +298,11 @@ def verdicts(results: dict[str, Any]) -> list[list[Any]]:
         shown = _leak_count([r for c in cells for r in c["samples"]])
         iou = max(c["summary"]["iou_mean"] for c in cells)
         actions = _qgi_actions(cells)
-        action = statistics.fmean(actions) if actions else None
         q_error, reward_error = (min((e for c in cells if (e := c["summary"].get(key)) is not None), default=None)
                                  for key in ("q_target_err_mean", "reward_abs_err_mean"))
         rows.append([label, chain_in_words(cells[0].get("defense_chain")), _kept_text(cells), gain, where,
                      "{} of {}".format(*shown), iou, _actions_read(actions),
-                     _verdict(gain, where, shown, iou, action, q_error, reward_error)])
+                     _verdict(gain, where, shown, iou, actions, q_error, reward_error)])
     return rows
 
 
@@ -307,19 +323,20 @@ def conclusion(rows: list[list[Any]]) -> str:
     return f"{first[0]} is the weakest defense tested behind which nothing measured leaks{kept}; {sees}."
 
 
-def _verdict(gain: float, where: str, shown: tuple[int, int], iou: float, action: float | None,
+def _verdict(gain: float, where: str, shown: tuple[int, int], iou: float, actions: list[float] | None,
              q_error: float | None = None, reward_error: float | None = None) -> str:
     """What leaks, in words: the room where any attacked update shows it (``shown``: how many of how
     many have an image :data:`IMAGE_LEAK_DB` over its own baseline; a mean over the updates hid a room
     that some show), with the largest mean gain ``gain`` (``where``); the box at a mean IoU of
-    :data:`BOX_LEAK_IOU`; the action at an accuracy (``action``; None: not measured) of :data:`ACTION_LEAK`;
+    :data:`BOX_LEAK_IOU`; the action by :func:`_action_leaks` (``actions``: 1 or 0 per update, a batch's
+    share; None or empty: not measured);
     the target Q-value at a mean error (``q_error``, %) of :data:`Q_LEAK_PERCENT` and the reward at a
     mean absolute error (``reward_error``) of :data:`REWARD_LEAK` (None: not measured)."""
     k, n = shown
     leaks = [f"the room ({k} of {plural(n, 'update')} show it; {where} {gain:+.1f} dB over the baseline on "
              "average)"] if k else []
     leaks += [f"the target's box (IoU {iou:.2f})"] if iou >= BOX_LEAK_IOU else []
-    leaks += [f"the action ({100 * action:.0f}%)"] if action is not None and action >= ACTION_LEAK else []
+    leaks += [f"the action ({100 * statistics.fmean(actions):.0f}%)"] if _action_leaks(actions) else []
     leaks += [f"the target Q-value (error {q_error:.2g}%)"] if q_error is not None and q_error <= Q_LEAK_PERCENT \
         else []
     leaks += [f"the reward (error {reward_error:.2g})"] if reward_error is not None and reward_error <= REWARD_LEAK \
@@ -336,7 +353,8 @@ def _glance_caption() -> str:
             "baseline, and the room leaks when any update shows it (a mean over rooms can hide one). The box "
             f"leaks at a mean IoU of {BOX_LEAK_IOU:g} or more (a target out of view counts 1 only when the "
             f"recovered box is empty too), the action at an accuracy of {100 * ACTION_LEAK:.0f}% or more "
-            f"(chance: 1 in 7), the target Q-value (QGI) at a mean error of {Q_LEAK_PERCENT:g}% or less and the "
+            f"(chance: 1 in 7) or when guessing would name as many right only with a probability under "
+            f"{ACTION_CHANCE_P:g}, the target Q-value (QGI) at a mean error of {Q_LEAK_PERCENT:g}% or less and the "
             f"reward (RGI: the discounted return that weights log π) at a mean absolute error of {REWARD_LEAK:g} or "
             "less (one step earns at most 1).")
 
