@@ -463,3 +463,20 @@ def test_room_metrics_of_the_truth_and_paper_scaling():
     zero = {**truth, "box": torch.zeros(1, 4)}
     rec.box = torch.zeros(1, 4)
     assert room_metrics(rec, zero, "S1")["box_iou"] == 1.0
+
+
+def test_exact_modes_colour_prior_weighs_chroma_over_luma():
+    from leaklab.attacks.rl.images import CHROMA_TV_WEIGHT, YCBCR, colour_tv, coupled_tv, modality_tv
+
+    g = torch.Generator().manual_seed(0)
+    grey = torch.rand(2, 1, 12, 12, generator=g).expand(2, 3, 12, 12)
+    assert torch.allclose(colour_tv(grey), coupled_tv(grey[:, :1]), atol=1e-6)  # no chroma: the luma's TV
+    # a change of colour at constant luma costs CHROMA_TV_WEIGHT times its chroma's TV
+    ycc = torch.zeros(1, 3, 12, 12)
+    ycc[:, 0] = 0.5
+    ycc[:, 1, :, 6:] = 0.1
+    rgb = torch.einsum("kc,bchw->bkhw", torch.linalg.inv(YCBCR), ycc)
+    assert torch.allclose(colour_tv(rgb), CHROMA_TV_WEIGHT * coupled_tv(ycc[:, 1:]), atol=1e-5)  # TV eps: 2e-6
+    x = torch.rand(1, 4, 12, 12, generator=g)
+    assert torch.allclose(modality_tv(x), colour_tv(x[:, :3]) + coupled_tv(x[:, 3:]))
+    assert torch.equal(modality_tv(x[:, 3:]), coupled_tv(x[:, 3:]))  # S2: depth alone, as before

@@ -11,7 +11,7 @@ the same vectors sample by sample (:func:`separated_vectors`), and its images ar
 together by the same stages but the layerwise one.
 
 The images minimise ``w_f ||conv(x) − f||^2 / ||f||^2 + w_g Σ_l ||∇_{W_l} J̃(x) − G_l||^2 / ||G_l||^2
-+ λ_t TV(x)`` (TV pooled over each modality's channels, :func:`leaklab.attacks.rl.images.modality_tv`)
++ λ_t TV(x)`` (TV per modality, RGB's on luma and chroma, :func:`leaklab.attacks.rl.images.modality_tv`)
 from IV-A's Gaussian start with Adam and cosine annealing, pixels clamped to [0, 1]; ``λ_t`` decays
 geometrically from ``tv_weight`` to ``tv_final`` (a strong prior first removes the start's noise, a
 weak one last stops biasing the edges). The middle term is eq. 6's error-direction surrogate moved to

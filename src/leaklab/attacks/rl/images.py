@@ -4,9 +4,15 @@
   anisotropic TV, :func:`leaklab.attacks.inversion.priors.total_variation`), summed over the batch
   (paper mode).
 * :func:`modality_tv`: exact mode's prior, anisotropic total variation whose differences pool the
-  channels of one modality (:func:`coupled_tv` of R, G, B; depth on its own). On 4 real S1 frames,
-  1,500 steps, the per-modality ``small`` network: depth 38.1 dB raw against 35.8 dB when RGB and
-  depth share the pooled differences (RGB 22.7 dB either way).
+  channels of one modality (depth on its own; RGB as :func:`colour_tv`). On 4 real S1 frames, 1,500
+  steps, the per-modality ``small`` network: depth 38.1 dB raw against 35.8 dB when RGB and depth
+  share the pooled differences (RGB 22.7 dB either way).
+* :func:`colour_tv`: the RGB frame's prior, the luma's TV plus :data:`CHROMA_TV_WEIGHT` times the
+  chroma's (BT.601 YCbCr): colour varies more smoothly than brightness. On 6 real S1 frames (exact
+  mode, ``small``, session 29) the frames came back 8.00 dB over the constant baseline (Y PSNR, raw)
+  against 7.04 with R, G, B pooled (every frame better, +0.4 to +1.4 dB), 7.63 with a weight of 4;
+  an oracle handed the first layer's true output and gradient gained 1.4 dB the same way, and none
+  from a weaker pooled TV.
 * :func:`gaussian_start`: IV-A's Gaussian initialisation.
 """
 
@@ -15,6 +21,11 @@ from __future__ import annotations
 import torch
 
 from leaklab.attacks.inversion.priors import total_variation
+
+CHROMA_TV_WEIGHT = 2.0  # colour_tv's weight of the chroma's TV against the luma's
+YCBCR = torch.tensor([[0.299, 0.587, 0.114],  # BT.601: Y, Cb, Cr from R, G, B (analog, no offsets)
+                      [-0.168736, -0.331264, 0.5],
+                      [0.5, -0.418688, -0.081312]])
 
 
 def room_tv(x: torch.Tensor) -> torch.Tensor:
@@ -34,11 +45,18 @@ def coupled_tv(x: torch.Tensor) -> torch.Tensor:
     return (pooled(dx) + pooled(dy)).sum()
 
 
+def colour_tv(rgb: torch.Tensor) -> torch.Tensor:
+    """``TV(Y) + CHROMA_TV_WEIGHT * TV(Cb, Cr)`` of ``[B, 3, H, W]`` RGB images in BT.601 YCbCr, each
+    a :func:`coupled_tv` (the chroma's differences pooled over Cb and Cr)."""
+    ycc = torch.einsum("kc,bchw->bkhw", YCBCR.to(rgb), rgb)
+    return coupled_tv(ycc[:, :1]) + CHROMA_TV_WEIGHT * coupled_tv(ycc[:, 1:])
+
+
 def modality_tv(x: torch.Tensor) -> torch.Tensor:
-    """:func:`coupled_tv` of the RGB channels plus that of depth for S1 ``[B, 4, H, W]``; of depth
-    alone for S2 ``[B, 1, H, W]``."""
+    """:func:`colour_tv` of the RGB channels plus :func:`coupled_tv` of depth for S1 ``[B, 4, H, W]``;
+    of depth alone for S2 ``[B, 1, H, W]``."""
     if x.shape[1] == 4:
-        return coupled_tv(x[:, :3]) + coupled_tv(x[:, 3:])
+        return colour_tv(x[:, :3]) + coupled_tv(x[:, 3:])
     return coupled_tv(x)
 
 
