@@ -3,7 +3,8 @@
 An oracle handed the true RGB stream's first-layer output (``relu(conv.rgb.0(rgb))``: 16 filters of
 8x8x3 at stride 4, i.e. 16 numbers for each 4x4x3 = 48 pixel values, about half of them zeroed by the
 ReLU) reconstructs the RGB frame with exact mode's image stage (Adam, cosine annealing, 2,000 steps,
-TV pooled over R, G, B decaying from 0.1 to 0.003): ``--target a1``. Every later layer, feature and
+exact mode's RGB prior decaying from 0.1 to 0.003: :func:`~leaklab.attacks.rl.images.colour_tv` since
+session 29, TV pooled over R, G, B before): ``--target a1``. Every later layer, feature and
 gradient is a function of that output; the only other trace of the frame in the update is the first
 layer's own weight gradient ``sum_p delta1_p x_p^T`` (3,072 numbers, linear in the frame), which
 ``--target update`` adds (the oracle also knows ``delta1``): everything the update holds about the
@@ -27,7 +28,7 @@ from torch.nn.grad import conv2d_weight
 
 from leaklab.attacks.rl.config import RoomAttackConfig
 from leaklab.attacks.rl.exact import exact_streams, feature_error
-from leaklab.attacks.rl.images import coupled_tv, gaussian_start
+from leaklab.attacks.rl.images import colour_tv, gaussian_start
 from leaklab.attacks.rl.optim import adam
 from leaklab.experiments.room_attack import RoomRunConfig, capture_samples
 from leaklab.rl.envs.layouts import layouts_arg
@@ -46,7 +47,7 @@ def oracle_rgb(layer: torch.nn.Conv2d, rgb: torch.Tensor, target: str, cfg: Room
 
     def loss(done: float) -> torch.Tensor:
         tv = cfg.tv_weight * (cfg.tv_final / cfg.tv_weight) ** done
-        total = ((act(layer(x)) - want) ** 2).sum() / (want * want).sum() + tv * coupled_tv(x)
+        total = ((act(layer(x)) - want) ** 2).sum() / (want * want).sum() + tv * colour_tv(x)
         if target == "update":
             rec = conv2d_weight(x, layer.weight.shape, delta, stride=layer.stride, padding=layer.padding)
             total = total + ((rec - weight_grad) ** 2).sum() / (weight_grad * weight_grad).sum()
