@@ -161,10 +161,9 @@ def _levels_summary(config: AuditConfig, results: dict[str, Any], earlier: Level
     audit next when the undefended updates leak nothing."""
     leaky, (gaussian, dpsgd) = _verdicts_by_level(config, results)
     gaussian, dpsgd = {**earlier[0], **gaussian}, {**earlier[1], **dpsgd}
-    none_next = {"gaussian_sigmas": [], "dp_epsilons": []}
     if config.iterations is not None and room_report.effort_notice(config.iterations):
-        return {"next_levels": none_next, "leaks_stop": {"gaussian_sigma": [], "dp_epsilon": []}}
-    return {"next_levels": next_levels(gaussian, dpsgd) if leaky else none_next,
+        gaussian, dpsgd = {}, {}  # no verdict to go on: neither names a level
+    return {"next_levels": next_levels(gaussian, dpsgd) if leaky else next_levels({}, {}),
             "leaks_stop": leaks_stop(gaussian, dpsgd)}
 
 

@@ -28,8 +28,8 @@ from leaklab.words import cosine_text, listing, plural
 
 IMAGE_LEAK_DB = 3.0  # verdict: images leak when their PSNR beats the no-information baseline by this
 BOX_LEAK_IOU = 0.5  # verdict: the target's box leaks at this mean IoU (the usual detection threshold)
-ACTION_LEAK = 0.5  # verdict: QGI's action leaks at this accuracy (chance: 1 in 7), or when guessing
-ACTION_CHANCE_P = 0.05  # would name as many right only with this probability (many updates: 21 of 96 right)
+ACTION_LEAK = 0.5  # verdict: QGI's action leaks at this accuracy (chance: 1 in 7), or when
+ACTION_CHANCE_P = 0.05  # guessing would name as many right with a lower probability (e.g. 21 of 96 right)
 Q_LEAK_PERCENT = 1.0  # verdict: the target Q-value leaks read to this error (seed 000's QGI: about 1%)
 REWARD_LEAK = 0.01  # verdict: the reward (RGI reads the discounted return that weights log π) leaks read to
 # this absolute error, 1% of the most one step earns
