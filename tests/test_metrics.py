@@ -4,6 +4,7 @@ import torch
 
 from leaklab.metrics import (box_iou, constant_baseline, cosine_similarity, match_order,
                              percent_error, psnr, rgb_to_y, ssim)
+from leaklab.metrics.vectors import finite_numbers, mean_of
 
 
 def test_psnr_of_known_error():
@@ -51,3 +52,10 @@ def test_box_iou_and_percent_error_and_cosine():
     both_zero, off_zero = percent_error(torch.tensor([0.0, 1.0]), torch.tensor([0.0, 0.0]))
     assert float(both_zero) == 0.0 and math.isinf(float(off_zero))
     assert math.isclose(cosine_similarity([torch.ones(3)], [torch.ones(3)]), 1.0)
+
+
+def test_mean_of_leaves_out_missing_and_non_finite_values():
+    values = [1.0, None, math.inf, 3.0, math.nan]
+    assert finite_numbers(values) == [1.0, 3.0]
+    assert mean_of(values) == 2.0
+    assert mean_of([None, math.inf]) is None

@@ -30,7 +30,7 @@ from leaklab.cases import Case, load_case, load_truth
 from leaklab.io import (CASE_SUBDIR, IMAGE_ATTACK_FORMAT, RECONSTRUCTIONS_FILE, RESULTS_FILE, atomic_dir, save_tensors,
                         write_json)
 from leaklab.metrics import match_order, psnr, scores
-from leaklab.metrics.vectors import median_of
+from leaklab.metrics.vectors import mean_of, median_of
 
 Method = Literal["inversion", "analytic"]
 
@@ -139,11 +139,6 @@ def _label_hits(recovered: list[int], true: list[int]) -> list[bool]:
     return hits
 
 
-def _mean(values: list[float | None]) -> float | None:
-    vals = [v for v in values if v is not None]
-    return sum(vals) / len(vals) if vals else None
-
-
 def evaluate(case: Case, recons: list[Reconstruction],
              truth: tuple[torch.Tensor, torch.Tensor, dict] | None,
              ) -> tuple[dict[str, Any], list[dict[str, Any]], torch.Tensor, torch.Tensor]:
@@ -178,12 +173,12 @@ def evaluate(case: Case, recons: list[Reconstruction],
     seconds = sum(r.seconds for r in _unique_runs(recons))
     summary: dict[str, Any] = {
         "images": len(samples), "updates": len(recons), "batch_size": b,
-        "psnr_mean": _mean([s.get("psnr") for s in samples]),
-        "psnr_y_mean": _mean([s.get("psnr_y") for s in samples]),
-        "ssim_mean": _mean([s.get("ssim") for s in samples]),
-        "psnr_baseline_mean": _mean([s.get("psnr_baseline") for s in samples]),
-        "ssim_baseline_mean": _mean([s.get("ssim_baseline") for s in samples]),
-        "label_accuracy": _mean([float(s["label_correct"]) for s in samples if "label_correct" in s]),
+        "psnr_mean": mean_of([s.get("psnr") for s in samples]),
+        "psnr_y_mean": mean_of([s.get("psnr_y") for s in samples]),
+        "ssim_mean": mean_of([s.get("ssim") for s in samples]),
+        "psnr_baseline_mean": mean_of([s.get("psnr_baseline") for s in samples]),
+        "ssim_baseline_mean": mean_of([s.get("ssim_baseline") for s in samples]),
+        "label_accuracy": mean_of([float(s["label_correct"]) for s in samples if "label_correct" in s]),
         "seconds": seconds,
         "iterations": max((r.iterations for r in recons), default=0),
         "truth": truth is not None,

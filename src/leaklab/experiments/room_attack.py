@@ -16,7 +16,6 @@ interrupted command attacks only what is left.
 
 from __future__ import annotations
 
-import math
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -37,7 +36,7 @@ from leaklab.fields import DefenseOption, Seed
 from leaklab.io import (RECONSTRUCTIONS_FILE, RESULTS_FILE, ROOM_ATTACK_FORMAT, atomic_dir, check_out, json_line,
                         save_tensors, write_json)
 from leaklab.metrics.rooms import room_metrics, transition_metrics
-from leaklab.metrics.vectors import median_of, update_cosine
+from leaklab.metrics.vectors import finite_numbers, mean_of, median_of, update_cosine
 from leaklab.models import PerceptionSpec
 from leaklab.models.perception import ArchName, architecture_digest
 from leaklab.names import ROOM_ATTACK_NAMES, SETTING_NAMES
@@ -151,15 +150,6 @@ def jobs_and_cosines(count: int, build: Callable[[int], tuple[Sample, Job]]) -> 
     return JobList(count, make), kept
 
 
-def _finite(values: list[float | None]) -> list[float]:
-    return [v for v in values if v is not None and math.isfinite(v)]
-
-
-def _mean(values: list[float]) -> float | None:
-    finite = _finite(values)
-    return statistics.fmean(finite) if finite else None
-
-
 def summarise(rows: list[dict[str, Any]], iterations: int, seconds: float) -> dict[str, Any]:
     """The ``summary`` of ``results.json`` from the per-sample rows: means (``SUMMARY_KEYS``; ``_min``: the
     least), the images' population standard deviations (``SPREAD_KEYS``) and the median of the updates'
@@ -170,9 +160,9 @@ def summarise(rows: list[dict[str, Any]], iterations: int, seconds: float) -> di
     for key, metric in SUMMARY_KEYS.items():
         values = [r["metrics"][metric] for r in rows if metric in r["metrics"]]
         if values:
-            summary[key] = min(values) if key.endswith("_min") else _mean(values)
+            summary[key] = min(values) if key.endswith("_min") else mean_of(values)
     for key, metric in SPREAD_KEYS.items():
-        finite = _finite([r["metrics"].get(metric) for r in rows])
+        finite = finite_numbers([r["metrics"].get(metric) for r in rows])
         if finite:
             summary[key] = statistics.pstdev(finite)
     kept = median_of(r["metrics"].get("update_cosine") for r in rows)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections.abc import Iterable
 
@@ -55,3 +56,15 @@ def median_of(values: Iterable[float | None]) -> float | None:
     over the attacks or scenarios that recorded one."""
     numbers = [v for v in values if v is not None]
     return statistics.median(numbers) if numbers else None
+
+
+def finite_numbers(values: Iterable[float | None]) -> list[float]:
+    """The finite numbers among ``values``: None (not recorded) and infinities or NaN left out, e.g. the
+    relative error of an exactly zero target."""
+    return [v for v in values if v is not None and math.isfinite(v)]
+
+
+def mean_of(values: Iterable[float | None]) -> float | None:
+    """The mean of :func:`finite_numbers` of ``values`` (None where there are none)."""
+    numbers = finite_numbers(values)
+    return statistics.fmean(numbers) if numbers else None
