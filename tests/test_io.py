@@ -404,6 +404,17 @@ def test_format_version_must_be_a_whole_number_from_one(case_dir, version):
         load_case(case_dir)
 
 
+@pytest.mark.parametrize("name, edit", [
+    (VIEW_FILE, lambda d: d.update(defence=d.pop("defense"))),
+    (UPDATE_JSON, lambda d: d.update(tensorfile=d.pop("tensor_file"))),
+    (UPDATE_JSON, lambda d: d["updates"][0].update(label=None))])
+def test_a_misspelt_key_in_a_case_file_is_refused_not_read_as_absent(case_dir, name, edit):
+    load_case(case_dir)  # the unedited case loads
+    _edit_json(case_dir / name, edit)
+    with pytest.raises(LeaklabError, match="unknown key"):
+        load_case(case_dir)
+
+
 def test_updates_that_share_tensors_or_a_wrong_count_are_refused(case_dir):
     _edit_json(case_dir / UPDATE_JSON, lambda d: d.update(updates=d["updates"] + d["updates"][:1]))
     with pytest.raises(LeaklabError, match="count"):

@@ -86,8 +86,25 @@ def write_case(folder: Path, spec: ModelSpec, state: dict[str, torch.Tensor],
                       "provenance": dumps_json(provenance or {})})
 
 
+# every key a case's JSON files may hold (docs/formats.md); an unknown one is refused, so that a misspelt
+# optional key (``"defence"``, ``"model_fle"``) is not read as absent
+CASE_KEYS = {"view": {"format", "format_version", "model_type", "model", "model_file", "model_sha256", "metadata",
+                      "capabilities", "defense"},
+             "update": {"format", "format_version", "metadata", "defense", "tensor_file", "sha256", "count",
+                        "updates"}}
+UPDATE_ENTRY_KEYS = ("prefix", "labels")
+
+
+def _check_keys(data: dict, allowed: Any, where: str) -> None:
+    unknown = sorted(set(data) - set(allowed))
+    if unknown:
+        raise LeaklabError(f"{where} has {plural(len(unknown), 'unknown key')} ({', '.join(map(repr, unknown))}); "
+                           f"it may hold {', '.join(sorted(allowed))} (docs/formats.md)")
+
+
 def check_format(data: Any, path: Path, kind: str) -> dict:
-    """``data`` (read from ``path``) if it is a leaklab ``kind`` file this version can read."""
+    """``data`` (read from ``path``) if it is a leaklab ``kind`` file this version can read, with no key
+    outside :data:`CASE_KEYS`."""
     if not isinstance(data, dict):
         raise LeaklabError(f"{path} is not a leaklab {kind} file (expected a JSON object)")
     fmt, version = data.get("format"), data.get("format_version")
@@ -99,6 +116,7 @@ def check_format(data: Any, path: Path, kind: str) -> dict:
     if version > FORMAT_VERSION:
         raise LeaklabError(f"{path} has format version {version!r}; this leaklab reads versions up to "
                            f"{FORMAT_VERSION}: upgrade leaklab")
+    _check_keys(data, CASE_KEYS[kind], str(path))
     return data
 
 
@@ -250,6 +268,7 @@ def update_entries(upd_json: dict[str, Any], upd_path: Path) -> list[dict[str, A
     for i, entry in enumerate(entries):
         if not isinstance(entry, dict) or not isinstance(entry.get("prefix"), str):
             raise LeaklabError(f"{upd_path}: updates[{i}] needs a string 'prefix'")
+        _check_keys(entry, UPDATE_ENTRY_KEYS, f"{upd_path}: updates[{i}]")
     count = upd_json.get("count", len(entries))
     if type(count) is not int:
         raise LeaklabError(f"{upd_path}: 'count' must be an integer, not {count!r}")
