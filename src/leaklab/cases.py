@@ -92,11 +92,11 @@ CASE_KEYS = {"view": {"format", "format_version", "model_type", "model", "model_
                       "capabilities", "defense"},
              "update": {"format", "format_version", "metadata", "defense", "tensor_file", "sha256", "count",
                         "updates"}}
-UPDATE_ENTRY_KEYS = ("prefix", "labels")
+UPDATE_ENTRY_KEYS = {"prefix", "labels"}
 
 
-def _check_keys(data: dict, allowed: Any, where: str) -> None:
-    unknown = sorted(set(data) - set(allowed))
+def _check_keys(data: dict, allowed: set[str], where: str) -> None:
+    unknown = sorted(set(data) - allowed)
     if unknown:
         raise LeaklabError(f"{where} has {plural(len(unknown), 'unknown key')} ({', '.join(map(repr, unknown))}); "
                            f"it may hold {', '.join(sorted(allowed))} (docs/formats.md)")
