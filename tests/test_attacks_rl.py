@@ -368,6 +368,25 @@ def test_penultimate_activations_solve_both_systems_exactly(kernel, stride, side
                                    torch.full(pre.shape, -1.0)) is None
 
 
+def test_penultimate_activations_come_from_the_weight_gradient_where_it_determines_them():
+    # 32 filters of 3x3 give 288 gradient equations per input channel for its 81 positions: the
+    # gradient system alone determines the activations, so no estimate of the support is needed
+    torch.manual_seed(1)
+    conv = torch.nn.Conv2d(6, 32, 3)
+    with torch.no_grad():
+        a = torch.randn(1, 6, 9, 9, dtype=torch.float64).relu()
+        features = F.conv2d(a, conv.weight.double(), conv.bias.double()).relu()
+        error = torch.randn(features.shape, dtype=torch.float64) * (features > 0)
+        grad = conv2d_weight(a, conv.weight.shape, error)
+    nowhere = torch.full(a.shape, -1.0)  # an estimate that leaves the active set no support
+    rec = penultimate_activations(conv, features.float(), error.float(), grad.float(), nowhere)
+    assert rec is not None and float((rec - a).norm() / a.norm()) < 1e-5
+    assert torch.equal(rec > 0, a > 0)
+    # a gradient of another sample's activations solves the gradient system but not the features'
+    other = conv2d_weight(torch.randn(a.shape, dtype=torch.float64).relu(), conv.weight.shape, error)
+    assert penultimate_activations(conv, features.float(), error.float(), other.float(), nowhere) is None
+
+
 def test_layerwise_stage_recovers_the_activations_and_helps():
     view, update, truth = client()
     x, gains = truth["images"], {}

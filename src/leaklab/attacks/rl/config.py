@@ -31,12 +31,15 @@ EXACT_ONLY = ("tv_final", "feature_weight", "gradient_weight", "layerwise")  # f
 # are version 1 (exact mode's 2: the layerwise stage; 3: its activations' zeros read off the solve's
 # noise, up to 6 fresh factorisations in its solve, and a failed stream keeping stage 1's feature match;
 # 4: up to 12 fresh factorisations in 30 rounds; 5: the RGB frame's TV on luma and chroma, colour_tv;
-# paper mode's 2: stage 1 starts again when its match ends under a cosine of 0.999).
+# 6: a stream whose last convolution's weight gradient alone determines its penultimate activations takes
+# them from it, ``wide-rgb``'s RGB stream and ``nature``'s two, where ``small``'s, ``stacked``'s and ``deep``'s
+# streams compute what they did on 5; paper mode's 2: stage 1 starts again when its match ends under a cosine
+# of 0.999).
 # Summing stage 1's feature match stream by stream (session 10) left every result bit-identical: the
 # images' gradient does not depend on how the loss's terms are grouped.
 # The bordered factor kept in blocks (session 12) solves in another order: its float64 activations
 # move by ~1e-14 and came out the same in float32, so all 16 rows of 8 S1 and 8 S2 QGI attacks did.
-METHOD_VERSION = {"exact": 5, "paper": 2}
+METHOD_VERSION = {"exact": 6, "paper": 2}
 
 
 class RoomAttackConfig(BaseModel):
