@@ -18,7 +18,7 @@ photo crops, untrained network, BatchNorm on the client's running statistics -- 
   and this machine's measured peak rate (a large matrix product) per precision, hence the share of
   the peak a single attack already uses and the largest speed-up any batching could give.
 
-``room_speed``: QGI in exact mode (issue 4's speed acceptance) on the small perception network,
+``room_speed``: QGI in exact mode (issue 4's speed acceptance) on the small perception network (``--arch``),
 initialised, single-sample DQN updates from the ViZDoom rooms: samples per minute in settings S2
 (depth + box) and S1 (RGB + depth + box), attacked the way ``leaklab attack qgi`` does it (one
 process of one torch thread per core), wall clock of the attack phase.
@@ -51,6 +51,7 @@ from leaklab.experiments.inversion_checks import IG_CONFIG
 from leaklab.fl import fedsgd_update
 from leaklab.io import write_json
 from leaklab.models import ModelSpec, build_model
+from leaklab.names import ARCH_NAMES
 from leaklab.threat import make_view
 
 TARGETS = {"single_iterations_per_second": 9.2, "batched_speedup": 3.0}
@@ -182,7 +183,7 @@ def inversion_speed(out: Path, quick: bool, precisions: list[str], iterations: i
     return result
 
 
-def room_speed(out: Path, quick: bool, samples: int, log) -> dict:
+def room_speed(out: Path, quick: bool, samples: int, log, arch: str = "small") -> dict:
     from leaklab.attacks.rl import RoomAttackConfig
     from leaklab.experiments import attack_pool, room_attack
 
@@ -190,11 +191,13 @@ def room_speed(out: Path, quick: bool, samples: int, log) -> dict:
     result: dict = {
         "benchmark": "room_speed",
         "timestamp": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "quick": quick, "device": "cpu", "cpu": processor(), "torch": torch.__version__, "workers": workers,
-        "threads_per_worker": 1, "load_average_before": _load(), "targets": ROOM_TARGETS, "settings": {}}
+        "quick": quick, "arch": arch, "device": "cpu", "cpu": processor(), "torch": torch.__version__,
+        "workers": workers, "threads_per_worker": 1, "load_average_before": _load(), "targets": ROOM_TARGETS,
+        "settings": {}}
     for setting in ("S2", "S1"):
         attack = RoomAttackConfig(mode="exact", **({"iterations": 5} if quick else {}))
-        config = room_attack.RoomRunConfig(algorithm="qgi", setting=setting, samples=samples, attack=attack)
+        config = room_attack.RoomRunConfig(algorithm="qgi", setting=setting, arch=arch, samples=samples,
+                                           attack=attack)
         state, clean = room_attack.capture_samples(config)
         jobs = [attack_pool.Job("qgi", config.spec, state, s.update, attack) for s in clean]
         seconds: list[float] = []
@@ -223,6 +226,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--instances", type=int, default=None)
     parser.add_argument("--only", default="inversion,rooms", help="benchmarks to run: inversion, rooms")
     parser.add_argument("--room-samples", type=int, default=None, help="samples per setting (rooms)")
+    parser.add_argument("--arch", default="small", choices=ARCH_NAMES, help="perception network (rooms)")
     args = parser.parse_args(argv)
     only = [b for b in args.only.split(",") if b]
     if set(only) - {"inversion", "rooms"}:
@@ -252,7 +256,7 @@ def main(argv: list[str] | None = None) -> int:
                         batched_iterations=args.batched_iterations or (2 if args.quick else 15),
                         instances=args.instances or (3 if args.quick else 16), log=log)
     if "rooms" in only:
-        room_speed(args.out, args.quick, args.room_samples or (2 if args.quick else 8), log)
+        room_speed(args.out, args.quick, args.room_samples or (2 if args.quick else 8), log, args.arch)
     return 0
 
 
