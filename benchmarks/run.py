@@ -51,7 +51,7 @@ from leaklab.experiments.inversion_checks import IG_CONFIG
 from leaklab.fl import fedsgd_update
 from leaklab.io import write_json
 from leaklab.models import ModelSpec, build_model
-from leaklab.names import ARCH_NAMES
+from leaklab.names import ARCH_NAMES, DEFAULT_ARCH
 from leaklab.threat import make_view
 
 TARGETS = {"single_iterations_per_second": 9.2, "batched_speedup": 3.0}
@@ -183,7 +183,7 @@ def inversion_speed(out: Path, quick: bool, precisions: list[str], iterations: i
     return result
 
 
-def room_speed(out: Path, quick: bool, samples: int, log, arch: str = "small") -> dict:
+def room_speed(out: Path, quick: bool, samples: int, log, arch: str = DEFAULT_ARCH) -> dict:
     from leaklab.attacks.rl import RoomAttackConfig
     from leaklab.experiments import attack_pool, room_attack
 
@@ -226,7 +226,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--instances", type=int, default=None)
     parser.add_argument("--only", default="inversion,rooms", help="benchmarks to run: inversion, rooms")
     parser.add_argument("--room-samples", type=int, default=None, help="samples per setting (rooms)")
-    parser.add_argument("--arch", default="small", choices=ARCH_NAMES, help="perception network (rooms)")
+    parser.add_argument("--arch", default=DEFAULT_ARCH, choices=ARCH_NAMES, help="perception network (rooms)")
     args = parser.parse_args(argv)
     only = [b for b in args.only.split(",") if b]
     if set(only) - {"inversion", "rooms"}:

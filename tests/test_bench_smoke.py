@@ -6,6 +6,8 @@ from pathlib import Path
 
 import torch
 
+from leaklab.names import DEFAULT_ARCH
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -45,7 +47,7 @@ def test_quick_benchmark_writes_its_json(tmp_path):
 def test_quick_room_benchmark_writes_its_json(tmp_path):
     assert _bench().main(["--out", str(tmp_path), "--quick", "--only", "rooms", "--room-samples", "1"]) == 0
     data = json.loads((tmp_path / "room_speed.json").read_text())
-    assert data["benchmark"] == "room_speed" and data["targets"] and data["arch"] == "small"
+    assert data["benchmark"] == "room_speed" and data["targets"] and data["arch"] == DEFAULT_ARCH
     for setting in ("S1", "S2"):
         assert data["settings"][setting]["samples_per_minute"] > 0
         assert data["settings"][setting]["samples"] == 1

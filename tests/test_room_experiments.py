@@ -17,6 +17,7 @@ from typer.testing import CliRunner
 from leaklab.cli import app
 from leaklab.errors import LeaklabError
 from leaklab.experiments.room_attack import SUMMARY_KEYS
+from leaklab.names import DEFAULT_ARCH
 from leaklab.rl.envs.layouts import layouts_arg
 from leaklab.rl.capture import RoomCaptureConfig, capture_rooms
 from leaklab.models import PerceptionSpec
@@ -216,7 +217,7 @@ def test_audit_takes_the_defense_levels_a_user_asks_for(tmp_path):
     result = invoke("audit", "--quick", "--sigmas", "1e-3", "--earlier", out, "--out", again)
     assert result.exit_code == 0, result.output
     assert json.loads((again / "results.json").read_text())["summary"]["earlier_audits"] == [str(out)]
-    for args, words in [(("--arch", "deep"), ("--earlier", "arch small where this audit has deep")),
+    for args, words in [(("--arch", "deep"), ("--earlier", f"arch {DEFAULT_ARCH} where this audit has deep")),
                         (("--seed", "1"), ("seed 0", "do not carry over"))]:
         assert_user_error(invoke("audit", "--quick", "--earlier", out, *args, "--out", tmp_path / "bad"),
                           tmp_path / "bad", *words)

@@ -12,6 +12,9 @@ BN_STATS_NAMES = ("batch", "running")  # BatchNorm statistics on an image client
 
 SETTING_NAMES = ("S1", "S2")  # seed 000 V: S1 = RGB + depth + box, S2 = depth + box
 ARCH_NAMES = ("small", "nature", "wide-rgb", "deep", "stacked")
+# the perception network unless --arch says otherwise: as cheap to attack as `small` and its S1 RGB frames leak
+# (docs/reproductions.md, "Table I, exact mode, the RGB stream 64 wide")
+DEFAULT_ARCH = "wide-rgb"
 ROOM_MODE_NAMES = ("exact", "paper")
 ROOM_ATTACK_NAMES = ("qgi", "rgi")
 TABLE1_CELLS = tuple(f"{a}-{s}" for a in ROOM_ATTACK_NAMES for s in SETTING_NAMES)  # room-table1 --cells: qgi-S1 ...

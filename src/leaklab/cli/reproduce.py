@@ -15,7 +15,7 @@ from leaklab.cli.options import QuickOpt, SeedOpt, _each, _run_out, _some, _spel
 from leaklab.cli.progress import _progress
 from leaklab.cli.rooms import ArchOpt, DeviceOpt, IterationsOpt, LayoutsOpt, ModeOpt, WorkersOpt
 from leaklab.errors import LeaklabError
-from leaklab.names import INVERSION_CHECK_NAMES, TABLE1_CELLS
+from leaklab.names import DEFAULT_ARCH, INVERSION_CHECK_NAMES, TABLE1_CELLS
 from leaklab.words import plural
 
 
@@ -94,7 +94,7 @@ UpdateDocsOpt = Annotated[bool, typer.Option("--update-docs", help="write the ta
 @_guard(stopped=CELLS_KEPT)
 def reproduce_room_table1(
     mode: ModeOpt = "paper", samples: RoomSamplesOpt = 48, layouts: LayoutsOpt = None,
-    iterations: IterationsOpt = None, arch: ArchOpt = "small",
+    iterations: IterationsOpt = None, arch: ArchOpt = DEFAULT_ARCH,
     seed: SeedOpt = 0,
     workers: WorkersOpt = 0,
     device: DeviceOpt = "cpu",
@@ -120,7 +120,7 @@ def reproduce_room_table1(
 @_guard(stopped=CELLS_KEPT)
 def reproduce_room_table2(
     samples: RoomSamplesOpt = 48, layouts: LayoutsOpt = None, iterations: IterationsOpt = None,
-    arch: ArchOpt = "small", seed: SeedOpt = 0,
+    arch: ArchOpt = DEFAULT_ARCH, seed: SeedOpt = 0,
     workers: WorkersOpt = 0,
     device: DeviceOpt = "cpu",
     out: Annotated[Optional[Path], _run_out("room-table2")] = None,

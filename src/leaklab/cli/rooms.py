@@ -17,8 +17,8 @@ from leaklab.cli.options import (OutOpt, QuickOpt, SeedOpt, _checked, _choice, _
                                  _positive_numbers, _run_out, _seed_opt)
 from leaklab.cli.progress import _progress, _resumed
 from leaklab.errors import LeaklabError
-from leaklab.names import (ARCH_NAMES, AUDIT_KIND_NAMES, DEVICE_PATTERN, POLICY_NAMES, RL_ALGORITHM_NAMES,
-                           ROOM_MODE_NAMES, SETTING_NAMES)
+from leaklab.names import (ARCH_NAMES, AUDIT_KIND_NAMES, DEFAULT_ARCH, DEVICE_PATTERN, POLICY_NAMES,
+                           RL_ALGORITHM_NAMES, ROOM_MODE_NAMES, SETTING_NAMES)
 from leaklab.words import cosine_text, plural
 
 
@@ -26,8 +26,8 @@ SettingOpt = Annotated[str, _choice("--setting", SETTING_NAMES, "(S1: RGB + dept
 ModeOpt = Annotated[str, _choice("--mode", ROOM_MODE_NAMES, "(exact: leaklab's closed-form recovery, then the "
                                  "images; paper: section IV as written)")]
 ArchOpt = Annotated[str, _choice("--arch", ARCH_NAMES, "(the perception network: a conv stream per modality: "
-                                 "small, nature at the Nature DQN's widths, deep with pooling; stacked: RGB-D "
-                                 "in one)")]
+                                 "small, nature at the Nature DQN's widths, wide-rgb: small with its RGB stream "
+                                 "64 wide, deep with pooling; stacked: RGB-D in one)")]
 WorkersOpt = Annotated[int, typer.Option("--workers", help="attack processes (0: one per core; audit --quick: one)",
                                         callback=_checked("--workers", lambda v: v >= 0, "0 (one per core) or more"))]
 SamplesOpt = Annotated[int, typer.Option("--samples", help="client updates, each of --batch-size private "
@@ -100,7 +100,7 @@ def _room_summary_line(s: dict[str, Any], defended: bool) -> str:
 def _room_command(algorithm: str, doc: str) -> Callable:
     def command(
         out: OutOpt,
-        setting: SettingOpt = "S2", mode: ModeOpt = "exact", arch: ArchOpt = "small",
+        setting: SettingOpt = "S2", mode: ModeOpt = "exact", arch: ArchOpt = DEFAULT_ARCH,
         samples: SamplesOpt = 4, layouts: LayoutsOpt = None,
         seed: Annotated[int, _seed_opt("network, rooms and attack seed")] = 0,
         iterations: IterationsOpt = None,
@@ -151,7 +151,7 @@ def env_capture(
     algorithm: Annotated[str, _choice("--algorithm", RL_ALGORITHM_NAMES, "(what the clients train)")] = "dqn",
     setting: SettingOpt = "S2",
     arch: Annotated[Optional[str], _choice("--arch", ARCH_NAMES, "(leaklab's perception network; default "
-                                           "small)")] = None,
+                                           f"{DEFAULT_ARCH})")] = None,
     samples: Annotated[int, typer.Option("--samples", help="client updates, one case folder each")] = 4,
     layouts: LayoutsOpt = None,
     batch_size: Annotated[int, typer.Option("--batch-size", help="transitions per update (the room attacks "
@@ -179,7 +179,7 @@ def env_capture(
         raise LeaklabError("--arch picks one of leaklab's networks, --model-class your own; give one of them")
     if entropy_weight is not None and algorithm != "reinforce":
         raise LeaklabError("--entropy-weight is the REINFORCE clients' alpha; add --algorithm reinforce")
-    arch = arch or "small"
+    arch = arch or DEFAULT_ARCH
     spec = PerceptionSpec(setting=setting, arch=arch)
     config = RoomCaptureConfig(algorithm=algorithm, spec=spec, layouts=layouts_arg(layouts), samples=samples,
                                batch_size=batch_size, train_steps=train_steps, policy=policy,
@@ -216,7 +216,7 @@ def audit(
                                                        "perception network, package.module:Class")] = None,
     mode: Annotated[Optional[str], _choice("--mode", ROOM_MODE_NAMES, "(default exact; --full runs both)")] = None,
     arch: Annotated[Optional[str], _choice("--arch", ARCH_NAMES, "(the robots' perception network; default "
-                                           "small)")] = None,
+                                           f"{DEFAULT_ARCH})")] = None,
     iterations: IterationsOpt = None,
     train_steps: TrainStepsOpt = 0,
     sigmas: Annotated[Optional[str], typer.Option(

@@ -39,7 +39,7 @@ from leaklab.metrics.rooms import room_metrics, transition_metrics
 from leaklab.metrics.vectors import finite_numbers, mean_of, median_of, update_cosine
 from leaklab.models import PerceptionSpec
 from leaklab.models.perception import ArchName, architecture_digest
-from leaklab.names import ROOM_ATTACK_NAMES, SETTING_NAMES
+from leaklab.names import DEFAULT_ARCH, ROOM_ATTACK_NAMES, SETTING_NAMES
 from leaklab.rl.capture import RoomCaptureConfig, client_rounds, defended
 from leaklab.rl.envs.layouts import check_layouts
 from leaklab.threat import ClientUpdate
@@ -73,7 +73,7 @@ class RoomRunConfig(BaseModel):
 
     algorithm: Literal[ROOM_ATTACK_NAMES] = "qgi"
     setting: Literal[SETTING_NAMES] = "S2"
-    arch: ArchName = "small"
+    arch: ArchName = DEFAULT_ARCH
     samples: int = Field(default=48, ge=1, le=10_000)
     layouts: tuple[str, ...] | None = Field(default=None, description="client rooms; None: all")
     batch_size: int = Field(default=1, ge=1, le=2)

@@ -52,7 +52,7 @@ from leaklab.io import (AUDIT_FORMAT, CAPTURE_JSON, RECONSTRUCTIONS_FILE, RESULT
                         atomic_dir, check_out, read_json, save_tensors, write_json)
 from leaklab.metrics.rooms import matched
 from leaklab.models.perception import ArchName
-from leaklab.names import ROOM_ATTACK_NAMES, ROOM_MODE_NAMES, SETTING_NAMES
+from leaklab.names import DEFAULT_ARCH, ROOM_ATTACK_NAMES, ROOM_MODE_NAMES, SETTING_NAMES
 from leaklab.privacy.dpsgd import noise_multiplier_for
 from leaklab.words import plural
 
@@ -74,7 +74,7 @@ class AuditConfig(BaseModel):
     algorithms: tuple[Literal[ROOM_ATTACK_NAMES], ...] = ("qgi", "rgi")
     settings: tuple[Literal[SETTING_NAMES], ...] = ("S1", "S2")
     modes: tuple[Literal[ROOM_MODE_NAMES], ...] = ("exact",)
-    arch: ArchName = "small"
+    arch: ArchName = DEFAULT_ARCH
     train_steps: int = Field(default=0, ge=0, description="environment steps of DQN / REINFORCE training before the "
                              "captured round; 0: the network as initialised (seed 000, V)")
     samples: int = Field(default=3, ge=1)

@@ -31,7 +31,7 @@ from leaklab.errors import LeaklabError
 from leaklab.experiments import ProgressFn, room_attack
 from leaklab.io import CELLS_DIR, REPRODUCTION_FORMAT, RESULTS_FILE, check_out, read_json, write_bytes, write_json
 from leaklab.models.perception import architecture_digest
-from leaklab.names import TABLE1_CELLS
+from leaklab.names import DEFAULT_ARCH, TABLE1_CELLS
 from leaklab.words import plural
 
 
@@ -143,7 +143,7 @@ def _fmt(value: Any, digits: int = 2) -> str:
 
 
 def table1(out: Path, mode: str = "paper", samples: int = 48, layouts: tuple[str, ...] | None = None,
-           iterations: int | None = None, arch: str = "small", seed: int = 0, workers: int = 0,
+           iterations: int | None = None, arch: str = DEFAULT_ARCH, seed: int = 0, workers: int = 0,
            device: str = "cpu", cells: tuple[str, ...] = TABLE1_CELLS,
            progress: ProgressFn | None = None) -> dict[str, Any]:
     """Table I (and the vector metrics of V-A) in ``mode`` for ``cells`` (``qgi-S1`` ...; default
@@ -227,7 +227,7 @@ def table2_cells(samples: int, layouts: tuple[str, ...] | None, iterations: int 
 
 
 def table2(out: Path, samples: int = 48, layouts: tuple[str, ...] | None = None,
-           iterations: int | None = None, arch: str = "small", seed: int = 0, workers: int = 0,
+           iterations: int | None = None, arch: str = DEFAULT_ARCH, seed: int = 0, workers: int = 0,
            device: str = "cpu", progress: ProgressFn | None = None) -> dict[str, Any]:
     """Table II and Fig. 4 (QGI S1, paper mode) with the exact mode beside them."""
     cells = table2_cells(samples, layouts, iterations, arch, seed, workers, device)

@@ -17,12 +17,13 @@ branch: a module from ``images`` to flat features ``[B, F]``), ``box`` (the coor
 ``box.0`` is the Linear layer whose input is the box) and ``head`` (the fused linear layers;
 ``head.0`` takes ``cat(conv, box)`` and the last module is the output Linear with bias).
 
-Architectures (``--arch``; the paper fixes none of them): ``small`` (default) gives each modality
-its own stream of three convolutions (RGB and depth are different signals; S2 has the depth stream
-only), ``nature`` is ``small`` at the widths of the Nature DQN's encoder (32, 64, 64 filters instead
-of 16, 32, 32; Mnih et al. 2015), the image encoder most DQN agents use, ``wide-rgb`` is ``small`` with
-its RGB stream 64, 64, 64 wide (three colour channels get more filters; its depth stream, and so every
-S2 network, is ``small``'s to the weight: the depth stream is drawn first), ``deep`` gives each stream
+Architectures (``--arch``; the paper fixes none of them): ``small`` gives each modality its own stream
+of three convolutions (RGB and depth are different signals; S2 has the depth stream only), ``nature``
+is ``small`` at the widths of the Nature DQN's encoder (32, 64, 64 filters instead of 16, 32, 32; Mnih
+et al. 2015), the image encoder most DQN agents use, ``wide-rgb`` (the default,
+:data:`~leaklab.names.DEFAULT_ARCH`, since session 31) is ``small`` with its RGB stream 64, 64, 64 wide
+(three colour channels get more filters; its depth stream, and so every S2 network, is ``small``'s to
+the weight: the depth stream is drawn first), ``deep`` gives each stream
 five convolutions and pooling, ``stacked`` feeds RGB-D as four channels to one small stream. For S2
 ``small`` and ``stacked`` compute the same function (one depth stream; only the parameter names
 differ: ``conv.depth.0`` against ``conv.0``).
@@ -40,7 +41,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from torch import nn
 
 from leaklab.errors import ModelClassError
-from leaklab.names import ARCH_NAMES, SETTING_NAMES
+from leaklab.names import ARCH_NAMES, DEFAULT_ARCH, SETTING_NAMES
 
 SETTING_CHANNELS = {"S1": 4, "S2": 1}
 ArchName = Literal[ARCH_NAMES]
@@ -52,7 +53,7 @@ class PerceptionSpec(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     setting: Literal[SETTING_NAMES] = "S2"
-    arch: ArchName = "small"
+    arch: ArchName = DEFAULT_ARCH
     num_actions: int = Field(default=7, gt=1, le=1024)
     image_size: int = Field(default=150, ge=36, le=512)  # small/nature/stacked: 36 -> 8 -> 3 -> 1
     box_dim: int = Field(default=4, gt=0, le=64)
