@@ -155,10 +155,10 @@ def _residual_and_slope(feat, target: np.ndarray, m: np.ndarray, g: np.ndarray, 
     return float(res), feat.T @ r_f + (r_g @ m).reshape(-1)
 
 
-def _exact(feat, target: np.ndarray, m: np.ndarray, g: np.ndarray, x: np.ndarray) -> bool:
-    """Whether ``x`` solves both systems (:data:`EXACT`) with no entry below ``-NEGATIVE`` of the
-    largest (a missing support entry shows as negative ones)."""
-    return _residual_and_slope(feat, target, m, g, x)[0] < EXACT and x.min() >= -NEGATIVE * x.max()
+def _exact(residual: float, x: np.ndarray) -> bool:
+    """Whether ``x``, whose two systems' relative residual is ``residual``, solves them (:data:`EXACT`)
+    with no entry below ``-NEGATIVE`` of the largest (a missing support entry shows as negative ones)."""
+    return residual < EXACT and x.min() >= -NEGATIVE * x.max()
 
 
 def _determined_by_gradient(feat, target: np.ndarray, m: np.ndarray, g: np.ndarray) -> np.ndarray | None:
@@ -247,7 +247,7 @@ def _active_set(feat, target: np.ndarray, m: np.ndarray, g: np.ndarray, estimate
         x = np.zeros(n)
         x[support] = solved.numpy()
         res, slope = _residual_and_slope(feat, target, m, g, x)
-        if res < EXACT and x.min() >= -NEGATIVE * x.max():  # a missing entry shows as negative ones
+        if _exact(res, x):
             return x
         outside = np.setdiff1d(np.arange(n), support)
         pull = slope[outside] / np.sqrt(diagonal[outside])  # the residual each entry alone would remove
@@ -276,7 +276,7 @@ def penultimate_activations(last: nn.Conv2d, features: torch.Tensor, error: torc
     _, in_c, height, width = estimate.shape
     systems = _systems(last, features, error, weight_grad, (in_c, height, width))
     x = _determined_by_gradient(*systems)
-    if x is None or not _exact(*systems, x):
+    if x is None or not _exact(_residual_and_slope(*systems, x)[0], x):
         x = _active_set(*systems, estimate)
     if x is None:
         return None
