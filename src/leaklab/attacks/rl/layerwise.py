@@ -155,6 +155,11 @@ def _residual_and_slope(feat, target: np.ndarray, m: np.ndarray, g: np.ndarray, 
     return float(res), feat.T @ r_f + (r_g @ m).reshape(-1)
 
 
+def _normal_rhs(feat, target: np.ndarray, m: np.ndarray, g: np.ndarray) -> np.ndarray:
+    """The right-hand side of both systems' normal equations, ``F^T t + vec(G M)``."""
+    return feat.T @ target + (g @ m).reshape(-1)
+
+
 def _exact(residual: float, x: np.ndarray) -> bool:
     """Whether ``x``, whose two systems' relative residual is ``residual``, solves them (:data:`EXACT`)
     with no entry below ``-NEGATIVE`` of the largest (a missing support entry shows as negative ones)."""
@@ -185,8 +190,8 @@ def _determined_by_gradient(feat, target: np.ndarray, m: np.ndarray, g: np.ndarr
     def normal(v: np.ndarray) -> np.ndarray:  # (F^T F + I ⊗ M^T M) v
         return feat.T @ (feat @ v) + (v.reshape(in_c, plane) @ mtm).reshape(-1)
 
-    x = gradient_solve((g @ m).reshape(-1))
-    r = feat.T @ target + (g @ m).reshape(-1) - normal(x)
+    x = gradient_solve((g @ m).reshape(-1))  # the weight-gradient system's own solution
+    r = _normal_rhs(feat, target, m, g) - normal(x)
     z = gradient_solve(r)
     p, rz = z, r @ z
     for _ in range(REFINE):
@@ -204,7 +209,7 @@ def _active_set(feat, target: np.ndarray, m: np.ndarray, g: np.ndarray, estimate
     in_c, plane = g.shape[0], m.shape[1]
     n = in_c * plane
     mtm = m.T @ m
-    rhs = torch.from_numpy(feat.T @ target + (g @ m).reshape(-1))
+    rhs = torch.from_numpy(_normal_rhs(feat, target, m, g))
 
     def normal_block(rows: np.ndarray, cols: np.ndarray) -> torch.Tensor:
         """Entries ``(rows, cols)`` of the normal matrix ``F^T F + blockdiag(M^T M)``."""
