@@ -387,6 +387,30 @@ def test_penultimate_activations_come_from_the_weight_gradient_where_it_determin
     assert penultimate_activations(conv, features.float(), error.float(), other.float(), nowhere) is None
 
 
+def test_penultimate_activations_allow_for_an_error_summed_in_another_order():
+    # the client sums the error at the last convolution's output in its own order, the attacker (on
+    # another machine, a GPU) in another: the two float32 roundings lift the systems' residual over
+    # what the data's own rounding leaves (session 32: one RGB stream of a GPU audit lost its activations)
+    torch.manual_seed(0)
+    conv = torch.nn.Conv2d(64, 64, 3)
+    head = torch.randn(512, 64 * 15 * 15) / 512 ** 0.5
+    with torch.no_grad():
+        a = torch.randn(1, 64, 17, 17).relu()
+        features = conv(a).relu()
+        delta = torch.randn(1, 512)
+        mask = (features > 0).flatten(1)
+        client = (delta.flip(1) @ head.flip(0)) * mask  # the same sum from the other end
+        grad = conv2d_weight(a, conv.weight.shape, client.reshape(features.shape))
+        ours = (delta @ head) * mask
+        exact = (delta.double() @ head.double()) * mask
+    rounding = float((ours.double() - exact).norm() / exact.norm())
+    args = (conv, features, ours.reshape(features.shape), grad, torch.full(a.shape, -1.0))
+    assert penultimate_activations(*args) is None  # the allowance for the data's own rounding refuses it
+    rec = penultimate_activations(*args, rounding=rounding)
+    assert rec is not None and float((rec - a).norm() / a.norm()) < 1e-5
+    assert torch.equal(rec > 0, a > 0)
+
+
 def test_layerwise_stage_recovers_the_activations_and_helps():
     view, update, truth = client()
     x, gains = truth["images"], {}

@@ -194,10 +194,12 @@ def reinforce_batch_errors(net: PerceptionNet, grads: dict[str, torch.Tensor]) -
     return torch.linalg.solve(h1 @ h1.T, h1 @ m.T)
 
 
-def feature_error(net: PerceptionNet, grads: dict[str, torch.Tensor]) -> torch.Tensor:
-    """``dJ/df = W_head0[:, :F]^T db_head0`` ``[1, F]``: the loss gradient at the conv features."""
-    w = net.head[0].weight.detach()[:, :conv_feature_count(net)]
-    return (grads["head.0.bias"].to(w.dtype) @ w).unsqueeze(0)
+def feature_error(net: PerceptionNet, grads: dict[str, torch.Tensor], dtype: torch.dtype = torch.float32
+                  ) -> torch.Tensor:
+    """``dJ/df = W_head0[:, :F]^T db_head0`` ``[1, F]``: the loss gradient at the conv features,
+    computed in ``dtype``."""
+    w = net.head[0].weight.detach()[:, :conv_feature_count(net)].to(dtype)
+    return (grads["head.0.bias"].to(dtype) @ w).unsqueeze(0)
 
 
 @dataclass
@@ -364,13 +366,16 @@ def exact_images(net: PerceptionNet, grads: dict[str, torch.Tensor], st: ExactSt
     if not deeper:
         return x.detach(), ()
     recovered, names = [], []
+    fine = feature_error(net, grads, torch.float64) * relu_open(f)  # the errors without float32's rounding
     for s, err in zip(streams, errors):
         target = None
         if s.inner is not None:
             with torch.no_grad():
                 estimate = s.inner(s.head(x[:, s.channels]))
+            exact_err = fine[:, s.offset:s.offset + s.size]
+            rounding = float((err.double() - exact_err).norm() / exact_err.norm().clamp_min(1e-300))
             target = penultimate_activations(s.last, f[:, s.offset:s.offset + s.size].reshape(1, *s.shape),
-                                             err.reshape(1, *s.shape), grads[s.weight_name], estimate)
+                                             err.reshape(1, *s.shape), grads[s.weight_name], estimate, rounding)
         if target is not None:
             target = target.float()
             recovered.append((target, _inner_error(s, target, err)))
