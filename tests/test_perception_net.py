@@ -126,7 +126,7 @@ def test_results_name_the_processor(tmp_path):
     assert processor(tmp_path / "missing")  # no /proc/cpuinfo: the platform's name, or 'unknown'
 
 
-def test_cuda_attacks_run_with_deterministic_algorithms_and_restore_the_settings(monkeypatch):
+def test_cuda_attacks_run_deterministic_in_float32_and_restore_the_settings(monkeypatch):
     monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", "")  # recorded, so the test's own setting is undone
     monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG")
     assert not torch.are_deterministic_algorithms_enabled()
@@ -140,8 +140,10 @@ def test_cuda_attacks_run_with_deterministic_algorithms_and_restore_the_settings
                 assert torch.are_deterministic_algorithms_enabled()
                 assert not torch.backends.cudnn.benchmark
                 assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8"
+                assert torch.backends.cudnn.conv.fp32_precision == "ieee"  # not TF32
                 raise RuntimeError("inside")
         assert not torch.are_deterministic_algorithms_enabled() and torch.backends.cudnn.benchmark
+        assert torch.backends.cudnn.conv.fp32_precision == "tf32"  # torch's default, back
     finally:
         torch.backends.cudnn.benchmark = False
 

@@ -63,24 +63,29 @@ def _cuda_works() -> bool:
 def repeatable(device: torch.device | str) -> Iterator[None]:
     """Within the block, CUDA work on ``device`` gives the same numbers for the same seed: torch's
     deterministic algorithms (cuDNN's included; an operation without one raises) and cuBLAS's fixed
-    workspace. Nothing changes on the CPU, whose single-threaded kernels already repeat bit for bit on
-    one host (not across processors: :func:`processor`). The room and image attacks run inside it. On
-    the lent H100 (torch 2.11) two runs of the same room attack differed by up to 0.19 dB without it
-    and were identical with it, as were the image attacks on LeNet, ConvNet, ResNet-18 and the CNN;
-    measured in docs/reproductions.md. The previous settings come back on exit."""
+    workspace; and cuDNN's convolutions compute in float32, not in TF32 (torch's default there: 10-bit
+    mantissas, where the attacks match gradients to float32's rounding). Nothing changes on the CPU,
+    whose single-threaded kernels already repeat bit for bit on one host (not across processors:
+    :func:`processor`). The room and image attacks run inside it. On the lent H100 (torch 2.11) two
+    runs of the same room attack differed by up to 0.19 dB without it and were identical with it, as
+    were the image attacks on LeNet, ConvNet, ResNet-18 and the CNN; measured in
+    docs/reproductions.md. The previous settings come back on exit."""
     if torch.device(device).type != "cuda":
         yield
         return
     # cuBLAS reads it when its handle is created: the attack's worker sets it before any CUDA work
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-    before = (torch.are_deterministic_algorithms_enabled(), torch.backends.cudnn.benchmark)
+    conv = torch.backends.cudnn.conv
+    before = (torch.are_deterministic_algorithms_enabled(), torch.backends.cudnn.benchmark, conv.fp32_precision)
     torch.use_deterministic_algorithms(True)
     torch.backends.cudnn.benchmark = False
+    conv.fp32_precision = "ieee"
     try:
         yield
     finally:
         torch.use_deterministic_algorithms(before[0])
         torch.backends.cudnn.benchmark = before[1]
+        conv.fp32_precision = before[2]
 
 
 def processor(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
