@@ -390,12 +390,14 @@ def test_penultimate_activations_come_from_the_weight_gradient_where_it_determin
 def test_penultimate_activations_allow_for_an_error_summed_in_another_order():
     # the client sums the error at the last convolution's output in its own order, the attacker (on
     # another machine, a GPU) in another: the two float32 roundings lift the systems' residual over
-    # what the data's own rounding leaves (session 32: one RGB stream of a GPU audit lost its activations)
+    # what the data's own rounding leaves (session 32: one RGB stream of a GPU audit lost its
+    # activations). 32 filters: the gradient system alone does not determine them (the active set's case)
     torch.manual_seed(0)
-    conv = torch.nn.Conv2d(64, 64, 3)
-    head = torch.randn(512, 64 * 15 * 15) / 512 ** 0.5
+    conv = torch.nn.Conv2d(32, 32, 3)
+    head = torch.randn(512, 32 * 15 * 15) / 512 ** 0.5
     with torch.no_grad():
-        a = torch.randn(1, 64, 17, 17).relu()
+        pre = torch.randn(1, 32, 17, 17)
+        a = pre.relu()
         features = conv(a).relu()
         delta = torch.randn(1, 512)
         mask = (features > 0).flatten(1)
@@ -404,11 +406,36 @@ def test_penultimate_activations_allow_for_an_error_summed_in_another_order():
         ours = (delta @ head) * mask
         exact = (delta.double() @ head.double()) * mask
     rounding = float((ours.double() - exact).norm() / exact.norm())
-    args = (conv, features, ours.reshape(features.shape), grad, torch.full(a.shape, -1.0))
+    args = (conv, features, ours.reshape(features.shape), grad, pre)
     assert penultimate_activations(*args) is None  # the allowance for the data's own rounding refuses it
     rec = penultimate_activations(*args, rounding=rounding)
     assert rec is not None and float((rec - a).norm() / a.norm()) < 1e-5
     assert torch.equal(rec > 0, a > 0)
+
+
+def _tf32(x: torch.Tensor) -> torch.Tensor:
+    """``x`` rounded to TF32's 10-bit mantissa (to nearest, ties to even), as a GPU's tensor cores read it."""
+    i = x.contiguous().view(torch.int32)
+    return ((i + 0x0FFF + ((i >> 13) & 1)) & ~0x1FFF).view(torch.float32)
+
+
+def test_penultimate_activations_from_a_client_computing_in_tf32():
+    # a client training on a GPU computes its convolutions in TF32 (torch's default for cuDNN): its
+    # gradient system's own residual, about 1e-4, tells the activations within that rounding, while
+    # noise of a defense's size leaves them unread
+    torch.manual_seed(0)
+    conv = torch.nn.Conv2d(64, 64, 3)
+    with torch.no_grad():
+        a = torch.randn(1, 64, 17, 17).relu()
+        features = F.conv2d(_tf32(a), _tf32(conv.weight), conv.bias).relu()
+        error = torch.randn(features.shape) * (features > 0)
+        grad = conv2d_weight(_tf32(a), conv.weight.shape, _tf32(error))
+    nowhere = torch.full(a.shape, -1.0)
+    rec = penultimate_activations(conv, features, error, grad, nowhere)
+    assert rec is not None and float((rec - a).norm() / a.norm()) < 1e-3  # measured 2.7e-4
+    assert float(((rec > 0) != (a > 0)).float().mean()) < 0.005  # measured 0.05 %
+    noisy = grad + 1e-2 * grad.std() * torch.randn(grad.shape, generator=torch.Generator().manual_seed(0))
+    assert penultimate_activations(conv, features, error, noisy, nowhere) is None
 
 
 def test_layerwise_stage_recovers_the_activations_and_helps():
