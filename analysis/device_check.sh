@@ -3,6 +3,8 @@
 # crashed parent's engines kept a `| tail` open for 9 minutes in session 23). Its question: why the
 # default `leaklab audit --device cuda` died of a segmentation fault there at c17b940 while `--quick` ran
 # (docs/reproductions.md, "The main job on CUDA crashed"; session 26's run of this script did not see it).
+# Its other use: compare the CUDA audit's results.json, cell by cell, with a CPU run of the same code (session
+# 32 found the undefended RGI S1 cell 4 dB under the CPU's that way: exact method version 7 fixed it).
 #
 # The machine has its own torch (2.11 + CUDA, Python 3.12) and no network. Before the call, on this
 # machine, fetch the wheels it lacks into the ignored folder .whl (the device tool carries at most 64 MiB):
