@@ -18,7 +18,7 @@ photo crops, untrained network, BatchNorm on the client's running statistics -- 
   and this machine's measured peak rate (a large matrix product) per precision, hence the share of
   the peak a single attack already uses and the largest speed-up any batching could give.
 
-``room_speed``: QGI in exact mode (issue 4's speed acceptance) on the small perception network (``--arch``),
+``room_speed``: QGI in exact mode (issue 4's speed acceptance) on the default perception network (``--arch``),
 initialised, single-sample DQN updates from the ViZDoom rooms: samples per minute in settings S2
 (depth + box) and S1 (RGB + depth + box), attacked the way ``leaklab attack qgi`` does it (one
 process of one torch thread per core), wall clock of the attack phase.

@@ -571,3 +571,14 @@ def test_an_interrupted_command_says_what_it_leaves(capsys):
         with pytest.raises(typer.Exit) as stop:
             guarded()
         assert stop.value.exit_code == 130 and capsys.readouterr().err == f"error: interrupted; {kept}\n"
+
+
+def test_a_published_table_names_its_network():
+    from leaklab.cli.reproduce import _published_command
+
+    argv = ["reproduce", "room-table1", "--mode", "exact", "--update-docs", "--out", "runs/a b"]
+    assert _published_command(argv, "small") == \
+        "leaklab reproduce room-table1 --mode exact --out 'runs/a b' --arch small"
+    assert _published_command(["reproduce", "room-table2", "--arch", "deep"], "deep") == \
+        "leaklab reproduce room-table2 --arch deep"
+    assert _published_command(["reproduce", "room-table2", "--arch=deep"], "deep").endswith("--arch=deep")

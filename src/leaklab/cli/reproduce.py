@@ -62,10 +62,20 @@ def reproduce_bayes_table2(
 PUBLISHED_SAMPLES = 48  # the acceptance protocol of the tables in docs/reproductions.md
 
 
-def _room_table(name: str, out: Path | None, update_docs: bool, samples: int,
-                run: Callable[[Path, Any], dict]) -> None:
+def _published_command(argv: list[str], arch: str) -> str:
+    """The command a published table names: ``argv`` without ``--update-docs``, and ``--arch`` spelt
+    out where the default chose it (the default network changed in session 31; a command that leaves it
+    out would rerun another network)."""
     import shlex
 
+    args = [a for a in argv if a != "--update-docs"]
+    if not any(a == "--arch" or a.startswith("--arch=") for a in args):
+        args += ["--arch", arch]
+    return "leaklab " + " ".join(shlex.quote(a) for a in args)
+
+
+def _room_table(name: str, out: Path | None, update_docs: bool, samples: int,
+                run: Callable[[Path, Any], dict]) -> None:
     from leaklab.experiments import room_tables
     from leaklab.io import new_run_dir
 
@@ -81,7 +91,7 @@ def _room_table(name: str, out: Path | None, update_docs: bool, samples: int,
     typer.echo(result["markdown"])
     typer.echo(f"wrote {out / 'results.json'} and {out / 'table.md'}")
     if update_docs:
-        command = "leaklab " + " ".join(shlex.quote(a) for a in sys.argv[1:] if a != "--update-docs")
+        command = _published_command(sys.argv[1:], result["arch"])
         typer.echo(f"updated {room_tables.update_docs(result['section'], result['markdown'], command)}")
 
 
