@@ -25,6 +25,7 @@ import torch
 
 from leaklab.attacks.rl.config import RoomAttackConfig, RoomReconstruction
 from leaklab.attacks.rl.exact import exact_images, exact_vectors, reinforce_batch_errors, separated_vectors
+from leaklab.attacks.rl.image_convs import attack_network
 from leaklab.attacks.rl.images import gaussian_start
 from leaklab.attacks.rl.network import trace
 from leaklab.attacks.rl.optim import Progress
@@ -60,7 +61,7 @@ def _check(view: ServerView, update: ClientUpdate, loss: str, cfg: RoomAttackCon
     update.validate_against(view.model)
     device = next(view.model.parameters()).device
     grads = {k: v.detach().float().to(device) for k, v in update.tensors.items()}
-    return view.model, grads, meta.batch_size
+    return attack_network(view.model), grads, meta.batch_size
 
 
 def _last_bias(net: PerceptionNet, grads: dict[str, torch.Tensor]) -> torch.Tensor:
