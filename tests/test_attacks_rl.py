@@ -553,3 +553,22 @@ def test_exact_modes_colour_prior_weighs_chroma_over_luma():
     x = torch.rand(1, 4, 12, 12, generator=g)
     assert torch.allclose(modality_tv(x), colour_tv(x[:, :3]) + coupled_tv(x[:, 3:]))
     assert torch.equal(modality_tv(x[:, 3:]), coupled_tv(x[:, 3:]))  # S2: depth alone, as before
+
+
+@pytest.mark.parametrize("channels", [4, 1])
+def test_modality_tv_gradient_is_its_definitions(channels):
+    """The closed-form gradient of ``modality_tv`` equals autograd's through colour_tv and coupled_tv."""
+    from leaklab.attacks.rl.images import colour_tv, coupled_tv, modality_tv
+
+    g = torch.Generator().manual_seed(3)
+    x = torch.rand(2, channels, 13, 17, generator=g, dtype=torch.float64)
+    x[0, :, 4:9, 5:11] = 0.25  # flat patches: the square roots at their floor
+    x.requires_grad_()
+    definition = colour_tv(x[:, :3]) + coupled_tv(x[:, 3:]) if channels == 4 else coupled_tv(x)
+    value = modality_tv(x)
+    torch.testing.assert_close(value, definition, rtol=1e-12, atol=0)
+    weight = torch.tensor(0.7, dtype=torch.float64)
+    torch.testing.assert_close(torch.autograd.grad(weight * value, x)[0],
+                               torch.autograd.grad(weight * definition, x)[0], rtol=1e-10, atol=1e-14)
+    with pytest.raises(ValueError, match="3 channels"):
+        modality_tv(x.detach()[:, :3] if channels == 4 else x.detach().expand(2, 3, 13, 17))
