@@ -61,7 +61,7 @@ def _check(view: ServerView, update: ClientUpdate, loss: str, cfg: RoomAttackCon
     update.validate_against(view.model)
     device = next(view.model.parameters()).device
     grads = {k: v.detach().float().to(device) for k, v in update.tensors.items()}
-    return attack_network(view.model), grads, meta.batch_size
+    return attack_network(view.model), grads, meta.batch_size  # a copy: the caller's model stays as it was
 
 
 def _last_bias(net: PerceptionNet, grads: dict[str, torch.Tensor]) -> torch.Tensor:
