@@ -14,8 +14,9 @@
   chose the weight, 6 of them gained 0.4 to 1.4 dB each at 2, less at 4; an oracle handed the first
   layer's true output and gradient gained 1.4 dB the same way, and none from a weaker pooled TV.
   :func:`modality_tv` computes it with its closed-form gradient (:class:`_PooledTV`): on one core,
-  forward and backward of an S1 frame took 1.0 ms against autograd's 1.6 ms through
-  :func:`colour_tv` and :func:`coupled_tv` (session 33), the difference about 7 % of an S1 image-stage step.
+  forward and backward of an S1 frame took 0.88-1.01 ms against autograd's 1.31-1.46 ms through
+  :func:`colour_tv` and :func:`coupled_tv` (session 33, three alternating rounds), the difference about
+  5 % of an S1 image-stage step.
 * :func:`gaussian_start`: IV-A's Gaussian initialisation.
 """
 
