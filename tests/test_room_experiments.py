@@ -599,6 +599,9 @@ def test_env_contact_sheet(tmp_path):
         result = invoke("env", "contact-sheet", "--layouts", "1", "--out", tmp_path / name)
         assert result.exit_code == 2 and words in result.stderr and "Traceback" not in result.output, result.output
     assert (tmp_path / "notes.png").read_text() == "my notes" and not (tmp_path / "sheet.jpg").exists()
+    # a folder that exists but takes no files (Linux's /proc, even for root): refused before any room
+    result = invoke("env", "contact-sheet", "--layouts", "1", "--out", "/proc/rooms.png")
+    assert result.exit_code == 2 and "cannot write in /proc" in result.stderr, result.output
 
 
 def test_layouts_argument_and_summary_keys():

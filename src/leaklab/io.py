@@ -346,8 +346,9 @@ def _make_dir(folder: Path, out: Path) -> None:
 
 
 def check_png_out(out: Path) -> Path:
-    """Refuse a PNG ``--out`` that is not named ``*.png``, is a folder, or is an existing file that is
-    not a PNG (leaklab overwrites an image, never a user's other file); its folder is created."""
+    """Refuse a PNG ``--out`` that is not named ``*.png``, is a folder, is an existing file that is not a
+    PNG (leaklab overwrites an image, never a user's other file) or lies in a folder that takes no files;
+    its folder is created."""
     out = Path(out)
     if out.suffix.lower() != ".png":
         raise LeaklabError(f"--out {out}: leaklab writes a PNG image here; name the file *.png")
@@ -362,6 +363,11 @@ def check_png_out(out: Path) -> Path:
         if head != PNG_MAGIC:
             raise LeaklabError(f"--out {out} exists and is not a PNG image; choose a new file name")
     make_out_parent(out)
+    try:  # before the work: a folder that exists but takes no files (read-only, /proc) fails here
+        with tempfile.NamedTemporaryFile(prefix=f".{out.name}.", suffix=".probe", dir=out.parent):
+            pass
+    except OSError as e:
+        raise LeaklabError(f"--out {out}: cannot write in {out.parent} ({e.strerror or _first_line(e)})") from None
     return out
 
 
