@@ -57,3 +57,24 @@ def test_attack_network_rearranges_only_the_convolutions_on_the_images():
 def test_attack_network_leaves_unstrided_image_convolutions_as_they_are():
     net = build_perception_net(PerceptionSpec(setting="S2", arch="deep"), seed=0)  # 5x5, padding 2, stride 1
     assert not any(isinstance(m, SpaceToDepthConv2d) for m in attack_network(net).modules())
+
+
+class _NormedNet(nn.Module):
+    """A user's network with BatchNorm and Dropout among the image convolutions."""
+
+    def __init__(self):
+        super().__init__()
+        self.spec = PerceptionSpec(setting="S2", image_size=36)
+        self.conv = nn.Sequential(nn.Conv2d(1, 4, 8, stride=4), nn.BatchNorm2d(4), nn.Dropout(0.5), nn.ReLU(),
+                                  nn.Flatten())
+
+
+def test_attack_network_probe_leaves_the_copys_state_and_modes():
+    net = _NormedNet()
+    rng = torch.get_rng_state()
+    fast = attack_network(net)
+    assert torch.equal(torch.get_rng_state(), rng)  # Dropout drew nothing
+    assert isinstance(fast.conv[0], SpaceToDepthConv2d)
+    assert all(m.training for m in fast.modules())  # the modes the client's network had
+    mine, theirs = fast.state_dict(), net.state_dict()
+    assert all(torch.equal(mine[k], theirs[k]) for k in theirs)  # BatchNorm's statistics and count untouched

@@ -57,8 +57,8 @@ class SpaceToDepthConv2d(nn.Conv2d):
 
 
 def attack_network(net: PerceptionNet) -> PerceptionNet:
-    """A copy of ``net`` (sharing nothing with it) whose convolutions that receive the images at full
-    resolution are :class:`SpaceToDepthConv2d` s where they fit; the rest as they are."""
+    """A copy of ``net`` (sharing nothing with it, in its modes and state) whose convolutions that receive
+    the images at full resolution are :class:`SpaceToDepthConv2d` s where they fit; the rest as they are."""
     fast = copy.deepcopy(net)
     spec = fast.spec
     reading: set[int] = set()
@@ -69,13 +69,16 @@ def attack_network(net: PerceptionNet) -> PerceptionNet:
 
     convs = [m for m in fast.modules() if SpaceToDepthConv2d.fits(m)]
     hooks = [m.register_forward_pre_hook(note) for m in convs]
-    try:
+    modes = [(m, m.training) for m in fast.modules()]
+    try:  # in eval mode: a user's BatchNorm keeps its statistics, a Dropout draws nothing
         with torch.no_grad():
-            fast.conv(torch.zeros(1, spec.in_channels, spec.image_size, spec.image_size,
-                                  device=next(fast.parameters()).device))
+            fast.eval().conv(torch.zeros(1, spec.in_channels, spec.image_size, spec.image_size,
+                                         device=next(fast.parameters()).device))
     finally:
         for hook in hooks:
             hook.remove()
+        for m, training in modes:
+            m.training = training
     for parent in list(fast.modules()):
         for name, child in list(parent.named_children()):
             if id(child) in reading:
