@@ -367,8 +367,12 @@ def check_png_out(out: Path) -> Path:
         with tempfile.NamedTemporaryFile(prefix=f".{out.name}.", suffix=".probe", dir=out.parent):
             pass
     except OSError as e:
-        raise LeaklabError(f"--out {out}: cannot write in {out.parent} ({e.strerror or _first_line(e)})") from None
+        raise _cannot_write(out, e) from None
     return out
+
+
+def _cannot_write(out: Path, e: OSError) -> LeaklabError:
+    return LeaklabError(f"--out {out}: cannot write in {out.parent} ({e.strerror or _first_line(e)})")
 
 
 @contextlib.contextmanager
@@ -385,7 +389,7 @@ def atomic_dir(out: Path, writes: str, inputs: Sequence[Path] = ()) -> Iterator[
     try:
         tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".partial", dir=out.parent))
     except OSError as e:
-        raise LeaklabError(f"--out {out}: cannot write in {out.parent} ({e.strerror or _first_line(e)})") from None
+        raise _cannot_write(out, e) from None
     os.chmod(tmp, 0o777 & ~_UMASK)
     try:
         yield tmp

@@ -31,9 +31,11 @@ differ: ``conv.depth.0`` against ``conv.0``).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import importlib
+from collections.abc import Iterator
 from typing import Literal
 
 import torch
@@ -235,6 +237,17 @@ def build_perception_net(spec: PerceptionSpec, seed: int | None = None,
     return net
 
 
+@contextlib.contextmanager
+def modes_kept(net: nn.Module) -> Iterator[nn.Module]:
+    """Give every module of ``net`` back its train/eval mode on the way out, whatever ran inside."""
+    modes = [(m, m.training) for m in net.modules()]
+    try:
+        yield net
+    finally:
+        for m, training in modes:
+            m.training = training
+
+
 def check_forward(net: nn.Module, spec: PerceptionSpec, where: str) -> None:
     """Raise :class:`~leaklab.errors.ModelClassError` unless ``net`` computes what the room attacks assume for ``spec``:
     ``box.0`` takes the box, ``conv`` gives ``[B, F]`` flat features with F the conv part of
@@ -248,11 +261,10 @@ def check_forward(net: nn.Module, spec: PerceptionSpec, where: str) -> None:
     gen = torch.Generator().manual_seed(0)
     images = torch.rand(2, spec.in_channels, spec.image_size, spec.image_size, generator=gen)  # float32, as the
     box = torch.rand(2, spec.box_dim, generator=gen) * 2 - 1  # network is (check_contract)
-    modes = [(m, m.training) for m in net.modules()]  # restored module by module afterwards
     state = {k: v.clone() for k, v in net.state_dict().items()}  # BatchNorm's statistics, restored too
     what = "of two states of the spec's shapes"
     try:
-        with torch.no_grad(), torch.random.fork_rng(devices=[]):
+        with modes_kept(net), torch.no_grad(), torch.random.fork_rng(devices=[]):
             net.eval()
             features = net.conv(images)
             out = net(images, box)
@@ -263,8 +275,6 @@ def check_forward(net: nn.Module, spec: PerceptionSpec, where: str) -> None:
         raise ModelClassError(f"{where}: a forward pass {what} failed ({type(e).__name__}: {e})") from None
     finally:
         net.load_state_dict(state)
-        for m, training in modes:
-            m.training = training
     if tuple(features.shape) != (2, conv_feature_count(net)):
         raise ModelClassError(f"{where}: conv gives features of shape {tuple(features.shape)} for two states; "
                               f"head.0 expects (2, {conv_feature_count(net)})")

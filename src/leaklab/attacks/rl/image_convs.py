@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from leaklab.models.perception import PerceptionNet
+from leaklab.models.perception import PerceptionNet, modes_kept
 
 
 class SpaceToDepthConv2d(nn.Conv2d):
@@ -69,16 +69,13 @@ def attack_network(net: PerceptionNet) -> PerceptionNet:
 
     convs = [m for m in fast.modules() if SpaceToDepthConv2d.fits(m)]
     hooks = [m.register_forward_pre_hook(note) for m in convs]
-    modes = [(m, m.training) for m in fast.modules()]
     try:  # in eval mode: a user's BatchNorm keeps its statistics, a Dropout draws nothing
-        with torch.no_grad():
+        with modes_kept(fast), torch.no_grad():
             fast.eval().conv(torch.zeros(1, spec.in_channels, spec.image_size, spec.image_size,
                                          device=next(fast.parameters()).device))
     finally:
         for hook in hooks:
             hook.remove()
-        for m, training in modes:
-            m.training = training
     for parent in list(fast.modules()):
         for name, child in list(parent.named_children()):
             if id(child) in reading:
