@@ -12,7 +12,7 @@ from leaklab.device import processor, repeatable, require_device
 from leaklab.errors import LeaklabError
 from leaklab.experiments import room_attack, room_tables
 from leaklab.models.perception import (ARCH_NAMES, PerceptionSpec, build_perception_net, check_contract,
-                                       conv_feature_count)
+                                       conv_feature_count, plain_conv)
 from leaklab.names import DEFAULT_ARCH
 
 
@@ -63,6 +63,25 @@ def test_s1_streams_see_one_modality_each(arch):
 def test_feature_count_matches_the_conv_output(setting, arch):
     net = build_perception_net(PerceptionSpec(setting=setting, arch=arch), seed=0)
     assert net.conv(_images(setting)[:1]).shape[1] == conv_feature_count(net) == net.conv_features
+
+
+@pytest.mark.parametrize("conv, plain", [
+    (nn.Conv2d(2, 3, 4, stride=2), True), (nn.Conv2d(2, 3, 3, padding=1), False),
+    (nn.Conv2d(2, 3, 3, dilation=2), False), (nn.Conv2d(2, 4, 3, groups=2), False), (nn.Linear(2, 3), False)])
+def test_a_plain_conv_reads_one_block_per_output(conv, plain):
+    assert plain_conv(conv) is plain
+    if isinstance(conv, nn.Conv2d):  # output (1, 1): the input block at (stride, stride) alone, every channel
+        x = torch.randn(1, 2, 12, 12)
+        (kh, kw), (sh, sw) = conv.kernel_size, conv.stride
+        block = torch.zeros_like(x)
+        block[..., sh:sh + kh, sw:sw + kw] = x[..., sh:sh + kh, sw:sw + kw]
+        one_channel = x.clone()
+        one_channel[:, -1] = 0
+        with torch.no_grad():
+            out = conv(x)[0, 0, 1, 1]
+            reads_block = torch.allclose(out, conv(block)[0, 0, 1, 1], atol=1e-6)
+            reads_all_channels = not torch.allclose(out, conv(one_channel)[0, 0, 1, 1], atol=1e-6)
+        assert (reads_block and reads_all_channels) is plain
 
 
 def test_contract_accepts_any_conv_module_and_refuses_a_missing_head():

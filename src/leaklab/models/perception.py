@@ -186,6 +186,14 @@ def check_contract(net: nn.Module, where: str) -> nn.Module:
     return net
 
 
+def plain_conv(conv: nn.Module) -> bool:
+    """Whether ``conv`` is an ``nn.Conv2d`` (or a subclass) without padding, dilation or groups: its output
+    at ``(i, j)`` reads every channel of the input's kernel-sized block at ``(i·stride, j·stride)`` and
+    nothing else."""
+    return (isinstance(conv, nn.Conv2d) and conv.padding == (0, 0) and conv.dilation == (1, 1)
+            and conv.groups == 1)
+
+
 def conv_feature_count(net: nn.Module) -> int:
     """How many of ``head.0``'s inputs are the flattened conv features (the rest: the box branch)."""
     box_out = [m for m in net.box if isinstance(m, nn.Linear)][-1].out_features

@@ -61,7 +61,7 @@ from leaklab.attacks.rl.images import modality_tv, gaussian_start
 from leaklab.attacks.rl.layerwise import ZERO, penultimate_activations
 from leaklab.attacks.rl.network import linear_names
 from leaklab.attacks.rl.optim import Progress, adam
-from leaklab.models.perception import ModalityStreams, PerceptionNet, conv_feature_count
+from leaklab.models.perception import ModalityStreams, PerceptionNet, conv_feature_count, plain_conv
 
 
 @dataclass
@@ -232,11 +232,6 @@ def _ends_conv_relu_flatten(stream: nn.Module) -> bool:
     return len(tail) == 3 and all(isinstance(m, k) for m, k in zip(tail, (nn.Conv2d, nn.ReLU, nn.Flatten)))
 
 
-def _plain(conv: nn.Conv2d) -> bool:
-    """Whether :func:`leaklab.attacks.rl.layerwise.penultimate_activations` can read ``conv``'s input."""
-    return conv.padding == (0, 0) and conv.dilation == (1, 1) and conv.groups == 1
-
-
 def exact_streams(net: PerceptionNet) -> list[Stream]:
     """The image branch as :class:`Stream` s (one per modality of :class:`ModalityStreams`, or the
     single stream ``conv`` of ``--arch stacked``); empty, which turns the gradient term off, when a
@@ -263,7 +258,7 @@ def exact_streams(net: PerceptionNet) -> list[Stream]:
         height, width = inner_out.shape[-2:]
         reach = tuple(st * (n - 1) + k for st, n, k in zip(last.stride, shape[1:], last.kernel_size))
         if (len(body) >= 2 and isinstance(body[-1], nn.ReLU) and isinstance(body[-2], nn.Conv2d)
-                and _plain(last) and reach == (height, width)):
+                and plain_conv(last) and reach == (height, width)):
             s.inner, s.inner_name, s.head = body[-2], f"{prefix}{index - 2}.weight", stream[:index - 2]
         out.append(s)
         offset += size

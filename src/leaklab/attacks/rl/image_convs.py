@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from leaklab.models.perception import PerceptionNet, modes_kept
+from leaklab.models.perception import PerceptionNet, modes_kept, plain_conv
 
 
 class SpaceToDepthConv2d(nn.Conv2d):
@@ -32,8 +32,8 @@ class SpaceToDepthConv2d(nn.Conv2d):
     @staticmethod
     def fits(conv: nn.Module) -> bool:
         """Whether ``conv`` is a plain convolution that space-to-depth can compute."""
-        return (type(conv) is nn.Conv2d and conv.padding == (0, 0) and conv.dilation == (1, 1)
-                and conv.groups == 1 and all(s > 1 and k % s == 0 for k, s in zip(conv.kernel_size, conv.stride)))
+        return (type(conv) is nn.Conv2d and plain_conv(conv)
+                and all(s > 1 and k % s == 0 for k, s in zip(conv.kernel_size, conv.stride)))
 
     @classmethod
     def of(cls, conv: nn.Conv2d) -> SpaceToDepthConv2d:
