@@ -686,6 +686,22 @@ def test_the_fallback_caveat_names_its_cause():
     assert fallback_caveat({**results, "attack": {"mode": "paper"}}) == ""
 
 
+def test_cases_without_the_gradient_the_attack_reads_are_named_and_kept_out_of_the_action(tmp_path):
+    """A client that sends only the largest 0.01% of its update zeroes the last bias gradient: the audit
+    says which cases held nothing to read, and their guessed action does not count as the action leaking
+    or not."""
+    cases = tmp_path / "cases"
+    assert invoke("env", "capture", "--samples", "1", "--layouts", "e1m1-stalactite", "--defense", "topk:0.9999",
+                  "--out", cases).exit_code == 0
+    out = tmp_path / "audit"
+    with pytest.warns(UserWarning, match=r"1 case \(0000\) of 1 holds an update whose last bias gradient is all zero"):
+        result = invoke("audit", "--cases", cases, *FAST, "--out", out)
+    assert result.exit_code == 0, result.output
+    report = (out / "report.html").read_text()
+    assert "none read (no gradient the attack reads)" in report and "holds an update whose last bias" in report
+    assert ">action</th>" in report and "% of 1 case" not in report  # no case holds the action
+
+
 @pytest.mark.parametrize("cls, words", [
     ("tests.plugins.narrow_net:NoHead", ["contract", "box starting with a Linear with bias"]),
     ("tests.plugins.narrow_net:Missing", ["module tests.plugins.narrow_net has no 'Missing'"]),

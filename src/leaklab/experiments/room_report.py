@@ -40,6 +40,8 @@ Picture = tuple[torch.Tensor, torch.Tensor]  # a pictured state: its images [1, 
 def _action_text(row: dict[str, Any]) -> str:
     """The recovered action(s) of a case row, marked where the update did not hold them."""
     known = row.get("action_identified", [True] * len(row["action"]))
+    if row.get("no_signal"):
+        return "none read (no gradient the attack reads)"
     return ", ".join(str(a) if k else f"{a} (guess: not in the update)" for a, k in zip(row["action"], known))
 
 
@@ -80,7 +82,7 @@ def write_cases_report(folder: Path, results: dict[str, Any], truths: list[Pictu
         gain, where = max(gains)
         # the action of the cases whose update holds it (QGI always; RGI unless a return of 0 hid it)
         held = [r["metrics"]["action"] for r in results["cases"]
-                if "metrics" in r and all(r.get("action_identified", [True]))]
+                if "metrics" in r and not r.get("no_signal") and all(r.get("action_identified", [True]))]
         shown = _leak_count(results["cases"])
         verdict = _verdict(gain, where, shown, s["iou_mean"], held, s.get("q_target_err_mean"),
                            s.get("reward_abs_err_mean"))
@@ -132,7 +134,8 @@ def write_cases_report(folder: Path, results: dict[str, Any], truths: list[Pictu
                ("torch", results["versions"]["torch"]), ("wall-clock seconds", s["seconds"]),
                ("attacks resumed from an interrupted run", s["resumed_attacks"])]
     render_report(folder / REPORT_FILE, "leaklab audit of saved room updates", summary=summary,
-                  notice=" ".join(filter(None, (fallback_caveat(results), effort_notice(attack["iterations"])))),
+                  notice=" ".join(filter(None, (fallback_caveat(results), no_signal_caveat(results),
+                                                effort_notice(attack["iterations"])))),
                   lead=lead,
                   intro="Each saved client update was attacked from the server's files only (QGI for DQN "
                         "updates, RGI for REINFORCE updates).",
@@ -161,6 +164,19 @@ def fallback_caveat(results: dict[str, Any]) -> str:
         return ""
     return (f"exact mode could not read {' and '.join(reasons)}, so the attack fell back to the paper's "
             "optimisation there; low scores there show a weaker attack, not a private update.")
+
+
+def no_signal_caveat(results: dict[str, Any]) -> str:
+    """The caveat when some cases' updates lack the gradient the attack reads (an all-zero last bias
+    gradient: a pruned or frozen head, an all-zero file): their rows score the attack's no-information
+    start, which says nothing about what the rest of the update holds; "" when every case had it."""
+    empty = [r["case"] for r in results["cases"] if r.get("no_signal")]
+    if not empty:
+        return ""
+    return (f"{_listed(empty, 'case')} of {len(results['cases'])} {'holds' if len(empty) == 1 else 'hold'} an "
+            "update whose last bias gradient is all zero, which the attacks read first, so nothing was recovered "
+            "there: their rows score the "
+            "attack's no-information start, not what the rest of the update gives away.")
 
 
 def _listed(cases: list[str], what: str) -> str:
