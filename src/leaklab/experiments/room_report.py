@@ -39,9 +39,9 @@ Picture = tuple[torch.Tensor, torch.Tensor]  # a pictured state: its images [1, 
 
 def _action_text(row: dict[str, Any]) -> str:
     """The recovered action(s) of a case row, marked where the update did not hold them."""
-    known = row.get("action_identified", [True] * len(row["action"]))
     if row.get("no_signal"):
         return "none read (no gradient the attack reads)"
+    known = row.get("action_identified", [True] * len(row["action"]))
     return ", ".join(str(a) if k else f"{a} (guess: not in the update)" for a, k in zip(row["action"], known))
 
 
@@ -175,8 +175,8 @@ def no_signal_caveat(results: dict[str, Any]) -> str:
         return ""
     return (f"{_listed(empty, 'case')} of {len(results['cases'])} {'holds' if len(empty) == 1 else 'hold'} an "
             "update whose last bias gradient is all zero, which the attacks read first, so nothing was recovered "
-            "there: their rows score the "
-            "attack's no-information start, not what the rest of the update gives away.")
+            "there: their rows score the attack's no-information start, not what the rest of the update gives "
+            "away.")
 
 
 def _listed(cases: list[str], what: str) -> str:
