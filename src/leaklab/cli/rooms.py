@@ -72,9 +72,10 @@ def _room_attack(algorithm: str, setting: str, mode: str, arch: str, samples: in
                   f"{plural(s['samples'], 'update')} of {plural(s['transitions'], 'transition')} in all")
                + f" from {plural(s['layouts'], 'room')}, {s['seconds_per_sample']:.1f} s each"
                + _resumed(s["resumed_samples"], " ({} resumed from an interrupted run)"))
-    notice = room_report.effort_notice(attack.iterations)  # as asked: an update with nothing to read runs none
-    if notice:
-        typer.echo(f"warning: {notice}", err=True)
+    for notice in (room_report.no_signal_caveat(results["samples"], noun="sample", key="index"),
+                   room_report.effort_notice(attack.iterations)):  # as asked: an update with nothing to read runs none
+        if notice:
+            typer.echo(f"warning: {notice}", err=True)
 
 
 def _room_summary_line(s: dict[str, Any], defended: bool) -> str:

@@ -134,7 +134,7 @@ def write_cases_report(folder: Path, results: dict[str, Any], truths: list[Pictu
                ("torch", results["versions"]["torch"]), ("wall-clock seconds", s["seconds"]),
                ("attacks resumed from an interrupted run", s["resumed_attacks"])]
     render_report(folder / REPORT_FILE, "leaklab audit of saved room updates", summary=summary,
-                  notice=" ".join(filter(None, (fallback_caveat(results), no_signal_caveat(results),
+                  notice=" ".join(filter(None, (fallback_caveat(results), no_signal_caveat(results["cases"]),
                                                 effort_notice(attack["iterations"])))),
                   lead=lead,
                   intro="Each saved client update was attacked from the server's files only (QGI for DQN "
@@ -166,14 +166,15 @@ def fallback_caveat(results: dict[str, Any]) -> str:
             "optimisation there; low scores there show a weaker attack, not a private update.")
 
 
-def no_signal_caveat(results: dict[str, Any]) -> str:
-    """The caveat when some cases' updates lack the gradient the attack reads (an all-zero last bias
-    gradient: a pruned or frozen head, an all-zero file): their rows score the attack's no-information
-    start, which says nothing about what the rest of the update holds; "" when every case had it."""
-    empty = [r["case"] for r in results["cases"] if r.get("no_signal")]
+def no_signal_caveat(rows: list[dict[str, Any]], noun: str = "case", key: str = "case") -> str:
+    """The caveat when some rows' updates lack the gradient the attack reads (an all-zero last bias
+    gradient: a pruned or frozen head, an all-zero file), each row named by its ``key``: they score the
+    attack's no-information start, which says nothing about what the rest of the update holds; "" when
+    every update had it."""
+    empty = [str(r[key]) for r in rows if r.get("no_signal")]
     if not empty:
         return ""
-    return (f"{_listed(empty, 'case')} of {len(results['cases'])} {'holds' if len(empty) == 1 else 'hold'} an "
+    return (f"{_listed(empty, noun)} of {len(rows)} {'holds' if len(empty) == 1 else 'hold'} an "
             "update whose last bias gradient is all zero, which the attacks read first, so nothing was recovered "
             "there: their rows score the attack's no-information start, not what the rest of the update gives "
             "away.")
