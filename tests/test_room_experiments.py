@@ -236,14 +236,15 @@ def test_audit_takes_the_defense_levels_a_user_asks_for(tmp_path):
 def test_audit_verdicts_in_words():
     from leaklab.experiments.room_report import conclusion, verdicts
 
-    def cell(defense, chain, depth, iou, action, frames, kept=1.0, algorithm="qgi", error=None):
+    def cell(defense, chain, depth, iou, action, frames, kept=1.0, algorithm="qgi", error=None, mode="exact"):
         read = {"qgi": "q_target_err_mean", "rgi": "reward_abs_err_mean"}[algorithm]
-        return {"defense": defense, "defense_chain": chain, "algorithm": algorithm, "setting": "S2",
+        return {"defense": defense, "defense_chain": chain, "algorithm": algorithm, "setting": "S2", "mode": mode,
                 "summary": {"depth_psnr_mean": depth, "depth_psnr_baseline_mean": 15.0, "iou_mean": iou,
                             "action_accuracy": action, read: error,
                             **({} if kept is None else {"update_cosine_median": kept})},
-                "samples": [{"metrics": {"depth_paper_psnr": d, "depth_paper_psnr_baseline": 15.0,
-                                         "action": float(i < action * len(frames))}} for i, d in enumerate(frames)]}
+                "samples": [{"index": i, "metrics": {"depth_paper_psnr": d, "depth_paper_psnr_baseline": 15.0,
+                                                     "action": float(i < action * len(frames))}}
+                            for i, d in enumerate(frames)]}
 
     # the mean of the noisy cell is under the 3 dB line, but one of its two updates shows its room
     rows = verdicts({"summary": {"defenses": ["none", "noise", "dp"]},
@@ -299,6 +300,14 @@ def test_audit_verdicts_in_words():
     assert [r[2] for r in old] == ["–", "–"]
     assert conclusion(old).startswith("dp is the weakest defense tested behind which nothing measured leaks; behind "
                                       "none the update still leaks the room")
+    # `--full` attacks each update in both modes: an update counts once, showing its room where either
+    # reconstruction shows it; its action (read by the same rule in both) is no second guess
+    both = verdicts({"summary": {"defenses": ["noise"]},
+                     "cells": [cell("noise", "gaussian:0.03", 4.0, 0.5, 0.5, [14.0, 25.0] + [14.0] * 4),
+                               cell("noise", "gaussian:0.03", 5.0, 0.5, 0.5, [19.0, 14.0] + [14.0] * 4,
+                                    mode="paper")]})
+    assert both[0][4] == "QGI S2 depth (paper mode)" and both[0][5] == "2 of 6"
+    assert both[0][7] == "3 of 6 updates (50%; chance alone: p = 0.042)"  # 6 of 12 would be p = 0.0036
 
 
 def test_audit_suggests_the_levels_to_audit_next():
@@ -326,9 +335,9 @@ def test_audit_suggests_levels_from_its_verdicts_only_when_they_are_full_strengt
 
     def cell(defense, depth):
         return {"defense": defense, "defense_chain": None if defense == "none" else "gaussian:1", "algorithm": "rgi",
-                "setting": "S2", "summary": {"depth_psnr_mean": depth, "depth_psnr_baseline_mean": 15.0,
-                                              "iou_mean": 0.0},
-                "samples": [{"metrics": {"depth_paper_psnr": depth, "depth_paper_psnr_baseline": 15.0}}]}
+                "setting": "S2", "mode": "exact",
+                "summary": {"depth_psnr_mean": depth, "depth_psnr_baseline_mean": 15.0, "iou_mean": 0.0},
+                "samples": [{"index": 0, "metrics": {"depth_paper_psnr": depth, "depth_paper_psnr_baseline": 15.0}}]}
 
     config = room_audit.AuditConfig(gaussian_sigmas=(1e-3, 0.3), dp_epsilons=(8.0,))
     labels = [label for label, _ in config.defenses()]
