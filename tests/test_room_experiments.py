@@ -200,6 +200,25 @@ def test_audit_report_pictures_a_cells_first_samples_and_scores_them_all(tmp_pat
     assert "the first 1 of 2 samples; results.json has every one" in html
 
 
+def test_an_audit_of_both_modes_attacks_each_update_in_both_and_counts_it_once(tmp_path):
+    """``--full``'s shape: exact and paper mode attack the same (defended) updates; the verdicts count each
+    update once and name the mode of the largest gain."""
+    from leaklab.experiments import room_audit, room_report
+
+    config = room_audit.AuditConfig(algorithms=("qgi",), settings=("S2",), modes=("exact", "paper"), samples=1,
+                                    layouts=("e1m1-stalactite",), iterations=3, gaussian_sigmas=(1e-3,),
+                                    dp_epsilons=(), workers=1)
+    res = room_audit.run(tmp_path / "audit", config)
+    assert [(c["mode"], c["defense"]) for c in res["cells"]] == [
+        ("exact", "none"), ("exact", "gaussian σ=0.001"), ("paper", "none"), ("paper", "gaussian σ=0.001")]
+    noisy = [c["samples"][0]["metrics"]["update_cosine"] for c in res["cells"] if c["defense"] != "none"]
+    assert noisy[0] == noisy[1] < 1  # one noised update, attacked twice
+    rows = room_report.verdicts(res)
+    assert [r[5] for r in rows] == ["0 of 1", "0 of 1"] and rows[0][7].startswith("1 of 1 update (100%")
+    assert rows[0][4].endswith(" mode)")
+    assert "each update counts once" in (tmp_path / "audit" / "report.html").read_text()
+
+
 def test_audit_takes_the_defense_levels_a_user_asks_for(tmp_path):
     out = tmp_path / "levels"
     result = invoke("audit", "--quick", "--sigmas", "1e-4", "--epsilons", "50,20", "--out", out)
