@@ -237,6 +237,11 @@ def _updates(cells: list[dict[str, Any]]) -> dict[tuple[str, str, int], list[dic
     return grouped
 
 
+def _several_modes(cells: list[dict[str, Any]]) -> bool:
+    """Whether ``cells`` hold more than one mode's attacks (``--full``: exact and paper on the same updates)."""
+    return len({c["mode"] for c in cells}) > 1
+
+
 def _qgi_actions(cells: list[dict[str, Any]]) -> list[float]:
     """Whether QGI read each of its attacked updates' action right (1 or 0; a batch's share; the mean over the
     modes that attacked it, which read it by the same rule), over ``cells``: the verdicts' and the leakage
@@ -323,7 +328,7 @@ def verdicts(results: dict[str, Any]) -> list[list[Any]]:
     rows = []
     for label in results["summary"]["defenses"]:
         cells = [c for c in results["cells"] if c["defense"] == label]
-        modes = len({c["mode"] for c in cells}) > 1
+        modes = _several_modes(cells)
         gains = [(s[f"{im}_psnr_mean"] - s[f"{im}_psnr_baseline_mean"],
                   f"{c['algorithm'].upper()} {c['setting']} {im}" + (f" ({c['mode']} mode)" if modes else ""))
                  for c in cells for im in ("rgb", "depth") if (s := c["summary"]).get(f"{im}_psnr_mean") is not None]
@@ -468,7 +473,7 @@ def write_report(folder: Path, results: dict[str, Any], cells, defenses, truths,
                    "holds no trace of the action and under noise RGI's rule reads the noise; the per-attack tables "
                    "show it." + (" Exact and paper mode attack the same updates: each update counts once, "
                                  "showing its room when either reconstruction shows it."
-                                 if len({c["mode"] for c in results["cells"]}) > 1 else ""))
+                                 if _several_modes(results["cells"]) else ""))
     sections = [Section(title="At a glance", tables=[glance])]
     for c, (meta, run_config) in enumerate(cells):
         rows = []
