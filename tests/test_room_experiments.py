@@ -277,13 +277,14 @@ def test_audit_verdicts_in_words():
     # what each defense costs: the cosine an update keeps, the attacks' range where they differ
     assert [r[2] for r in rows] == ["1", "0.6 to 0.871", "0.000651"]
     assert [r[5] for r in rows] == ["2 of 2", "1 of 4", "0 of 4"]
-    assert rows[0][8] == ("leaks the room (2 of 2 updates show it; QGI S2 depth +25.0 dB over the baseline on "
-                          "average), the target's box (IoU 1.00), the action (100%) and the target Q-value (error "
+    assert rows[0][8] == ("leaks the room (2 of 2 updates show it; the best: QGI S2 depth +30.0 dB over its "
+                          "baseline), the target's box (IoU 1.00), the action (100%) and the target Q-value (error "
                           "1.2e-06%)")
-    # the room leaks where any update shows it: the mean's +2.0 dB hid the one that does
-    # QGI's target Q under the noise (12% off) is not read; RGI's reward (0.0011 off) is
-    assert rows[1][8] == ("leaks the room (1 of 4 updates show it; QGI S2 depth +2.0 dB over the baseline on "
-                          "average), the target's box (IoU 0.60), the action (100%) and the reward (error 0.0011)")
+    # the room leaks where any update shows it: the mean's +2.0 dB hid the one that does (+4.0), which the
+    # verdict names; QGI's target Q under the noise (12% off) is not read; RGI's reward (0.0011 off) is
+    assert rows[1][3] == 2.0 and rows[1][4] == "QGI S2 depth"
+    assert rows[1][8] == ("leaks the room (1 of 4 updates show it; the best: QGI S2 depth +4.0 dB over its "
+                          "baseline), the target's box (IoU 0.60), the action (100%) and the reward (error 0.0011)")
     assert rows[2][8] == "nothing measured leaks" and rows[2][7] == ("1 of 4 updates (25%; chance alone: "
                                                                           "p = 0.46)")  # QGI's updates only
     # the action column weighs a count against guessing one of 7 actions: 2 of 2 right by chance is 1 in 49;
@@ -304,8 +305,8 @@ def test_audit_verdicts_in_words():
     assert _action_leaks([0.5, 1.0]) and not _action_leaks([0.5, 0.0]) and not _action_leaks([])
     assert conclusion(rows) == ("dp is the weakest defense tested behind which nothing measured leaks, and there an "
                                 "update keeps a cosine of 0.000651 with the true one; behind noise (cosine 0.6 to "
-                                "0.871) the update still leaks the room (1 of 4 updates show it; QGI S2 depth +2.0 dB "
-                                "over the baseline on average), the target's box (IoU 0.60), the action (100%) and "
+                                "0.871) the update still leaks the room (1 of 4 updates show it; the best: QGI S2 "
+                                "depth +4.0 dB over its baseline), the target's box (IoU 0.60), the action (100%) and "
                                 "the reward (error "
                                 "0.0011).")
     assert conclusion(rows[:2]).startswith("Every defense tested leaks: behind noise (cosine 0.6 to 0.871) the "
@@ -325,7 +326,10 @@ def test_audit_verdicts_in_words():
                      "cells": [cell("noise", "gaussian:0.03", 4.0, 0.5, 0.5, [14.0, 25.0] + [14.0] * 4),
                                cell("noise", "gaussian:0.03", 5.0, 0.5, 0.5, [19.0, 14.0] + [14.0] * 4,
                                     mode="paper")]})
-    assert both[0][4] == "QGI S2 depth (paper mode)" and both[0][5] == "2 of 6"
+    assert both[0][4] == "QGI S2 depth (paper mode)" and both[0][5] == "2 of 6"  # the largest mean gain
+    # the verdict names the update that shows its room best, in the mode that shows it
+    assert both[0][8].startswith("leaks the room (2 of 6 updates show it; the best: QGI S2 depth (exact mode) "
+                                 "+10.0 dB over its baseline)")
     assert both[0][7] == "3 of 6 updates (50%; chance alone: p = 0.042)"  # 6 of 12 would be p = 0.0036
 
 
@@ -409,6 +413,11 @@ def test_audit_attacks_saved_room_cases(tmp_path, monkeypatch):
     assert html.count(">yes</td>") + html.count(">no</td>") == 2  # each case's action judged
     res = json.loads((out / "results.json").read_text())
     assert res["summary"]["cases"] == 2 and res["summary"]["scored"] == 2
+    # the glance counts the cases showing their room and its verdict names the best one's gain
+    gains = [c["metrics"]["depth_paper_psnr"] - c["metrics"]["depth_paper_psnr_baseline"] for c in res["cases"]]
+    shown = sum(g >= 3.0 for g in gains)
+    assert f"<td>{shown} of 2</td>" in html
+    assert (f"the best: RGI S2 depth {max(gains):+.1f} dB over its baseline" in html) == (shown > 0)
     assert all(c["algorithm"] == "rgi" for c in res["cases"])
     # the attack's own verdict on the action agrees with the truth: a zero return hides it
     assert all(c["action_identified"] == [c["metrics"]["action_informative"] == 1.0] for c in res["cases"])

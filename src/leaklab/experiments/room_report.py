@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Iterable
+from collections.abc import Hashable, Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from scipy.stats import binom
@@ -84,14 +84,13 @@ def write_cases_report(folder: Path, results: dict[str, Any], truths: list[Pictu
         # the action of the cases whose update holds it (QGI always; RGI unless a return of 0 hid it)
         held = [r["metrics"]["action"] for r in results["cases"]
                 if "metrics" in r and not r.get("no_signal") and all(r.get("action_identified", [True]))]
-        shown = _leak_count([r] for r in results["cases"])
-        verdict = _verdict(gain, where, shown, s["iou_mean"], held, s.get("q_target_err_mean"),
-                           s.get("reward_abs_err_mean"))
+        room = _room_shown(((r["case"], r, r) for r in results["cases"]), modes=False)
+        verdict = _verdict(room, s["iou_mean"], held, s.get("q_target_err_mean"), s.get("reward_abs_err_mean"))
         lead = (f"Over {plural(s['scored'], 'scored case')}, the saved updates give away "
                 f"{verdict.removeprefix('leaks ') if verdict != NOTHING_LEAKS else 'nothing measured'}.")
         glance = Table(columns=["largest image gain (dB)", "where", "cases showing their room", "box IoU (mean)",
                                 "action", "verdict"],
-                       rows=[[gain, where, "{} of {}".format(*shown), s["iou_mean"],
+                       rows=[[gain, where, f"{room.shown} of {room.updates}", s["iou_mean"],
                               f"{100 * statistics.fmean(held):.0f}% of {plural(len(held), 'case')}" if held else None,
                               verdict]],
                        caption=_glance_caption() + " Over the scored cases; the action over those whose update "
@@ -233,8 +232,13 @@ def _updates(cells: list[dict[str, Any]]) -> dict[tuple[str, str, int], list[dic
     grouped: dict[tuple[str, str, int], list[dict[str, Any]]] = {}
     for c in cells:
         for r in c["samples"]:
-            grouped.setdefault((c["algorithm"], c["setting"], r["index"]), []).append(r)
+            grouped.setdefault(_update_key(c, r), []).append(r)
     return grouped
+
+
+def _update_key(cell: dict[str, Any], row: dict[str, Any]) -> tuple[str, str, int]:
+    """The update an audit's attack (``row`` of ``cell``) attacked: the same in every mode."""
+    return cell["algorithm"], cell["setting"], row["index"]
 
 
 def _several_modes(cells: list[dict[str, Any]]) -> bool:
@@ -280,12 +284,11 @@ def _actions_read(actions: list[float]) -> str | None:
     return f"{int(right)} of {plural(n, 'update')} ({100 * right / n:.0f}%; chance alone: p = {p:.2g})"
 
 
-def _frame_gain(row: dict[str, Any]) -> float | None:
-    """One attacked update's largest image gain over its constant baseline (RGB or depth, dB)."""
+def _image_gains(row: dict[str, Any]) -> list[tuple[float, str]]:
+    """One attack's image gains over their constant baselines (dB), each with its image (``rgb``, ``depth``)."""
     m = row.get("metrics", {})
-    gains = [m[f"{im}_paper_psnr"] - m[f"{im}_paper_psnr_baseline"] for im in ("rgb", "depth")
-             if m.get(f"{im}_paper_psnr") is not None and m.get(f"{im}_paper_psnr_baseline") is not None]
-    return max(gains) if gains else None
+    return [(m[f"{im}_paper_psnr"] - m[f"{im}_paper_psnr_baseline"], im) for im in ("rgb", "depth")
+            if m.get(f"{im}_paper_psnr") is not None and m.get(f"{im}_paper_psnr_baseline") is not None]
 
 
 def chain_in_words(chain: str | None) -> str:
@@ -329,18 +332,17 @@ def verdicts(results: dict[str, Any]) -> list[list[Any]]:
     for label in results["summary"]["defenses"]:
         cells = [c for c in results["cells"] if c["defense"] == label]
         modes = _several_modes(cells)
-        gains = [(s[f"{im}_psnr_mean"] - s[f"{im}_psnr_baseline_mean"],
-                  f"{c['algorithm'].upper()} {c['setting']} {im}" + (f" ({c['mode']} mode)" if modes else ""))
+        gains = [(s[f"{im}_psnr_mean"] - s[f"{im}_psnr_baseline_mean"], _where(c, im, modes))
                  for c in cells for im in ("rgb", "depth") if (s := c["summary"]).get(f"{im}_psnr_mean") is not None]
         gain, where = max(gains)
-        shown = _leak_count(_updates(cells).values())
+        room = _room_shown(((_update_key(c, r), c, r) for c in cells for r in c["samples"]), modes)
         iou = max(c["summary"]["iou_mean"] for c in cells)
         actions = _qgi_actions(cells)
         q_error, reward_error = (min((e for c in cells if (e := c["summary"].get(key)) is not None), default=None)
                                  for key in ("q_target_err_mean", "reward_abs_err_mean"))
         rows.append([label, chain_in_words(cells[0].get("defense_chain")), _kept_text(cells), gain, where,
-                     "{} of {}".format(*shown), iou, _actions_read(actions),
-                     _verdict(gain, where, shown, iou, actions, q_error, reward_error)])
+                     f"{room.shown} of {room.updates}", iou, _actions_read(actions),
+                     _verdict(room, iou, actions, q_error, reward_error)])
     return rows
 
 
@@ -361,18 +363,17 @@ def conclusion(rows: list[list[Any]]) -> str:
     return f"{first[0]} is the weakest defense tested behind which nothing measured leaks{kept}; {sees}."
 
 
-def _verdict(gain: float, where: str, shown: tuple[int, int], iou: float, actions: list[float] | None,
-             q_error: float | None = None, reward_error: float | None = None) -> str:
-    """What leaks, in words: the room where any attacked update shows it (``shown``: how many of how
-    many have an image :data:`IMAGE_LEAK_DB` over its own baseline; a mean over the updates hid a room
-    that some show), with the largest mean gain ``gain`` (``where``); the box at a mean IoU of
+def _verdict(room: RoomShown, iou: float, actions: list[float] | None, q_error: float | None = None,
+             reward_error: float | None = None) -> str:
+    """What leaks, in words: the room where any attacked update shows it (``room``: how many of how many
+    have an image :data:`IMAGE_LEAK_DB` over its own baseline; a mean over the updates hid a room that
+    some show), with the largest single gain and where it is; the box at a mean IoU of
     :data:`BOX_LEAK_IOU`; the action by :func:`_action_leaks` (``actions``: 1 or 0 per update, a batch's
     share; None or empty: not measured);
     the target Q-value at a mean error (``q_error``, %) of :data:`Q_LEAK_PERCENT` and the reward at a
     mean absolute error (``reward_error``) of :data:`REWARD_LEAK` (None: not measured)."""
-    k, n = shown
-    leaks = [f"the room ({k} of {plural(n, 'update')} show it; {where} {gain:+.1f} dB over the baseline on "
-             "average)"] if k else []
+    leaks = [f"the room ({room.shown} of {plural(room.updates, 'update')} show it; the best: {room.best_where} "
+             f"{room.best_gain:+.1f} dB over its baseline)"] if room.shown else []
     leaks += [f"the target's box (IoU {iou:.2f})"] if iou >= BOX_LEAK_IOU else []
     leaks += [f"the action ({100 * statistics.fmean(actions):.0f}%)"] if _action_leaks(actions) else []
     leaks += [f"the target Q-value (error {q_error:.2g}%)"] if q_error is not None and q_error <= Q_LEAK_PERCENT \
@@ -397,11 +398,32 @@ def _glance_caption() -> str:
             "less (one step earns at most 1).")
 
 
-def _leak_count(updates: Iterable[list[dict[str, Any]]]) -> tuple[int, int]:
-    """How many of the attacked ``updates`` (each the rows of the attacks on it) show their room in any of
-    their reconstructions (:func:`_frame_gain`), of how many."""
-    gains = [max(found) for rows in updates if (found := [g for r in rows if (g := _frame_gain(r)) is not None])]
-    return sum(g >= IMAGE_LEAK_DB for g in gains), len(gains)
+class RoomShown(NamedTuple):
+    """:func:`_room_shown`'s count: ``shown`` of ``updates`` show their room; ``best_gain`` (dB) is the
+    largest single image gain, ``best_where`` its attack and image (None where nothing was scored)."""
+    shown: int
+    updates: int
+    best_gain: float | None
+    best_where: str | None
+
+
+def _room_shown(attacks: Iterable[tuple[Hashable, dict[str, Any], dict[str, Any]]], modes: bool) -> RoomShown:
+    """How many attacked updates show their room (an image :data:`IMAGE_LEAK_DB` or more over its own
+    baseline in any of their reconstructions), of how many, and the largest single gain with where it is
+    (:func:`_where`). ``attacks``: (the update attacked, the attack's cell or row naming its algorithm,
+    setting and mode, its row); an update attacked in several modes (``--full``) counts once."""
+    best: dict[Hashable, tuple[float, str]] = {}
+    for update, attack, row in attacks:
+        for gain, image in _image_gains(row):
+            if update not in best or gain > best[update][0]:
+                best[update] = (gain, _where(attack, image, modes))
+    gain, where = max(best.values(), default=(None, None))
+    return RoomShown(sum(g >= IMAGE_LEAK_DB for g, _ in best.values()), len(best), gain, where)
+
+
+def _where(attack: dict[str, Any], image: str, modes: bool) -> str:
+    """An image of an attack in words, e.g. ``QGI S2 depth (paper mode)``: the mode where several ran."""
+    return f"{attack['algorithm'].upper()} {attack['setting']} {image}" + (f" ({attack['mode']} mode)" if modes else "")
 
 
 def effort_notice(iterations: int, after: str = "") -> str:
