@@ -123,7 +123,8 @@ def run_jobs(jobs: Sequence[Job], workers: int, on_result: Callable[[int, RoomRe
     """Run every job (in ``workers`` spawned processes when there are several; 0 = one per core)
     and hand each result to ``on_result(index, reconstruction)`` as soon as it is ready, in order.
     ``on_progress(done)`` hears how many jobs are done, a running job counting the share of its
-    image stage it has run: at the start, after each result and whenever a running attack reports. With a
+    image stage it has run and a job the journal holds counting from the start: at the start, after each
+    result and whenever a running attack reports. With a
     ``journal`` (of these jobs), a job it holds is not attacked again: its saved reconstruction is
     read and handed on in its turn (an entry that does not read back is attacked then); every new
     result is saved to it as soon as it is ready (on an error the queued jobs are dropped and the
@@ -137,23 +138,31 @@ def run_jobs(jobs: Sequence[Job], workers: int, on_result: Callable[[int, RoomRe
     workers = worker_count(workers, len(jobs))  # a held entry may not read back and be attacked after all
     running: dict[int, float] = {}
     finished: set[int] = set()
+    # a held job counts as done from the start (until its entry fails to read back), so the time left that a
+    # progress line estimates is the new attacks' (resumed ones counted as they came made 7 h read as 50 min)
+    unread = set(held)
+
+    def progress() -> None:
+        on_progress(len(finished) + len(unread) + sum(running.values()))
+
     if on_progress:  # the task shows from its start, not from its first attack's first report
-        on_progress(0)
+        progress()
 
     def report(index: int, fraction: float) -> None:
         if index not in finished:
             running[index] = fraction
-            on_progress(len(finished) + sum(running.values()))
+            progress()
 
     def deliver(index: int, rec: RoomReconstruction) -> None:
         on_result(index, rec)
         finished.add(index)
         running.pop(index, None)
         if on_progress:
-            on_progress(len(finished) + sum(running.values()))
+            progress()
 
     def resume(index: int) -> RoomReconstruction | None:
         nonlocal resumed
+        unread.discard(index)
         rec = journal.load(index) if index in held else None
         resumed += rec is not None
         return rec
