@@ -88,7 +88,7 @@ def write_cases_report(folder: Path, results: dict[str, Any], truths: list[Pictu
         verdict = _verdict(room, s["iou_mean"], held, s.get("q_target_err_mean"), s.get("reward_abs_err_mean"))
         lead = (f"Over {plural(s['scored'], 'scored case')}, the saved updates give away "
                 f"{verdict.removeprefix('leaks ') if verdict != NOTHING_LEAKS else 'nothing measured'}.")
-        glance = Table(columns=["largest image gain (dB)", "where", "cases showing their room", "box IoU (mean)",
+        glance = Table(columns=["largest mean image gain (dB)", "where", "cases showing their room", "box IoU (mean)",
                                 "action", "verdict"],
                        rows=[[gain, where, f"{room.shown} of {room.updates}", s["iou_mean"],
                               f"{100 * statistics.fmean(held):.0f}% of {plural(len(held), 'case')}" if held else None,
@@ -323,7 +323,7 @@ def levels_text(summary: dict[str, Any]) -> str:
 
 def verdicts(results: dict[str, Any]) -> list[list[Any]]:
     """One row per defense, weakest first: what the clients add, the cosine an update keeps with the true
-    one (what the defense costs), the largest image gain over the constant baseline (and where, with the
+    one (what the defense costs), the largest mean image gain over the constant baseline (and where, with the
     mode when several ran), how many attacked updates (each once, whatever the modes that attacked it) show
     their room (an image at :data:`IMAGE_LEAK_DB` or more over its own baseline), the best mean box IoU,
     QGI's action accuracy over its updates, and a verdict in words naming what leaks (:func:`_verdict`; the
@@ -482,7 +482,7 @@ def write_report(folder: Path, results: dict[str, Any], cells, defenses, truths,
     labels = [label for label, _ in defenses]
     plot = _leakage_plot(results, labels, folder / "figures" / "leakage_per_defense.png")
     by = {(c["algorithm"], c["setting"], c["mode"], c["defense"]): c for c in results["cells"]}
-    glance = Table(columns=["defense", "what each client does", "update kept (cosine)", "largest image gain (dB)",
+    glance = Table(columns=["defense", "what each client does", "update kept (cosine)", "largest mean image gain (dB)",
                             "where", "updates showing their room", "box IoU (best)", "action (QGI)", "verdict"],
                    rows=verdicts(results),
                    caption=_glance_caption() + " Update kept: the cosine of the update the server receives with "
