@@ -203,7 +203,7 @@ def test_audit_report_pictures_a_cells_first_samples_and_scores_them_all(tmp_pat
 def test_an_audit_of_both_modes_attacks_each_update_in_both_and_counts_it_once(tmp_path):
     """``--full``'s shape: exact and paper mode attack the same (defended) updates; the verdicts count each
     update once and name the mode of the largest gain."""
-    from leaklab.experiments import room_audit, room_report
+    from leaklab.experiments import room_audit, room_verdicts
 
     config = room_audit.AuditConfig(algorithms=("qgi",), settings=("S2",), modes=("exact", "paper"), samples=1,
                                     layouts=("e1m1-stalactite",), iterations=3, gaussian_sigmas=(1e-3,),
@@ -213,7 +213,7 @@ def test_an_audit_of_both_modes_attacks_each_update_in_both_and_counts_it_once(t
         ("exact", "none"), ("exact", "gaussian σ=0.001"), ("paper", "none"), ("paper", "gaussian σ=0.001")]
     noisy = [c["samples"][0]["metrics"]["update_cosine"] for c in res["cells"] if c["defense"] != "none"]
     assert noisy[0] == noisy[1] < 1  # one noised update, attacked twice
-    rows = room_report.verdicts(res)
+    rows = room_verdicts.verdicts(res)
     assert [r[5] for r in rows] == ["0 of 1", "0 of 1"] and rows[0][7].startswith("1 of 1 update (100%")
     assert rows[0][4].endswith(" mode)")
     assert "each update counts once" in (tmp_path / "audit" / "report.html").read_text()
@@ -253,7 +253,7 @@ def test_audit_takes_the_defense_levels_a_user_asks_for(tmp_path):
 
 
 def test_audit_verdicts_in_words():
-    from leaklab.experiments.room_report import conclusion, verdicts
+    from leaklab.experiments.room_verdicts import conclusion, verdicts
 
     def cell(defense, chain, depth, iou, action, frames, kept=1.0, algorithm="qgi", error=None, mode="exact"):
         read = {"qgi": "q_target_err_mean", "rgi": "reward_abs_err_mean"}[algorithm]
@@ -289,13 +289,13 @@ def test_audit_verdicts_in_words():
                                                                           "p = 0.46)")  # QGI's updates only
     # the action column weighs a count against guessing one of 7 actions: 2 of 2 right by chance is 1 in 49;
     # a batch's shares are no count
-    from leaklab.experiments.room_report import _actions_read
+    from leaklab.experiments.room_verdicts import _actions_read
 
     assert rows[0][7] == "2 of 2 updates (100%; chance alone: p = 0.02)"
     assert _actions_read([1.0, 1.0, 0.0, 1.0, 1.0, 0.0]) == "4 of 6 updates (67%; chance alone: p = 0.0049)"
     assert _actions_read([0.5, 1.0]) == "75% of 2 updates" and _actions_read([]) is None
     # the verdicts' action: half of the updates read right, or more than guessing names but with p < 0.05
-    from leaklab.experiments.room_report import _action_leaks
+    from leaklab.experiments.room_verdicts import _action_leaks
 
     def reads(right: int, n: int) -> list[float]:
         return [1.0] * right + [0.0] * (n - right)
@@ -386,7 +386,7 @@ def test_audit_suggests_levels_from_its_verdicts_only_when_they_are_full_strengt
     both = levels([40.0, 20.0, 15.0, 15.0], earlier=({0.03: True, 0.3: True}, {30.0: True, 20.0: False}))
     assert both["leaks_stop"] == {"gaussian_sigma": [0.03, 0.3], "dp_epsilon": [30.0, 20.0]}
     assert both["next_levels"] == {"gaussian_sigmas": [0.05, 0.1], "dp_epsilons": []}  # 30 and 20: adjacent
-    from leaklab.experiments.room_report import levels_text
+    from leaklab.experiments.room_verdicts import levels_text
 
     text = levels_text({**both, "earlier_audits": ["runs/a"]})
     assert "The leaks stop between Gaussian noise σ = 0.03 (leaks) and σ = 0.3 (nothing leaks)" in text

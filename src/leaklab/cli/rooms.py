@@ -255,7 +255,7 @@ def audit(
             return
         from leaklab.attacks.rl import RoomAttackConfig
         from leaklab.device import require_device
-        from leaklab.experiments import room_attack, room_audit, room_report
+        from leaklab.experiments import room_attack, room_audit, room_verdicts
 
         require_device(device)  # before the configs: one plain line for a bad name
         if cases is not None:
@@ -307,8 +307,8 @@ def audit(
         typer.echo(f"  {cell['algorithm'].upper()} {cell['setting']} {cell['mode']:5s} {cell['defense']:18s} "
                    f"{images}, box IoU {s['iou_mean']:.3f}, action {room_attack.action_share(s, defended)}"
                    + (f", update kept {cosine_text(s['update_cosine_median'])}" if defended else ""))
-    typer.echo(room_report.conclusion(room_report.verdicts(results)))
-    if advice := room_report.levels_text(results["summary"]):
+    typer.echo(room_verdicts.conclusion(room_verdicts.verdicts(results)))
+    if advice := room_verdicts.levels_text(results["summary"]):
         typer.echo(advice)
 
 

@@ -5,7 +5,8 @@
 * :mod:`leaklab.experiments.image_audit`: the image audit (``leaklab audit --kind images``);
 * :mod:`leaklab.experiments.room_attack`: the room attacks QGI and RGI on captured or fresh rooms;
 * :mod:`leaklab.experiments.room_audit`: the main job behind ``make audit`` (rooms, with and without
-  defenses), its reports drawn by :mod:`~leaklab.experiments.room_report`;
+  defenses), its reports drawn by :mod:`~leaklab.experiments.room_report`, its verdicts reached by
+  :mod:`~leaklab.experiments.room_verdicts`;
 * :mod:`leaklab.experiments.attack_pool` runs the room attacks in worker processes and
   :mod:`~leaklab.experiments.attack_journal` keeps them for a resumed run;
 * :mod:`leaklab.experiments.room_tables`, :mod:`~leaklab.experiments.bayes_table2`,

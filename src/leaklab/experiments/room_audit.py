@@ -18,9 +18,10 @@ cores; ``full=True`` is the paper-scale protocol (48 samples from every layout, 
 and the paper mode, hours); ``quick=True`` is a seconds-long version for tests. Finished attacks are
 kept beside ``OUT`` until the audit ends (:mod:`.attack_journal`): the same command, rerun after an
 interruption, attacks only what is left (with ``run_cases`` too). The reports are drawn by
-:mod:`.room_report`. From each level's verdict the audit says where the leaks stop and which levels to
-audit next (:mod:`.audit_levels`), counting the verdicts of earlier audits of the same rooms, network
-and attacks that the caller names (``earlier``, ``leaklab audit --earlier``).
+:mod:`.room_report`, the verdicts reached by :mod:`.room_verdicts`. From each level's verdict the audit
+says where the leaks stop and which levels to audit next (:mod:`.audit_levels`), counting the verdicts of
+earlier audits of the same rooms, network and attacks that the caller names (``earlier``, ``leaklab audit
+--earlier``).
 
 ``run_cases`` attacks a user's own saved updates instead: room case folders written by
 :func:`leaklab.rl.capture.capture_rooms` (or in that format), of leaklab's perception network or of the
@@ -44,7 +45,7 @@ from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, field_validato
 from leaklab.attacks.rl import RoomAttackConfig, max_batch
 from leaklab.device import DEVICE_PATTERN, describe, require_device, versions
 from leaklab.errors import LeaklabError, ModelClassError
-from leaklab.experiments import ProgressFn, attack_pool, room_attack, room_report
+from leaklab.experiments import ProgressFn, attack_pool, room_attack, room_report, room_verdicts
 from leaklab.experiments.attack_journal import journal_beside
 from leaklab.experiments.audit_levels import leaks_stop, next_levels
 from leaklab.fields import Seed
@@ -123,7 +124,7 @@ COMPARED_FIELDS = ("algorithms", "settings", "modes", "arch", "train_steps", "sa
 
 def _verdicts_by_level(config: AuditConfig, results: dict[str, Any]) -> tuple[bool, Levels]:
     """Whether the undefended updates leak, and each tested level's verdict."""
-    leaks = {row[0]: row[-1] != room_report.NOTHING_LEAKS for row in room_report.verdicts(results)}
+    leaks = {row[0]: row[-1] != room_verdicts.NOTHING_LEAKS for row in room_verdicts.verdicts(results)}
     return leaks["none"], ({s: leaks[gaussian_label(s)] for s in config.gaussian_sigmas},
                            {e: leaks[dpsgd_label(e)] for e in config.dp_epsilons})
 

@@ -1,0 +1,228 @@
+"""The room audit's verdicts (``leaklab audit`` and ``leaklab audit --cases``): what leaks behind each
+defense, in words and in one sentence. The room leaks where any attacked update shows it (an image
+:data:`IMAGE_LEAK_DB` over its own constant-image baseline), the target's box at a mean IoU of
+:data:`BOX_LEAK_IOU`, QGI's action at :data:`ACTION_LEAK` or beyond chance (:data:`ACTION_CHANCE_P`), the
+target Q-value and the reward read to :data:`Q_LEAK_PERCENT` and :data:`REWARD_LEAK` (seed 000, section V's
+metrics). An update attacked in several modes (``--full``) counts once.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Hashable, Iterable
+from typing import Any, NamedTuple
+
+from scipy.stats import binom
+
+from leaklab.experiments.audit_levels import leaks_stop_text, next_levels_text
+from leaklab.fields import defense_steps
+from leaklab.rl.envs.active_perception import ACTIONS
+from leaklab.words import cosine_text, listing, plural
+
+IMAGE_LEAK_DB = 3.0  # verdict: images leak when their PSNR beats the no-information baseline by this
+BOX_LEAK_IOU = 0.5  # verdict: the target's box leaks at this mean IoU (the usual detection threshold)
+ACTION_LEAK = 0.5  # verdict: QGI's action leaks at this accuracy (chance: 1 in 7), or when
+ACTION_CHANCE_P = 0.05  # guessing would name as many right with a lower probability (e.g. 21 of 96 right)
+Q_LEAK_PERCENT = 1.0  # verdict: the target Q-value leaks read to this error (seed 000's QGI: about 1%)
+REWARD_LEAK = 0.01  # verdict: the reward (RGI reads the discounted return that weights log π) leaks read to
+# this absolute error, 1% of the most one step earns
+
+
+def _updates(cells: list[dict[str, Any]]) -> dict[tuple[str, str, int], list[dict[str, Any]]]:
+    """The rows of ``cells`` grouped by the update they attacked: an audit that runs several modes
+    (``--full``) attacks each capture's defended updates once per mode, and an update counts once."""
+    grouped: dict[tuple[str, str, int], list[dict[str, Any]]] = {}
+    for c in cells:
+        for r in c["samples"]:
+            grouped.setdefault(_update_key(c, r), []).append(r)
+    return grouped
+
+
+def _update_key(cell: dict[str, Any], row: dict[str, Any]) -> tuple[str, str, int]:
+    """The update an audit's attack (``row`` of ``cell``) attacked: the same in every mode."""
+    return cell["algorithm"], cell["setting"], row["index"]
+
+
+def several_modes(cells: list[dict[str, Any]]) -> bool:
+    """Whether ``cells`` hold more than one mode's attacks (``--full``: exact and paper on the same updates)."""
+    return len({c["mode"] for c in cells}) > 1
+
+
+def qgi_actions(cells: list[dict[str, Any]]) -> list[float]:
+    """Whether QGI read each of its attacked updates' action right (1 or 0; a batch's share; the mean over the
+    modes that attacked it, which read it by the same rule), over ``cells``: the verdicts' and the leakage
+    plot's action (RGI's is left out: a REINFORCE update whose return is 0 holds no trace of its action, and
+    under noise RGI's rule reads the noise)."""
+    return [statistics.fmean(r["metrics"]["action"] for r in rows)
+            for (algorithm, _, _), rows in _updates(cells).items() if algorithm == "qgi"]
+
+
+def _chance_p(actions: list[float]) -> float | None:
+    """The chance that guessing one of the room's actions at random names as many of ``actions`` (1 or 0
+    per update) right or more (a binomial tail); None for a batch's shares, which are no count."""
+    if not actions or any(a not in (0.0, 1.0) for a in actions):
+        return None
+    return float(binom.sf(int(sum(actions)) - 1, len(actions), 1 / len(ACTIONS)))
+
+
+def _action_leaks(actions: list[float] | None) -> bool:
+    """The verdicts' action rule: read right on at least :data:`ACTION_LEAK` of the updates, or on more than
+    guessing would name but with a probability under :data:`ACTION_CHANCE_P` (which a few updates cannot
+    show: 1 of 1 right is p = 0.14; many can: 21 of 96 right, a guess's 14 expected, is p = 0.03)."""
+    if not actions:
+        return False
+    p = _chance_p(actions)
+    return statistics.fmean(actions) >= ACTION_LEAK or (p is not None and p < ACTION_CHANCE_P)
+
+
+def _actions_read(actions: list[float]) -> str | None:
+    """The glance's action column: how many updates QGI read right and, beside it, :func:`_chance_p`; a
+    batch's shares are not a count, and give the share alone."""
+    if not actions:
+        return None
+    n, right, p = len(actions), sum(actions), _chance_p(actions)
+    if p is None:
+        return f"{100 * right / n:.0f}% of {plural(n, 'update')}"
+    return f"{int(right)} of {plural(n, 'update')} ({100 * right / n:.0f}%; chance alone: p = {p:.2g})"
+
+
+def _image_gains(row: dict[str, Any]) -> list[tuple[float, str]]:
+    """One attack's image gains over their constant baselines (dB), each with its image (``rgb``, ``depth``)."""
+    m = row.get("metrics", {})
+    return [(m[f"{im}_paper_psnr"] - m[f"{im}_paper_psnr_baseline"], im) for im in ("rgb", "depth")
+            if m.get(f"{im}_paper_psnr") is not None and m.get(f"{im}_paper_psnr_baseline") is not None]
+
+
+def chain_in_words(chain: str | None) -> str:
+    """What a client does to its update behind a defense chain, e.g. ``clip to norm 1, noise std 0.6``."""
+    words = {"gaussian": "noise std {:.3g}", "laplace": "Laplace noise of scale {:.3g}", "clip": "clip to norm {:g}",
+             "prune": "drop each entry with probability {:g}", "topk": "drop the smallest {:g} of the entries"}
+    return ", ".join(words[name].format(value) for name, value in defense_steps(chain)) or "nothing"
+
+
+def _kept_text(cells: list[dict[str, Any]]) -> str:
+    """The cosine an update keeps with the true one behind a defense: the attacks' medians, as one number
+    when they agree to three digits, else their range; "–" where none was measured (results written before
+    leaklab measured it)."""
+    medians = sorted(m for c in cells if (m := c["summary"].get("update_cosine_median")) is not None)
+    if not medians:
+        return NOT_MEASURED
+    lo, hi = cosine_text(medians[0]), cosine_text(medians[-1])
+    return lo if lo == hi else f"{lo} to {hi}"
+
+
+NOT_MEASURED = "–"
+
+
+def levels_text(summary: dict[str, Any]) -> str:
+    """Where the leaks stop and the levels to audit next, in words, from an audit's ``summary`` (saying
+    how many earlier audits' verdicts they count); "" when it names neither."""
+    text = " ".join(filter(None, (leaks_stop_text(summary["leaks_stop"]), next_levels_text(summary["next_levels"]))))
+    earlier = len(summary.get("earlier_audits", []))
+    return f"{text} (From the verdicts of this audit and {plural(earlier, 'earlier audit')}.)" if text and earlier \
+        else text
+
+
+def verdicts(results: dict[str, Any]) -> list[list[Any]]:
+    """One row per defense, weakest first: what the clients add, the cosine an update keeps with the true
+    one (what the defense costs), the largest mean image gain over the constant baseline (and where, with the
+    mode when several ran), how many attacked updates (each once, whatever the modes that attacked it) show
+    their room (an image at :data:`IMAGE_LEAK_DB` or more over its own baseline), the best mean box IoU,
+    QGI's action accuracy over its updates, and a verdict in words naming what leaks (:func:`verdict`; the
+    target Q-value and the reward by the attack that reads them best)."""
+    rows = []
+    for label in results["summary"]["defenses"]:
+        cells = [c for c in results["cells"] if c["defense"] == label]
+        modes = several_modes(cells)
+        gains = [(s[f"{im}_psnr_mean"] - s[f"{im}_psnr_baseline_mean"], _where(c, im, modes))
+                 for c in cells for im in ("rgb", "depth") if (s := c["summary"]).get(f"{im}_psnr_mean") is not None]
+        gain, where = max(gains)
+        room = room_shown(((_update_key(c, r), c, r) for c in cells for r in c["samples"]), modes)
+        iou = max(c["summary"]["iou_mean"] for c in cells)
+        actions = qgi_actions(cells)
+        q_error, reward_error = (min((e for c in cells if (e := c["summary"].get(key)) is not None), default=None)
+                                 for key in ("q_target_err_mean", "reward_abs_err_mean"))
+        rows.append([label, chain_in_words(cells[0].get("defense_chain")), _kept_text(cells), gain, where,
+                     f"{room.shown} of {room.updates}", iou, _actions_read(actions),
+                     verdict(room, iou, actions, q_error, reward_error)])
+    return rows
+
+
+def conclusion(rows: list[list[Any]]) -> str:
+    """The audit in one sentence, from :func:`verdicts`' rows (weakest defense first), with the cosine an
+    update keeps behind the defenses it names."""
+    safe = [r for r in rows if r[-1] == NOTHING_LEAKS]
+    leaky = [r for r in rows if r[-1] != NOTHING_LEAKS]
+    if not leaky:
+        return f"Nothing measured leaks behind any defense tested, {rows[0][0]} included."
+    last = leaky[-1]
+    sees = f"behind {last[0]}" + (f" (cosine {last[2]})" if last[1] != "nothing" and last[2] != NOT_MEASURED
+                                  else "") + f" the update still {last[-1]}"
+    if not safe:
+        return f"Every defense tested leaks: {sees}."
+    first = safe[0]
+    kept = f", and there an update keeps a cosine of {first[2]} with the true one" if first[2] != NOT_MEASURED else ""
+    return f"{first[0]} is the weakest defense tested behind which nothing measured leaks{kept}; {sees}."
+
+
+def verdict(room: RoomShown, iou: float, actions: list[float] | None, q_error: float | None = None,
+             reward_error: float | None = None) -> str:
+    """What leaks, in words: the room where any attacked update shows it (``room``: how many of how many
+    have an image :data:`IMAGE_LEAK_DB` over its own baseline; a mean over the updates hid a room that
+    some show), with the largest single gain and where it is; the box at a mean IoU of
+    :data:`BOX_LEAK_IOU`; the action by :func:`_action_leaks` (``actions``: 1 or 0 per update, a batch's
+    share; None or empty: not measured);
+    the target Q-value at a mean error (``q_error``, %) of :data:`Q_LEAK_PERCENT` and the reward at a
+    mean absolute error (``reward_error``) of :data:`REWARD_LEAK` (None: not measured)."""
+    leaks = [f"the room ({room.shown} of {plural(room.updates, 'update')} show it; the best: {room.best_where} "
+             f"{room.best_gain:+.1f} dB over its baseline)"] if room.shown else []
+    leaks += [f"the target's box (IoU {iou:.2f})"] if iou >= BOX_LEAK_IOU else []
+    leaks += [f"the action ({100 * statistics.fmean(actions):.0f}%)"] if _action_leaks(actions) else []
+    leaks += [f"the target Q-value (error {q_error:.2g}%)"] if q_error is not None and q_error <= Q_LEAK_PERCENT \
+        else []
+    leaks += [f"the reward (error {reward_error:.2g})"] if reward_error is not None and reward_error <= REWARD_LEAK \
+        else []
+    return "leaks " + listing(leaks) if leaks else NOTHING_LEAKS
+
+
+NOTHING_LEAKS = "nothing measured leaks"
+
+
+def glance_caption() -> str:
+    return (f"Image gain: reconstruction PSNR minus the constant-image baseline (a mean over the samples). An "
+            f"attacked update shows its room when one of its images is {IMAGE_LEAK_DB:g} dB or more above its own "
+            "baseline, and the room leaks when any update shows it (a mean over rooms can hide one). The box "
+            f"leaks at a mean IoU of {BOX_LEAK_IOU:g} or more (a target out of view counts 1 only when the "
+            f"recovered box is empty too), the action at an accuracy of {100 * ACTION_LEAK:.0f}% or more "
+            f"(chance: 1 in 7) or when guessing would name as many right only with a probability under "
+            f"{ACTION_CHANCE_P:g}, the target Q-value (QGI) at a mean error of {Q_LEAK_PERCENT:g}% or less and the "
+            f"reward (RGI: the discounted return that weights log π) at a mean absolute error of {REWARD_LEAK:g} or "
+            "less (one step earns at most 1).")
+
+
+class RoomShown(NamedTuple):
+    """:func:`room_shown`'s count: ``shown`` of ``updates`` show their room; ``best_gain`` (dB) is the
+    largest single image gain, ``best_where`` its attack and image (None where nothing was scored)."""
+    shown: int
+    updates: int
+    best_gain: float | None
+    best_where: str | None
+
+
+def room_shown(attacks: Iterable[tuple[Hashable, dict[str, Any], dict[str, Any]]], modes: bool) -> RoomShown:
+    """How many attacked updates show their room (an image :data:`IMAGE_LEAK_DB` or more over its own
+    baseline in any of their reconstructions), of how many, and the largest single gain with where it is
+    (:func:`_where`). ``attacks``: (the update attacked, the attack's cell or row naming its algorithm,
+    setting and mode, its row); an update attacked in several modes (``--full``) counts once."""
+    best: dict[Hashable, tuple[float, str]] = {}
+    for update, attack, row in attacks:
+        for gain, image in _image_gains(row):
+            if update not in best or gain > best[update][0]:
+                best[update] = (gain, _where(attack, image, modes))
+    gain, where = max(best.values(), default=(None, None))
+    return RoomShown(sum(g >= IMAGE_LEAK_DB for g, _ in best.values()), len(best), gain, where)
+
+
+def _where(attack: dict[str, Any], image: str, modes: bool) -> str:
+    """An image of an attack in words, e.g. ``QGI S2 depth (paper mode)``: the mode where several ran."""
+    return f"{attack['algorithm'].upper()} {attack['setting']} {image}" + (f" ({attack['mode']} mode)" if modes else "")
