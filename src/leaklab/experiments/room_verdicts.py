@@ -189,6 +189,7 @@ NOTHING_LEAKS = "nothing measured leaks"
 
 
 def glance_caption() -> str:
+    """The at-a-glance table's caption (the audit's and ``--cases``'): the verdicts' rules in words."""
     return (f"Image gain: reconstruction PSNR minus the constant-image baseline (a mean over the samples). An "
             f"attacked update shows its room when one of its images is {IMAGE_LEAK_DB:g} dB or more above its own "
             "baseline, and the room leaks when any update shows it (a mean over rooms can hide one). The box "
