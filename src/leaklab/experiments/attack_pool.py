@@ -122,15 +122,14 @@ def run_jobs(jobs: Sequence[Job], workers: int, on_result: Callable[[int, RoomRe
              on_progress: Callable[[float], None] | None = None, journal: AttackJournal | None = None) -> int:
     """Run every job (in ``workers`` spawned processes when there are several; 0 = one per core)
     and hand each result to ``on_result(index, reconstruction)`` as soon as it is ready, in order.
-    ``on_progress(done)`` hears how many jobs are done, a running job counting the share of its
-    image stage it has run and a job the journal holds counting from the start: at the start, after each
-    result and whenever a running attack reports. With a
-    ``journal`` (of these jobs), a job it holds is not attacked again: its saved reconstruction is
-    read and handed on in its turn (an entry that does not read back is attacked then); every new
-    result is saved to it as soon as it is ready (on an error the queued jobs are dropped and the
-    running ones saved when they finish; on Ctrl-C or SIGTERM the workers are stopped at once, their
-    running attacks lost, as a terminal's Ctrl-C interrupts them anyway). A pool is
-    handed ``QUEUED_PER_WORKER`` jobs beyond one per worker, the next as one finishes, so a
+    ``on_progress(done)`` hears how many jobs are done, a running job counting the share of its image
+    stage it has run and a job the journal holds counting from the start: at the start, after each result
+    and whenever a running attack reports. With a ``journal`` (of these jobs), a job it holds is not
+    attacked again: its saved reconstruction is read and handed on in its turn (an entry that does not
+    read back is attacked then); every new result is saved to it as soon as it is ready (on an error the
+    queued jobs are dropped and the running ones saved when they finish; on Ctrl-C or SIGTERM the workers
+    are stopped at once, their running attacks lost, as a terminal's Ctrl-C interrupts them anyway). A
+    pool is handed ``QUEUED_PER_WORKER`` jobs beyond one per worker, the next as one finishes, so a
     :class:`JobList` builds its jobs as they are needed. Returns how many saved attacks were taken."""
     held = journal.held() if journal else set()
     resumed = 0
