@@ -330,6 +330,18 @@ def test_audit_verdicts_in_words():
     # the verdict names the update that shows its room best, in the mode that shows it
     assert both[0][8].startswith("leaks the room (2 of 6 updates show it; the best: QGI S2 depth (exact mode) "
                                  "+10.0 dB over its baseline)")
+    # `audit --cases`: each case is an update of its own, the best named by its case; an unscored one (no
+    # truth) does not count
+    from leaklab.experiments.room_verdicts import room_shown, verdict
+
+    cases = [{"case": name, "algorithm": "rgi", "setting": "S2",
+              "metrics": {"depth_paper_psnr": psnr, "depth_paper_psnr_baseline": 15.0}}
+             for name, psnr in (("0000", 16.0), ("0001", 21.5))]
+    cases.append({"case": "0002", "algorithm": "rgi", "setting": "S2"})
+    room = room_shown(((r["case"], r, r) for r in cases), modes=False)
+    assert (room.shown, room.updates) == (1, 2)
+    assert verdict(room, 0.2, None) == ("leaks the room (1 of 2 updates show it; the best: RGI S2 depth of case 0001 "
+                                        "+6.5 dB over its baseline)")
     assert both[0][7] == "3 of 6 updates (50%; chance alone: p = 0.042)"  # 6 of 12 would be p = 0.0036
 
 
@@ -417,7 +429,9 @@ def test_audit_attacks_saved_room_cases(tmp_path, monkeypatch):
     gains = [c["metrics"]["depth_paper_psnr"] - c["metrics"]["depth_paper_psnr_baseline"] for c in res["cases"]]
     shown = sum(g >= 3.0 for g in gains)
     assert f"<td>{shown} of 2</td>" in html
-    assert (f"the best: RGI S2 depth {max(gains):+.1f} dB over its baseline" in html) == (shown > 0)
+    best = max(range(2), key=lambda i: gains[i])
+    assert (f"the best: RGI S2 depth of case {res['cases'][best]['case']} {gains[best]:+.1f} dB over its "
+            "baseline" in html) == (shown > 0)
     assert all(c["algorithm"] == "rgi" for c in res["cases"])
     # the attack's own verdict on the action agrees with the truth: a zero return hides it
     assert all(c["action_identified"] == [c["metrics"]["action_informative"] == 1.0] for c in res["cases"])

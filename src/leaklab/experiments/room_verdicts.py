@@ -225,5 +225,8 @@ def room_shown(attacks: Iterable[tuple[Hashable, dict[str, Any], dict[str, Any]]
 
 
 def _where(attack: dict[str, Any], image: str, modes: bool) -> str:
-    """An image of an attack in words, e.g. ``QGI S2 depth (paper mode)``: the mode where several ran."""
-    return f"{attack['algorithm'].upper()} {attack['setting']} {image}" + (f" ({attack['mode']} mode)" if modes else "")
+    """An image of an attack in words, e.g. ``QGI S2 depth (paper mode)``: the mode where several ran, the
+    case where the attack is a saved case's (``audit --cases``: ``RGI S2 depth of case 0001``)."""
+    mode = f" ({attack['mode']} mode)" if modes else ""
+    case = f" of case {attack['case']}" if "case" in attack else ""
+    return f"{attack['algorithm'].upper()} {attack['setting']} {image}{mode}{case}"
