@@ -338,7 +338,7 @@ def test_audit_verdicts_in_words():
               "metrics": {"depth_paper_psnr": psnr, "depth_paper_psnr_baseline": 15.0}}
              for name, psnr in (("0000", 16.0), ("0001", 21.5))]
     cases.append({"case": "0002", "algorithm": "rgi", "setting": "S2"})
-    room = room_shown(((r["case"], r, r) for r in cases), modes=False)
+    room = room_shown({r["case"]: [(r, r)] for r in cases}, modes=False)
     assert (room.shown, room.updates) == (1, 2)
     assert verdict(room, 0.2, None) == ("leaks the room (1 of 2 updates show it; the best: RGI S2 depth of case 0001 "
                                         "+6.5 dB over its baseline)")

@@ -70,11 +70,11 @@ def write_cases_report(folder: Path, results: dict[str, Any], truths: list[Pictu
         # the action of the cases whose update holds it (QGI always; RGI unless a return of 0 hid it)
         held = [r["metrics"]["action"] for r in results["cases"]
                 if "metrics" in r and not r.get("no_signal") and all(r.get("action_identified", [True]))]
-        room = room_verdicts.room_shown(((r["case"], r, r) for r in results["cases"]), modes=False)
+        room = room_verdicts.room_shown({r["case"]: [(r, r)] for r in results["cases"]}, modes=False)
         verdict = room_verdicts.verdict(room, s["iou_mean"], held, s.get("q_target_err_mean"),
                                         s.get("reward_abs_err_mean"))
         lead = (f"Over {plural(s['scored'], 'scored case')}, the saved updates give away "
-                f"{verdict.removeprefix('leaks ') if verdict != room_verdicts.NOTHING_LEAKS else 'nothing measured'}.")
+                f"{'nothing measured' if verdict == room_verdicts.NOTHING_LEAKS else verdict.removeprefix('leaks ')}.")
         glance = Table(columns=["largest mean image gain (dB)", "where", "cases showing their room", "box IoU (mean)",
                                 "action", "verdict"],
                        rows=[[gain, where, f"{room.shown} of {room.updates}", s["iou_mean"],
@@ -275,10 +275,10 @@ def write_report(folder: Path, results: dict[str, Any], cells, defenses, truths,
                    rows=room_verdicts.verdicts(results),
                    caption=room_verdicts.glance_caption() + " Update kept: the cosine of the update the server "
                    "receives with the client's true one, the median over the updates (the attacks' range where they "
-                   "differ), 1 when nothing changes: a measure of what the defense costs the training. An update whose own "
-                   "gradient is small (a TD error or a REINFORCE return near 0) drowns in weak noise; a server that "
-                   "averages K updates of one direction lifts a small cosine about √K-fold at best. The action "
-                   "column is QGI's (p: the chance that guessing one of the 7 actions at random would name as "
+                   "differ), 1 when nothing changes: a measure of what the defense costs the training. An update "
+                   "whose own gradient is small (a TD error or a REINFORCE return near 0) drowns in weak noise; a "
+                   "server that averages K updates of one direction lifts a small cosine about √K-fold at best. The "
+                   "action column is QGI's (p: the chance that guessing one of the 7 actions at random would name as "
                    "many right or more): RGI's is left out of the verdict, as a REINFORCE update whose return is 0 "
                    "holds no trace of the action and under noise RGI's rule reads the noise; the per-attack tables "
                    "show it." + (" Exact and paper mode attack the same updates: each update counts once, "

@@ -9,7 +9,7 @@ metrics). An update attacked in several modes (``--full``) counts once.
 from __future__ import annotations
 
 import statistics
-from collections.abc import Hashable, Iterable
+from collections.abc import Hashable
 from typing import Any, NamedTuple
 
 from scipy.stats import binom
@@ -28,19 +28,18 @@ REWARD_LEAK = 0.01  # verdict: the reward (RGI reads the discounted return that 
 # this absolute error, 1% of the most one step earns
 
 
-def _updates(cells: list[dict[str, Any]]) -> dict[tuple[str, str, int], list[dict[str, Any]]]:
-    """The rows of ``cells`` grouped by the update they attacked: an audit that runs several modes
-    (``--full``) attacks each capture's defended updates once per mode, and an update counts once."""
-    grouped: dict[tuple[str, str, int], list[dict[str, Any]]] = {}
+Attacks = dict[Hashable, list[tuple[dict[str, Any], dict[str, Any]]]]  # update -> its attacks' (cell, row)
+
+
+def _updates(cells: list[dict[str, Any]]) -> Attacks:
+    """The attacks of ``cells`` (each a cell and its row) grouped by the update they attacked, (algorithm,
+    setting, sample index): an audit that runs several modes (``--full``) attacks each capture's defended
+    updates once per mode, and an update counts once."""
+    grouped: Attacks = {}
     for c in cells:
         for r in c["samples"]:
-            grouped.setdefault(_update_key(c, r), []).append(r)
+            grouped.setdefault((c["algorithm"], c["setting"], r["index"]), []).append((c, r))
     return grouped
-
-
-def _update_key(cell: dict[str, Any], row: dict[str, Any]) -> tuple[str, str, int]:
-    """The update an audit's attack (``row`` of ``cell``) attacked: the same in every mode."""
-    return cell["algorithm"], cell["setting"], row["index"]
 
 
 def several_modes(cells: list[dict[str, Any]]) -> bool:
@@ -53,8 +52,8 @@ def qgi_actions(cells: list[dict[str, Any]]) -> list[float]:
     modes that attacked it, which read it by the same rule), over ``cells``: the verdicts' and the leakage
     plot's action (RGI's is left out: a REINFORCE update whose return is 0 holds no trace of its action, and
     under noise RGI's rule reads the noise)."""
-    return [statistics.fmean(r["metrics"]["action"] for r in rows)
-            for (algorithm, _, _), rows in _updates(cells).items() if algorithm == "qgi"]
+    return [statistics.fmean(r["metrics"]["action"] for _, r in attacks)
+            for (algorithm, _, _), attacks in _updates(cells).items() if algorithm == "qgi"]
 
 
 def _chance_p(actions: list[float]) -> float | None:
@@ -137,7 +136,7 @@ def verdicts(results: dict[str, Any]) -> list[list[Any]]:
         gains = [(s[f"{im}_psnr_mean"] - s[f"{im}_psnr_baseline_mean"], _where(c, im, modes))
                  for c in cells for im in ("rgb", "depth") if (s := c["summary"]).get(f"{im}_psnr_mean") is not None]
         gain, where = max(gains)
-        room = room_shown(((_update_key(c, r), c, r) for c in cells for r in c["samples"]), modes)
+        room = room_shown(_updates(cells), modes)
         iou = max(c["summary"]["iou_mean"] for c in cells)
         actions = qgi_actions(cells)
         q_error, reward_error = (min((e for c in cells if (e := c["summary"].get(key)) is not None), default=None)
@@ -210,16 +209,17 @@ class RoomShown(NamedTuple):
     best_where: str | None
 
 
-def room_shown(attacks: Iterable[tuple[Hashable, dict[str, Any], dict[str, Any]]], modes: bool) -> RoomShown:
+def room_shown(updates: Attacks, modes: bool) -> RoomShown:
     """How many attacked updates show their room (an image :data:`IMAGE_LEAK_DB` or more over its own
     baseline in any of their reconstructions), of how many, and the largest single gain with where it is
-    (:func:`_where`). ``attacks``: (the update attacked, the attack's cell or row naming its algorithm,
-    setting and mode, its row); an update attacked in several modes (``--full``) counts once."""
+    (:func:`_where`). ``updates``: each update's attacks, as :func:`_updates` groups them (the attack's cell,
+    or a case's row, names its algorithm, setting and mode); an update attacked in several modes counts once."""
     best: dict[Hashable, tuple[float, str]] = {}
-    for update, attack, row in attacks:
-        for gain, image in _image_gains(row):
-            if update not in best or gain > best[update][0]:
-                best[update] = (gain, _where(attack, image, modes))
+    for update, attacks in updates.items():
+        for attack, row in attacks:
+            for gain, image in _image_gains(row):
+                if update not in best or gain > best[update][0]:
+                    best[update] = (gain, _where(attack, image, modes))
     gain, where = max(best.values(), default=(None, None))
     return RoomShown(sum(g >= IMAGE_LEAK_DB for g, _ in best.values()), len(best), gain, where)
 
