@@ -12,34 +12,14 @@ from pathlib import Path
 import pytest
 import torch
 import typer
-from typer.testing import CliRunner
 
-from leaklab.cli import app
+from cli_helpers import assert_user_error, invoke
 from leaklab.io import UPDATE_FILE, UPDATE_JSON, load_tensors, save_tensors
 
 torch.set_num_threads(1)
-runner = CliRunner()
 
 TINY = ["--model", "lenet", "--data", "photos", "--image-size", "16", "--num-images", "1"]
 FAST = ["--objective", "l2", "--optimizer", "adam", "--iterations", "3"]
-
-
-def invoke(*args: str):
-    return runner.invoke(app, [str(a) for a in args], catch_exceptions=False)
-
-
-def assert_user_error(result, out: Path, *words: str) -> str:
-    """Exit code 2, one line `error: ...` on stderr naming the problem, no output folder or leftovers."""
-    assert result.exit_code == 2, (result.exit_code, result.output)
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1, result.stderr
-    assert lines[0].startswith("error: ")
-    for word in words:
-        assert word in lines[0], lines[0]
-    assert "Traceback" not in result.output
-    assert not out.exists()
-    assert not [p for p in out.parent.iterdir() if p.name.startswith(f".{out.name}.")]
-    return lines[0]
 
 
 @pytest.fixture(scope="module")

@@ -6,24 +6,8 @@ from __future__ import annotations
 import json
 
 import pytest
-from typer.testing import CliRunner
 
-from leaklab.cli import app
-
-runner = CliRunner()
-
-
-def invoke(*args: str):
-    return runner.invoke(app, [str(a) for a in args], catch_exceptions=False)
-
-
-def assert_error(result, *words: str) -> None:
-    assert result.exit_code == 2, (result.exit_code, result.output)
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
-    for word in words:
-        assert word in lines[0]
-    assert "Traceback" not in result.output
+from cli_helpers import assert_user_error, invoke
 
 
 def test_epsilon_dirichlet_json_and_text():
@@ -78,7 +62,7 @@ def test_audit_dirichlet_json():
     (["epsilon", "dirichlet", "--eta", "0.15", "--eta-bar", "0.15", "--k", "3"], ["k * min"]),
 ])
 def test_user_errors(args, words):
-    assert_error(invoke("mechanisms", *args), *words)
+    assert_user_error(invoke("mechanisms", *args), None, *words)
 
 
 def test_audit_scan_test_option():
@@ -88,8 +72,8 @@ def test_audit_scan_test_option():
     data = json.loads(result.stdout)
     assert data["test"] == "scan" and data["claimed_delta"] == 1e-5
     assert data["epsilon_lower_bound"] <= 1.0
-    assert_error(invoke("mechanisms", "audit", "--mechanism", "gaussian", "--epsilon", "1", "--test", "x"),
-                 "invalid --test")
+    assert_user_error(invoke("mechanisms", "audit", "--mechanism", "gaussian", "--epsilon", "1", "--test", "x"), None,
+                      "invalid --test")
 
 
 ACCOUNT = ["mechanisms", "account", "dpsgd", "--q", "0.01", "--sigma", "1.1", "--steps", "1000", "--delta", "1e-5"]
@@ -117,7 +101,7 @@ def test_account_dpsgd_user_errors(option, value, word):
         args[args.index(option) + 1] = value
     else:
         args += [option, value]
-    assert_error(invoke(*args), word)
+    assert_user_error(invoke(*args), None, word)
 
 
 AUDIT_DPSGD = ["mechanisms", "audit", "--mechanism", "dpsgd", "--q", "1", "--sigma", "1", "--steps", "5",
@@ -150,13 +134,14 @@ def test_audit_dpsgd_user_errors(extra, word):
         args[args.index(extra[0]) + 1] = extra[1]
     else:
         args += extra
-    assert_error(invoke(*args), word)
+    assert_user_error(invoke(*args), None, word)
 
 
 def test_audit_dpsgd_options_belong_to_dpsgd():
-    assert_error(invoke("mechanisms", "audit", "--mechanism", "dpsgd", "--q", "0.1", "--steps", "5"), "--sigma")
-    assert_error(invoke("mechanisms", "audit", "--mechanism", "laplace", "--epsilon", "1", "--q", "0.1"),
-                 "--q", "dpsgd")
+    assert_user_error(invoke("mechanisms", "audit", "--mechanism", "dpsgd", "--q", "0.1", "--steps", "5"), None,
+                      "--sigma")
+    assert_user_error(invoke("mechanisms", "audit", "--mechanism", "laplace", "--epsilon", "1", "--q", "0.1"), None,
+                      "--q", "dpsgd")
 
 
 @pytest.mark.parametrize("args, words", [
@@ -173,7 +158,7 @@ def test_audit_dpsgd_options_belong_to_dpsgd():
     (["audit", "--mechanism", "exponential", "--epsilon", "1", "--k", "3"], ["--k: not an option"]),
 ])
 def test_sizes_that_cannot_run_are_one_line(args, words):
-    assert_error(invoke("mechanisms", *args), *words)
+    assert_user_error(invoke("mechanisms", *args), None, *words)
 
 
 def test_the_canary_audit_says_what_it_counted():

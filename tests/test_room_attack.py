@@ -1,0 +1,188 @@
+"""`leaklab attack qgi|rgi` end to end (the results contract, determinism, refusals of bad input, a
+defended update's cosine), the cell summary, and `env capture` / `env contact-sheet`."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from cli_helpers import PNG, ROOM_FAST, assert_user_error, invoke
+from leaklab.errors import LeaklabError
+from leaklab.experiments.room_attack import SUMMARY_KEYS
+from leaklab.rl.envs.layouts import layouts_arg
+
+
+def test_attack_qgi_writes_the_results_contract(tmp_path):
+    out = tmp_path / "qgi"
+    result = invoke("attack", "qgi", "--setting", "S1", "--samples", "2", "--layouts", "2", *ROOM_FAST, "--out", out)
+    assert result.exit_code == 0, result.output
+    res = json.loads((out / "results.json").read_text())
+    s = res["summary"]
+    for key in ("rgb_psnr_mean", "rgb_ssim_mean", "depth_psnr_mean", "depth_ssim_mean", "rgb_psnr_raw_mean",
+                "depth_psnr_raw_mean", "rgb_psnr_baseline_mean", "depth_psnr_baseline_mean", "iou_mean",
+                "action_accuracy", "q_pred_err_mean", "q_target_err_mean", "iterations", "seconds_per_sample"):
+        assert s[key] is not None, key
+    assert "reward_abs_err_mean" not in s and s["update_cosine_median"] == 1.0  # no defense: the update as it is
+    assert s["samples"] == 2 and s["layouts"] == 2 and len(res["samples"]) == 2
+    # the exact recovery of the vector parts holds even with 3 image iterations
+    assert s["iou_min"] > 0.999 and s["action_accuracy"] == 1.0 and s["q_target_err_mean"] < 0.01
+    # the spread the paper's Table I gives beside each mean: here of the two samples' scores
+    for key, metric in (("rgb_psnr_std", "rgb_paper_psnr"), ("depth_ssim_std", "depth_paper_ssim")):
+        a, b = (row["metrics"][metric] for row in res["samples"])
+        assert s[key] == pytest.approx(abs(a - b) / 2) and s[key] > 0
+    assert (out / "reconstructions.png").read_bytes().startswith(PNG)
+    assert len((out / "samples.jsonl").read_text().splitlines()) == 2
+    # the reconstructions themselves, re-scored: the rows' metrics come back from the saved tensors
+    from leaklab.io import load_tensors
+    from leaklab.metrics.image import psnr
+    from leaklab.experiments.room_attack import RoomRunConfig, capture_samples
+
+    recs, meta = load_tensors(out / "reconstructions.safetensors", "reconstructions")
+    assert meta["format"] == "leaklab.room_reconstructions"
+    assert recs["images"].shape == (2, 4, 150, 150) and recs["box"].shape == (2, 4)
+    assert set(recs) == {"images", "box", "action", "q_pred", "q_target"}
+    _, samples = capture_samples(RoomRunConfig(setting="S1", samples=2, layouts=layouts_arg("2")))
+    for i, sample in enumerate(samples):
+        depth = psnr(recs["images"][i:i + 1, 3:], sample.truth["images"][:, 3:].float())
+        assert abs(float(depth) - res["samples"][i]["metrics"]["depth_raw_psnr"]) < 1e-6
+
+
+def test_attack_rgi_reports_the_reward_error_and_is_deterministic(tmp_path):
+    a, b = tmp_path / "a", tmp_path / "b"
+    for out in (a, b):
+        assert invoke("attack", "rgi", "--samples", "1", "--layouts", "1", *ROOM_FAST, "--out", out).exit_code == 0
+    ra, rb = (json.loads((o / "results.json").read_text()) for o in (a, b))
+    assert ra["summary"]["reward_abs_err_mean"] < 1e-4 and "q_target_err_mean" not in ra["summary"]
+    # this sample's return is not 0, so its update holds the action (a zero return would leave none)
+    assert ra["summary"]["zero_return_samples"] == 0 and ra["summary"]["action_accuracy_nonzero_return"] == 1.0
+    assert ra["samples"][0]["metrics"] == rb["samples"][0]["metrics"]
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--setting", "S3"], ["--setting"]),
+    (["--layouts", "nowhere"], ["unknown room layout", "nowhere"]),
+    (["--layouts", "99"], ["invalid --layouts (got '99'): there are 17 room layouts"]),
+    (["--layouts", "-1"], ["invalid --layouts (got '-1')", "give a count from 1 to 17"]),
+    (["--layouts", "--1"], ["--1"]),
+    (["--defense", "blur:2"], ["blur"]),
+    (["--mode", "fast"], ["--mode"]),
+    (["--samples", "0"], ["--samples"]),
+    (["--mode", "paper", "--no-layerwise"], ["layerwise", "paper mode"]),
+])
+def test_attack_qgi_refuses_bad_input_without_output(tmp_path, args, words):
+    out = tmp_path / "bad"
+    assert_user_error(invoke("attack", "qgi", *args, "--out", out), out, *words)
+
+
+def test_env_capture_refuses_bad_options_and_writes_nothing(tmp_path):
+    out = tmp_path / "cases"
+    assert_user_error(invoke("env", "capture", "--algorithm", "ppo", "--out", out), out, "--algorithm", "reinforce")
+    assert_user_error(invoke("env", "capture", "--setting", "S3", "--out", out), out, "--setting")
+    assert_user_error(invoke("env", "capture", "--samples", "0", "--out", out), out, "--samples")
+    assert_user_error(invoke("env", "capture", "--layouts", "nowhere", "--samples", "1", "--out", out), out,
+                      "nowhere")
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("x")
+    result = invoke("env", "capture", "--samples", "1", "--out", mine)
+    assert result.exit_code == 2 and "leaklab did not write" in result.stderr
+    assert [p.name for p in mine.iterdir()] == ["notes.txt"]
+
+
+def test_env_contact_sheet(tmp_path):
+    out = tmp_path / "rooms.png"
+    result = invoke("env", "contact-sheet", "--layouts", "2", "--out", out)
+    assert result.exit_code == 0, result.output
+    assert out.read_bytes().startswith(PNG)
+    result = invoke("env", "contact-sheet", "--layouts", "1", "--out", out)  # its own image: replaced
+    assert result.exit_code == 0, result.output
+    # a folder, a user's file or another kind of file name is refused, before any room is rendered
+    (tmp_path / "notes.png").write_text("my notes")
+    (tmp_path / "folder.png").mkdir()
+    for name, words in (("folder.png", "is a folder"), ("notes.png", "not a PNG image"), ("sheet.jpg", "*.png")):
+        result = invoke("env", "contact-sheet", "--layouts", "1", "--out", tmp_path / name)
+        assert result.exit_code == 2 and words in result.stderr and "Traceback" not in result.output, result.output
+    assert (tmp_path / "notes.png").read_text() == "my notes" and not (tmp_path / "sheet.jpg").exists()
+    # a folder that exists but takes no files (Linux's /proc, even for root): refused before any room
+    result = invoke("env", "contact-sheet", "--layouts", "1", "--out", "/proc/rooms.png")
+    assert result.exit_code == 2 and "cannot write in /proc" in result.stderr, result.output
+
+
+def test_layouts_argument_and_summary_keys():
+    assert len(layouts_arg("3")) == 3 and layouts_arg(None) is None
+    assert layouts_arg("e1m3-column, e1m1-stalactite") == ("e1m3-column", "e1m1-stalactite")
+    with pytest.raises(LeaklabError, match="unknown room layout 'b'"):
+        layouts_arg("e1m3-column, b")
+    assert {"rgb_psnr_mean", "depth_psnr_mean", "iou_mean", "action_accuracy"} <= set(SUMMARY_KEYS)
+
+
+def test_a_defense_that_prunes_every_bias_gradient_is_scored_not_fatal(tmp_path):
+    out = tmp_path / "pruned"
+    result = invoke("attack", "qgi", "--defense", "topk:0.9999", "--samples", "1", "--layouts", "1", *ROOM_FAST,
+                    "--out", out)
+    assert result.exit_code == 0, result.output
+    row = json.loads((out / "samples.jsonl").read_text().splitlines()[0])
+    assert row["no_signal"] is True and row["exact"] == [] and row["metrics"]["q_target_error"] == 100.0
+    assert "ran 3 image iterations" in result.stderr  # as asked (the attack ran none: nothing to read)
+    assert "1 sample (0) of 1 holds an update whose last bias gradient is all zero" in result.stderr
+    # the server got the largest 0.01% of the entries: part of the update's direction, not all of it
+    assert 0 < row["metrics"]["update_cosine"] < 1
+
+
+def test_the_update_cosine_is_that_of_what_the_attack_received(tmp_path):
+    """Each row's update_cosine is that of the update its attack was handed: the same noise draw."""
+    import statistics
+
+    from leaklab.attacks.rl import RoomAttackConfig
+    from leaklab.experiments import room_attack
+    from leaklab.metrics import cosine_similarity
+    from leaklab.metrics.vectors import update_cosine
+
+    config = room_attack.RoomRunConfig(setting="S2", samples=2, layouts=layouts_arg("2"), seed=3, workers=1,
+                                       defense="gaussian:0.001", attack=RoomAttackConfig(iterations=3))
+    res = room_attack.run(config, tmp_path / "noised")
+    state, samples = room_attack.capture_samples(config)
+    for row, sample in zip(res["samples"], samples):
+        sent = room_attack.attack_job(config, state, sample, config.defense).update.tensors
+        names = sorted(sent)
+        truth = cosine_similarity([sample.update.tensors[n] for n in names], [sent[n] for n in names])
+        assert row["metrics"]["update_cosine"] == pytest.approx(truth, rel=1e-12)
+        # another draw of the same noise level keeps a different cosine: the row's is this draw's
+        other = room_attack.attack_job(config.model_copy(update={"seed": 4}), state, sample, config.defense)
+        assert update_cosine(sample.update.tensors, other.update.tensors) != pytest.approx(truth, rel=1e-9)
+    assert res["summary"]["update_cosine_median"] == pytest.approx(
+        statistics.median(r["metrics"]["update_cosine"] for r in res["samples"]))
+    # DP-SGD's noise (std 0.6 on each of about 1.9 million entries, the update clipped to norm 1) leaves a
+    # single update next to nothing of its direction; noise of std 0.001 leaves most of a large one
+    dp = room_attack.attack_job(config, state, samples[0], "clip:1,gaussian:0.6").update
+    assert abs(update_cosine(samples[0].update.tensors, dp.tensors)) < 0.01
+    assert 0.5 < res["samples"][0]["metrics"]["update_cosine"] < 1
+    assert update_cosine(samples[0].update.tensors, samples[0].update.tensors) == 1.0
+
+
+def test_rgi_summary_counts_samples_not_updates_in_a_batch():
+    """A batch row holds its samples' means: a mixed batch (one zero return) must count one sample
+    with a non-zero return, and whether that one's action was right."""
+    from leaklab.experiments.room_attack import summarise
+
+    def row(action, informative, correct, layouts=("a", "b")):
+        return {"layouts": list(layouts), "batch_size": 2,
+                "metrics": {"action": action, "action_informative": informative,
+                            "action_informative_correct": correct}}
+    # the zero-return sample guessed right, the other wrong; then a batch of two non-zero returns, right
+    s = summarise([row(0.5, 0.5, 0.0), row(1.0, 1.0, 1.0)], 1, 1.0)
+    assert s["action_accuracy_nonzero_return"] == pytest.approx(2 / 3) and s["zero_return_samples"] == 1
+    assert s["samples"] == 2 and s["transitions"] == 4  # updates, as before, and their transitions
+    # a user's case without provenance names no rooms: its batch still counts two samples
+    s = summarise([row(0.5, 0.5, 0.0, layouts=()), row(1.0, 1.0, 1.0, layouts=())], 1, 1.0)
+    assert s["action_accuracy_nonzero_return"] == pytest.approx(2 / 3) and s["zero_return_samples"] == 1
+
+
+def test_summary_counts_the_rows_whose_stage1_started_again():
+    from leaklab.experiments.room_attack import summarise
+
+    rows = [{"layouts": ["a"], "batch_size": 1, "metrics": {"action": 1.0}, "stage1_starts": n} for n in (1, 3, 1)]
+    assert summarise(rows, 1, 1.0)["stage1_restarted"] == 1
+    exact = [{k: v for k, v in r.items() if k != "stage1_starts"} for r in rows]
+    assert "stage1_restarted" not in summarise(exact, 1, 1.0)  # no stage 1: nothing to count

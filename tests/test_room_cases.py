@@ -1,0 +1,297 @@
+"""`leaklab audit --cases`: saved room updates (leaklab's network or a user's own class), scored or
+not, their checks before any attack, and what the report says of updates the attack cannot read."""
+
+from __future__ import annotations
+
+import json
+import os
+import warnings
+
+import pytest
+
+from cli_helpers import ROOM_FAST, Interrupt, assert_user_error, interrupt_after, invoke
+from leaklab.models import PerceptionSpec
+from leaklab.rl.capture import RoomCaptureConfig, capture_rooms
+
+
+def test_audit_attacks_saved_room_cases(tmp_path, monkeypatch):
+    cases = tmp_path / "cases"
+    result = invoke("env", "capture", "--algorithm", "reinforce", "--setting", "S2", "--samples", "2",
+                    "--layouts", "e1m1-stalactite", "--out", cases)
+    assert result.exit_code == 0, result.output
+    assert f"leaklab audit --cases {cases}" in result.output
+    assert json.loads((cases / "capture.json").read_text())["cases"] == ["0000", "0001"]
+    out = tmp_path / "audit"
+    monkeypatch.setattr("leaklab.experiments.room_report.SHOWN_SAMPLES", 1)  # the report pictures 1 of the 2
+    result = invoke("audit", "--cases", cases, "--iterations", "3", "--workers", "1", "--out", out)
+    assert result.exit_code == 0, result.output
+    html = (out / "report.html").read_text()
+    assert "the first 1 of 2 scored cases; results.json has every one" in html
+    assert "At a glance" in html and "fewer than the 2000" in html and "--quick" not in html
+    assert "could not read" not in result.output + html  # exact mode read both updates in closed form
+    assert html.count(">yes</td>") + html.count(">no</td>") == 2  # each case's action judged
+    res = json.loads((out / "results.json").read_text())
+    assert res["summary"]["cases"] == 2 and res["summary"]["scored"] == 2
+    # the glance counts the cases showing their room and its verdict names the best one's gain
+    gains = [c["metrics"]["depth_paper_psnr"] - c["metrics"]["depth_paper_psnr_baseline"] for c in res["cases"]]
+    shown = sum(g >= 3.0 for g in gains)
+    assert f"<td>{shown} of 2</td>" in html
+    best = max(range(2), key=lambda i: gains[i])
+    assert (f"the best: RGI S2 depth of case {res['cases'][best]['case']} {gains[best]:+.1f} dB over its "
+            "baseline" in html) == (shown > 0)
+    assert all(c["algorithm"] == "rgi" for c in res["cases"])
+    # the attack's own verdict on the action agrees with the truth: a zero return hides it
+    assert all(c["action_identified"] == [c["metrics"]["action_informative"] == 1.0] for c in res["cases"])
+    assert res["summary"]["iou_min"] > 0.999 and "2 scored; depth PSNR" in result.output
+    # what the clients' (here no) defense left of each update, as the capture recorded it
+    assert [c["metrics"]["update_cosine"] for c in res["cases"]] == [1.0, 1.0] and "update kept (cosine)" in html
+    # every case's reconstruction as tensors, named by its case, the box and action those of results.json
+    from leaklab.io import load_tensors
+
+    recs, meta = load_tensors(out / "reconstructions.safetensors", "reconstructions")
+    assert meta["format"] == "leaklab.room_case_reconstructions"
+    assert set(recs) == {f"{c}/{k}" for c in ("0000", "0001") for k in ("images", "box", "action", "probs", "reward")}
+    assert recs["0001/images"].shape == (1, 1, 150, 150) and recs["0001/action"].tolist() == res["cases"][1]["action"]
+    assert recs["0000/box"].tolist() == res["cases"][0]["box"]
+    assert "box IoU 1.0000" in result.output
+    assert "data:image/png;base64," in (out / "report.html").read_text()
+    result = invoke("audit", "--cases", cases, "--iterations", "3", "--workers", "1", "--out", cases)
+    assert result.exit_code == 2 and "would replace the input" in result.stderr
+    assert len([p for p in cases.iterdir() if p.is_dir()]) == 2
+    # a case without its truth is attacked and pictured as the server reconstructs it, unscored
+    (cases / "0001" / "truth.safetensors").unlink()
+    blind = tmp_path / "blind"
+    assert invoke("audit", "--cases", cases, "--iterations", "3", "--workers", "1", "--out", blind).exit_code == 0
+    html = (blind / "report.html").read_text()
+    assert "Reconstructions of the cases without their truth (depth)" in html and "the first 1 of 1" not in html
+    figures = blind / "figures"
+    assert (figures / "unscored.png").stat().st_size > 0 and not (figures / "unscored_rgb.png").exists()  # S2
+    assert json.loads((blind / "results.json").read_text())["summary"]["scored"] == 1
+    # a case of the capture without its view is an error, not a smaller audit; a stray folder is named
+    (cases / "0001" / "view.json").rename(cases / "0001" / "view.json.bak")
+    again = tmp_path / "again"
+    assert_user_error(invoke("audit", "--cases", cases, "--iterations", "3", "--workers", "1", "--out", again),
+                      again, "case 0001 of its capture.json has no view.json")
+    (cases / "0001" / "view.json.bak").rename(cases / "0001" / "view.json")
+    (cases / "notes").mkdir()
+    with pytest.warns(UserWarning, match="skipping 1 sub-folder without view.json: notes"):
+        from leaklab.experiments.room_audit import _case_folders
+
+        assert [p.name for p in _case_folders(cases)] == ["0000", "0001"]
+
+
+def test_the_cases_report_pictures_rgb_and_counts_rgi_actions(tmp_path):
+    """An S1 case was pictured in depth only, and RGI's actions never counted in the verdict."""
+    cases = tmp_path / "cases"
+    capture_rooms(RoomCaptureConfig(algorithm="reinforce", spec=PerceptionSpec(setting="S1"), samples=2,
+                                    layouts=("e1m1-stalactite",)), cases)
+    out = tmp_path / "audit"
+    assert invoke("audit", "--cases", cases, "--iterations", "3", "--workers", "1", "--out", out).exit_code == 0
+    html = (out / "report.html").read_text()
+    assert (out / "figures" / "cases_rgb.png").stat().st_size > 0 and "reconstructions (RGB)" in html
+    held = [c for c in json.loads((out / "results.json").read_text())["cases"] if all(c["action_identified"])]
+    assert held, "both sampled returns are 0: choose other samples for this test"
+    right = sum(c["metrics"]["action"] for c in held)
+    assert f"{100 * right / len(held):.0f}% of {len(held)} case" in html
+
+
+def test_audit_of_cases_checks_every_truth_before_attacking(tmp_path):
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    cases = tmp_path / "cases"
+    capture_rooms(RoomCaptureConfig(algorithm="dqn", spec=PerceptionSpec(setting="S2"), samples=2,
+                                    layouts=("e1m1-stalactite",)), cases)
+    last = sorted(p for p in cases.iterdir() if p.is_dir())[-1] / "truth.safetensors"
+    with safe_open(str(last), "pt") as f:
+        tensors, meta = {k: f.get_tensor(k) for k in f.keys()}, f.metadata()
+    out = tmp_path / "audit"
+    # not an object; more rooms than the update has transitions (the summary counted them as rooms audited);
+    # a cosine that is none
+    for provenance in ("[1, 2]", '{"layouts": ["e1m1-stalactite", "map01-hangar", "map02-vault"]}',
+                       '{"update_cosine": [1.5]}', '{"update_cosine": [0.5, 0.5]}', '{"update_cosine": "high"}'):
+        save_file(tensors, str(last), metadata={**meta, "provenance": provenance})
+        assert_user_error(invoke("audit", "--cases", cases, "--iterations", "3", "--workers", "1", "--out", out),
+                          out, "provenance")
+
+
+def test_audit_of_cases_refuses_batches_the_attack_cannot_read_before_attacking(tmp_path):
+    out = tmp_path / "audit"
+    for algorithm, batch, mode, limit in (("dqn", 3, "exact", 2), ("reinforce", 2, "paper", 1)):
+        cases = tmp_path / algorithm
+        with warnings.catch_warnings(record=True) as said:  # the capture itself warns of a batch over 2
+            warnings.simplefilter("always")
+            assert invoke("env", "capture", "--algorithm", algorithm, "--batch-size", batch, "--samples", "1",
+                          "--layouts", "e1m1-stalactite", "--out", cases).exit_code == 0
+        assert [str(w.message) for w in said if "at most 2 transitions" in str(w.message)] == \
+            (["leaklab's room attacks read updates of at most 2 transitions (audit --cases refuses these 3); the "
+              "cases are for attacks of your own"] if batch > 2 else [])
+        assert_user_error(invoke("audit", "--cases", cases, "--mode", mode, "--out", out), out,
+                          f"0000 is an update of {batch} transitions", f"reads at most {limit}")
+    # a FedAvg update in the second case: refused before the first case is attacked (it was after)
+    cases = tmp_path / "fedavg"
+    assert invoke("env", "capture", "--samples", "2", "--layouts", "e1m1-stalactite", "--out", cases).exit_code == 0
+    for name in ("view.json", "update.json"):
+        path = cases / "0001" / name
+        data = json.loads(path.read_text())
+        data["metadata"]["kind"] = "fedavg"
+        path.write_text(json.dumps(data))
+    assert_user_error(invoke("audit", "--cases", cases, "--out", out), out,
+                      "0001 is a fedavg update; the room attacks read FedSGD updates")
+    assert not (tmp_path / ".leaklab-resume").exists()
+
+
+def test_audit_attacks_saved_cases_of_the_users_own_network(tmp_path):
+    cls = "tests.plugins.narrow_net:NarrowNet"
+    cases = tmp_path / "cases"
+    assert_user_error(invoke("env", "capture", "--model-class", cls, "--arch", "nature", "--out", cases), cases,
+                      "--arch", "--model-class")
+    result = invoke("env", "capture", "--model-class", cls, "--samples", "2", "--layouts", "e1m1-stalactite",
+                    "--out", cases)
+    assert result.exit_code == 0, result.output
+    assert f"--model-class {cls}`" in result.output
+    out = tmp_path / "audit"
+    assert_user_error(invoke("audit", "--cases", cases, "--out", out), out,
+                      "model.safetensors: model file does not fit", "the same --arch, or pass the --model-class",
+                      f"(the cases were captured with --model-class {cls})")
+    # leaklab's cases under a user's class: the error names that class, not leaklab's network
+    ours = tmp_path / "ours"
+    capture_rooms(RoomCaptureConfig(spec=PerceptionSpec(setting="S2"), samples=1, layouts=("e1m1-stalactite",)), ours)
+    assert_user_error(invoke("audit", "--cases", ours, "--model-class", cls, "--out", out), out,
+                      f"does not fit a {cls} model", "(the cases were captured with a network of leaklab)")
+    # interrupted during the second case, then run again: the first case's attack is taken as saved
+    from leaklab.attacks.rl import RoomAttackConfig
+    from leaklab.experiments import room_audit
+
+    with pytest.raises(Interrupt):
+        room_audit.run_cases(out, cases, RoomAttackConfig(iterations=3), workers=1, progress=interrupt_after(1),
+                             model_class=cls)
+    result = invoke("audit", "--cases", cases, "--model-class", cls, "--iterations", "3", "--workers", "1",
+                    "--out", out)
+    assert result.exit_code == 0, result.output
+    assert "1 resumed from an interrupted run" in result.output
+    res = json.loads((out / "results.json").read_text())
+    assert res["model_class"] == cls and res["summary"]["scored"] == 2 and res["summary"]["resumed_attacks"] == 1
+    assert res["summary"]["iou_min"] > 0.999 and res["summary"]["q_target_err_mean"] < 0.01
+    # another class with the same parameters reads the files: the audit runs, but says whose cases they were
+    bare = "tests.plugins.narrow_net:Bare"
+    with pytest.warns(UserWarning, match=f"captured with --model-class {cls}, and are attacked as updates of "
+                                         f"--model-class {bare}"):
+        room_audit.run_cases(tmp_path / "bare", cases, RoomAttackConfig(iterations=3), workers=1, model_class=bare)
+
+
+def test_cases_report_says_when_exact_mode_fell_back_on_an_undefended_update(tmp_path):
+    """A batch of two through a head with Tanh is outside exact mode's closed forms: the attack falls back
+    to the paper's optimisation, and its low scores must not read as a private update."""
+    cls = "tests.plugins.narrow_net:TanhHead"
+    cases = tmp_path / "cases"
+    assert invoke("env", "capture", "--model-class", cls, "--batch-size", "2", "--samples", "1", "--layouts",
+                  "e1m1-stalactite", "--out", cases).exit_code == 0
+    out = tmp_path / "audit"
+    with pytest.warns(UserWarning, match=r"could not read 1 undefended case \(0000\), whose network computes"):
+        result = invoke("audit", "--cases", cases, "--model-class", cls, "--iterations", "3", "--workers", "1",
+                        "--out", out)
+    assert result.exit_code == 0, result.output
+    assert "not a private update" in (out / "report.html").read_text()
+    assert "features" not in json.loads((out / "results.json").read_text())["cases"][0]["exact"]
+
+
+def test_the_fallback_caveat_names_its_cause():
+    """A QGI batch of two transitions with one action is outside exact mode on any network (its output
+    errors are one direction); other undefended fallbacks are the network's doing."""
+    from leaklab.experiments.room_report import fallback_caveat
+
+    def row(case, algorithm="qgi", action=(1, 2), exact=(), **more):
+        return {"case": case, "algorithm": algorithm, "action": list(action), "defense": None,
+                "exact": list(exact), **more}
+
+    rows = [row("a", action=(3, 3)), row("b"), row("c", exact=("box", "features")),
+            row("d", defense="gaussian:1"), row("e", no_signal=True)]
+    results = {"attack": {"mode": "exact"}, "cases": rows}
+    text = fallback_caveat(results)
+    assert "1 undefended QGI batch (a) whose transitions share their action and 1 undefended case (b), whose " \
+           "network computes" in text
+    assert fallback_caveat({**results, "cases": rows[2:]}) == ""
+    assert fallback_caveat({**results, "attack": {"mode": "paper"}}) == ""
+
+
+def test_cases_without_the_gradient_the_attack_reads_are_named_and_kept_out_of_the_action(tmp_path):
+    """A client that sends only the largest 0.01% of its update zeroes the last bias gradient: the audit
+    says which cases held nothing to read, and their guessed action does not count as the action leaking
+    or not."""
+    cases = tmp_path / "cases"
+    assert invoke("env", "capture", "--samples", "1", "--layouts", "e1m1-stalactite", "--defense", "topk:0.9999",
+                  "--out", cases).exit_code == 0
+    out = tmp_path / "audit"
+    with pytest.warns(UserWarning, match=r"1 case \(0000\) of 1 holds an update whose last bias gradient is all zero"):
+        result = invoke("audit", "--cases", cases, *ROOM_FAST, "--out", out)
+    assert result.exit_code == 0, result.output
+    report = (out / "report.html").read_text()
+    assert "none read (no gradient the attack reads)" in report and "holds an update whose last bias" in report
+    assert ">action</th>" in report and "% of 1 case" not in report  # no case holds the action
+
+
+@pytest.mark.parametrize("cls, words", [
+    ("tests.plugins.narrow_net:NoHead", ["contract", "box starting with a Linear with bias"]),
+    ("tests.plugins.narrow_net:Missing", ["module tests.plugins.narrow_net has no 'Missing'"]),
+    ("tests.plugins.nowhere:Net", ["cannot be imported", "PYTHONPATH"]),
+    ("narrow_net", ["package.module:Class"]),
+])
+def test_bad_model_class_is_refused(tmp_path, cls, words):
+    """The class is at fault, not the case's model file nor the class the cases were captured with."""
+    cases = tmp_path / "cases"
+    capture_rooms(RoomCaptureConfig(spec=PerceptionSpec(setting="S2"), samples=1, layouts=("e1m1-stalactite",)),
+                  cases)
+    out = tmp_path / "audit"
+    result = invoke("audit", "--cases", cases, "--model-class", cls, "--out", out)
+    assert_user_error(result, out, *words)
+    assert "model.safetensors" not in result.stderr and "captured with" not in result.stderr, result.stderr
+
+
+@pytest.mark.parametrize("kind", ["folder", "pipe", "broken link"])
+def test_a_truth_that_is_no_file_is_an_error_not_an_unscored_case(tmp_path, kind):
+    """formats.md: a truth file is read or refused; a folder or a pipe in its place passed for a case
+    whose truth the user left out (reported as unscored, without a word)."""
+    cases = tmp_path / "cases"
+    capture_rooms(RoomCaptureConfig(spec=PerceptionSpec(setting="S2"), samples=1, layouts=("e1m1-stalactite",)),
+                  cases)
+    truth = next(cases.glob("*/truth.safetensors"))
+    truth.unlink()
+    {"folder": truth.mkdir, "pipe": lambda: os.mkfifo(truth),
+     "broken link": lambda: truth.symlink_to(truth.parent / "gone.safetensors")}[kind]()
+    out = tmp_path / "audit"
+    words = {"folder": "not a regular file", "pipe": "not a regular file",
+             "broken link": "is a link to " + str(truth.parent / "gone.safetensors") + ", which does not exist"}
+    assert_user_error(invoke("audit", "--cases", cases, "--iterations", "3", "--out", out), out, "truth file",
+                      str(truth), words[kind])
+
+
+def test_a_batch_update_pictures_and_lists_each_transition_against_its_own_reconstruction(tmp_path, monkeypatch):
+    """A batch of two was pictured by its first transition, captioned with the update's mean PSNR, and an
+    audited case listed its actions in the attack's order beside its layouts in the truth's."""
+    from leaklab.attacks.rl import RoomAttackConfig
+    from leaklab.experiments import room_attack, room_audit
+    from leaklab.io import load_tensors
+
+    grids = []
+    monkeypatch.setattr(room_attack, "image_grid_png", lambda setting, truths, recs, title, path, captions:
+                        grids.append((truths, recs, captions)))
+    config = room_attack.RoomRunConfig(algorithm="qgi", setting="S2", samples=2, batch_size=2,
+                                       layouts=("e1m1-stalactite", "e1m3-column"),
+                                       attack=RoomAttackConfig(iterations=20), workers=1)
+    results = room_attack.run(config, tmp_path / "run")
+    (truths, recs, captions), = grids
+    assert len(truths) == len(recs) == len(captions) == 4  # both transitions of both updates
+    for u, row in enumerate(results["samples"]):
+        mean = sum(float(c.removesuffix(" dB")) for c in captions[2 * u:2 * u + 2]) / 2
+        assert abs(mean - row["metrics"]["depth_paper_psnr"]) < 0.06, (captions, row["metrics"])
+    cases = tmp_path / "cases"
+    capture_rooms(RoomCaptureConfig(spec=PerceptionSpec(setting="S2"), samples=1, batch_size=2,
+                                    layouts=("e1m1-stalactite", "e1m3-column")), cases)
+    monkeypatch.setattr(room_audit, "matched", lambda rec, truth: [1, 0])  # the second reconstruction first
+    results = room_audit.run_cases(tmp_path / "audit", cases, RoomAttackConfig(iterations=3), workers=1)
+    row, = results["cases"]
+    recovered = load_tensors(tmp_path / "audit" / "reconstructions.safetensors", "reconstructions")[0]
+    name = row["case"]
+    assert row["action"] == recovered[f"{name}/action"].flip(0).tolist()  # the rows follow the match given
+    assert row["box"] == recovered[f"{name}/box"].flip(0).tolist()

@@ -1,0 +1,130 @@
+"""`leaklab reproduce room-table1|room-table2`: the table's columns and notes, the docs section it
+replaces, and which saved cells it takes again."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from cli_helpers import ROOM_FAST, assert_user_error, invoke
+from leaklab.errors import LeaklabError
+
+
+def test_room_table1_action_column_separates_zero_returns():
+    from leaklab.experiments.room_tables import _action
+
+    assert _action({"action_accuracy": 1.0}) == "100%"  # QGI
+    rgi = {"action_accuracy": 0.65, "action_accuracy_nonzero_return": 1.0, "samples": 48, "zero_return_samples": 18}
+    assert _action(rgi) == "65% (100% of 30 non-zero returns)"
+
+
+def test_room_table1_names_the_cells_whose_stage1_started_again():
+    from leaklab.experiments.room_tables import _restart_note
+
+    assert _restart_note({"qgi-S1": {"stage1_restarted": 0}, "qgi-S2": {}}) == []
+    note = _restart_note({"qgi-S1": {"stage1_restarted": 1}, "rgi-S1": {"stage1_restarted": 2}})
+    assert note[-1].endswith("on QGI S1 1 sample, RGI S1 2 samples.")
+
+
+def test_room_table1_runs_and_updates_a_docs_section(tmp_path):
+    out = tmp_path / "t1"
+    result = invoke("reproduce", "room-table1", "--mode", "exact", "--samples", "1", "--layouts", "1",
+                    *ROOM_FAST, "--out", out)
+    assert result.exit_code == 0, result.output
+    res = json.loads((out / "results.json").read_text())
+    assert set(res["table"]) == {"qgi-S1", "qgi-S2", "rgi-S1", "rgi-S2"}
+    assert "(26.46)" in (out / "table.md").read_text()  # the paper's QGI S2 depth PSNR beside ours
+    assert res["paper"]["qgi-S2"]["depth_psnr_std"] == 7.68 and res["table"]["qgi-S2"]["depth_psnr_std"] == 0
+    from leaklab.experiments.room_tables import update_docs
+
+    docs = tmp_path / "reproductions.md"
+    docs.write_text("# R\n\nkeep me\n")
+    update_docs("room-table1", "TABLE A", "leaklab x", docs)
+    update_docs("room-table1", "TABLE B", "leaklab y", docs)
+    text = docs.read_text()
+    assert "keep me" in text and "TABLE B" in text and "TABLE A" not in text and text.count(":start -->") == 1
+    # a lone or repeated marker is refused, never used to replace text outside the section
+    for broken in ("<!-- room-table1:start -->\nkeep me\n",
+                   text + "\nquoting <!-- room-table1:start --> here\n",
+                   "<!-- room-table1:end -->\nkeep me\n<!-- room-table1:start -->\n"):
+        docs.write_text(broken)
+        with pytest.raises(LeaklabError, match="markers"):
+            update_docs("room-table1", "TABLE C", "leaklab z", docs)
+        assert docs.read_text() == broken
+    with pytest.raises(LeaklabError, match="not found"):
+        update_docs("room-table1", "TABLE C", "leaklab z", tmp_path / "missing.md")
+    smoke = invoke("reproduce", "room-table1", "--samples", "1", "--update-docs", "--out", tmp_path / "s")
+    assert_user_error(smoke, tmp_path / "s", "--update-docs")
+
+
+def saved_cell(config):
+    """What ``room_attack.run`` writes about a cell's computation."""
+    from leaklab.attacks.rl.config import METHOD_VERSION
+    from leaklab.models.perception import architecture_digest
+    return {"config": config.model_dump(mode="json"), "network": architecture_digest(config.spec),
+            "method_version": METHOD_VERSION[config.attack.mode]}
+
+
+def test_saved_table_cells_are_reused_whatever_the_worker_count():
+    from leaklab.experiments.room_attack import RoomRunConfig
+    from leaklab.experiments.room_tables import _same_cell
+
+    config = RoomRunConfig(samples=2, workers=2)
+    assert _same_cell(saved_cell(RoomRunConfig(samples=2, workers=16)), config)
+    assert not _same_cell(saved_cell(RoomRunConfig(samples=3, workers=2)), config)
+    assert not _same_cell(None, config)
+
+
+def test_saved_cells_of_another_network_or_of_unknown_network_are_not_reused():
+    from leaklab.experiments.room_attack import RoomRunConfig
+    from leaklab.experiments.room_tables import _same_cell
+
+    config = RoomRunConfig(setting="S1", samples=2)
+    other = saved_cell(RoomRunConfig(setting="S1", arch="stacked", samples=2))
+    assert not _same_cell({**other, "config": config.model_dump(mode="json")}, config)
+    assert not _same_cell({"config": config.model_dump(mode="json")}, config)  # written before digests
+
+
+def test_saved_cells_of_an_earlier_method_are_not_reused():
+    from leaklab.attacks.rl import RoomAttackConfig
+    from leaklab.experiments.room_attack import RoomRunConfig
+    from leaklab.experiments.room_tables import _same_cell
+
+    exact, paper = RoomRunConfig(samples=2), RoomRunConfig(samples=2, attack=RoomAttackConfig(mode="paper"))
+    before = lambda config: {k: v for k, v in saved_cell(config).items() if k != "method_version"}  # noqa: E731
+    assert not _same_cell(before(exact), exact)  # exact mode has changed since (the layerwise stage)
+    assert not _same_cell({**saved_cell(exact), "method_version": 1}, exact)
+    assert not _same_cell(before(paper), paper)  # paper mode too (stage 1 starts again since version 2)
+    assert not _same_cell({**saved_cell(paper), "method_version": 1}, paper)
+    assert _same_cell(saved_cell(paper), paper)
+
+
+def test_exact_mode_settings_do_not_invalidate_saved_paper_cells():
+    from leaklab.attacks.rl import RoomAttackConfig
+    from leaklab.experiments.room_attack import RoomRunConfig
+    from leaklab.experiments.room_tables import _same_cell
+
+    def run(**attack):
+        return RoomRunConfig(samples=2, attack=RoomAttackConfig(**attack))
+
+    older = saved_cell(run(mode="paper"))  # written before paper mode refused exact-mode settings
+    older["config"]["attack"]["gradient_weight"] = 0.0
+    assert _same_cell(older, run(mode="paper"))
+    assert not _same_cell(saved_cell(run(mode="exact", gradient_weight=0.0)), run(mode="exact"))
+    assert not _same_cell(saved_cell(run(mode="paper", tv_weight=0.2)), run(mode="paper"))
+    assert not _same_cell(saved_cell(run(mode="paper")), run(mode="paper").model_copy(update={"device": "cuda"}))
+
+
+@pytest.mark.parametrize("iterations", [None, 300])
+def test_table2_joint_row_gets_the_separate_rows_step_count(iterations):
+    """Fig. 4 compares joint and separate optimisation at the same number of Adam steps: the separate
+    rows run stage 1 and then ``iterations`` image steps, the joint row their sum in one stage."""
+    from leaklab.experiments.room_tables import table2_cells
+
+    cells = table2_cells(4, None, iterations, "small", 0, 1, "cpu")
+    separate, joint = cells["error-direction"].attack, cells["joint"].attack
+    assert joint.multimodal == "joint" and separate.multimodal == "separate"
+    assert joint.iterations == separate.stage1_iterations + separate.iterations
+    assert separate.iterations == (iterations or 2000)
+    assert all(c.attack.iterations == separate.iterations for n, c in cells.items() if n != "joint")
