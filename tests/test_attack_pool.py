@@ -300,3 +300,29 @@ def test_a_journal_that_cannot_be_written_warns_once_and_the_run_goes_on(tmp_pat
         results = room_attack.run(config, tmp_path / "run")
     assert results["summary"]["samples"] == 2 and len(caught) == 1
     assert blocker.read_text() == "a file where the journal's folder goes"
+
+
+def test_a_finished_run_leaves_the_entries_it_took_from_another_run(tmp_path):
+    """A default audit finished beside an interrupted ``--full`` took some of its saved attacks (the same
+    computation) and removed them: the interrupted run would have attacked them again."""
+    from leaklab.attacks.rl import RoomAttackConfig
+    from leaklab.experiments import attack_pool, room_attack
+    from leaklab.experiments.attack_journal import RESUME_DIR, AttackJournal
+
+    attack = RoomAttackConfig(iterations=2)
+    config = room_attack.RoomRunConfig(algorithm="qgi", setting="S2", samples=3, layouts=layouts_arg("3"),
+                                       attack=attack)
+    state, clean = room_attack.capture_samples(config)
+    jobs = [attack_pool.Job("qgi", config.spec, state, s.update, attack) for s in clean]
+    interrupted = AttackJournal(tmp_path, jobs[:2])  # its two attacks done, then stopped before it ended
+    attack_pool.run_jobs(jobs[:2], 1, lambda i, rec: None, journal=interrupted)
+    other = AttackJournal(tmp_path, jobs)  # another run with those two jobs and one more, which finishes
+    assert attack_pool.run_jobs(jobs, 1, lambda i, rec: None, journal=other) == 2
+    with pytest.warns(UserWarning, match="still holds 2 finished attacks of other runs"):
+        other.discard()
+    # the interrupted run, rerun, takes both and, finished, leaves nothing behind
+    again = AttackJournal(tmp_path, jobs[:2])
+    assert again.run == interrupted.run != other.run
+    assert attack_pool.run_jobs(jobs[:2], 1, lambda i, rec: None, journal=again) == 2
+    again.discard()
+    assert not (tmp_path / RESUME_DIR).exists()

@@ -226,6 +226,22 @@ def _header_metadata(data: bytes) -> dict[str, str]:
     return dict(header.get("__metadata__") or {})
 
 
+def tensor_file_metadata(path: Path) -> dict[str, str]:
+    """The string metadata of a safetensors file, read from its header alone (no tensor is read);
+    raises OSError, or ValueError for a file that is no safetensors file."""
+    with open(path, "rb") as f:
+        head = f.read(8)
+        if len(head) < 8:
+            raise ValueError(f"{path} is no safetensors file")
+        (n,) = struct.unpack("<Q", head)
+        if n > 100 * 2**20:  # the header of a file leaklab wrote is a few KB
+            raise ValueError(f"{path} is no safetensors file")
+        try:
+            return _header_metadata(head + f.read(n))
+        except (ValueError, UnicodeDecodeError, AttributeError) as e:
+            raise ValueError(f"{path} is no safetensors file") from e
+
+
 def load_tensors(path: Path, what: str, sha256: str | None = None,
                  ) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
     """Read a safetensors file (tensors and its string metadata) without unpickling anything.

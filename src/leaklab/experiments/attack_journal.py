@@ -9,9 +9,11 @@ version, the device; a user's own network class by its module's source), and a l
 job whose digest it finds the saved reconstruction, read in the job's turn, instead of attacking
 again. The digest names the computation, not the run: a rerun under another ``--out`` in the same
 parent folder (``leaklab audit`` picks a new ``runs/<id>`` each time) resumes too, and a changed
-option, network or capture misses and attacks afresh. A run that finishes removes its own entries
-(and the folder once empty); a saved entry that does not read back as a reconstruction of the job's
-shape is attacked again in its turn. Nothing is unpickled.
+option, network or capture misses and attacks afresh. A run that finishes removes its own entries,
+those it or an earlier try of the same run (the same jobs) wrote, and the folder once empty; the entries
+of another run that it took stay for that run, if interrupted, to resume (a default audit finished beside
+an interrupted ``--full`` took some of its attacks and removed them). A saved entry that does not read back
+as a reconstruction of the job's shape is attacked again in its turn. Nothing is unpickled.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ import torch
 from leaklab.attacks.rl import RoomReconstruction
 from leaklab.attacks.rl.config import METHOD_VERSION
 from leaklab.errors import LeaklabError
-from leaklab.io import load_tensors, save_tensors
+from leaklab.io import load_tensors, save_tensors, tensor_file_metadata
 from leaklab.models.perception import architecture_digest, perception_class
 from leaklab.words import plural
 
@@ -105,6 +107,7 @@ class AttackJournal:
                                  "box": (batch, spec.box_dim), "action": (batch,)})
             if on_job:
                 on_job(len(self.digests))
+        self.run = hashlib.sha256("".join(self.digests).encode()).hexdigest()  # the same jobs, the same run
 
     def _path(self, index: int) -> Path:
         return self.folder / f"{self.digests[index]}.safetensors"
@@ -142,18 +145,28 @@ class AttackJournal:
                          {"format": "leaklab.saved_attack", "job": self.digests[index],
                           "iterations": rec.iterations, "seconds": repr(rec.seconds),
                           "exact": json.dumps(list(rec.exact)), "no_signal": "true" if rec.no_signal else "false",
-                          "stage1_starts": rec.stage1_starts})
+                          "stage1_starts": rec.stage1_starts, "run": self.run})
         except OSError as e:
             self._unwritable = True
             warnings.warn(f"cannot keep finished attacks in {self.folder} ({e.strerror or e}); an interrupted run "
                           "will not resume", RuntimeWarning, stacklevel=2)
 
+    def _written_by_another_run(self, index: int) -> bool:
+        """Whether job ``index``'s entry names another run as its writer (entries written before leaklab
+        named their run count as this run's; an entry that cannot be read is nobody's)."""
+        try:
+            return tensor_file_metadata(self._path(index)).get("run", self.run) != self.run
+        except (OSError, ValueError):
+            return False
+
     def discard(self) -> None:
-        """Remove this run's entries, and the folder when no other run's entries are left; when some
-        are, say how many and how large (an interrupted run that is never rerun leaves them)."""
+        """Remove this run's entries (not those another run wrote and this one took), and the folder when
+        no other run's entries are left; when some are, say how many and how large (an interrupted run
+        that is never rerun leaves them)."""
         for i in range(len(self.digests)):
-            with contextlib.suppress(OSError):  # not there (or no folder to hold it)
-                self._path(i).unlink()
+            if not self._written_by_another_run(i):
+                with contextlib.suppress(OSError):  # not there (or no folder to hold it)
+                    self._path(i).unlink()
         try:
             self.folder.rmdir()
         except FileNotFoundError:
