@@ -66,6 +66,9 @@ def test_quick_room_audit_writes_report_with_defenses(tmp_path):
     # 3 image steps: no levels to audit next are suggested from verdicts that understate the leak
     assert res["summary"]["next_levels"] == {"gaussian_sigmas": [], "dp_epsilons": []}
     assert "To pin down" not in result.output and "To pin down" not in html
+    # exact mode alone behind noise: the report and the command say that the paper's method may show more
+    assert "Behind noise exact mode is not the strongest attack" in html
+    assert "Behind noise exact mode is not the strongest attack" in result.output
 
 
 def test_audit_attacks_a_partly_trained_network(tmp_path):
@@ -113,7 +116,21 @@ def test_an_audit_of_both_modes_attacks_each_update_in_both_and_counts_it_once(t
     rows = room_verdicts.verdicts(res)
     assert [r[5] for r in rows] == ["0 of 1", "0 of 1"] and rows[0][7].startswith("1 of 1 update (100%")
     assert rows[0][4].endswith(" mode)")
-    assert "each update counts once" in (tmp_path / "audit" / "report.html").read_text()
+    html = (tmp_path / "audit" / "report.html").read_text()
+    assert "each update counts once" in html and "exact mode is not the strongest" not in html  # paper's ran too
+
+
+def test_an_exact_mode_audit_behind_noise_says_the_paper_method_may_show_more():
+    """Behind noise exact mode's closed forms read the noise; the paper's method, fitted to every gradient,
+    showed more rooms on the paper-scale audit (docs/reproductions.md): an exact-mode audit of noised updates
+    says so, and no other does."""
+    from leaklab.experiments.room_verdicts import noise_caveat
+
+    for chains in ([None, "gaussian:0.001"], ["clip:1,gaussian:0.6"], ["prune:0.5,laplace:0.1"]):
+        assert "`--mode paper`" in noise_caveat(["exact"], chains), chains
+    for modes, chains in ((["exact"], [None]), (["exact"], [None, "clip:1", "prune:0.5", "topk:0.9"]),
+                          (["paper"], ["gaussian:0.001"]), (["exact", "paper"], ["gaussian:0.001"])):
+        assert noise_caveat(modes, chains) == "", (modes, chains)
 
 
 def test_audit_takes_the_defense_levels_a_user_asks_for(tmp_path):

@@ -210,12 +210,13 @@ def audit(
     out: Annotated[Optional[Path], _run_out("audit")] = None,
     quick: QuickOpt = False,
     full: Annotated[bool, typer.Option("--full", help="the paper-scale protocol (48 samples from every "
-                                       "room, S1 and S2, exact and paper mode; about 7 h on 2 cores)")] = False,
+                                       "room, S1 and S2, exact and paper mode; about 8 h on 2 cores)")] = False,
     cases: Annotated[Optional[Path], typer.Option("--cases", help="attack your own saved room cases "
                                                   "(folders as `leaklab env capture` writes them) instead")] = None,
     model_class: Annotated[Optional[str], typer.Option("--model-class", help="with --cases: your own "
                                                        "perception network, package.module:Class")] = None,
-    mode: Annotated[Optional[str], _choice("--mode", ROOM_MODE_NAMES, "(default exact; --full runs both)")] = None,
+    mode: Annotated[Optional[str], _choice("--mode", ROOM_MODE_NAMES, "(default exact; paper: stronger behind "
+                                           "noise, four times as long or more; --full runs both)")] = None,
     arch: Annotated[Optional[str], _choice("--arch", ARCH_NAMES, "(the robots' perception network; default "
                                            f"{DEFAULT_ARCH})")] = None,
     iterations: IterationsOpt = None,
@@ -282,6 +283,8 @@ def audit(
                        + _resumed(s["resumed_attacks"], ", {} resumed from an interrupted run")
                        + (f"; {_room_summary_line(s, any(r['defense'] for r in results['cases']))}"
                           if s["scored"] else ""))
+            if caveat := room_verdicts.noise_caveat([attack.mode], [r["defense"] for r in results["cases"]]):
+                typer.echo(caveat)
             return
         if model_class is not None:
             raise LeaklabError("--model-class belongs to --cases (your saved updates of your network)")
@@ -308,8 +311,10 @@ def audit(
                    f"{images}, box IoU {s['iou_mean']:.3f}, action {room_attack.action_share(s, defended)}"
                    + (f", update kept {cosine_text(s['update_cosine_median'])}" if defended else ""))
     typer.echo(room_verdicts.conclusion(room_verdicts.verdicts(results)))
-    if advice := room_verdicts.levels_text(results["summary"]):
-        typer.echo(advice)
+    caveat = room_verdicts.noise_caveat(results["config"]["modes"], [c["defense_chain"] for c in results["cells"]])
+    for advice in (caveat, room_verdicts.levels_text(results["summary"])):
+        if advice:
+            typer.echo(advice)
 
 
 def _image_audit(out: Path, quick: bool, seed: int, progress: Callable[..., None]) -> None:

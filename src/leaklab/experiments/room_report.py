@@ -123,7 +123,9 @@ def write_cases_report(folder: Path, results: dict[str, Any], truths: list[Pictu
                ("attacks resumed from an interrupted run", s["resumed_attacks"])]
     render_report(folder / REPORT_FILE, "leaklab audit of saved room updates", summary=summary,
                   notice=" ".join(filter(None, (fallback_caveat(results), no_signal_caveat(results["cases"]),
-                                                effort_notice(attack["iterations"])))),
+                                                effort_notice(attack["iterations"]),
+                                                room_verdicts.noise_caveat([attack["mode"]],
+                                                                           [r["defense"] for r in results["cases"]])))),
                   lead=lead,
                   intro="Each saved client update was attacked from the server's files only (QGI for DQN "
                         "updates, RGI for REINFORCE updates).",
@@ -329,7 +331,9 @@ def write_report(folder: Path, results: dict[str, Any], cells, defenses, truths,
                ("rooms", ", ".join(rooms)),
                ("wall-clock seconds", results["summary"]["seconds"]),
                ("attacks resumed from an interrupted run", results["summary"]["resumed_attacks"])]
-    notice = effort_notice(iterations[0], " Rerun without --quick or --iterations for the audit's verdicts.")
+    notice = " ".join(filter(None, (
+        effort_notice(iterations[0], " Rerun without --quick or --iterations for the audit's verdicts."),
+        room_verdicts.noise_caveat(config["modes"], [chain for _, chain in defenses]))))
     intro = ("Can an honest-but-curious federated-learning server (one that follows the protocol but studies "
              "what it receives) see a robot's private room? Robots training an active-perception policy in "
              "ViZDoom rooms share one gradient per step; the server inverts it (the paper \"Your Room is not "

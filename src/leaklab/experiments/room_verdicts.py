@@ -113,6 +113,21 @@ def _kept_text(cells: list[dict[str, Any]]) -> str:
 NOT_MEASURED = "–"
 
 
+def noise_caveat(modes: list[str], chains: list[str | None]) -> str:
+    """The caveat of an audit whose attacks ran in exact mode alone on updates behind noise (``chains``: the
+    defense chains attacked): there its closed forms read the noise, and the paper's optimisation, which
+    matches every gradient at once, showed more rooms (docs/reproductions.md, "Exact or paper mode behind
+    noise"); "" otherwise."""
+    noised = any(name in ("gaussian", "laplace") for chain in chains for name, _ in defense_steps(chain))
+    if set(modes) != {"exact"} or not noised:
+        return ""
+    return ("Behind noise exact mode is not the strongest attack: its closed forms read the noise, while the "
+            "paper's method, which fits the box and the images to every gradient at once, showed the room in "
+            "more noised updates on leaklab's paper-scale audit (docs/reproductions.md, \"Exact or paper mode "
+            "behind noise\"). Read the verdicts behind noise as exact mode's, a lower bound on the leak; "
+            "`--mode paper` (four times as long or more) or `--full` attacks with the paper's method too.")
+
+
 def levels_text(summary: dict[str, Any]) -> str:
     """Where the leaks stop and the levels to audit next, in words, from an audit's ``summary`` (saying
     how many earlier audits' verdicts they count); "" when it names neither."""
