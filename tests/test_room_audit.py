@@ -133,6 +133,28 @@ def test_an_exact_mode_audit_behind_noise_says_the_paper_method_may_show_more():
         assert noise_caveat(modes, chains) == "", (modes, chains)
 
 
+def test_audit_mode_both_attacks_each_update_in_both_modes(tmp_path, monkeypatch):
+    """`--mode both`: the default audit's updates in exact and in paper mode (as --full's, at the default
+    scale); an audit of saved cases runs one mode, and says so."""
+    from leaklab.errors import LeaklabError
+    from leaklab.experiments import room_audit
+
+    asked = []
+
+    def run(out, config, progress=None, earlier=()):
+        asked.append(config)
+        raise LeaklabError("stopped by the test")
+
+    monkeypatch.setattr(room_audit, "run", run)
+    out = tmp_path / "both"
+    assert_user_error(invoke("audit", "--mode", "both", "--out", out), out, "stopped by the test")
+    assert_user_error(invoke("audit", "--mode", "paper", "--out", out), out, "stopped by the test")
+    assert [c.modes for c in asked] == [("exact", "paper"), ("paper",)]
+    assert asked[0].samples == room_audit.default_config().samples
+    assert_user_error(invoke("audit", "--cases", tmp_path, "--mode", "both", "--out", out), out, "--mode both",
+                      "once with --mode exact")
+
+
 def test_audit_takes_the_defense_levels_a_user_asks_for(tmp_path):
     out = tmp_path / "levels"
     result = invoke("audit", "--quick", "--sigmas", "1e-4", "--epsilons", "50,20", "--out", out)
