@@ -125,7 +125,8 @@ def noise_caveat(modes: list[str], chains: list[str | None]) -> str:
             "paper's method, which fits the box and the images to every gradient at once, showed the room in "
             "more noised updates on leaklab's paper-scale audit (docs/reproductions.md, \"Exact or paper mode "
             "behind noise\"). Read the verdicts behind noise as exact mode's, a lower bound on the leak; "
-            "`--mode paper` (four times as long or more) attacks with the paper's method, `--mode both` with both (each update counted once).")
+            "`--mode paper` (four times as long or more) attacks with the paper's method, `--mode both` with "
+            "both (each update counted once).")
 
 
 def levels_text(summary: dict[str, Any]) -> str:
