@@ -288,7 +288,8 @@ def audit(
                        + _resumed(s["resumed_attacks"], ", {} resumed from an interrupted run")
                        + (f"; {_room_summary_line(s, any(r['defense'] for r in results['cases']))}"
                           if s["scored"] else ""))
-            if caveat := room_verdicts.noise_caveat([attack.mode], [r["defense"] for r in results["cases"]]):
+            if caveat := room_verdicts.noise_caveat([attack.mode], [r["defense"] for r in results["cases"]],
+                                                    cases=True):
                 typer.echo(caveat)
             return
         if model_class is not None:

@@ -125,7 +125,8 @@ def write_cases_report(folder: Path, results: dict[str, Any], truths: list[Pictu
                   notice=" ".join(filter(None, (fallback_caveat(results), no_signal_caveat(results["cases"]),
                                                 effort_notice(attack["iterations"]),
                                                 room_verdicts.noise_caveat([attack["mode"]],
-                                                                           [r["defense"] for r in results["cases"]])))),
+                                                                           [r["defense"] for r in results["cases"]],
+                                                                           cases=True)))),
                   lead=lead,
                   intro="Each saved client update was attacked from the server's files only (QGI for DQN "
                         "updates, RGI for REINFORCE updates).",

@@ -113,11 +113,11 @@ def _kept_text(cells: list[dict[str, Any]]) -> str:
 NOT_MEASURED = "–"
 
 
-def noise_caveat(modes: list[str], chains: list[str | None]) -> str:
+def noise_caveat(modes: list[str], chains: list[str | None], cases: bool = False) -> str:
     """The caveat of an audit whose attacks ran in exact mode alone on updates behind noise (``chains``: the
     defense chains attacked): there its closed forms read the noise, and the paper's optimisation, which
     matches every gradient at once, showed more rooms (docs/reproductions.md, "Exact or paper mode behind
-    noise"); "" otherwise."""
+    noise"); "" otherwise. ``cases``: an audit of saved cases, which runs one mode at a time."""
     noised = any(name in ("gaussian", "laplace") for chain in chains for name, _ in defense_steps(chain))
     if set(modes) != {"exact"} or not noised:
         return ""
@@ -125,8 +125,8 @@ def noise_caveat(modes: list[str], chains: list[str | None]) -> str:
             "paper's method, which fits the box and the images to every gradient at once, showed the room in "
             "more noised updates on leaklab's paper-scale audit (docs/reproductions.md, \"Exact or paper mode "
             "behind noise\"). Read the verdicts behind noise as exact mode's, a lower bound on the leak; "
-            "`--mode paper` (four times as long or more) attacks with the paper's method, `--mode both` with "
-            "both (each update counted once).")
+            "`--mode paper` (four times as long or more) attacks with the paper's method"
+            + ("." if cases else ", `--mode both` with both (each update counted once)."))
 
 
 def levels_text(summary: dict[str, Any]) -> str:
