@@ -211,7 +211,7 @@ def audit(
     out: Annotated[Optional[Path], _run_out("audit")] = None,
     quick: QuickOpt = False,
     full: Annotated[bool, typer.Option("--full", help="the paper-scale protocol (48 samples from every "
-                                       "room, S1 and S2, exact and paper mode; about 8 h on 2 cores)")] = False,
+                                       "room, S1 and S2, exact and paper mode; about 9 h on 2 cores)")] = False,
     cases: Annotated[Optional[Path], typer.Option("--cases", help="attack your own saved room cases "
                                                   "(folders as `leaklab env capture` writes them) instead")] = None,
     model_class: Annotated[Optional[str], typer.Option("--model-class", help="with --cases: your own "
