@@ -36,6 +36,7 @@ from leaklab.attacks.rl.exact import exact_vectors
 from leaklab.attacks.rl.rules import dqn_actions, error_directions
 from leaklab.experiments import room_attack
 from leaklab.experiments.attack_pool import _attack_one
+from leaklab.experiments.room_verdicts import image_gains
 from leaklab.rl.envs.layouts import layouts_arg
 
 VARIANTS = ("exact", "paper", "closed-box", "stage1-box")
@@ -97,8 +98,7 @@ def main() -> None:
                     start = time.perf_counter()
                     rec = _attack_one(job)
                 m = room_attack.score(sample, rec, args.setting)["metrics"]
-                gain = max(m[f"{im}_paper_psnr"] - m[f"{im}_paper_psnr_baseline"] for im in ("rgb", "depth")
-                           if m.get(f"{im}_paper_psnr") is not None)
+                gain = max(image_gains({"metrics": m}))[0]
                 rows.append({"sigma": float(sigma), "sample": sample.index, "variant": name, "gain_db": gain,
                              "box_iou": m["box_iou"], "seconds": time.perf_counter() - start})
                 print(json.dumps(rows[-1]), flush=True)

@@ -2,7 +2,8 @@
 
 The paper-scale audit attacks every defended update in both modes and keeps each finished attack in
 ``.leaklab-resume/`` beside its output folder until the run ends. This script rebuilds the audit's jobs
-(the same captures, defenses and seed: ``room_audit.default_config(full=True)``), reads every saved attack
+(the same captures, defenses and seed: ``room_audit.default_config(full=True)`` and
+``room_audit.attack_list``), reads every saved attack
 the journal holds, scores it with the audit's own ``room_attack.score`` and compares the two modes update by
 update: how many updates each shows the room of (an image ``room_verdicts.IMAGE_LEAK_DB`` over its own
 constant baseline), their mean largest gain and mean box IoU, per attack, setting and defense
@@ -21,12 +22,7 @@ from pathlib import Path
 
 from leaklab.experiments import room_attack, room_audit
 from leaklab.experiments.attack_journal import AttackJournal
-from leaklab.experiments.room_verdicts import IMAGE_LEAK_DB
-
-
-def largest_gain(metrics: dict) -> float:
-    return max(metrics[f"{im}_paper_psnr"] - metrics[f"{im}_paper_psnr_baseline"] for im in ("rgb", "depth")
-               if metrics.get(f"{im}_paper_psnr") is not None)
+from leaklab.experiments.room_verdicts import IMAGE_LEAK_DB, image_gains
 
 
 def main() -> None:
@@ -35,23 +31,11 @@ def main() -> None:
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
     config = room_audit.default_config(full=True)
-    cells = room_audit._cell_configs(config)
+    cells = room_audit.cell_configs(config)
     defenses = config.defenses()
-    firsts: dict = {}
-    for _, run_config in cells:
-        firsts.setdefault((run_config.algorithm, run_config.setting), run_config)
+    firsts = room_audit.capture_runs(cells)
     captures = {key: room_attack.capture_samples(run_config) for key, run_config in firsts.items()}
-    # the audit's job order: sample by sample through every cell and defense (room_audit.run)
-    where = [(c, d, captures[(run_config.algorithm, run_config.setting)][1][s]) for s in range(config.samples)
-             for c, (_, run_config) in enumerate(cells) for d in range(len(defenses))]
-
-    def build(i: int):
-        c, d, sample = where[i]
-        run_config = cells[c][1]
-        state = captures[(run_config.algorithm, run_config.setting)][0]
-        return sample, room_attack.attack_job(run_config, state, sample, defenses[d][1])
-
-    jobs, kept = room_attack.jobs_and_cosines(len(where), build)
+    where, jobs, kept = room_audit.attack_list(config.samples, cells, defenses, captures)
     journal = AttackJournal(args.journal, jobs)
     held = sorted(journal.held())
     print(f"{len(held)} of {len(where)} attacks saved", flush=True)
@@ -63,8 +47,9 @@ def main() -> None:
         c, d, sample = where[i]
         meta = cells[c][0]
         metrics = room_attack.score(sample, rec, meta["setting"], kept[i])["metrics"]
-        by_update[(meta["algorithm"], meta["setting"], defenses[d][0], sample.index)][meta["mode"]] = \
-            {"gain_db": largest_gain(metrics), "box_iou": metrics["box_iou"], "seconds": rec.seconds}
+        by_update[(meta["algorithm"], meta["setting"], defenses[d][0], sample.index)][meta["mode"]] = {
+            "gain_db": max(image_gains({"metrics": metrics}))[0], "box_iou": metrics["box_iou"],
+            "seconds": rec.seconds}
     table = []
     for algorithm, setting in firsts:
         for label, _ in defenses:

@@ -386,8 +386,8 @@ def test_audit_refuses_conflicting_options(tmp_path):
 
 
 def test_audit_arch_reaches_every_cell():
-    from leaklab.experiments.room_audit import AuditConfig, _cell_configs
+    from leaklab.experiments.room_audit import AuditConfig, cell_configs
 
-    cells = _cell_configs(AuditConfig(arch="nature", samples=1))
+    cells = cell_configs(AuditConfig(arch="nature", samples=1))
     assert len(cells) == 4 and {run.arch for _, run in cells} == {"nature"}
     assert {run.spec.arch for _, run in cells} == {"nature"}

@@ -24,6 +24,7 @@ AUDIT_KIND_NAMES = ("rooms", "images")  # leaklab audit --kind
 INVERSION_CHECK_NAMES = ("dlg", "idlg", "analytic", "ig", "ig_batch_stats")  # reproduce inversion-checks
 
 DEFENSE_NAMES = ("gaussian", "laplace", "prune", "topk", "clip")  # steps of a --defense chain
+NOISE_DEFENSE_NAMES = ("gaussian", "laplace")  # the steps of a chain that add noise
 DEVICE_PATTERN = r"^(cpu|cuda(:\d+)?)$"  # the room attacks' --device values
 
 ACCOUNTANT_NAMES = ("rdp", "prv", "pld")  # DP-SGD accountants (leaklab.privacy.accounting)

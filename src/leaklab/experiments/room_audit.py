@@ -182,7 +182,7 @@ def default_config(quick: bool = False, full: bool = False, seed: int = 0) -> Au
     return AuditConfig(seed=seed)
 
 
-def _cell_configs(config: AuditConfig) -> list[tuple[dict[str, str], room_attack.RoomRunConfig]]:
+def cell_configs(config: AuditConfig) -> list[tuple[dict[str, str], room_attack.RoomRunConfig]]:
     from leaklab.rl.envs import LAYOUTS
 
     layouts = config.layouts or tuple(LAYOUTS)[:min(config.samples, len(LAYOUTS))]
@@ -202,6 +202,40 @@ def _cell_configs(config: AuditConfig) -> list[tuple[dict[str, str], room_attack
     return cells
 
 
+# per (algorithm, setting): the network's state and the clean samples (room_attack.capture_samples)
+Captures = dict[tuple[str, str], tuple[dict[str, torch.Tensor], list[room_attack.Sample]]]
+Attack = tuple[int, int, room_attack.Sample]  # an audit's attack: cell, defense and sample
+
+
+def capture_runs(cells: list[tuple[dict[str, str], room_attack.RoomRunConfig]]
+                 ) -> dict[tuple[str, str], room_attack.RoomRunConfig]:
+    """The run config that captures each algorithm and setting's updates, once: its modes attack the same."""
+    firsts: dict[tuple[str, str], room_attack.RoomRunConfig] = {}
+    for _, run_config in cells:
+        firsts.setdefault((run_config.algorithm, run_config.setting), run_config)
+    return firsts
+
+
+def attack_list(samples: int, cells: list[tuple[dict[str, str], room_attack.RoomRunConfig]],
+                defenses: list[tuple[str, str | None]], captures: Captures
+                ) -> tuple[list[Attack], attack_pool.JobList, dict[int, float]]:
+    """Every attack of an audit, and its jobs and update cosines (:func:`room_attack.jobs_and_cosines`).
+    Sample by sample, each through every cell and defense: the attacks' rate, and so the time left a
+    progress line gives, is the whole audit's from the start (cell by cell, `--full`'s first cell ran 3
+    times faster than its second); each cell's rows still come in sample order."""
+    where = [(c, d, captures[(run_config.algorithm, run_config.setting)][1][s]) for s in range(samples)
+             for c, (_, run_config) in enumerate(cells) for d in range(len(defenses))]
+
+    def build(i: int) -> tuple[room_attack.Sample, attack_pool.Job]:  # a cell's run config carries the seed
+        c, d, sample = where[i]
+        run_config = cells[c][1]
+        state = captures[(run_config.algorithm, run_config.setting)][0]
+        return sample, room_attack.attack_job(run_config, state, sample, defenses[d][1])
+
+    jobs, kept = room_attack.jobs_and_cosines(len(where), build)
+    return where, jobs, kept
+
+
 def run(out: Path, config: AuditConfig, progress: ProgressFn | None = None,
         earlier: Sequence[Path] = ()) -> dict[str, Any]:
     """Run the audit and write ``out`` atomically; returns the results (also ``results.json``).
@@ -212,15 +246,13 @@ def run(out: Path, config: AuditConfig, progress: ProgressFn | None = None,
     require_device(config.device)
     start = time.perf_counter()
     defenses = config.defenses()
-    cells = _cell_configs(config)
+    cells = cell_configs(config)
     # capture once per algorithm and setting (the modes attack the same updates), then attack every
     # cell's samples behind every defense level in one pool, each defended update built when its
     # attack is handed to the pool (attack_pool.JobList)
-    firsts: dict[tuple[str, str], room_attack.RoomRunConfig] = {}
-    for _, run_config in cells:
-        firsts.setdefault((run_config.algorithm, run_config.setting), run_config)
+    firsts = capture_runs(cells)
     episodes = sum(run_config.samples * run_config.batch_size for run_config in firsts.values())
-    captures: dict[tuple[str, str], tuple[dict[str, torch.Tensor], list[room_attack.Sample]]] = {}
+    captures: Captures = {}
     captured = trained = 0
     for key, run_config in firsts.items():
         def on_episode(n: int, before: int = captured) -> None:
@@ -234,19 +266,7 @@ def run(out: Path, config: AuditConfig, progress: ProgressFn | None = None,
                                                     on_train_step if progress and config.train_steps else None)
         captured += run_config.samples * run_config.batch_size
         trained += config.train_steps
-    # sample by sample, each through every cell and defense: the attacks' rate, and so the time left a
-    # progress line gives, is the whole audit's from the start (cell by cell, `--full`'s first cell ran
-    # 3 times faster than its second); each cell's rows still come in sample order
-    where = [(c, d, captures[(run_config.algorithm, run_config.setting)][1][s]) for s in range(config.samples)
-             for c, (_, run_config) in enumerate(cells) for d in range(len(defenses))]
-
-    def build(i: int) -> tuple[room_attack.Sample, attack_pool.Job]:  # a cell's run config carries the seed
-        c, d, sample = where[i]
-        run_config = cells[c][1]
-        state = captures[(run_config.algorithm, run_config.setting)][0]
-        return sample, room_attack.attack_job(run_config, state, sample, defenses[d][1])
-
-    jobs, kept = room_attack.jobs_and_cosines(len(where), build)
+    where, jobs, kept = attack_list(config.samples, cells, defenses, captures)
     rows: dict[tuple[int, int], list[dict[str, Any]]] = {}
     pictures: dict[tuple[int, int], list[room_report.Picture]] = {}
     truths: dict[int, list[room_report.Picture]] = {}

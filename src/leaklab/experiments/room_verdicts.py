@@ -16,6 +16,7 @@ from scipy.stats import binom
 
 from leaklab.experiments.audit_levels import leaks_stop_text, next_levels_text
 from leaklab.fields import defense_steps
+from leaklab.names import NOISE_DEFENSE_NAMES
 from leaklab.rl.envs.active_perception import ACTIONS
 from leaklab.words import cosine_text, listing, plural
 
@@ -85,7 +86,7 @@ def _actions_read(actions: list[float]) -> str | None:
     return f"{int(right)} of {plural(n, 'update')} ({100 * right / n:.0f}%; chance alone: p = {p:.2g})"
 
 
-def _image_gains(row: dict[str, Any]) -> list[tuple[float, str]]:
+def image_gains(row: dict[str, Any]) -> list[tuple[float, str]]:
     """One attack's image gains over their constant baselines (dB), each with its image (``rgb``, ``depth``)."""
     m = row.get("metrics", {})
     return [(m[f"{im}_paper_psnr"] - m[f"{im}_paper_psnr_baseline"], im) for im in ("rgb", "depth")
@@ -118,7 +119,7 @@ def noise_caveat(modes: list[str], chains: list[str | None], cases: bool = False
     defense chains attacked): there its closed forms read the noise, and the paper's optimisation, which
     matches every gradient at once, showed more rooms (docs/reproductions.md, "Exact or paper mode behind
     noise"); "" otherwise. ``cases``: an audit of saved cases, which runs one mode at a time."""
-    noised = any(name in ("gaussian", "laplace") for chain in chains for name, _ in defense_steps(chain))
+    noised = any(name in NOISE_DEFENSE_NAMES for chain in chains for name, _ in defense_steps(chain))
     if set(modes) != {"exact"} or not noised:
         return ""
     return ("Behind noise exact mode is not the strongest attack: its closed forms read the noise, while the "
@@ -233,7 +234,7 @@ def room_shown(updates: Attacks, modes: bool) -> RoomShown:
     best: dict[Hashable, tuple[float, str]] = {}
     for update, attacks in updates.items():
         for attack, row in attacks:
-            for gain, image in _image_gains(row):
+            for gain, image in image_gains(row):
                 if update not in best or gain > best[update][0]:
                     best[update] = (gain, _where(attack, image, modes))
     gain, where = max(best.values(), default=(None, None))
