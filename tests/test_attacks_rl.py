@@ -7,7 +7,8 @@ import torch.nn.functional as F
 from torch.nn.grad import conv2d_weight
 
 from leaklab.attacks.rl import RoomAttackConfig, qgi, rgi
-from leaklab.attacks.inversion.analytic import rank_one_residual
+from leaklab.attacks.inversion.analytic import linear_input, rank_one_residual
+from leaklab.attacks.rl.box_fit import fitted_box
 from leaklab.attacks.rl.exact import (_inner_error, exact_streams, exact_vectors, feature_error,
                                      reinforce_batch_errors, separated_vectors, untouched, weight_gradient)
 from leaklab.attacks.rl import layerwise as layerwise_module
@@ -186,6 +187,30 @@ def test_qgi_exact_batch_two_separates_every_linear_input(setting, arch):
     noised = {k: v.double() + 1e-5 * torch.randn(v.shape, generator=g, dtype=torch.float64)
               for k, v in update.tensors.items()}
     assert not separated_vectors(view.model, noised, error_directions(noised["head.2.bias"], rec.action)).untouched
+
+
+@pytest.mark.parametrize("arch,loss", [("small", "dqn_mse"), ("deep", "dqn_mse"), ("small", "reinforce")])
+def test_behind_noise_exact_mode_fits_the_box_to_every_layer_it_feeds(arch, loss):
+    """box.0's closed form drowns in noise its small gradient cannot carry; the fit to the box branch's
+    and head.0's gradients reads the box a hundred times closer (box_fit)."""
+    view, update, truth = client("S1" if arch == "deep" else "S2", arch, loss=loss)
+    g = torch.Generator().manual_seed(1)
+    noised = {k: v.double() + 1e-3 * torch.randn(v.shape, generator=g, dtype=torch.float64)
+              for k, v in update.tensors.items()}
+    st = exact_vectors(view.model, noised)
+    assert not st.untouched
+    error = lambda box: float((box.reshape(-1) - truth["box"][0]).norm())  # noqa: E731
+    assert error(linear_input(noised["box.0.weight"], noised["box.0.bias"])) > 0.1
+    assert error(st.box) < 0.01
+
+
+def test_the_box_fit_finds_the_box_from_a_wrong_start_and_an_untouched_update_keeps_the_closed_form():
+    view, update, truth = client()
+    grads = {k: v.double() for k, v in update.tensors.items()}
+    wrong = torch.full((1, 4), 0.9, dtype=torch.float64)
+    assert float((fitted_box(view.model, grads, wrong)[0] - truth["box"][0]).norm()) < 1e-6
+    closed = linear_input(grads["box.0.weight"], grads["box.0.bias"]).unsqueeze(0)
+    assert torch.equal(exact_vectors(view.model, grads).box, closed)
 
 
 def test_qgi_exact_batch_with_one_action_twice_is_not_separated():

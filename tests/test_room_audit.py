@@ -121,9 +121,9 @@ def test_an_audit_of_both_modes_attacks_each_update_in_both_and_counts_it_once(t
 
 
 def test_an_exact_mode_audit_behind_noise_says_the_paper_method_may_show_more():
-    """Behind noise exact mode's closed forms read the noise; the paper's method, fitted to every gradient,
-    showed more rooms on the paper-scale audit (docs/reproductions.md): an exact-mode audit of noised updates
-    says so, and no other does."""
+    """Behind noise exact mode's images match features read off one noised layer; the paper's method, fitted
+    to every gradient, showed more rooms on the paper-scale audit (docs/reproductions.md): an exact-mode audit
+    of noised updates says so, and no other does."""
     from leaklab.experiments.room_verdicts import noise_caveat
 
     for chains in ([None, "gaussian:0.001"], ["clip:1,gaussian:0.6"], ["prune:0.5,laplace:0.1"]):

@@ -56,6 +56,7 @@ from torch import nn
 from torch.nn.grad import conv2d_weight
 
 from leaklab.attacks.inversion.analytic import linear_input, rank_one_residual
+from leaklab.attacks.rl.box_fit import fitted_box
 from leaklab.attacks.rl.config import RoomAttackConfig
 from leaklab.attacks.rl.images import modality_tv, gaussian_start
 from leaklab.attacks.rl.layerwise import ZERO, penultimate_activations
@@ -78,13 +79,16 @@ class ExactState:
 
 
 def exact_vectors(net: PerceptionNet, grads: dict[str, torch.Tensor]) -> ExactState:
-    """One sample: the inputs of ``box.0``, ``head.0`` and the last layer from their gradients."""
+    """One sample: the inputs of ``box.0``, ``head.0`` and the last layer from their gradients; on a
+    defended update (not :func:`untouched`) the box fitted to every layer it feeds
+    (:func:`~leaklab.attacks.rl.box_fit.fitted_box`)."""
     names = linear_names(net)
     h = {n: linear_input(grads[f"{n}.weight"], grads[f"{n}.bias"]).unsqueeze(0) for n in
          ("box.0", "head.0", names[-1])}
-    return ExactState(box=h["box.0"], features=h["head.0"][:, :conv_feature_count(net)],
-                      last_input=h[names[-1]], feature_errors=feature_error(net, grads),
-                      untouched=untouched(grads))
+    exact = untouched(grads)
+    return ExactState(box=h["box.0"] if exact else fitted_box(net, grads, h["box.0"]),
+                      features=h["head.0"][:, :conv_feature_count(net)], last_input=h[names[-1]],
+                      feature_errors=feature_error(net, grads), untouched=exact)
 
 
 ROUNDING = 1e-6  # recovered entries under this fraction of the largest are rounding (float32 data: ~1e-8)
