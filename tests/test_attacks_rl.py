@@ -213,6 +213,22 @@ def test_the_box_fit_finds_the_box_from_a_wrong_start_and_an_untouched_update_ke
     assert torch.equal(exact_vectors(view.model, grads).box, closed)
 
 
+def test_the_box_fit_reads_a_box_branch_with_a_linear_layer_without_bias():
+    """A user's box branch may hold a Linear layer without a bias: its output error is not in the update,
+    so the fit leaves that layer out and still reads the box from the others behind noise."""
+    spec = PerceptionSpec(setting="S1", arch="deep")
+    net = build_perception_net(spec, seed=0)
+    net.box[2] = torch.nn.Linear(64, 64, bias=False)
+    x, box, a = smooth_images(1, spec.in_channels, 10), torch.tensor([[-0.3, -0.2, 0.4, 0.5]]), torch.tensor([3])
+    grads = torch.autograd.grad(dqn_loss(net(x, box), a, torch.tensor([0.7])), list(net.parameters()))
+    g = torch.Generator().manual_seed(1)
+    noised = {n: v.double() + 1e-3 * torch.randn(v.shape, generator=g, dtype=torch.float64)
+              for (n, _), v in zip(net.named_parameters(), grads)}
+    assert "box.2.bias" not in noised
+    closed = linear_input(noised["box.0.weight"], noised["box.0.bias"]).unsqueeze(0)
+    assert float((fitted_box(net, noised, closed)[0] - box[0]).norm()) < 0.1 * float((closed[0] - box[0]).norm())
+
+
 def test_qgi_exact_batch_with_one_action_twice_is_not_separated():
     view, update, truth = client(batch=2, actions=(3, 3))
     grads = {k: v.double() for k, v in update.tensors.items()}

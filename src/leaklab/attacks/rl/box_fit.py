@@ -29,13 +29,18 @@ STEPS = 50  # at most this many Gauss–Newton steps from each start
 
 def _readings(net: PerceptionNet, grads: dict[str, torch.Tensor]) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """Per layer the box feeds (the box branch's Linear layers, then ``head.0``'s box columns): the
-    closed-form reading ``ĥ`` of its input and its weight ``||db||`` (float64)."""
+    closed-form reading ``ĥ`` of its input and its weight ``||db||`` (float64); weight 0 for a Linear layer
+    without a bias (a user's own box branch), whose output error the update does not give."""
     names = [f"box.{i}" for i, m in enumerate(net.box) if isinstance(m, nn.Linear)] + ["head.0"]
     out = []
     for name in names:
-        dw, db = grads[f"{name}.weight"].double(), grads[f"{name}.bias"].double()
+        dw, db = grads[f"{name}.weight"].double(), grads.get(f"{name}.bias")
+        if db is None:
+            out.append((torch.zeros(dw.shape[1], dtype=torch.float64), torch.zeros((), dtype=torch.float64)))
+            continue
         if name == "head.0":
             dw = dw[:, conv_feature_count(net):]
+        db = db.double()
         norm = torch.linalg.vector_norm(db)
         out.append(((db @ dw) / (norm * norm).clamp_min(1e-300), norm))
     return out
