@@ -3,11 +3,12 @@
 Each QGI update (``leaklab attack qgi`` captures, same seed) is noised with Gaussian noise of std σ and
 attacked four ways (docs/reproductions.md, "Exact or paper mode behind noise"):
 
-* ``exact``: exact mode (the box and the features in closed form, one layer's gradient each; the images
-  fitted to those features);
+* ``exact``: exact mode (the features in closed form from ``head.0``'s gradient, the box from ``box.0``'s
+  until exact method version 8 and fitted to every layer it feeds since version 9; the images fitted to
+  those features);
 * ``paper``: paper mode (stage 1 fits the box and the features to every linear layer's gradient, stage 2
   fits the images to every gradient);
-* ``closed-box``: paper mode with stage 1 replaced by exact mode's closed forms (the paper's image stage
+* ``closed-box``: paper mode with stage 1 replaced by exact mode's vectors (the paper's image stage
   from exact mode's box);
 * ``stage1-box``: exact mode with its box and features taken from the paper's stage 1 run for
   ``--stage1-iterations`` steps (exact mode's image stage from stage 1's vectors).
