@@ -94,6 +94,22 @@ def test_the_engines_settings_file_is_the_processs_own_and_leaves_no_trace(tmp_p
     assert "could not be saved" not in run.stdout + run.stderr  # the open game was closed before it went
 
 
+@pytest.mark.skipif(not LINUX, reason="the launcher, which starts the engine in the process's folder, is Linux's")
+def test_an_engine_works_in_the_processs_folder_not_in_the_users(tmp_path):
+    """An engine makes `./_vizdoom/` where it works and dies, crashing the process, when something of that
+    name is there: a file, or the folder another process's engine made a moment before (two captures started
+    at once in one folder: one died of a segmentation fault, "Failed to create ./_vizdoom/ directory: File
+    exists"). A file of that name in the working directory stands for both."""
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "_vizdoom").write_text("a user's file")
+    code = (f"from leaklab.rl.envs import ActivePerceptionEnv; env = ActivePerceptionEnv(layout={LAYOUT!r}); "
+            "env.reset(seed=0); env.close(); print('started')")
+    run = _python(code, tmp_path, cwd=work)
+    assert run.returncode == 0 and run.stdout.strip() == "started", run.stderr[-2000:]
+    assert [p.name for p in work.iterdir()] == ["_vizdoom"] and (work / "_vizdoom").read_text() == "a user's file"
+
+
 def test_a_folder_replaced_under_the_same_name_is_not_taken_for_the_processs_own(tmp_path, monkeypatch):
     """A temporary-folder cleaner may remove the folder during a long run, and anyone may then make one
     under its name, with a launcher in it: the process makes a new folder of its own instead."""

@@ -19,6 +19,10 @@ shared memory (a tmpfs at /dev/shm on Linux). Measured here (docs/reproductions.
 * the engine reads its settings file at start and writes it on close: the file lives in the process's
   private folder (:func:`_home`), and the games still open at the process's exit are closed before
   that folder goes;
+* a new settings file makes the engine create ``./_vizdoom/`` where it works, and it dies (crashing the
+  process) when something of that name is in the way: a user's file, or the folder another process's engine
+  made a moment before (seen once, two captures started together in one folder; a file crashes every
+  start): the launcher starts it in the process's private folder;
 * a killed engine leaves its shared memory (0.16 MiB of pages and two message queues) and a killed
   process its folder: the next process to start a game removes them (:func:`_sweep_crashed`);
 * a forked child shares its parent's games' message queues, so closing its copy of a game (its destructor
@@ -61,7 +65,9 @@ _UNTOLD = "a trial start in a child process did not end in time"
 # Run by the launcher (a shell script) in the process that becomes the engine: have the kernel kill it when the
 # thread that started it dies (PR_SET_PDEATHSIG, kept across exec; ViZDoom starts the engine from a thread that
 # lives as long as the engine), give up if that thread's process is gone already, note the engine's instance
-# in the process's folder where it can (for :func:`_sweep_crashed`) and become the engine
+# in the process's folder where it can (for :func:`_sweep_crashed`), move into that folder (an engine makes
+# `./_vizdoom/` where it works, and dies, taking the process along, when something of that name is in its way:
+# a file, or the folder another process's engine made a moment before it) and become the engine
 _TIE_TO_PARENT = """
 import ctypes, os, signal, sys
 parent, folder, engine, args = int(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4:]
@@ -72,6 +78,7 @@ if "+viz_instance_id" in args[:-1]:
         open(os.path.join(folder, "instance-" + args[args.index("+viz_instance_id") + 1]), "w").close()
     except OSError:
         pass
+os.chdir(folder)
 os.execv(engine, [engine, *args])
 """
 
@@ -122,8 +129,10 @@ def start_game(game: vzd.DoomGame) -> None:
     if engine:
         game.set_vizdoom_path(engine)
     game.set_doom_config_path(str(home.path / "settings.ini"))
-    search = Path("_vizdoom")  # the engine makes this folder in the working directory when it writes a new
-    made = not search.exists()  # settings file (its search path, never used here); leave no trace of it
+    # an engine makes this folder where it works when it writes a new settings file (its search path, never
+    # used here): the launcher's engine works in the private folder; ViZDoom's own, here, leaves no trace of it
+    search = Path("_vizdoom")
+    made = not engine and not search.exists()
     try:
         with _interrupts_held():
             game.init()
