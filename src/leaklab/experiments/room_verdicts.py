@@ -126,8 +126,9 @@ def noise_caveat(modes: list[str], chains: list[str | None], cases: bool = False
     return ("Behind noise exact mode is not the strongest attack on the images: it fits them to the features "
             "read off one layer's noised gradient, while the paper's method, which fits them to every gradient "
             "at once, showed the room in more noised updates on leaklab's paper-scale audit "
-            "(docs/reproductions.md, \"Exact or paper mode behind noise\"). Read the verdicts behind noise as exact mode's, a lower bound on the leak; "
-            "`--mode paper` (four times as long or more) attacks with the paper's method"
+            "(docs/reproductions.md, \"Exact or paper mode behind noise\"). Read the verdicts behind noise as "
+            "exact mode's, a lower bound on the leak; `--mode paper` (four times as long or more) attacks with "
+            "the paper's method"
             + ("." if cases else ", `--mode both` with both (each update counted once)."))
 
 
@@ -211,9 +212,9 @@ def glance_caption() -> str:
             f"attacked update shows its room when one of its images is {IMAGE_LEAK_DB:g} dB or more above its own "
             "baseline, and the room leaks when any update shows it (a mean over rooms can hide one). The box "
             f"leaks at a mean IoU of {BOX_LEAK_IOU:g} or more (a target out of view, whose box is all zeros, "
-            f"counts 1 only when the recovered box is within 1e-3 of it), the action at an accuracy of {100 * ACTION_LEAK:.0f}% or more "
-            f"(chance: 1 in 7) or when guessing would name as many right only with a probability under "
-            f"{ACTION_CHANCE_P:g}, the target Q-value (QGI) at a mean error of {Q_LEAK_PERCENT:g}% or less and the "
+            f"counts 1 only when the recovered box is within 1e-3 of it), the action at an accuracy of "
+            f"{100 * ACTION_LEAK:.0f}% or more (chance: 1 in 7) or when guessing would name as many right only "
+            f"with a probability under {ACTION_CHANCE_P:g}, the target Q-value (QGI) at a mean error of {Q_LEAK_PERCENT:g}% or less and the "
             f"reward (RGI: the discounted return that weights log π) at a mean absolute error of {REWARD_LEAK:g} or "
             "less (one step earns at most 1).")
 
