@@ -15,28 +15,18 @@ chain, how many of ``--samples`` updates each names right:
 
 from __future__ import annotations
 
-import argparse
 import json
 
 import torch
 
 from leaklab.attacks.inversion.analytic import linear_input
-from leaklab.experiments import room_attack
 from leaklab.rl.capture import defended
-from leaklab.rl.envs.layouts import layouts_arg
+
+from room_captures import captures
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--setting", default="S2", choices=("S1", "S2"))
-    parser.add_argument("--arch", default="small")
-    parser.add_argument("--samples", type=int, default=48)
-    parser.add_argument("--layouts", default="12")
-    parser.add_argument("--defenses", default="gaussian:0.1;gaussian:0.3;gaussian:1")
-    args = parser.parse_args()
-    config = room_attack.RoomRunConfig(algorithm="qgi", setting=args.setting, arch=args.arch,
-                                       samples=args.samples, layouts=layouts_arg(args.layouts))
-    state, samples = room_attack.capture_samples(config)
+    args, config, state, samples = captures(__doc__.splitlines()[0], ("qgi",), "gaussian:0.1;gaussian:0.3;gaussian:1")
     last = max(int(k.split(".")[1]) for k in state if k.startswith("head."))
     for chain in args.defenses.split(";"):
         bias = rows = matched = head = 0

@@ -13,32 +13,22 @@ and the fit's seconds (docs/reproductions.md, "The box behind noise").
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import time
 
 from leaklab.attacks.inversion.analytic import linear_input
 from leaklab.attacks.rl.exact import exact_vectors
-from leaklab.experiments import room_attack
 from leaklab.metrics.rooms import _box_scores
 from leaklab.rl.capture import defended
-from leaklab.rl.envs.layouts import layouts_arg
 from leaklab.threat import make_view
+
+from room_captures import captures
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--algorithm", default="qgi", choices=("qgi", "rgi"))
-    parser.add_argument("--setting", default="S2", choices=("S1", "S2"))
-    parser.add_argument("--arch", default="small")
-    parser.add_argument("--samples", type=int, default=48)
-    parser.add_argument("--layouts", default="12")
-    parser.add_argument("--defenses", default="none;gaussian:0.001;gaussian:0.01;gaussian:0.03")
-    args = parser.parse_args()
-    config = room_attack.RoomRunConfig(algorithm=args.algorithm, setting=args.setting, arch=args.arch,
-                                       samples=args.samples, layouts=layouts_arg(args.layouts))
-    state, samples = room_attack.capture_samples(config)
+    args, config, state, samples = captures(__doc__.splitlines()[0], ("qgi", "rgi"),
+                                            "none;gaussian:0.001;gaussian:0.01;gaussian:0.03")
     for chain in args.defenses.split(";"):
         rows = []
         for sample in samples:

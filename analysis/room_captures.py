@@ -1,0 +1,28 @@
+"""The command line and the captures that the behind-noise probes share (``box_behind_noise.py``,
+``action_behind_noise.py``): ``--samples`` updates captured as ``leaklab attack`` captures them (same seed),
+and the defense chains to put them behind."""
+
+from __future__ import annotations
+
+import argparse
+
+from leaklab.experiments import room_attack
+from leaklab.rl.envs.layouts import layouts_arg
+
+
+def captures(description: str, algorithms: tuple[str, ...], defenses: str
+             ) -> tuple[argparse.Namespace, room_attack.RoomRunConfig, dict, list[room_attack.Sample]]:
+    """Parse ``--algorithm`` (one of ``algorithms``), ``--setting``, ``--arch``, ``--samples``, ``--layouts``
+    and ``--defenses`` (``;``-separated chains, default ``defenses``); capture the updates."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--algorithm", default=algorithms[0], choices=algorithms)
+    parser.add_argument("--setting", default="S2", choices=("S1", "S2"))
+    parser.add_argument("--arch", default="small")
+    parser.add_argument("--samples", type=int, default=48)
+    parser.add_argument("--layouts", default="12")
+    parser.add_argument("--defenses", default=defenses)
+    args = parser.parse_args()
+    config = room_attack.RoomRunConfig(algorithm=args.algorithm, setting=args.setting, arch=args.arch,
+                                       samples=args.samples, layouts=layouts_arg(args.layouts))
+    state, samples = room_attack.capture_samples(config)
+    return args, config, state, samples
