@@ -213,14 +213,17 @@ def test_the_box_fit_finds_the_box_from_a_wrong_start_and_an_untouched_update_ke
     assert torch.equal(exact_vectors(view.model, grads).box, closed)
 
 
-def test_the_box_fit_reads_a_box_branch_with_a_linear_layer_without_bias():
-    """A user's box branch may hold a Linear layer without a bias: its output error is not in the update,
-    so the fit leaves that layer out and still reads the box from the others behind noise."""
+def test_the_box_fit_reads_a_users_box_branch():
+    """A user's box branch may hold a Linear layer without a bias (its output error is not in the update, so
+    the fit leaves that layer out), modules that expect a batch (Flatten) and dropout, which the fit runs
+    as at evaluation whatever mode the network is in; behind noise the box is still read."""
     spec = PerceptionSpec(setting="S1", arch="deep")
     net = build_perception_net(spec, seed=0)
-    net.box[2] = torch.nn.Linear(64, 64, bias=False)
+    net.box = torch.nn.Sequential(*net.box[:2], torch.nn.Linear(64, 64, bias=False), torch.nn.ReLU(),
+                                  torch.nn.Dropout(0.5), torch.nn.Flatten()).eval()
     x, box, a = smooth_images(1, spec.in_channels, 10), torch.tensor([[-0.3, -0.2, 0.4, 0.5]]), torch.tensor([3])
     grads = torch.autograd.grad(dqn_loss(net(x, box), a, torch.tensor([0.7])), list(net.parameters()))
+    net.train()
     g = torch.Generator().manual_seed(1)
     noised = {n: v.double() + 1e-3 * torch.randn(v.shape, generator=g, dtype=torch.float64)
               for (n, _), v in zip(net.named_parameters(), grads)}

@@ -50,17 +50,17 @@ def fitted_box(net: PerceptionNet, grads: dict[str, torch.Tensor], closed_form: 
     """The box ``[1, box_dim]`` (float64) whose Linear-layer inputs best explain the layers' weight
     gradients given their bias gradients (module docstring); ``closed_form`` ``[1, box_dim]`` is
     ``box.0``'s closed-form reading, one of the two starts."""
-    branch = copy.deepcopy(net.box).double().requires_grad_(False)
+    branch = copy.deepcopy(net.box).double().requires_grad_(False).eval()
     readings = _readings(net, grads)
 
     def residuals(x: torch.Tensor) -> torch.Tensor:
-        parts, h = [], x
+        parts, h = [], x.unsqueeze(0)  # a batch of one, as a user's own branch may expect
         for m in branch:
             if isinstance(m, nn.Linear):
                 parts.append(h)
             h = m(h)
         parts.append(h)
-        return torch.cat([w * (p - target) for p, (target, w) in zip(parts, readings)])
+        return torch.cat([w * (p[0] - target) for p, (target, w) in zip(parts, readings)])
 
     def loss(x: torch.Tensor) -> float:
         return float((residuals(x) ** 2).sum())
