@@ -5,7 +5,7 @@ Captures ``--samples`` updates as ``leaklab attack qgi|rgi`` does (same seed), p
 defense chain of ``--defenses`` (``;``-separated; ``none`` for the update as it is) with the audit's draws,
 and prints per chain the mean box IoU by the results' rule (a target out of view counts only when the
 recovered box is within 1e-3 of its empty box), over all updates and over those whose target is in view,
-and the fit's seconds (docs/reproductions.md, "The box behind noise").
+and the most seconds ``exact_vectors`` took (docs/reproductions.md, "The box behind noise").
 
     .venv/bin/python analysis/box_behind_noise.py --algorithm rgi --setting S2 --samples 48 --arch small \\
         --defenses "none;gaussian:0.001;gaussian:0.03;clip:1,gaussian:0.600229"

@@ -1,5 +1,5 @@
-"""The target's box from a defended update (leaklab's exact mode; seed 000, section IV-B reads the box
-as the input of the box branch's first Linear layer).
+"""The target's box from a defended update (leaklab's exact mode; seed 000, section IV-A recovers the box,
+the vector state ``s_c``, in its first stage by fitting every linear layer's gradient).
 
 On a single sample's exact gradient ``box.0``'s closed form (``h = db^T dW / ||db||^2``) is the box.
 Behind noise it is the noisiest reading there is: ``box.0``'s error is the head's error passed back
