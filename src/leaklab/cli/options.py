@@ -48,9 +48,9 @@ def _checked(flag: str, ok: Callable[[Any], bool], need: str) -> Callable[[Any],
     return check
 
 
-def _positive_numbers(flag: str) -> Callable[[Any], Any]:
+def _positive_numbers(flag: str, example: str) -> Callable[[Any], Any]:
     """An option callback turning ``"1e-5,1e-3"`` into ``(1e-05, 0.001)``: distinct positive finite numbers,
-    else one ``error:`` line while the command line is parsed."""
+    else one ``error:`` line, with ``example`` of a good value, while the command line is parsed."""
 
     def numbers(value: Any) -> Any:
         if value is None:
@@ -60,7 +60,7 @@ def _positive_numbers(flag: str) -> Callable[[Any], Any]:
         except ValueError:
             parsed = ()
         if not parsed or not all(0 < v < float("inf") for v in parsed) or len(set(parsed)) < len(parsed):
-            _fail(f"invalid {flag} (got {value!r}): distinct positive numbers, comma-separated (e.g. 1e-5,1e-3)")
+            _fail(f"invalid {flag} (got {value!r}): distinct positive numbers, comma-separated (e.g. {example})")
         return parsed
 
     return numbers

@@ -224,11 +224,11 @@ def audit(
     iterations: IterationsOpt = None,
     train_steps: TrainStepsOpt = 0,
     sigmas: Annotated[Optional[str], typer.Option(
-        "--sigmas", callback=_positive_numbers("--sigmas"), help="the Gaussian defense's noise std per gradient "
-        "entry, one audited level each, comma-separated (default 1e-3,3e-2)")] = None,
+        "--sigmas", callback=_positive_numbers("--sigmas", "1e-5,1e-3"), help="the Gaussian defense's noise std "
+        "per gradient entry, one audited level each, comma-separated (default 1e-3,3e-2)")] = None,
     epsilons: Annotated[Optional[str], typer.Option(
-        "--epsilons", callback=_positive_numbers("--epsilons"), help="the DP-SGD defense's ε at δ = 1e-5 for one "
-        "step (clip 1, calibrated noise), one audited level each (default 8,1)")] = None,
+        "--epsilons", callback=_positive_numbers("--epsilons", "8,1"), help="the DP-SGD defense's ε at δ = 1e-5 "
+        "for one step (clip 1, calibrated noise), one audited level each (default 8,1)")] = None,
     earlier: Annotated[Optional[list[Path]], typer.Option(
         "--earlier", help="an earlier audit's folder (repeatable) of the same rooms, network and attacks: its "
         "levels' verdicts count in where the leaks stop and which levels to audit next")] = None,
