@@ -9,8 +9,10 @@ from torch.nn.grad import conv2d_weight
 from leaklab.attacks.rl import RoomAttackConfig, qgi, rgi
 from leaklab.attacks.inversion.analytic import linear_input, rank_one_residual
 from leaklab.attacks.rl.box_fit import fitted_box
+from leaklab.attacks.rl import exact as exact_module
 from leaklab.attacks.rl.exact import (_inner_error, exact_streams, exact_vectors, feature_error,
-                                     reinforce_batch_errors, separated_vectors, untouched, weight_gradient)
+                                     reinforce_batch_errors, separated_vectors, tv_schedule, untouched,
+                                     weight_gradient)
 from leaklab.attacks.rl import layerwise as layerwise_module
 from leaklab.attacks.rl.layerwise import penultimate_activations
 from leaklab.attacks.rl.network import GradientStats, cosine_loss, trace
@@ -202,6 +204,62 @@ def test_behind_noise_exact_mode_fits_the_box_to_every_layer_it_feeds(arch, loss
     error = lambda box: float((box.reshape(-1) - truth["box"][0]).norm())  # noqa: E731
     assert error(linear_input(noised["box.0.weight"], noised["box.0.bias"])) > 0.1
     assert error(st.box) < 0.01
+
+
+def noised_update(update, sigma, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    return {k: v.double() + sigma * torch.randn(v.shape, generator=g, dtype=torch.float64)
+            for k, v in update.tensors.items()}
+
+
+@pytest.mark.parametrize("loss", ["dqn_mse", "reinforce"])
+def test_the_features_noise_ratio_is_read_off_the_update(loss):
+    """feature_noise: ||f̂ − f|| / ||f|| from the update alone: ~0 untouched, within 10 % behind noise
+    that leaves the features less than their own size off; a batch's is left at 0 (the prior as configured)."""
+    view, update, truth = client(loss=loss)
+    with torch.no_grad():
+        features = view.model.conv(truth["images"]).double()
+    assert exact_vectors(view.model, {k: v.double() for k, v in update.tensors.items()}).feature_noise < 1e-6
+    ratios = []
+    for sigma in (1e-4, 1e-3, 1e-2, 3e-2):
+        st = exact_vectors(view.model, noised_update(update, sigma))
+        true = float((st.features - features).norm() / features.norm())
+        ratios.append(true)
+        if true < 0.9:
+            assert st.feature_noise == pytest.approx(true, rel=0.1)
+    assert min(ratios) < 0.01 and max(ratios) > 0.3
+    view, update, truth = client(batch=2)
+    noised = noised_update(update, 1e-3)
+    assert separated_vectors(view.model, noised, error_directions(noised["head.2.bias"], truth["action"])
+                             ).feature_noise == 0.0
+
+
+def test_behind_noise_the_tv_prior_ends_where_the_features_noise_puts_it():
+    """tv_schedule: the configured decay on an untouched update (to the bit), a floor following the
+    features' noise ratio behind noise (up to TV_NOISE_CAP, from it when above tv_weight), none without TV."""
+    cfg = RoomAttackConfig()
+    for done in (0.0, 0.37, 1.0):
+        assert tv_schedule(cfg, 1e-8)(done) == cfg.tv_weight * (cfg.tv_final / cfg.tv_weight) ** done
+    assert tv_schedule(cfg, 0.02)(0.0) == cfg.tv_weight
+    assert tv_schedule(cfg, 0.02)(1.0) == pytest.approx(0.02)
+    assert tv_schedule(cfg, 0.5)(0.0) == tv_schedule(cfg, 0.5)(1.0) == 0.5
+    assert tv_schedule(cfg, float("inf"))(0.0) == tv_schedule(cfg, float("inf"))(1.0) == exact_module.TV_NOISE_CAP
+    assert tv_schedule(RoomAttackConfig(tv_weight=0.0), 0.5)(0.5) == 0.0
+
+
+def test_behind_noise_a_prior_matched_to_the_features_noise_sees_more_of_the_room(monkeypatch):
+    """A synthetic S2 room behind noise that leaves its features ~0.4 off: the prior whose floor follows
+    the noise ratio scores higher than the configured decay to tv_final."""
+    view, update, truth = client()
+    noised = noised_update(update, 1e-2)
+    noisy = ClientUpdate(metadata=update.metadata, tensors={k: v.float() for k, v in noised.items()})
+    assert 0.1 < exact_vectors(view.model, noised).feature_noise < 1
+    baseline = psnr(constant_baseline(truth["images"]), truth["images"])
+    cfg = RoomAttackConfig(iterations=600)
+    matched_gain = float(psnr(qgi(view, noisy, cfg).images, truth["images"]) - baseline)
+    monkeypatch.setattr(exact_module, "TV_NOISE_CAP", cfg.tv_final)  # the floor stays tv_final
+    plain_gain = float(psnr(qgi(view, noisy, cfg).images, truth["images"]) - baseline)
+    assert matched_gain > plain_gain + 1, (matched_gain, plain_gain)
 
 
 def test_the_box_fit_finds_the_box_from_a_wrong_start_and_an_untouched_update_keeps_the_closed_form():

@@ -40,13 +40,15 @@ EXACT_ONLY = ("tv_final", "feature_weight", "gradient_weight", "layerwise")  # f
 # within 0.002 dB; 8: the convolutions on the full-resolution images computed by space-to-depth,
 # :mod:`leaklab.attacks.rl.image_convs`, and the TV prior's gradient in closed form, ``modality_tv``: the
 # same functions in another rounding; 9: on a defended update the box fitted to every Linear layer it
-# feeds, :mod:`leaklab.attacks.rl.box_fit`, an untouched update's results unchanged); paper mode's 2: stage 1
+# feeds, :mod:`leaklab.attacks.rl.box_fit`, an untouched update's results unchanged; 10: on a defended
+# update the images' TV prior ends no lower than the features' noise ratio, ``exact.tv_schedule``, an untouched
+# update's results unchanged); paper mode's 2: stage 1
 # starts again when its match ends under a cosine of 0.999; 3: the image convolutions as exact mode's 8).
 # Summing stage 1's feature match stream by stream (session 10) left every result bit-identical: the
 # images' gradient does not depend on how the loss's terms are grouped.
 # The bordered factor kept in blocks (session 12) solves in another order: its float64 activations
 # move by ~1e-14 and came out the same in float32, so all 16 rows of 8 S1 and 8 S2 QGI attacks did.
-METHOD_VERSION = {"exact": 9, "paper": 3}
+METHOD_VERSION = {"exact": 10, "paper": 3}
 
 
 class RoomAttackConfig(BaseModel):
@@ -63,7 +65,8 @@ class RoomAttackConfig(BaseModel):
                                  "stage 1 when the error direction's match of one sample's exact gradient "
                                  "ends under a cosine of 0.999")
     tv_weight: float = Field(default=0.1, ge=0, description="lambda of L_img (IV-A); 0.1 in section V")
-    tv_final: float = Field(default=0.003, gt=0, description="exact mode: λ decays geometrically to this")
+    tv_final: float = Field(default=0.003, gt=0, description="exact mode: λ decays geometrically to this "
+                            "(behind noise to the features' noise ratio where that is higher)")
     feature_weight: float = Field(default=1.0, ge=0, description="exact mode: weight of the feature match")
     gradient_weight: float = Field(default=1.0, ge=0,
                                    description="exact mode: weight of the last-convolution gradient match")

@@ -14,7 +14,8 @@ The images minimise ``w_f ||conv(x) − f||^2 / ||f||^2 + w_g Σ_l ||∇_{W_l} J
 + λ_t TV(x)`` (TV per modality, RGB's on luma and chroma, :func:`leaklab.attacks.rl.images.modality_tv`)
 from IV-A's Gaussian start with Adam and cosine annealing, pixels clamped to [0, 1]; ``λ_t`` decays
 geometrically from ``tv_weight`` to ``tv_final`` (a strong prior first removes the start's noise, a
-weak one last stops biasing the edges). The middle term is eq. 6's error-direction surrogate moved to
+weak one last stops biasing the edges), behind noise to no less than the features' noise ratio read
+off the update (:func:`tv_schedule`). The middle term is eq. 6's error-direction surrogate moved to
 the convolution branch, ``J̃(x) = g_f^T conv(x)``, whose weight gradient equals the client's at the
 true images. It is matched only for the last convolution of each modality stream
 (:func:`exact_streams`, weight ``gradient_weight``), where the error is known exactly (``g_f``
@@ -49,6 +50,7 @@ without; 28.1 against 23.2 at 1,000 steps).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -76,6 +78,7 @@ class ExactState:
     last_input: torch.Tensor  # [B, H]
     feature_errors: torch.Tensor  # [B, F]
     untouched: bool
+    feature_noise: float  # the features' noise-to-signal ratio read off the update (feature_noise)
 
 
 def exact_vectors(net: PerceptionNet, grads: dict[str, torch.Tensor]) -> ExactState:
@@ -86,9 +89,28 @@ def exact_vectors(net: PerceptionNet, grads: dict[str, torch.Tensor]) -> ExactSt
     h = {n: linear_input(grads[f"{n}.weight"], grads[f"{n}.bias"]).unsqueeze(0) for n in
          ("box.0", "head.0", names[-1])}
     exact = untouched(grads)
+    count = conv_feature_count(net)
     return ExactState(box=h["box.0"] if exact else fitted_box(net, grads, h["box.0"]),
-                      features=h["head.0"][:, :conv_feature_count(net)], last_input=h[names[-1]],
-                      feature_errors=feature_error(net, grads), untouched=exact)
+                      features=h["head.0"][:, :count], last_input=h[names[-1]],
+                      feature_errors=feature_error(net, grads), untouched=exact,
+                      feature_noise=feature_noise(grads["head.0.weight"], grads["head.0.bias"], h["head.0"][0],
+                                                  count))
+
+
+def feature_noise(weight_grad: torch.Tensor, bias_grad: torch.Tensor, inputs: torch.Tensor, count: int) -> float:
+    """``r = ||f̂ − f|| / ||f||``, the noise-to-signal ratio of one sample's conv features ``f̂`` (the first
+    ``count`` of ``head.0``'s input ``h`` read off its gradients, ``inputs``), estimated from the update
+    alone (leaklab's): noise of variance ``v`` per gradient entry leaves the residual ``dW − db h^T`` with
+    about that variance, and puts ``count · v / ||db||²`` on the features' squared norm beside their own
+    ``||f||² = ||f̂||² − that``. 0 up to rounding on an untouched update; inf where the noise is all the
+    features show. On 16 QGI S2 updates
+    behind Gaussian noise of σ = 1e-4, 1e-3 and 1e-2, within 2 % of the true ratio where it is under 0.1
+    and within 12 % where under 1 (above, where the features are lost, it comes out higher)."""
+    dw, db, h = weight_grad.double(), bias_grad.double(), inputs.double()
+    variance = float(((dw - db[:, None] * h[None]) ** 2).mean())
+    noise = count * variance / float((db * db).sum())
+    signal = float((h[:count] ** 2).sum()) - noise
+    return (noise / signal) ** 0.5 if signal > 0 else float("inf")
 
 
 ROUNDING = 1e-6  # recovered entries under this fraction of the largest are rounding (float32 data: ~1e-8)
@@ -145,7 +167,9 @@ def separated_vectors(net: PerceptionNet, grads: dict[str, torch.Tensor], deltas
     single-sample rule of :func:`exact_vectors` reads, sample by sample. The update counts as
     untouched when ``head.0``'s weight gradient is ``E^T H`` to within :data:`UNTOUCHED`. None when
     some layer's errors are dependent (the same action twice) or the head or box branch holds other
-    modules than Linear and ReLU."""
+    modules than Linear and ReLU. The features' noise ratio is left at 0 (the images' prior as configured):
+    read off a batch's residual it came out twice the true ratio behind σ = 1e-4 (2 synthetic samples),
+    the errors' own noise counted in."""
     found: dict[str, tuple[torch.Tensor, float]] = {}
     head = _inputs_down(net.head, "head", grads, deltas.double(), None, found)
     if head is None:
@@ -156,7 +180,7 @@ def separated_vectors(net: PerceptionNet, grads: dict[str, torch.Tensor], deltas
         return None
     return ExactState(box=found["box.0"][0], features=fused[:, :count],
                       last_input=found[linear_names(net)[-1]][0], feature_errors=errors[:, :count].float(),
-                      untouched=found["head.0"][1] <= UNTOUCHED)
+                      untouched=found["head.0"][1] <= UNTOUCHED, feature_noise=0.0)
 
 
 BATCH_RANK = 10.0  # a batch of two separates when the last layer's 2nd singular value is this far above the 3rd
@@ -283,9 +307,22 @@ def untouched(grads: dict[str, torch.Tensor]) -> bool:
 LAYERWISE_ITERATIONS = 1000  # shorter runs skip the layerwise stage (module docstring)
 
 
-def _tv(cfg: RoomAttackConfig, done: float) -> float:
-    """The TV weight decaying geometrically from ``tv_weight`` to ``tv_final`` over a stage."""
-    return cfg.tv_weight * (cfg.tv_final / cfg.tv_weight) ** done if cfg.tv_weight else 0.0
+TV_NOISE_CAP = 1.0  # the highest TV floor behind noise (tv_schedule)
+
+
+def tv_schedule(cfg: RoomAttackConfig, noise: float) -> Callable[[float], float]:
+    """The TV weight over a stage (``done`` from 0 to 1): geometric from ``tv_weight`` to the floor
+    ``max(tv_final, min(r, TV_NOISE_CAP))`` for the features' noise ratio ``r`` (:func:`feature_noise`),
+    from the floor itself when it is above ``tv_weight``; 0 throughout when ``tv_weight`` is 0. On an
+    untouched update (``r`` ~1e-8) the floor is ``tv_final``: a weak prior last stops biasing the edges.
+    Behind noise the features carry the noise, and a prior that weak lets the images fit it; a final
+    weight equal to the noise ratio did better on 64 noised updates (leaklab's; docs/reproductions.md,
+    "The images' prior behind noise")."""
+    if not cfg.tv_weight:
+        return lambda done: 0.0
+    floor = max(cfg.tv_final, min(noise, TV_NOISE_CAP))
+    start = max(cfg.tv_weight, floor)
+    return lambda done: start * (floor / start) ** done
 
 
 def _feature_match(out: torch.Tensor, target: torch.Tensor, f_norm: torch.Tensor) -> torch.Tensor:
@@ -350,9 +387,10 @@ def exact_images(net: PerceptionNet, grads: dict[str, torch.Tensor], st: ExactSt
     deeper = (batch == 1 and cfg.layerwise and cfg.iterations >= LAYERWISE_ITERATIONS
               and any(s.inner is not None for s in streams))
     first = cfg.iterations // 4 if deeper else cfg.iterations
+    tv = tv_schedule(cfg, st.feature_noise)
 
     def stage1(done: float) -> torch.Tensor:
-        total = _tv(cfg, done) * modality_tv(x)
+        total = tv(done) * modality_tv(x)
         if not streams:
             return total + cfg.feature_weight * _feature_match(net.conv(x), f, f_norm)
         for s, err in zip(streams, errors):
@@ -383,7 +421,7 @@ def exact_images(net: PerceptionNet, grads: dict[str, torch.Tensor], st: ExactSt
             recovered.append(None)
 
     def stage2(done: float) -> torch.Tensor:
-        total = _tv(cfg, done) * modality_tv(x)
+        total = tv(done) * modality_tv(x)
         ramp = cfg.gradient_weight * done
         for s, err, known in zip(streams, errors, recovered):
             if known is None:  # stage 1's terms for this stream
