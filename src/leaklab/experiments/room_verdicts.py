@@ -117,16 +117,17 @@ NOT_MEASURED = "–"
 def noise_caveat(modes: list[str], chains: list[str | None], cases: bool = False) -> str:
     """The caveat of an audit whose attacks ran in exact mode alone on updates behind noise (``chains``: the
     defense chains attacked): there its images match the features read off one layer's noised gradient,
-    and the paper's optimisation, which matches every gradient at once, showed more rooms
-    (docs/reproductions.md, "Exact or paper mode behind noise"); "" otherwise. ``cases``: an audit of saved
-    cases, which runs one mode at a time."""
+    and the paper's optimisation, which matches every gradient at once, showed more rooms, also against
+    exact method version 10's prior matched to the noise (docs/reproductions.md, "Exact or paper mode behind
+    noise", "The images' prior behind noise"); "" otherwise. ``cases``: an audit of saved cases, which runs
+    one mode at a time."""
     noised = any(name in NOISE_DEFENSE_NAMES for chain in chains for name, _ in defense_steps(chain))
     if set(modes) != {"exact"} or not noised:
         return ""
     return ("Behind noise exact mode is not the strongest attack on the images: it fits them to the features "
             "read off one layer's noised gradient, while the paper's method, which fits them to every gradient "
-            "at once, showed the room in more noised updates on leaklab's paper-scale audit "
-            "(docs/reproductions.md, \"Exact or paper mode behind noise\"). Read the verdicts behind noise as "
+            "at once, showed the room in more noised updates (docs/reproductions.md, \"Exact or paper mode "
+            "behind noise\"). Read the verdicts behind noise as "
             "exact mode's, a lower bound on the leak; `--mode paper` (four times as long or more) attacks with "
             "the paper's method"
             + ("." if cases else ", `--mode both` with both (each update counted once)."))
