@@ -314,7 +314,7 @@ def tv_schedule(cfg: RoomAttackConfig, noise: float) -> Callable[[float], float]
     """The TV weight over a stage (``done`` from 0 to 1): geometric from ``tv_weight`` to the floor
     ``max(tv_final, min(r, TV_NOISE_CAP))`` for the features' noise ratio ``r`` (:func:`feature_noise`),
     from the floor itself when it is above ``tv_weight``; 0 throughout when ``tv_weight`` is 0. On an
-    untouched update (``r`` ~1e-8) the floor is ``tv_final``: a weak prior last stops biasing the edges.
+    untouched update (``r`` ~1e-9) the floor is ``tv_final``: a weak prior last stops biasing the edges.
     Behind noise the features carry the noise, and a prior that weak lets the images fit it; a final
     weight equal to the noise ratio raised the mean image gain in every setting and at every noise level
     measured, 88 noised updates in all (leaklab's; docs/reproductions.md, "The images' prior behind noise")."""
