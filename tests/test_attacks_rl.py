@@ -56,6 +56,13 @@ def client(setting="S2", arch="small", loss="dqn_mse", batch=1, actions=(3, 5), 
     return make_view(spec, net.state_dict(), meta), update, truth
 
 
+def noised_update(update, sigma, seed=1):
+    """The update's tensors in float64 plus Gaussian noise of std ``sigma`` (seeded)."""
+    g = torch.Generator().manual_seed(seed)
+    return {k: v.double() + sigma * torch.randn(v.shape, generator=g, dtype=torch.float64)
+            for k, v in update.tensors.items()}
+
+
 @pytest.mark.parametrize("setting,arch", [("S2", "small"), ("S1", "deep"), ("S1", "nature")])
 def test_qgi_exact_recovers_box_action_and_q_values(setting, arch):
     view, update, truth = client(setting, arch)
@@ -185,9 +192,7 @@ def test_qgi_exact_batch_two_separates_every_linear_input(setting, arch):
         features = view.model.conv(truth["images"]).double()
     assert torch.allclose(st.features[order], features, atol=1e-5 * float(features.abs().max()))
     assert st.untouched  # the two samples' gradient: the last convolutions' term applies
-    g = torch.Generator().manual_seed(0)
-    noised = {k: v.double() + 1e-5 * torch.randn(v.shape, generator=g, dtype=torch.float64)
-              for k, v in update.tensors.items()}
+    noised = noised_update(update, 1e-5, seed=0)
     assert not separated_vectors(view.model, noised, error_directions(noised["head.2.bias"], rec.action)).untouched
 
 
@@ -196,20 +201,12 @@ def test_behind_noise_exact_mode_fits_the_box_to_every_layer_it_feeds(arch, loss
     """box.0's closed form drowns in noise its small gradient cannot carry; the fit to the box branch's
     and head.0's gradients reads the box a hundred times closer (box_fit)."""
     view, update, truth = client("S1" if arch == "deep" else "S2", arch, loss=loss)
-    g = torch.Generator().manual_seed(1)
-    noised = {k: v.double() + 1e-3 * torch.randn(v.shape, generator=g, dtype=torch.float64)
-              for k, v in update.tensors.items()}
+    noised = noised_update(update, 1e-3)
     st = exact_vectors(view.model, noised)
     assert not st.untouched
     error = lambda box: float((box.reshape(-1) - truth["box"][0]).norm())  # noqa: E731
     assert error(linear_input(noised["box.0.weight"], noised["box.0.bias"])) > 0.1
     assert error(st.box) < 0.01
-
-
-def noised_update(update, sigma, seed=1):
-    g = torch.Generator().manual_seed(seed)
-    return {k: v.double() + sigma * torch.randn(v.shape, generator=g, dtype=torch.float64)
-            for k, v in update.tensors.items()}
 
 
 @pytest.mark.parametrize("loss", ["dqn_mse", "reinforce"])
