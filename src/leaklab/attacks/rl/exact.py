@@ -317,7 +317,7 @@ def tv_schedule(cfg: RoomAttackConfig, noise: float) -> Callable[[float], float]
     untouched update (``r`` ~1e-9) the floor is ``tv_final``: a weak prior last stops biasing the edges.
     Behind noise the features carry the noise, and a prior that weak lets the images fit it; a final
     weight equal to the noise ratio raised the mean image gain in every setting and at every noise level
-    measured, 88 noised updates in all (leaklab's; docs/reproductions.md, "The images' prior behind noise")."""
+    measured, 112 noised updates in all (leaklab's; docs/reproductions.md, "The images' prior behind noise")."""
     if not cfg.tv_weight:
         return lambda done: 0.0
     floor = max(cfg.tv_final, min(noise, TV_NOISE_CAP))
