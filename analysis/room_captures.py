@@ -5,16 +5,21 @@ and the defense chains to put them behind."""
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 
 from leaklab.experiments import room_attack
 from leaklab.rl.envs.layouts import layouts_arg
 
 
-def captures(description: str, algorithms: tuple[str, ...], defenses: str
+def captures(description: str, algorithms: tuple[str, ...], defenses: str,
+             options: Callable[[argparse.ArgumentParser], None] | None = None
              ) -> tuple[argparse.Namespace, room_attack.RoomRunConfig, dict, list[room_attack.Sample]]:
-    """Parse ``--algorithm`` (one of ``algorithms``), ``--setting``, ``--arch``, ``--samples``, ``--layouts``
-    and ``--defenses`` (``;``-separated chains, default ``defenses``); capture the updates."""
+    """Parse ``--algorithm`` (one of ``algorithms``), ``--setting``, ``--arch``, ``--samples``, ``--layouts``,
+    ``--defenses`` (``;``-separated chains, default ``defenses``) and what ``options`` adds to the parser;
+    capture the updates."""
     parser = argparse.ArgumentParser(description=description)
+    if options:
+        options(parser)
     parser.add_argument("--algorithm", default=algorithms[0], choices=algorithms)
     parser.add_argument("--setting", default="S2", choices=("S1", "S2"))
     parser.add_argument("--arch", default="small")

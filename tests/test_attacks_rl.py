@@ -231,6 +231,24 @@ def test_the_features_noise_ratio_is_read_off_the_update(loss):
                              ).feature_noise == 0.0
 
 
+@pytest.mark.parametrize("loss", ["dqn_mse", "reinforce"])
+def test_behind_noise_the_features_keep_their_scale(loss):
+    """noised_features: noise on head.0's bias gradient shrinks the closed form's features toward 0 (their
+    regression slope on the true ones ~0.6 here, behind noise as large as the bias gradient); divided by the
+    unbiased ||δ||² instead of ||db||², their slope is 1 on average over noise draws."""
+    view, update, truth = client(loss=loss)
+    with torch.no_grad():
+        features = view.model.conv(truth["images"]).double()[0]
+    slope = lambda read: float(read @ features / (features @ features))  # noqa: E731
+    raw, corrected = [], []
+    for seed in (1, 2, 3):
+        noised = noised_update(update, 3e-2, seed)
+        raw.append(slope(linear_input(noised["head.0.weight"], noised["head.0.bias"])[:len(features)]))
+        corrected.append(slope(exact_vectors(view.model, noised).features[0]))
+    assert sum(raw) / 3 < 0.7
+    assert sum(corrected) / 3 == pytest.approx(1.0, abs=0.05), corrected
+
+
 def test_behind_noise_the_tv_prior_ends_where_the_features_noise_puts_it():
     """tv_schedule: the configured decay on an untouched update (to the bit), a floor following the
     features' noise ratio behind noise (up to TV_NOISE_CAP, from it when above tv_weight), none without TV."""
