@@ -112,7 +112,7 @@ def noised_features(weight_grad: torch.Tensor, bias_grad: torch.Tensor, inputs: 
     noise of variance ``v / ||db||²`` to each entry. Through ``db = δ + n`` (``δ`` the client's bias gradient)
     it shrinks ``h`` toward 0: the numerator carries ``h`` times ``δ·db``, about ``||δ||²``, while ``||db||²`` is
     ``||δ||² + n_b v`` on average (``n_b`` entries), regression dilution by ``||δ||² / ||db||²`` (0.56 on a QGI
-    S2 update behind σ = 0.03, whose images fitted to such features came out a third as bright as the room).
+    S2 update behind σ = 0.03, whose images fitted to such features came out under half as bright as the room).
     Dividing by ``||db||² − n_b v``, an unbiased estimate of ``||δ||²``, undoes it. ``v`` is read off the
     residual ``dW − db h^T``, which keeps the noise's variance per entry; the noise on the corrected features
     then has the squared norm ``count · v ||db||² / (||db||² − n_b v)²``, and their own ``||f||²`` is the rest
