@@ -13,7 +13,7 @@ of each; then per chain the mean gains, how many updates show their room (a gain
 largest loss and gain of the landed attack (docs/reproductions.md, "The images' prior behind noise" and "The
 features' scale behind noise").
 
-    .venv/bin/python analysis/prior_behind_noise.py --algorithm qgi --setting S1 --arch wide-rgb --samples 8 \\
+    .venv/bin/python analysis/images_behind_noise.py --algorithm qgi --setting S1 --arch wide-rgb --samples 8 \\
         --defenses "gaussian:0.001;gaussian:0.01;gaussian:0.03"
 """
 
