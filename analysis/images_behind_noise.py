@@ -65,8 +65,9 @@ def _configured_prior() -> Iterator[None]:
         exact_module.TV_NOISE_CAP = cap
 
 
-UNDONE: dict[str, Callable[[], AbstractContextManager[None]]] = {"raw-features": _raw_features,
-                                                  "configured-prior": _configured_prior}
+# what --against undoes
+UNDONE: dict[str, Callable[[], AbstractContextManager[None]]] = {
+    "raw-features": _raw_features, "configured-prior": _configured_prior}
 
 
 def _gain(config: room_attack.RoomRunConfig, state: dict, sample: room_attack.Sample, chain: str) -> float:

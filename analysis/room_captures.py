@@ -1,6 +1,6 @@
 """The command line and the captures that the behind-noise probes share (``box_behind_noise.py``,
-``action_behind_noise.py``, ``images_behind_noise.py``): ``--samples`` updates captured as ``leaklab attack`` captures them (same seed),
-and the defense chains to put them behind."""
+``action_behind_noise.py``, ``images_behind_noise.py``): ``--samples`` updates captured as ``leaklab attack``
+captures them (same seed), and the defense chains to put them behind."""
 
 from __future__ import annotations
 
