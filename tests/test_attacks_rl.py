@@ -251,30 +251,39 @@ def test_behind_noise_the_features_keep_their_scale(loss):
 
 def test_behind_noise_the_tv_prior_ends_where_the_features_noise_puts_it():
     """tv_schedule: the configured decay on an untouched update (to the bit), a floor following the
-    features' noise ratio behind noise (up to TV_NOISE_CAP, from it when above tv_weight), none without TV."""
+    features' noise ratio times the pixels per feature (not under 1) behind noise (the ratio up to TV_NOISE_CAP,
+    from the floor when it is above tv_weight), none without TV."""
     cfg = RoomAttackConfig()
     for done in (0.0, 0.37, 1.0):
-        assert tv_schedule(cfg, 1e-8)(done) == cfg.tv_weight * (cfg.tv_final / cfg.tv_weight) ** done
-    assert tv_schedule(cfg, 0.02)(0.0) == cfg.tv_weight
-    assert tv_schedule(cfg, 0.02)(1.0) == pytest.approx(0.02)
-    assert tv_schedule(cfg, 0.5)(0.0) == tv_schedule(cfg, 0.5)(1.0) == 0.5
-    assert tv_schedule(cfg, float("inf"))(0.0) == tv_schedule(cfg, float("inf"))(1.0) == exact_module.TV_NOISE_CAP
-    assert tv_schedule(RoomAttackConfig(tv_weight=0.0), 0.5)(0.5) == 0.0
+        assert tv_schedule(cfg, 1e-8, 3.0)(done) == cfg.tv_weight * (cfg.tv_final / cfg.tv_weight) ** done
+    assert tv_schedule(cfg, 0.02, 1.0)(0.0) == cfg.tv_weight
+    assert tv_schedule(cfg, 0.02, 1.0)(1.0) == pytest.approx(0.02)
+    assert tv_schedule(cfg, 0.02, 3.0)(1.0) == pytest.approx(0.06)
+    assert tv_schedule(cfg, 0.02, 0.5)(1.0) == pytest.approx(0.02)
+    assert tv_schedule(cfg, 0.5, 1.0)(0.0) == tv_schedule(cfg, 0.5, 1.0)(1.0) == 0.5
+    assert tv_schedule(cfg, 0.5, 3.0)(0.0) == tv_schedule(cfg, 0.5, 3.0)(1.0) == 1.5
+    assert tv_schedule(cfg, float("inf"), 2.0)(1.0) == 2.0 * exact_module.TV_NOISE_CAP
+    assert tv_schedule(RoomAttackConfig(tv_weight=0.0), 0.5, 3.0)(0.5) == 0.0
 
 
 def test_behind_noise_a_prior_matched_to_the_features_noise_sees_more_of_the_room(monkeypatch):
-    """A synthetic S2 room behind noise that leaves its features ~0.4 off: the prior whose floor follows
-    the noise ratio scores higher than the configured decay to tv_final."""
+    """A synthetic S2 room behind noise that leaves its features ~0.4 off: the prior whose floor follows the
+    noise ratio scores higher than the configured decay to tv_final, and higher still scaled by the image's
+    3.1 pixels per conv feature."""
     view, update, truth = client()
     noised = noised_update(update, 1e-2)
     noisy = ClientUpdate(metadata=update.metadata, tensors={k: v.float() for k, v in noised.items()})
     assert 0.1 < exact_vectors(view.model, noised).feature_noise < 1
     baseline = psnr(constant_baseline(truth["images"]), truth["images"])
     cfg = RoomAttackConfig(iterations=600)
-    matched_gain = float(psnr(qgi(view, noisy, cfg).images, truth["images"]) - baseline)
-    monkeypatch.setattr(exact_module, "TV_NOISE_CAP", cfg.tv_final)  # the floor stays tv_final
-    plain_gain = float(psnr(qgi(view, noisy, cfg).images, truth["images"]) - baseline)
-    assert matched_gain > plain_gain + 1, (matched_gain, plain_gain)
+    gain = lambda: float(psnr(qgi(view, noisy, cfg).images, truth["images"]) - baseline)  # noqa: E731
+    scaled_gain = gain()
+    landed = exact_module.tv_schedule
+    monkeypatch.setattr(exact_module, "tv_schedule", lambda cfg, noise, pixels: landed(cfg, noise, 1.0))
+    ratio_gain = gain()
+    monkeypatch.setattr(exact_module, "TV_NOISE_CAP", 0.0)  # the floor stays tv_final
+    plain_gain = gain()
+    assert scaled_gain > ratio_gain + 1 > plain_gain + 2, (scaled_gain, ratio_gain, plain_gain)
 
 
 def test_the_box_fit_finds_the_box_from_a_wrong_start_and_an_untouched_update_keeps_the_closed_form():

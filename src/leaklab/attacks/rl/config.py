@@ -44,13 +44,14 @@ EXACT_ONLY = ("tv_final", "feature_weight", "gradient_weight", "layerwise")  # f
 # update the images' TV prior ends no lower than the features' noise ratio, ``exact.tv_schedule``, an untouched
 # update's results unchanged; 11: on a defended update the conv features read off ``head.0`` corrected for the
 # shrinking that the bias gradient's noise causes, ``exact.noised_features``, an untouched update's results
-# unchanged); paper mode's 2: stage 1
+# unchanged; 12: on a defended update the TV floor scaled by the image's pixels per conv feature,
+# ``exact.tv_schedule``, an untouched update's results unchanged); paper mode's 2: stage 1
 # starts again when its match ends under a cosine of 0.999; 3: the image convolutions as exact mode's 8).
 # Summing stage 1's feature match stream by stream (session 10) left every result bit-identical: the
 # images' gradient does not depend on how the loss's terms are grouped.
 # The bordered factor kept in blocks (session 12) solves in another order: its float64 activations
 # move by ~1e-14 and came out the same in float32, so all 16 rows of 8 S1 and 8 S2 QGI attacks did.
-METHOD_VERSION = {"exact": 11, "paper": 3}
+METHOD_VERSION = {"exact": 12, "paper": 3}
 
 
 class RoomAttackConfig(BaseModel):

@@ -16,12 +16,12 @@ The images minimise ``w_f ||conv(x) − f||^2 / ||f||^2 + w_g Σ_l ||∇_{W_l} J
 from IV-A's Gaussian start with Adam and cosine annealing, pixels clamped to [0, 1]; ``λ_t`` decays
 geometrically from ``tv_weight`` to ``tv_final`` (a strong prior first removes the start's noise, a
 weak one last stops biasing the edges), behind noise to no less than the features' noise ratio read
-off the update (:func:`tv_schedule`). The middle term is eq. 6's error-direction surrogate moved to
-the convolution branch, ``J̃(x) = g_f^T conv(x)``, whose weight gradient equals the client's at the
-true images. It is matched only for the last convolution of each modality stream
-(:func:`exact_streams`, weight ``gradient_weight``), where the error is known exactly (``g_f``
-through the ReLU of the known features): the term is a quadratic in the stream's penultimate
-activations, 9,216 more equations (``small``, RGB) beside the 7,200 features. Its weight ramps up
+off the update times the image's pixels per conv feature (:func:`tv_schedule`). The middle term is
+eq. 6's error-direction surrogate moved to the convolution branch, ``J̃(x) = g_f^T conv(x)``, whose
+weight gradient equals the client's at the true images. It is matched only for the last convolution of
+each modality stream (:func:`exact_streams`, weight ``gradient_weight``), where the error is known
+exactly (``g_f`` through the ReLU of the known features): the term is a quadratic in the stream's
+penultimate activations, 9,216 more equations (``small``, RGB) beside the 7,200 features. Its weight ramps up
 linearly from 0 over the run: at full weight from the noisy start it stalls short runs (smooth
 synthetic rooms, 300 steps: +2.0 dB over the constant baseline, +9.7 without the term, +13.0 with
 the ramp). It is used only on an untouched update (:func:`untouched`): it matches the observed
@@ -326,20 +326,26 @@ def untouched(grads: dict[str, torch.Tensor]) -> bool:
 LAYERWISE_ITERATIONS = 1000  # shorter runs skip the layerwise stage (module docstring)
 
 
-TV_NOISE_CAP = 1.0  # the highest TV floor behind noise (tv_schedule)
+TV_NOISE_CAP = 1.0  # the noise ratio above which the TV floor grows no further (tv_schedule)
 
 
-def tv_schedule(cfg: RoomAttackConfig, noise: float) -> Callable[[float], float]:
+def tv_schedule(cfg: RoomAttackConfig, noise: float, pixels_per_feature: float) -> Callable[[float], float]:
     """The TV weight over a stage (``done`` from 0 to 1): geometric from ``tv_weight`` to the floor
-    ``max(tv_final, min(r, TV_NOISE_CAP))`` for the features' noise ratio ``r`` (:func:`noised_features`),
-    from the floor itself when it is above ``tv_weight``; 0 throughout when ``tv_weight`` is 0. On an
-    untouched update (``r`` = 0) the floor is ``tv_final``: a weak prior last stops biasing the edges.
-    Behind noise the features carry the noise, and a prior that weak lets the images fit it; a final
-    weight equal to the noise ratio raised the mean image gain in every setting and at every noise level
-    measured, 112 noised updates in all (leaklab's; docs/reproductions.md, "The images' prior behind noise")."""
+    ``max(tv_final, max(1, p) · min(r, TV_NOISE_CAP))`` for the features' noise ratio ``r``
+    (:func:`noised_features`) and the image's ``p`` pixels per conv feature, from the floor itself when it
+    is above ``tv_weight``; 0 throughout when ``tv_weight`` is 0. On an untouched update (``r`` = 0) the
+    floor is ``tv_final``: a weak prior last stops biasing the edges. Behind noise the features carry the
+    noise, and a prior that weak lets the images fit it; a final weight equal to the noise ratio raised the
+    mean image gain in every setting and at every noise level measured, 112 noised updates in all
+    (leaklab's; docs/reproductions.md, "The images' prior behind noise"). The prior is a mean over pixels
+    and the feature match a sum over features, so where the two balance moves with ``p``: on S2's depth
+    stream (7,200 features of 22,500 pixels, ``p`` = 3.1) ``p · r`` showed the room on 26 of 48 noised QGI
+    and RGI updates against 21 with ``r`` (σ = 0.001 to 0.1). Below 1 it lost (S1 on ``nature``, ``p`` =
+    0.78), hence ``max(1, p)``; it costs S2 on ``deep`` (``p`` = 4.3) 2 of 8 rooms behind σ = 0.01 and S1
+    on ``stacked`` (3.1) 1 of 8 (docs/reproductions.md, "The prior's weight per pixel behind noise")."""
     if not cfg.tv_weight:
         return lambda done: 0.0
-    floor = max(cfg.tv_final, min(noise, TV_NOISE_CAP))
+    floor = max(cfg.tv_final, max(1.0, pixels_per_feature) * min(noise, TV_NOISE_CAP))
     start = max(cfg.tv_weight, floor)
     return lambda done: start * (floor / start) ** done
 
@@ -406,7 +412,7 @@ def exact_images(net: PerceptionNet, grads: dict[str, torch.Tensor], st: ExactSt
     deeper = (batch == 1 and cfg.layerwise and cfg.iterations >= LAYERWISE_ITERATIONS
               and any(s.inner is not None for s in streams))
     first = cfg.iterations // 4 if deeper else cfg.iterations
-    tv = tv_schedule(cfg, st.feature_noise)
+    tv = tv_schedule(cfg, st.feature_noise, spec.image_size ** 2 / f.shape[1])
 
     def stage1(done: float) -> torch.Tensor:
         total = tv(done) * modality_tv(x)
