@@ -1,17 +1,19 @@
 """Exact mode's images behind noise, as landed against one of its parts undone.
 
-``--against raw-features`` (exact method version 11 against 10) attacks with the conv features as the
-closed form reads them, shrunk by the noise on ``head.0``'s bias gradient, instead of corrected
+``--against unscaled-prior`` (exact method version 12 against 11) attacks with the TV floor at the features'
+noise ratio instead of that ratio times the image's pixels per conv feature (``exact.tv_schedule``);
+``--against raw-features`` (version 11 against 10 when run at 31c46ed) with the conv features as the closed
+form reads them, shrunk by the noise on ``head.0``'s bias gradient, instead of corrected
 (``exact.noised_features``); ``--against configured-prior`` (version 10 against 9 when run at 0331cf7) with
-the TV floor held at ``tv_final`` instead of matched to the features' noise ratio (``exact.tv_schedule``).
+the TV floor held at ``tv_final`` instead of matched to the features' noise ratio.
 
 Captures ``--samples`` updates as ``leaklab attack qgi|rgi`` does (same seed), puts each behind every defense
 chain of ``--defenses`` with the audit's draws, and attacks each in exact mode twice, as landed and with the
 part undone (patched in this process only). Prints per update the noise ratio read off the update and the
 true one, and the largest image gain over the constant baseline (paper normalisation, as the audit's verdicts)
 of each; then per chain the mean gains, how many updates show their room (a gain of 3 dB or more) and the
-largest loss and gain of the landed attack (docs/reproductions.md, "The images' prior behind noise" and "The
-features' scale behind noise").
+largest loss and gain of the landed attack (docs/reproductions.md, "The images' prior behind noise", "The
+features' scale behind noise" and "The prior's weight per pixel behind noise").
 
     .venv/bin/python analysis/images_behind_noise.py --algorithm qgi --setting S1 --arch wide-rgb --samples 8 \\
         --defenses "gaussian:0.001;gaussian:0.01;gaussian:0.03"
@@ -55,6 +57,17 @@ def _raw_features() -> Iterator[None]:
 
 
 @contextmanager
+def _unscaled_prior() -> Iterator[None]:
+    """The TV floor at the features' noise ratio, as for one pixel per feature."""
+    scaled = exact_module.tv_schedule
+    exact_module.tv_schedule = lambda cfg, noise, pixels_per_feature: scaled(cfg, noise, 1.0)
+    try:
+        yield
+    finally:
+        exact_module.tv_schedule = scaled
+
+
+@contextmanager
 def _configured_prior() -> Iterator[None]:
     """The TV floor held at ``tv_final``."""
     cap = exact_module.TV_NOISE_CAP
@@ -67,7 +80,7 @@ def _configured_prior() -> Iterator[None]:
 
 # what --against undoes
 UNDONE: dict[str, Callable[[], AbstractContextManager[None]]] = {
-    "raw-features": _raw_features, "configured-prior": _configured_prior}
+    "unscaled-prior": _unscaled_prior, "raw-features": _raw_features, "configured-prior": _configured_prior}
 
 
 def _gain(config: room_attack.RoomRunConfig, state: dict, sample: room_attack.Sample, chain: str) -> float:
@@ -79,7 +92,7 @@ def _gain(config: room_attack.RoomRunConfig, state: dict, sample: room_attack.Sa
 def main() -> None:
     args, config, state, samples = captures(
         __doc__.splitlines()[0], ("qgi", "rgi"), "gaussian:0.001;gaussian:0.01;gaussian:0.03",
-        lambda parser: parser.add_argument("--against", default="raw-features", choices=tuple(UNDONE)))
+        lambda parser: parser.add_argument("--against", default="unscaled-prior", choices=tuple(UNDONE)))
     against = args.against
     for chain in args.defenses.split(";"):
         rows = []
