@@ -111,13 +111,17 @@ def test_run_jobs_takes_what_the_journal_holds_and_attacks_the_rest(tmp_path, wo
     for a, (_, b) in zip(first, second):
         assert torch.equal(a.images, b.images) and torch.equal(a.reward, b.reward)
         assert torch.equal(a.probs, b.probs) and torch.equal(a.action_identified, b.action_identified)
-        assert (a.iterations, a.exact, a.no_signal, a.stage1_starts) == \
-            (b.iterations, b.exact, b.no_signal, b.stage1_starts)
+        assert (a.iterations, a.exact, a.no_signal, a.stage1_starts, a.feature_cosine) == \
+            (b.iterations, b.exact, b.no_signal, b.stage1_starts, b.feature_cosine)
     assert second[1][1].seconds == first[1].seconds  # the saved attack's own time, not a new one
     from dataclasses import replace
 
     journal.add(0, replace(first[0], stage1_starts=3))  # paper mode's count of stage 1's starts is kept
     assert AttackJournal(tmp_path, jobs).load(0).stage1_starts == 3
+    journal.add(0, replace(first[0], feature_cosine=0.123456789012))  # exact mode's estimate, to the digit
+    assert AttackJournal(tmp_path, jobs).load(0).feature_cosine == 0.123456789012
+    journal.add(0, replace(first[0], feature_cosine=None))  # paper mode's: none read
+    assert AttackJournal(tmp_path, jobs).load(0).feature_cosine is None
     # an entry that reads back but not in the job's shapes is not taken either
 
     journal.add(1, replace(first[1], box=first[1].box[:, :3]))

@@ -24,6 +24,7 @@ def test_attack_qgi_writes_the_results_contract(tmp_path):
                 "action_accuracy", "q_pred_err_mean", "q_target_err_mean", "iterations", "seconds_per_sample"):
         assert s[key] is not None, key
     assert "reward_abs_err_mean" not in s and s["update_cosine_median"] == 1.0  # no defense: the update as it is
+    assert s["feature_cosine_median"] == 1.0 and all(r["feature_cosine"] == 1.0 for r in res["samples"])
     assert s["samples"] == 2 and s["layouts"] == 2 and len(res["samples"]) == 2
     # the exact recovery of the vector parts holds even with 3 image iterations
     assert s["iou_min"] > 0.999 and s["action_accuracy"] == 1.0 and s["q_target_err_mean"] < 0.01
@@ -124,6 +125,7 @@ def test_a_defense_that_prunes_every_bias_gradient_is_scored_not_fatal(tmp_path)
     assert result.exit_code == 0, result.output
     row = json.loads((out / "samples.jsonl").read_text().splitlines()[0])
     assert row["no_signal"] is True and row["exact"] == [] and row["metrics"]["q_target_error"] == 100.0
+    assert "feature_cosine" not in row  # nothing read
     assert "ran 3 image iterations" in result.stderr  # as asked (the attack ran none: nothing to read)
     assert "1 sample (0) of 1 holds an update whose last bias gradient is all zero" in result.stderr
     # the server got the largest 0.01% of the entries: part of the update's direction, not all of it
@@ -153,6 +155,10 @@ def test_the_update_cosine_is_that_of_what_the_attack_received(tmp_path):
         assert update_cosine(sample.update.tensors, other.update.tensors) != pytest.approx(truth, rel=1e-9)
     assert res["summary"]["update_cosine_median"] == pytest.approx(
         statistics.median(r["metrics"]["update_cosine"] for r in res["samples"]))
+    # what exact mode read of the features behind that noise, estimated from each update alone
+    assert all(0 <= r["feature_cosine"] < 1 for r in res["samples"])
+    assert res["summary"]["feature_cosine_median"] == pytest.approx(
+        statistics.median(r["feature_cosine"] for r in res["samples"]))
     # DP-SGD's noise (std 0.6 on each of about 1.9 million entries, the update clipped to norm 1) leaves a
     # single update next to nothing of its direction; noise of std 0.001 leaves most of a large one
     dp = room_attack.attack_job(config, state, samples[0], "clip:1,gaussian:0.6").update

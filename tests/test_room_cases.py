@@ -45,6 +45,7 @@ def test_audit_attacks_saved_room_cases(tmp_path, monkeypatch):
     assert res["summary"]["iou_min"] > 0.999 and "2 scored; depth PSNR" in result.output
     # what the clients' (here no) defense left of each update, as the capture recorded it
     assert [c["metrics"]["update_cosine"] for c in res["cases"]] == [1.0, 1.0] and "update kept (cosine)" in html
+    assert [c["feature_cosine"] for c in res["cases"]] == [1.0, 1.0] and "features read (cosine, estimated)" in html
     # every case's reconstruction as tensors, named by its case, the box and action those of results.json
     from leaklab.io import load_tensors
 
@@ -66,7 +67,11 @@ def test_audit_attacks_saved_room_cases(tmp_path, monkeypatch):
     assert "Reconstructions of the cases without their truth (depth)" in html and "the first 1 of 1" not in html
     figures = blind / "figures"
     assert (figures / "unscored.png").stat().st_size > 0 and not (figures / "unscored_rgb.png").exists()  # S2
-    assert json.loads((blind / "results.json").read_text())["summary"]["scored"] == 1
+    blind_res = json.loads((blind / "results.json").read_text())
+    assert blind_res["summary"]["scored"] == 1
+    # what the update lets through of the features, read without the truth: for the unscored case too
+    assert [c["feature_cosine"] for c in blind_res["cases"]] == [1.0, 1.0]
+    assert blind_res["summary"]["feature_cosine_median"] == 1.0
     # a case of the capture without its view is an error, not a smaller audit; a stray folder is named
     (cases / "0001" / "view.json").rename(cases / "0001" / "view.json.bak")
     again = tmp_path / "again"

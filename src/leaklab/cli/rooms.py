@@ -96,6 +96,8 @@ def _room_summary_line(s: dict[str, Any], defended: bool) -> str:
         parts.append(f"reward error {s['reward_abs_err_mean']:.3g}")
     if defended and s.get("update_cosine_median") is not None:  # absent where no saved truth records it
         parts.append(f"update kept (cosine with the true one) {cosine_text(s['update_cosine_median'])}")
+    if defended and s.get("feature_cosine_median") is not None:  # exact mode's, from the updates alone
+        parts.append(f"features read (cosine, estimated) {cosine_text(s['feature_cosine_median'])}")
     return "; ".join(parts)
 
 
@@ -315,7 +317,9 @@ def audit(
                            for im in ("rgb", "depth") if s.get(f"{im}_psnr_mean") is not None)
         typer.echo(f"  {cell['algorithm'].upper()} {cell['setting']} {cell['mode']:5s} {cell['defense']:18s} "
                    f"{images}, box IoU {s['iou_mean']:.3f}, action {room_attack.action_share(s, defended)}"
-                   + (f", update kept {cosine_text(s['update_cosine_median'])}" if defended else ""))
+                   + (f", update kept {cosine_text(s['update_cosine_median'])}" if defended else "")
+                   + (f", features read {cosine_text(s['feature_cosine_median'])}"
+                      if defended and s.get("feature_cosine_median") is not None else ""))
     typer.echo(room_verdicts.conclusion(room_verdicts.verdicts(results)))
     caveat = room_verdicts.noise_caveat(results["config"]["modes"], [c["defense_chain"] for c in results["cells"]])
     for advice in (caveat, room_verdicts.levels_text(results["summary"])):

@@ -41,7 +41,7 @@ from leaklab.words import plural
 
 RESUME_DIR = ".leaklab-resume"
 _TENSORS = tuple(f.name for f in fields(RoomReconstruction) if f.name not in
-                 ("iterations", "seconds", "exact", "no_signal", "stage1_starts"))
+                 ("iterations", "seconds", "exact", "no_signal", "stage1_starts", "feature_cosine"))
 
 
 def _hash_tensors(h: Any, tensors: dict[str, torch.Tensor]) -> None:
@@ -125,7 +125,9 @@ class AttackJournal:
             rec = RoomReconstruction(**tensors, iterations=int(meta["iterations"]),
                                      seconds=float(meta["seconds"]), exact=tuple(json.loads(meta["exact"])),
                                      no_signal=meta["no_signal"] == "true",
-                                     stage1_starts=int(meta.get("stage1_starts", "0")))
+                                     stage1_starts=int(meta.get("stage1_starts", "0")),
+                                     feature_cosine=float(meta["feature_cosine"]) if meta.get("feature_cosine")
+                                     else None)
         except (LeaklabError, KeyError, TypeError, ValueError):
             return None
         if meta.get("job") != self.digests[index] or \
@@ -145,7 +147,8 @@ class AttackJournal:
                          {"format": "leaklab.saved_attack", "job": self.digests[index],
                           "iterations": rec.iterations, "seconds": repr(rec.seconds),
                           "exact": json.dumps(list(rec.exact)), "no_signal": "true" if rec.no_signal else "false",
-                          "stage1_starts": rec.stage1_starts, "run": self.run})
+                          "stage1_starts": rec.stage1_starts, "run": self.run,
+                          "feature_cosine": "" if rec.feature_cosine is None else repr(rec.feature_cosine)})
         except OSError as e:
             self._unwritable = True
             warnings.warn(f"cannot keep finished attacks in {self.folder} ({e.strerror or e}); an interrupted run "

@@ -153,8 +153,9 @@ def jobs_and_cosines(count: int, build: Callable[[int], tuple[Sample, Job]]) -> 
 def summarise(rows: list[dict[str, Any]], iterations: int, seconds: float) -> dict[str, Any]:
     """The ``summary`` of ``results.json`` from the per-sample rows: means (``SUMMARY_KEYS``; ``_min``: the
     least), the images' population standard deviations (``SPREAD_KEYS``) and the median of the updates'
-    cosines with the true ones (what a defense costs: ``update_cosine``). A row is one client update:
-    ``samples`` counts them, ``transitions`` their transitions (more with batches of 2), and
+    cosines with the true ones (what a defense costs: ``update_cosine``) and of exact mode's estimates of the
+    conv features' (``feature_cosine``, read off the update alone: what it lets through). A row is one client
+    update: ``samples`` counts them, ``transitions`` their transitions (more with batches of 2), and
     ``seconds_per_sample`` is per update."""
     summary: dict[str, Any] = {}
     for key, metric in SUMMARY_KEYS.items():
@@ -168,6 +169,9 @@ def summarise(rows: list[dict[str, Any]], iterations: int, seconds: float) -> di
     kept = median_of(r["metrics"].get("update_cosine") for r in rows)
     if kept is not None:  # a median: an update whose own gradient is small drowns in weak noise and would
         summary["update_cosine_median"] = kept  # pull a mean
+    read = median_of(r.get("feature_cosine") for r in rows)
+    if read is not None:
+        summary["feature_cosine_median"] = read
     if any("action_informative" in r["metrics"] for r in rows):
         # a row's metrics are its batch's means: weigh them by the batch size to count samples
         sizes = [r["batch_size"] for r in rows]
@@ -209,6 +213,8 @@ def score(sample: Sample, rec: RoomReconstruction, setting: str, kept: float | N
         row["no_signal"] = True
     if rec.stage1_starts:
         row["stage1_starts"] = rec.stage1_starts
+    if rec.feature_cosine is not None:
+        row["feature_cosine"] = rec.feature_cosine
     return row
 
 

@@ -52,6 +52,7 @@ from leaklab.fields import Seed
 from leaklab.io import (AUDIT_FORMAT, CAPTURE_JSON, RECONSTRUCTIONS_FILE, RESULTS_FILE, TRUTH_FILE, VIEW_FILE,
                         atomic_dir, check_out, read_json, save_tensors, write_json)
 from leaklab.metrics.rooms import matched
+from leaklab.metrics.vectors import median_of
 from leaklab.models.perception import ArchName
 from leaklab.names import DEFAULT_ARCH, ROOM_ATTACK_NAMES, ROOM_MODE_NAMES, SETTING_NAMES
 from leaklab.privacy.dpsgd import noise_multiplier_for
@@ -375,6 +376,8 @@ def run_cases(out: Path, cases_dir: Path, attack: RoomAttackConfig, workers: int
         if rec.no_signal:
             row["no_signal"] = True
         row["exact"] = list(rec.exact)
+        if rec.feature_cosine is not None:  # read off the update alone: known for a case without its truth too
+            row["feature_cosine"] = rec.feature_cosine
         recovered.update({f"{case.folder.name}/{k}": v for k, v in room_attack.reconstruction_tensors([rec]).items()})
         if i in truth_of:
             truth, provenance = truth_of[i]
@@ -403,6 +406,9 @@ def run_cases(out: Path, cases_dir: Path, attack: RoomAttackConfig, workers: int
         if scored:
             summary.update(room_attack.summarise(scored, max(r["iterations"] for r in scored),
                                                  sum(r["seconds"] for r in scored)))
+        read = median_of(r.get("feature_cosine") for r in rows)  # over every case, scored or not
+        if read is not None:
+            summary["feature_cosine_median"] = read
         results = {"format": AUDIT_FORMAT, "format_version": 2, "kind": "room-cases",
                    "cases_dir": str(cases_dir), "model_class": model_class,
                    "attack": attack.model_dump(mode="json"), "summary": summary,

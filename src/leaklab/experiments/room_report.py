@@ -102,18 +102,22 @@ def write_cases_report(folder: Path, results: dict[str, Any], truths: list[Pictu
 
     scores = [f"{im}_paper_{key}" for im in ("depth", "rgb")
               for key in ("psnr", "psnr_baseline", "ssim", "ssim_baseline")]
-    columns = ["case", "attack", "setting", "defense", "update kept (cosine)", "action", "action right", "box IoU",
+    columns = ["case", "attack", "setting", "defense", "update kept (cosine)", "features read (cosine, estimated)",
+               "action", "action right", "box IoU",
                *(f"{name} {col}" for name in ("depth", "RGB") for col in ("PSNR (dB)", "baseline (dB)", "SSIM",
                                                                          "SSIM baseline")), "s"]
     table = Table(columns=columns, rows=[
         [r["case"], r["algorithm"].upper(), r["setting"], r["defense"] or "none",
-         cosine_text(r.get("metrics", {}).get("update_cosine")), _action_text(r),
+         cosine_text(r.get("metrics", {}).get("update_cosine")), cosine_text(r.get("feature_cosine")),
+         _action_text(r),
          right(r), *(r.get("metrics", {}).get(k) for k in ("box_iou", *scores)), r["seconds"]]
         for r in results["cases"]],
         caption="Metrics appear for cases whose truth.safetensors is present; PSNR/SSIM with the paper's "
                 "normalisation, baseline: a constant image at the true mean. Update kept: the cosine of the "
                 "update the case holds with the client's true one, as `leaklab env capture` recorded it (1 "
-                "without a defense; blank where the truth does not record it).")
+                "without a defense; blank where the truth does not record it). Features read: the cosine of "
+                "the conv features exact mode reads with the client's, as the server estimates it from the "
+                "update alone, so also for a case without its truth (blank in paper mode).")
     sections.append(Section(title="Cases", figures=figures, tables=[table]))
     summary = [("generated", time.strftime("%Y-%m-%d %H:%M:%S")), ("cases", results["cases_dir"]),
                ("network", results["model_class"] or "leaklab's perception network (as the cases' views name it)"),
@@ -194,8 +198,9 @@ def _shown(pictured: int, total: int, what: str) -> str:
 
 def _leakage_plot(results: dict[str, Any], labels: list[str], path: Path) -> bytes:
     """PSNR gain over the constant-image baseline per defense (RGB and depth per attack) and, on the right
-    axis, the cosine an update keeps behind each (the median of the attacks' medians) and QGI's action
-    accuracy over its updates (the leak that outlasts the images)."""
+    axis, the cosine an update keeps behind each and that of the conv features exact mode reads off it, as the
+    server estimates it (each the median of the attacks' medians), and QGI's action accuracy over its updates
+    (the leak that outlasts the images)."""
     from leaklab.report.plots import bar_plot
 
     series: dict[str, list[float | None]] = {}
@@ -206,15 +211,17 @@ def _leakage_plot(results: dict[str, Any], labels: list[str], path: Path) -> byt
             if s.get(f"{image}_psnr_mean") is not None:
                 gain = s[f"{image}_psnr_mean"] - s[f"{image}_psnr_baseline_mean"]
                 series.setdefault(f"{key} {image}", [None] * len(labels))[labels.index(cell["defense"])] = gain
-    kept = [median_of(c["summary"].get("update_cosine_median") for c in results["cells"] if c["defense"] == label)
-            for label in labels]
+    kept, read = ([median_of(c["summary"].get(key) for c in results["cells"] if c["defense"] == label)
+                   for label in labels] for key in ("update_cosine_median", "feature_cosine_median"))
     actions = [room_verdicts.qgi_actions([c for c in results["cells"] if c["defense"] == label]) for label in labels]
     return bar_plot(labels, series, path, ylabel="PSNR over baseline (dB)", xlabel="defense, weakest first",
                     title="Leakage per defense: reconstruction PSNR minus the constant-image baseline",
                     threshold=(room_verdicts.IMAGE_LEAK_DB, f"the room shows from +{room_verdicts.IMAGE_LEAK_DB:g} dB"),
                     lines={"update kept (cosine; right axis)": kept,
+                           **({"features read (cosine, estimated; right axis)": read}
+                              if any(r is not None for r in read) else {}),  # none read in paper mode
                            "QGI action accuracy (right axis)": [statistics.fmean(a) if a else None for a in actions]},
-                    lines_label="cosine kept; action accuracy (chance 1/7)")
+                    lines_label="cosine kept or read; action accuracy (chance 1/7)")
 
 
 def effort_notice(iterations: int, after: str = "") -> str:
@@ -244,7 +251,7 @@ def _cell_table(meta: dict[str, str], images: tuple[str, ...], labels: list[str]
                              ("PSNR (dB)", "baseline (dB)", "SSIM", "SSIM baseline")]
     qgi = meta["algorithm"] == "qgi"
     columns += ["box IoU", "action", "target-Q error (%)" if qgi else "reward error (absolute)", "update kept (cosine)",
-                "s per sample"]
+                "features read (cosine, estimated)", "s per sample"]
     rows = []
     for label in labels:
         cell = by[(meta["algorithm"], meta["setting"], meta["mode"], label)]
@@ -254,7 +261,7 @@ def _cell_table(meta: dict[str, str], images: tuple[str, ...], labels: list[str]
         error = s.get("q_target_err_mean" if qgi else "reward_abs_err_mean")
         row += [s.get("iou_mean"), room_attack.action_share(s, cell["defense_chain"] is not None),
                 None if error is None else f"{error:.3g}",
-                cosine_text(s.get("update_cosine_median")),
+                cosine_text(s.get("update_cosine_median")), cosine_text(s.get("feature_cosine_median")),
                 s.get("seconds_per_sample")]
         rows.append(row)
     return Table(columns=columns, rows=rows,
@@ -263,7 +270,9 @@ def _cell_table(meta: dict[str, str], images: tuple[str, ...], labels: list[str]
                          "image's constant already scores a high SSIM). PSNR and SSIM on "
                          "the Y channel (RGB) and on depth, with the paper's normalisation (the reconstruction's "
                          "brightest RGB pixel scaled to white). Means over the samples; the picture above gives "
-                         "each one's PSNR and, in brackets, its gain over its own baseline.")
+                         "each one's PSNR and, in brackets, its gain over its own baseline. Features read: the "
+                         "cosine of the conv features exact mode reads with the client's, as the server estimates "
+                         "it from the update alone (a median; blank in paper mode).")
 
 
 def write_report(folder: Path, results: dict[str, Any], cells, defenses, truths, pictures) -> None:
@@ -273,14 +282,18 @@ def write_report(folder: Path, results: dict[str, Any], cells, defenses, truths,
     labels = [label for label, _ in defenses]
     plot = _leakage_plot(results, labels, folder / "figures" / "leakage_per_defense.png")
     by = {(c["algorithm"], c["setting"], c["mode"], c["defense"]): c for c in results["cells"]}
-    glance = Table(columns=["defense", "what each client does", "update kept (cosine)", "largest mean image gain (dB)",
-                            "where", "updates showing their room", "box IoU (best)", "action (QGI)", "verdict"],
+    glance = Table(columns=["defense", "what each client does", "update kept (cosine)",
+                            "features read (cosine, estimated)", "largest mean image gain (dB)", "where",
+                            "updates showing their room", "box IoU (best)", "action (QGI)", "verdict"],
                    rows=room_verdicts.verdicts(results),
                    caption=room_verdicts.glance_caption() + " Update kept: the cosine of the update the server "
                    "receives with the client's true one, the median over the updates (the attacks' range where they "
                    "differ), 1 when nothing changes: a measure of what the defense costs the training. An update "
                    "whose own gradient is small (a TD error or a REINFORCE return near 0) drowns in weak noise; a "
-                   "server that averages K updates of one direction lifts a small cosine about √K-fold at best. The "
+                   "server that averages K updates of one direction lifts a small cosine about √K-fold at best. "
+                   "Features read: the cosine of the conv features exact mode reads off an update with the client's, "
+                   "as the server estimates it without the truth (the median over the updates; – in paper mode): "
+                   "near 1 the image stage has the room's features to work from, near 0 nothing. The "
                    "action column is QGI's (p: the chance that guessing one of the 7 actions at random would name as "
                    "many right or more): RGI's is left out of the verdict, as a REINFORCE update whose return is 0 "
                    "holds no trace of the action and under noise RGI's rule reads the noise; the per-attack tables "

@@ -100,11 +100,12 @@ def chain_in_words(chain: str | None) -> str:
     return ", ".join(words[name].format(value) for name, value in defense_steps(chain)) or "nothing"
 
 
-def _kept_text(cells: list[dict[str, Any]]) -> str:
-    """The cosine an update keeps with the true one behind a defense: the attacks' medians, as one number
-    when they agree to three digits, else their range; "–" where none was measured (results written before
-    leaklab measured it)."""
-    medians = sorted(m for c in cells if (m := c["summary"].get("update_cosine_median")) is not None)
+def _kept_text(cells: list[dict[str, Any]], key: str = "update_cosine_median") -> str:
+    """The cosine an update keeps with the true one behind a defense (``key``; ``feature_cosine_median``: the
+    cosine of the conv features exact mode read, as the server estimates it): the attacks' medians, as one
+    number when they agree to three digits, else their range; "–" where none was measured (results written
+    before leaklab measured it; paper mode alone, for the features)."""
+    medians = sorted(m for c in cells if (m := c["summary"].get(key)) is not None)
     if not medians:
         return NOT_MEASURED
     lo, hi = cosine_text(medians[0]), cosine_text(medians[-1])
@@ -143,9 +144,10 @@ def levels_text(summary: dict[str, Any]) -> str:
 
 def verdicts(results: dict[str, Any]) -> list[list[Any]]:
     """One row per defense, weakest first: what the clients add, the cosine an update keeps with the true
-    one (what the defense costs), the largest mean image gain over the constant baseline (and where, with the
-    mode when several ran), how many attacked updates (each once, whatever the modes that attacked it) show
-    their room (an image at :data:`IMAGE_LEAK_DB` or more over its own baseline), the best mean box IoU,
+    one (what the defense costs) and that of the conv features exact mode reads off it with the client's (what
+    the defense lets through, estimated without the truth), the largest mean image gain over the constant
+    baseline (and where, with the mode when several ran), how many attacked updates (each once, whatever the
+    modes that attacked it) show their room (an image at :data:`IMAGE_LEAK_DB` or more over its own baseline), the best mean box IoU,
     QGI's action accuracy over its updates, and a verdict in words naming what leaks (:func:`verdict`; the
     target Q-value and the reward by the attack that reads them best)."""
     rows = []
@@ -160,7 +162,8 @@ def verdicts(results: dict[str, Any]) -> list[list[Any]]:
         actions = qgi_actions(cells)
         q_error, reward_error = (min((e for c in cells if (e := c["summary"].get(key)) is not None), default=None)
                                  for key in ("q_target_err_mean", "reward_abs_err_mean"))
-        rows.append([label, chain_in_words(cells[0].get("defense_chain")), _kept_text(cells), gain, where,
+        rows.append([label, chain_in_words(cells[0].get("defense_chain")), _kept_text(cells),
+                     _kept_text(cells, "feature_cosine_median"), gain, where,
                      f"{room.shown} of {room.updates}", iou, _actions_read(actions),
                      verdict(room, iou, actions, q_error, reward_error)])
     return rows

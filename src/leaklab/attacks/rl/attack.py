@@ -24,7 +24,8 @@ import time
 import torch
 
 from leaklab.attacks.rl.config import RoomAttackConfig, RoomReconstruction
-from leaklab.attacks.rl.exact import exact_images, exact_vectors, reinforce_batch_errors, separated_vectors
+from leaklab.attacks.rl.exact import (exact_images, exact_vectors, feature_cosine, reinforce_batch_errors,
+                                      separated_vectors)
 from leaklab.attacks.rl.image_convs import attack_network
 from leaklab.attacks.rl.images import gaussian_start
 from leaklab.attacks.rl.network import trace
@@ -74,16 +75,18 @@ def _outputs(net: PerceptionNet, last_input: torch.Tensor) -> torch.Tensor:
 
 
 def _images_and_state(net, grads, errors, actions, cfg, progress, batch):
-    """``(box, images, last-layer input, paper state or None, iterations, exact names)``."""
+    """``(box, images, last-layer input, paper state or None, iterations, exact names, feature cosine)``; the
+    features' estimated cosine where exact mode read it (a batch's noise ratio is not read)."""
     if cfg.mode == "exact":
         st = exact_vectors(net, grads) if batch == 1 else separated_vectors(net, grads, errors)
         if st is not None:
             images, activations = exact_images(net, grads, st, cfg, progress)
-            return st.box, images, st.last_input, None, cfg.iterations, ("box", "features", *activations)
+            kept = feature_cosine(st.feature_noise) if batch == 1 or st.untouched else None
+            return st.box, images, st.last_input, None, cfg.iterations, ("box", "features", *activations), kept
     st = paper_state(net, grads, errors, actions, cfg, progress)
     with torch.no_grad():
         last_input = trace(net, st.features, st.box).linear[-1][1]
-    return st.box, st.images, last_input, st, st.iterations, ()
+    return st.box, st.images, last_input, st, st.iterations, (), None
 
 
 def _starts(st: PaperState | None) -> int:
@@ -123,7 +126,7 @@ def _qgi(net: PerceptionNet, grads: dict[str, torch.Tensor], batch: int, cfg: Ro
     start = time.perf_counter()
     gb = _last_bias(net, grads)
     actions = dqn_actions(gb, batch)
-    box, images, last_input, st, iterations, exact = _images_and_state(
+    box, images, last_input, st, iterations, exact, kept = _images_and_state(
         net, grads, error_directions(gb, actions), actions, cfg, progress, batch)
     if "features" in exact:  # the last layer's input is exact too
         q_pred = _outputs(net, last_input).gather(1, actions.view(-1, 1)).squeeze(1)
@@ -141,7 +144,8 @@ def _qgi(net: PerceptionNet, grads: dict[str, torch.Tensor], batch: int, cfg: Ro
         exact += ("action",) if cfg.action == "rule" else ()
     return RoomReconstruction(images=images.clamp(0, 1), box=box.float(), action=actions,
                               iterations=iterations, seconds=time.perf_counter() - start,
-                              q_pred=q_pred, q_target=q_target, exact=exact, stage1_starts=_starts(st))
+                              q_pred=q_pred, q_target=q_target, exact=exact, stage1_starts=_starts(st),
+                              feature_cosine=kept)
 
 
 def rgi(view: ServerView, update: ClientUpdate, config: RoomAttackConfig | None = None,
@@ -165,7 +169,7 @@ def _rgi(net: PerceptionNet, grads: dict[str, torch.Tensor], batch: int, cfg: Ro
     errors = gb.unsqueeze(0) if batch == 1 else reinforce_batch_errors(net, grads)
     if errors is None:
         raise NoSignal("the last layer does not separate the batch's two samples")
-    box, images, last_input, st, iterations, exact = _images_and_state(
+    box, images, last_input, st, iterations, exact, kept = _images_and_state(
         net, grads, errors, torch.zeros(batch, dtype=torch.long, device=gb.device), cfg, progress, batch)
     if cfg.mode == "paper":  # IV-D step 1: the probabilities from the last layer alone
         last_input = last_layer_input(net, grads, errors, cfg)
@@ -180,4 +184,4 @@ def _rgi(net: PerceptionNet, grads: dict[str, torch.Tensor], batch: int, cfg: Ro
     return RoomReconstruction(images=images.clamp(0, 1), box=box.float(), action=action,
                               iterations=iterations, seconds=time.perf_counter() - start,
                               probs=probs, reward=reward, action_identified=identified, exact=exact,
-                              stage1_starts=_starts(st))
+                              stage1_starts=_starts(st), feature_cosine=kept)

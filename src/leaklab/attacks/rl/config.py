@@ -111,6 +111,9 @@ class RoomReconstruction:
     update the noise passes for such a part). ``exact`` names what the mode recovered in
     closed form. ``no_signal``: the update lacked a gradient the attack reads (an all-zero bias
     gradient, e.g. after pruning), so the reconstruction is the attack's no-information start.
+    ``feature_cosine``: exact mode's estimate, from the update alone, of the cosine between the conv
+    features it read and the client's (:func:`~leaklab.attacks.rl.exact.feature_cosine`; 1 on an untouched
+    update); None where it was not read (paper mode, a batch of two behind a defense, no signal).
     """
 
     images: torch.Tensor
@@ -126,6 +129,7 @@ class RoomReconstruction:
     exact: tuple[str, ...] = ()
     no_signal: bool = False  # the update lacked a gradient the attack reads: nothing was recovered
     stage1_starts: int = 0  # paper mode: how many times stage 1 started (``iterations`` counts one start)
+    feature_cosine: float | None = None  # exact mode: the read features' cosine with the client's, estimated
 
     def to(self, device: torch.device | str) -> "RoomReconstruction":
         """The same reconstruction with every tensor on ``device``."""
