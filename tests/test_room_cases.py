@@ -62,8 +62,12 @@ def test_audit_attacks_saved_room_cases(tmp_path, monkeypatch):
     # a case without its truth is attacked and pictured as the server reconstructs it, unscored
     (cases / "0001" / "truth.safetensors").unlink()
     blind = tmp_path / "blind"
-    assert invoke("audit", "--cases", cases, "--iterations", "3", "--workers", "1", "--out", blind).exit_code == 0
+    result = invoke("audit", "--cases", cases, "--iterations", "3", "--workers", "1", "--out", blind)
+    assert result.exit_code == 0, result.output
     html = (blind / "report.html").read_text()
+    # what its update lets through, the one reading of a real client's update that needs no truth
+    said = "The server reads the room's conv features of the case without its truth at a cosine of 1 with"
+    assert said in result.output and said.replace("'", "&#39;") in html
     assert "Reconstructions of the cases without their truth (depth)" in html and "the first 1 of 1" not in html
     figures = blind / "figures"
     assert (figures / "unscored.png").stat().st_size > 0 and not (figures / "unscored_rgb.png").exists()  # S2
@@ -199,6 +203,16 @@ def test_cases_report_says_when_exact_mode_fell_back_on_an_undefended_update(tmp
     assert result.exit_code == 0, result.output
     assert "not a private update" in (out / "report.html").read_text()
     assert "features" not in json.loads((out / "results.json").read_text())["cases"][0]["exact"]
+
+
+def test_the_features_read_off_cases_without_their_truth_are_counted_against_what_they_meant_on_our_rooms():
+    from leaklab.experiments.room_verdicts import features_read_text
+
+    assert features_read_text([]) == ""
+    text = features_read_text([0.95, 0.91, 0.7, 0.3, 0.0])
+    assert text.startswith("Of the 5 cases without their truth, the server reads the room's conv features at a "
+                           "cosine of 0.9 or more with the client's off 2 and under 0.5 off 2 (estimated")
+    assert "every update at 0.9 or more showed its room and none under 0.5)" in text
 
 
 def test_the_fallback_caveat_names_its_cause():

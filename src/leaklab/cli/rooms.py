@@ -260,7 +260,7 @@ def audit(
             return
         from leaklab.attacks.rl import RoomAttackConfig
         from leaklab.device import require_device
-        from leaklab.experiments import room_attack, room_audit, room_verdicts
+        from leaklab.experiments import room_attack, room_audit, room_report, room_verdicts
 
         require_device(device)  # before the configs: one plain line for a bad name
         if cases is not None:
@@ -290,6 +290,8 @@ def audit(
                        + _resumed(s["resumed_attacks"], ", {} resumed from an interrupted run")
                        + (f"; {_room_summary_line(s, any(r['defense'] for r in results['cases']))}"
                           if s["scored"] else ""))
+            if blind := room_verdicts.features_read_text(room_report.blind_features(results["cases"])):
+                typer.echo(blind)
             if caveat := room_verdicts.noise_caveat([attack.mode], [r["defense"] for r in results["cases"]],
                                                     cases=True):
                 typer.echo(caveat)

@@ -55,6 +55,11 @@ def _case_figures(folder: Path, rows: list[tuple[str, list[Picture]]], names: li
     return figures
 
 
+def blind_features(cases: list[dict[str, Any]]) -> list[float]:
+    """The features read (``feature_cosine``) off the updates of the cases without their truth."""
+    return [r["feature_cosine"] for r in cases if "metrics" not in r and "feature_cosine" in r]
+
+
 def write_cases_report(folder: Path, results: dict[str, Any], truths: list[Picture], pictures: list[Picture],
                         unscored: list[Picture], names: dict[str, list[str]]) -> None:
     """The report of ``audit --cases``: ``truths`` and ``pictures`` picture the first scored cases,
@@ -84,6 +89,7 @@ def write_cases_report(folder: Path, results: dict[str, Any], truths: list[Pictu
                                                                 "whose update holds it (an RGI update with a return "
                                                                 "of 0 does not).")
         sections.append(Section(title="At a glance", tables=[glance]))
+    lead = " ".join(filter(None, (lead, room_verdicts.features_read_text(blind_features(results["cases"])))))
     figures = []
     if truths:
         figures += _case_figures(folder, [("original", truths), ("reconstructed", pictures)], names["scored"],

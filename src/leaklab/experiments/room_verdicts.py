@@ -27,6 +27,9 @@ ACTION_CHANCE_P = 0.05  # guessing would name as many right with a lower probabi
 Q_LEAK_PERCENT = 1.0  # verdict: the target Q-value leaks read to this error (seed 000's QGI: about 1%)
 REWARD_LEAK = 0.01  # verdict: the reward (RGI reads the discounted return that weights log π) leaks read to
 # this absolute error, 1% of the most one step earns
+FEATURES_WHOLE = 0.9  # the features read off an update (exact mode's estimated cosine): in an audit of leaklab's
+FEATURES_LOST = 0.5  # default rooms every update at 0.9 or more showed its room (29 of 29) and none under 0.5
+# (0 of 58; docs/reproductions.md, "What an update lets through of the features")
 
 
 Attacks = dict[Hashable, list[tuple[dict[str, Any], dict[str, Any]]]]  # update -> its attacks' (cell, row)
@@ -220,6 +223,24 @@ def glance_caption() -> str:
             f"with a probability under {ACTION_CHANCE_P:g}, the target Q-value (QGI) at a mean error of "
             f"{Q_LEAK_PERCENT:g}% or less and the reward (RGI: the discounted return that weights log π) at a mean "
             f"absolute error of {REWARD_LEAK:g} or less (one step earns at most 1).")
+
+
+def features_read_text(cosines: list[float]) -> str:
+    """What the features read off the updates of cases without their truth say (``cosines``: their
+    ``feature_cosine``): how many at :data:`FEATURES_WHOLE` or more and how many under :data:`FEATURES_LOST`,
+    with what those lines meant on leaklab's default rooms; "" when there are none."""
+    if not cosines:
+        return ""
+    measured = (f"(estimated from the updates alone; in an audit of leaklab's default rooms and network every "
+                f"update at {FEATURES_WHOLE:g} or more showed its room and none under {FEATURES_LOST:g})")
+    if len(cosines) == 1:
+        return (f"The server reads the room's conv features of the case without its truth at a cosine of "
+                f"{cosine_text(cosines[0])} with the client's {measured}.")
+    whole = sum(c >= FEATURES_WHOLE for c in cosines)
+    lost = sum(c < FEATURES_LOST for c in cosines)
+    return (f"Of the {len(cosines)} cases without their truth, the server reads the room's conv features at a "
+            f"cosine of {FEATURES_WHOLE:g} or more with the client's off {whole} and under {FEATURES_LOST:g} off "
+            f"{lost} {measured}.")
 
 
 class RoomShown(NamedTuple):
