@@ -118,10 +118,10 @@ def test_an_audit_of_both_modes_attacks_each_update_in_both_and_counts_it_once(t
     noisy = [c["samples"][0]["metrics"]["update_cosine"] for c in res["cells"] if c["defense"] != "none"]
     assert noisy[0] == noisy[1] < 1  # one noised update, attacked twice
     rows = room_verdicts.verdicts(res)
-    assert [r[6] for r in rows] == ["0 of 1", "0 of 1"] and rows[0][8].startswith("1 of 1 update (100%")
-    assert rows[0][5].endswith(" mode)")
+    assert [r.shown for r in rows] == ["0 of 1", "0 of 1"] and rows[0].action.startswith("1 of 1 update (100%")
+    assert rows[0].where.endswith(" mode)")
     # the features exact mode read: all of them untouched, less behind the noise (paper mode reads none)
-    assert rows[0][3] == "1" and 0 <= float(rows[1][3]) < 1
+    assert rows[0].features == "1" and 0 <= float(rows[1].features) < 1
     html = (tmp_path / "audit" / "report.html").read_text()
     assert "each update counts once" in html and "the verdicts are exact mode" not in html  # paper's ran too
 
@@ -216,25 +216,25 @@ def test_audit_verdicts_in_words():
                                     error=0.00113),
                                cell("dp", "clip:1,gaussian:0.6", 5.0, 0.0, 0.25, [5.0] * 4, kept=0.000651,
                                     error=347.0)]})
-    assert [r[1] for r in rows] == ["nothing", "noise std 0.001", "clip to norm 1, noise std 0.6"]
+    assert [r.client_does for r in rows] == ["nothing", "noise std 0.001", "clip to norm 1, noise std 0.6"]
     # what each defense costs: the cosine an update keeps, the attacks' range where they differ
-    assert [r[2] for r in rows] == ["1", "0.6 to 0.871", "0.000651"]
-    assert [r[6] for r in rows] == ["2 of 2", "1 of 4", "0 of 4"]
-    assert rows[0][9] == ("leaks the room (2 of 2 updates show it; the best: QGI S2 depth +30.0 dB over its "
+    assert [r.kept for r in rows] == ["1", "0.6 to 0.871", "0.000651"]
+    assert [r.shown for r in rows] == ["2 of 2", "1 of 4", "0 of 4"]
+    assert rows[0].verdict == ("leaks the room (2 of 2 updates show it; the best: QGI S2 depth +30.0 dB over its "
                           "baseline), the target's box (IoU 1.00), the action (100%) and the target Q-value (error "
                           "1.2e-06%)")
     # the room leaks where any update shows it: the mean's +2.0 dB hid the one that does (+4.0), which the
     # verdict names; QGI's target Q under the noise (12% off) is not read; RGI's reward (0.0011 off) is
-    assert rows[1][4] == 2.0 and rows[1][5] == "QGI S2 depth"
-    assert rows[1][9] == ("leaks the room (1 of 4 updates show it; the best: QGI S2 depth +4.0 dB over its "
+    assert rows[1].gain == 2.0 and rows[1].where == "QGI S2 depth"
+    assert rows[1].verdict == ("leaks the room (1 of 4 updates show it; the best: QGI S2 depth +4.0 dB over its "
                           "baseline), the target's box (IoU 0.60), the action (100%) and the reward (error 0.0011)")
-    assert rows[2][9] == "nothing measured leaks" and rows[2][8] == ("1 of 4 updates (25%; chance alone: "
+    assert rows[2].verdict == "nothing measured leaks" and rows[2].action == ("1 of 4 updates (25%; chance alone: "
                                                                           "p = 0.46)")  # QGI's updates only
     # the action column weighs a count against guessing one of 7 actions: 2 of 2 right by chance is 1 in 49;
     # a batch's shares are no count
     from leaklab.experiments.room_verdicts import _actions_read
 
-    assert rows[0][8] == "2 of 2 updates (100%; chance alone: p = 0.02)"
+    assert rows[0].action == "2 of 2 updates (100%; chance alone: p = 0.02)"
     assert _actions_read([1.0, 1.0, 0.0, 1.0, 1.0, 0.0]) == "4 of 6 updates (67%; chance alone: p = 0.0049)"
     assert _actions_read([0.5, 1.0]) == "75% of 2 updates" and _actions_read([]) is None
     # the verdicts' action: half of the updates read right, or more than guessing names but with p < 0.05
@@ -260,7 +260,7 @@ def test_audit_verdicts_in_words():
     old = verdicts({"summary": {"defenses": ["none", "dp"]},
                     "cells": [cell("none", None, 40.0, 1.0, 1.0, [45.0, 35.0], kept=None),
                               cell("dp", "clip:1,gaussian:0.6", 5.0, 0.0, 0.25, [5.0] * 4, kept=None)]})
-    assert [r[2] for r in old] == ["–", "–"] and [r[3] for r in old] == ["–", "–"]
+    assert [r.kept for r in old] == ["–", "–"] and [r.features for r in old] == ["–", "–"]
     assert conclusion(old).startswith("dp is the weakest defense tested behind which nothing measured leaks; behind "
                                       "none the update still leaks the room")
     # `--full` attacks each update in both modes: an update counts once, showing its room where either
@@ -269,9 +269,9 @@ def test_audit_verdicts_in_words():
                      "cells": [cell("noise", "gaussian:0.03", 4.0, 0.5, 0.5, [14.0, 25.0] + [14.0] * 4),
                                cell("noise", "gaussian:0.03", 5.0, 0.5, 0.5, [19.0, 14.0] + [14.0] * 4,
                                     mode="paper")]})
-    assert both[0][5] == "QGI S2 depth (paper mode)" and both[0][6] == "2 of 6"  # the largest mean gain
+    assert both[0].where == "QGI S2 depth (paper mode)" and both[0].shown == "2 of 6"  # the largest mean gain
     # the verdict names the update that shows its room best, in the mode that shows it
-    assert both[0][9].startswith("leaks the room (2 of 6 updates show it; the best: QGI S2 depth (exact mode) "
+    assert both[0].verdict.startswith("leaks the room (2 of 6 updates show it; the best: QGI S2 depth (exact mode) "
                                  "+10.0 dB over its baseline)")
     # `audit --cases`: each case is an update of its own, the best named by its case; an unscored one (no
     # truth) does not count
@@ -285,7 +285,7 @@ def test_audit_verdicts_in_words():
     assert (room.shown, room.updates) == (1, 2)
     assert verdict(room, 0.2, None) == ("leaks the room (1 of 2 updates show it; the best: RGI S2 depth of case 0001 "
                                         "+6.5 dB over its baseline)")
-    assert both[0][8] == "3 of 6 updates (50%; chance alone: p = 0.042)"  # 6 of 12 would be p = 0.0036
+    assert both[0].action == "3 of 6 updates (50%; chance alone: p = 0.042)"  # 6 of 12 would be p = 0.0036
 
 
 def test_audit_suggests_the_levels_to_audit_next():

@@ -125,7 +125,7 @@ COMPARED_FIELDS = ("algorithms", "settings", "modes", "arch", "train_steps", "sa
 
 def _verdicts_by_level(config: AuditConfig, results: dict[str, Any]) -> tuple[bool, Levels]:
     """Whether the undefended updates leak, and each tested level's verdict."""
-    leaks = {row[0]: row[-1] != room_verdicts.NOTHING_LEAKS for row in room_verdicts.verdicts(results)}
+    leaks = {row.defense: row.verdict != room_verdicts.NOTHING_LEAKS for row in room_verdicts.verdicts(results)}
     return leaks["none"], ({s: leaks[gaussian_label(s)] for s in config.gaussian_sigmas},
                            {e: leaks[dpsgd_label(e)] for e in config.dp_epsilons})
 

@@ -290,10 +290,7 @@ def write_report(folder: Path, results: dict[str, Any], cells, defenses, truths,
     labels = [label for label, _ in defenses]
     plot = _leakage_plot(results, labels, folder / "figures" / "leakage_per_defense.png")
     by = {(c["algorithm"], c["setting"], c["mode"], c["defense"]): c for c in results["cells"]}
-    glance = Table(columns=["defense", "what each client does", "update kept (cosine)",
-                            "features read (cosine, estimated)", "largest mean image gain (dB)", "where",
-                            "updates showing their room", "box IoU (best)", "action (QGI)", "verdict"],
-                   rows=room_verdicts.verdicts(results),
+    glance = Table(columns=list(room_verdicts.GLANCE_COLUMNS), rows=room_verdicts.verdicts(results),
                    caption=room_verdicts.glance_caption() + " Update kept: the cosine of the update the server "
                    "receives with the client's true one, the median over the updates (the attacks' range where they "
                    "differ), 1 when nothing changes: a measure of what the defense costs the training. An update "

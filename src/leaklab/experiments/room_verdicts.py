@@ -145,14 +145,34 @@ def levels_text(summary: dict[str, Any]) -> str:
         else text
 
 
-def verdicts(results: dict[str, Any]) -> list[list[Any]]:
+class GlanceRow(NamedTuple):
+    """One defense's row of the at-a-glance table (:func:`verdicts`), its fields in the order of
+    :data:`GLANCE_COLUMNS`."""
+    defense: str
+    client_does: str  # the defense chain in words
+    kept: str  # the cosine an update keeps with the true one (:func:`_kept_text`)
+    features: str  # the features' estimated cosine exact mode reads
+    gain: float  # the largest mean image gain over the constant baseline (dB)
+    where: str
+    shown: str  # "K of N" updates showing their room
+    iou: float  # the best mean box IoU
+    action: str | None  # QGI's action accuracy over its updates
+    verdict: str
+
+
+GLANCE_COLUMNS = ("defense", "what each client does", "update kept (cosine)", "features read (cosine, estimated)",
+                  "largest mean image gain (dB)", "where", "updates showing their room", "box IoU (best)",
+                  "action (QGI)", "verdict")
+
+
+def verdicts(results: dict[str, Any]) -> list[GlanceRow]:
     """One row per defense, weakest first: what the clients add, the cosine an update keeps with the true
     one (what the defense costs) and that of the conv features exact mode reads off it with the client's (what
     the defense lets through, estimated without the truth), the largest mean image gain over the constant
     baseline (and where, with the mode when several ran), how many attacked updates (each once, whatever the
-    modes that attacked it) show their room (an image at :data:`IMAGE_LEAK_DB` or more over its own baseline), the best mean box IoU,
-    QGI's action accuracy over its updates, and a verdict in words naming what leaks (:func:`verdict`; the
-    target Q-value and the reward by the attack that reads them best)."""
+    modes that attacked it) show their room (an image at :data:`IMAGE_LEAK_DB` or more over its own
+    baseline), the best mean box IoU, QGI's action accuracy over its updates, and a verdict in words naming
+    what leaks (:func:`verdict`; the target Q-value and the reward by the attack that reads them best)."""
     rows = []
     for label in results["summary"]["defenses"]:
         cells = [c for c in results["cells"] if c["defense"] == label]
@@ -165,28 +185,29 @@ def verdicts(results: dict[str, Any]) -> list[list[Any]]:
         actions = qgi_actions(cells)
         q_error, reward_error = (min((e for c in cells if (e := c["summary"].get(key)) is not None), default=None)
                                  for key in ("q_target_err_mean", "reward_abs_err_mean"))
-        rows.append([label, chain_in_words(cells[0].get("defense_chain")), _kept_text(cells),
-                     _kept_text(cells, "feature_cosine_median"), gain, where,
-                     f"{room.shown} of {room.updates}", iou, _actions_read(actions),
-                     verdict(room, iou, actions, q_error, reward_error)])
+        rows.append(GlanceRow(label, chain_in_words(cells[0].get("defense_chain")), _kept_text(cells),
+                              _kept_text(cells, "feature_cosine_median"), gain, where,
+                              f"{room.shown} of {room.updates}", iou, _actions_read(actions),
+                              verdict(room, iou, actions, q_error, reward_error)))
     return rows
 
 
-def conclusion(rows: list[list[Any]]) -> str:
+def conclusion(rows: list[GlanceRow]) -> str:
     """The audit in one sentence, from :func:`verdicts`' rows (weakest defense first), with the cosine an
     update keeps behind the defenses it names."""
-    safe = [r for r in rows if r[-1] == NOTHING_LEAKS]
-    leaky = [r for r in rows if r[-1] != NOTHING_LEAKS]
+    safe = [r for r in rows if r.verdict == NOTHING_LEAKS]
+    leaky = [r for r in rows if r.verdict != NOTHING_LEAKS]
     if not leaky:
-        return f"Nothing measured leaks behind any defense tested, {rows[0][0]} included."
+        return f"Nothing measured leaks behind any defense tested, {rows[0].defense} included."
     last = leaky[-1]
-    sees = f"behind {last[0]}" + (f" (cosine {last[2]})" if last[1] != "nothing" and last[2] != NOT_MEASURED
-                                  else "") + f" the update still {last[-1]}"
+    sees = f"behind {last.defense}" + (f" (cosine {last.kept})" if last.client_does != "nothing"
+                                       and last.kept != NOT_MEASURED else "") + f" the update still {last.verdict}"
     if not safe:
         return f"Every defense tested leaks: {sees}."
     first = safe[0]
-    kept = f", and there an update keeps a cosine of {first[2]} with the true one" if first[2] != NOT_MEASURED else ""
-    return f"{first[0]} is the weakest defense tested behind which nothing measured leaks{kept}; {sees}."
+    kept = f", and there an update keeps a cosine of {first.kept} with the true one" if first.kept != NOT_MEASURED \
+        else ""
+    return f"{first.defense} is the weakest defense tested behind which nothing measured leaks{kept}; {sees}."
 
 
 def verdict(room: RoomShown, iou: float, actions: list[float] | None, q_error: float | None = None,

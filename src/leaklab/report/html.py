@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import base64
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -39,7 +40,7 @@ class Figure:
 @dataclass
 class Table:
     columns: list[str]
-    rows: list[list[Any]]
+    rows: list[Sequence[Any]]
     title: str = ""
     caption: str = ""
 
