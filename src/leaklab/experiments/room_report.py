@@ -124,8 +124,9 @@ def write_cases_report(folder: Path, results: dict[str, Any], truths: list[Pictu
                 "without a defense; blank where the truth does not record it). Features read: the cosine of "
                 "the conv features exact mode reads with the client's, as the server estimates it from the "
                 "update alone, so also for a case without its truth (blank in paper mode); on leaklab's "
-                "default rooms and network every update at 0.9 or more showed its room and none under 0.5 "
-                "(docs/reproductions.md, \"What an update lets through of the features\").")
+                f"default rooms and network every update at {room_verdicts.FEATURES_WHOLE:g} or more showed its "
+                f"room and none under {room_verdicts.FEATURES_LOST:g} (docs/reproductions.md, \"What an update "
+                "lets through of the features\").")
     sections.append(Section(title="Cases", figures=figures, tables=[table]))
     summary = [("generated", time.strftime("%Y-%m-%d %H:%M:%S")), ("cases", results["cases_dir"]),
                ("network", results["model_class"] or "leaklab's perception network (as the cases' views name it)"),
@@ -299,9 +300,9 @@ def write_report(folder: Path, results: dict[str, Any], cells, defenses, truths,
                    "Features read: the cosine of the conv features exact mode reads off an update with the client's, "
                    "as the server estimates it without the truth (the median over the updates; – in paper mode): "
                    "near 1 the image stage has the room's features to work from, near 0 nothing (in an audit of "
-                   "leaklab's default rooms and network, 29 of 29 updates at 0.9 or more showed their room, 6 of 9 "
-                   "from 0.5 to 0.9 and none of 58 under 0.5: docs/reproductions.md, \"What an update lets "
-                   "through of the features\"). The "
+                   f"leaklab's default rooms and network, 29 of 29 updates at {room_verdicts.FEATURES_WHOLE:g} or "
+                   f"more showed their room, 6 of 9 between and none of 58 under {room_verdicts.FEATURES_LOST:g}: "
+                   "docs/reproductions.md, \"What an update lets through of the features\"). The "
                    "action column is QGI's (p: the chance that guessing one of the 7 actions at random would name as "
                    "many right or more): RGI's is left out of the verdict, as a REINFORCE update whose return is 0 "
                    "holds no trace of the action and under noise RGI's rule reads the noise; the per-attack tables "
