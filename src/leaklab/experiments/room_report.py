@@ -124,7 +124,7 @@ def write_cases_report(folder: Path, results: dict[str, Any], truths: list[Pictu
                 "without a defense; blank where the truth does not record it). Features read: the cosine of "
                 "the conv features exact mode reads with the client's, as the server estimates it from the "
                 "update alone, so also for a case without its truth (blank in paper mode); on leaklab's "
-                f"default rooms and network every update at {room_verdicts.FEATURES_WHOLE:g} or more showed its "
+                f"rooms and two networks every update at {room_verdicts.FEATURES_WHOLE:g} or more showed its "
                 f"room and none under {room_verdicts.FEATURES_LOST:g} (docs/reproductions.md, \"What an update "
                 "lets through of the features\").")
     sections.append(Section(title="Cases", figures=figures, tables=[table]))
@@ -299,9 +299,9 @@ def write_report(folder: Path, results: dict[str, Any], cells, defenses, truths,
                    "server that averages K updates of one direction lifts a small cosine about √K-fold at best. "
                    "Features read: the cosine of the conv features exact mode reads off an update with the client's, "
                    "as the server estimates it without the truth (the median over the updates; – in paper mode): "
-                   "near 1 the image stage has the room's features to work from, near 0 nothing (in an audit of "
-                   f"leaklab's default rooms and network, 29 of 29 updates at {room_verdicts.FEATURES_WHOLE:g} or "
-                   f"more showed their room, 6 of 9 between and none of 58 under {room_verdicts.FEATURES_LOST:g}: "
+                   "near 1 the image stage has the room's features to work from, near 0 nothing (in audits of "
+                   f"leaklab's rooms on two networks, 56 of 56 updates at {room_verdicts.FEATURES_WHOLE:g} or more "
+                   f"showed their room, 11 of 28 between and none of 108 under {room_verdicts.FEATURES_LOST:g}: "
                    "docs/reproductions.md, \"What an update lets through of the features\"). The "
                    "action column is QGI's (p: the chance that guessing one of the 7 actions at random would name as "
                    "many right or more): RGI's is left out of the verdict, as a REINFORCE update whose return is 0 "

@@ -27,9 +27,9 @@ ACTION_CHANCE_P = 0.05  # guessing would name as many right with a lower probabi
 Q_LEAK_PERCENT = 1.0  # verdict: the target Q-value leaks read to this error (seed 000's QGI: about 1%)
 REWARD_LEAK = 0.01  # verdict: the reward (RGI reads the discounted return that weights log π) leaks read to
 # this absolute error, 1% of the most one step earns
-FEATURES_WHOLE = 0.9  # the features read off an update (exact mode's estimated cosine): in an audit of leaklab's
-FEATURES_LOST = 0.5  # default rooms every update at 0.9 or more showed its room (29 of 29) and none under 0.5
-# (0 of 58; docs/reproductions.md, "What an update lets through of the features")
+FEATURES_WHOLE = 0.9  # the features read off an update (exact mode's estimated cosine): in audits of leaklab's
+FEATURES_LOST = 0.2  # rooms on two networks every update at 0.9 or more showed its room (56 of 56), none under
+# 0.2 (0 of 108) and 11 of 28 between (docs/reproductions.md, "What an update lets through of the features")
 
 
 Attacks = dict[Hashable, list[tuple[dict[str, Any], dict[str, Any]]]]  # update -> its attacks' (cell, row)
@@ -252,8 +252,8 @@ def features_read_text(cosines: list[float]) -> str:
     with what those lines meant on leaklab's default rooms; "" when there are none."""
     if not cosines:
         return ""
-    measured = (f"(estimated from the updates alone; in an audit of leaklab's default rooms and network every "
-                f"update at {FEATURES_WHOLE:g} or more showed its room and none under {FEATURES_LOST:g})")
+    measured = (f"(estimated from the updates alone; in audits of leaklab's rooms on two networks every update at "
+                f"{FEATURES_WHOLE:g} or more showed its room and none under {FEATURES_LOST:g})")
     if len(cosines) == 1:
         return (f"The server reads the room's conv features of the case without its truth at a cosine of "
                 f"{cosine_text(cosines[0])} with the client's {measured}.")
