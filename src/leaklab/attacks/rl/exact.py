@@ -136,11 +136,12 @@ def feature_cosine(noise: float) -> float:
     """The cosine that features read with noise-to-signal ratio ``noise`` (:func:`noised_features`) keep with
     the client's, ``1 / sqrt(1 + r²)`` for noise independent of the features; 0 where ``r`` is inf. The server
     reads it off the update alone, so it says how much of the room a defense lets through before any image
-    is reconstructed (leaklab's). On 249 defended updates (8 each of QGI and RGI, S2 on `small` and S1 on
-    `wide-rgb`, behind Gaussian noise of σ = 0.001 to 0.1, DP-SGD at ε = 8, Laplace noise of scale 0.01,
-    pruning of half and top-k of a tenth) it was within 0.09 of the true cosine on the 152 where that was 0.1
-    or more, and at most 0.11 above it on the 97 where it was less (features lost; docs/reproductions.md,
-    "What an update lets through of the features")."""
+    is reconstructed (leaklab's). On 367 defended updates (8 each of QGI and RGI, S2 on `small` and S1 on
+    `wide-rgb`, and of QGI S2 on `deep` and S1 on `stacked`, behind Gaussian noise of σ = 0.001 to 0.1, DP-SGD
+    at ε = 8, Laplace noise of scale 0.01, pruning of half and top-k of a tenth) it was within 0.09 of the true
+    cosine on the 214 where that was 0.1 or more, and at most 0.19 above it on the 153 where it was less
+    (features lost; 0.11 but on `deep`; docs/reproductions.md, "What an update lets through of the
+    features")."""
     return 1.0 / (1.0 + noise * noise) ** 0.5 if noise != float("inf") else 0.0
 
 
