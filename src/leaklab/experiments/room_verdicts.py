@@ -28,8 +28,9 @@ Q_LEAK_PERCENT = 1.0  # verdict: the target Q-value leaks read to this error (se
 REWARD_LEAK = 0.01  # verdict: the reward (RGI reads the discounted return that weights log π) leaks read to
 # this absolute error, 1% of the most one step earns
 FEATURES_WHOLE = 0.9  # the features read off an update (exact mode's estimated cosine): in audits of leaklab's
-FEATURES_LOST = 0.2  # rooms on two networks every update at 0.9 or more showed its room (56 of 56), none under
-# 0.2 (0 of 108) and 11 of 28 between (docs/reproductions.md, "What an update lets through of the features")
+FEATURES_LOST = 0.2  # rooms on `wide-rgb` and `nature` every update at 0.9 or more showed its room (56 of 56), none
+# under 0.2 (0 of 108) and 11 of 28 between; on `stacked`, whose images exact mode reads worse, 3 at 0.90 to 0.93
+# did not (docs/reproductions.md, "What an update lets through of the features")
 
 
 Attacks = dict[Hashable, list[tuple[dict[str, Any], dict[str, Any]]]]  # update -> its attacks' (cell, row)
@@ -252,8 +253,9 @@ def features_read_text(cosines: list[float]) -> str:
     with what those lines meant on leaklab's default rooms; "" when there are none."""
     if not cosines:
         return ""
-    measured = (f"(estimated from the updates alone; in audits of leaklab's rooms on two networks every update at "
-                f"{FEATURES_WHOLE:g} or more showed its room and none under {FEATURES_LOST:g})")
+    measured = (f"(estimated from the updates alone; in audits of leaklab's rooms on its wide-rgb and nature "
+                f"networks every update at {FEATURES_WHOLE:g} or more showed its room and none under "
+                f"{FEATURES_LOST:g}; a network whose images the attack reads worse needs more)")
     if len(cosines) == 1:
         return (f"The server reads the room's conv features of the case without its truth at a cosine of "
                 f"{cosine_text(cosines[0])} with the client's {measured}.")

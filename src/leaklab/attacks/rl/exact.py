@@ -355,8 +355,8 @@ def tv_schedule(cfg: RoomAttackConfig, noise: float, pixels_per_feature: float) 
     stream (7,200 features of 22,500 pixels, ``p`` = 3.1) ``p · r`` showed the room on 26 of 48 noised QGI
     and RGI updates against 21 with ``r`` (σ = 0.001 to 0.1). Below 1 it lost (S1 on ``nature``, ``p`` =
     0.78), hence ``max(1, p)``; it costs S2 on ``deep`` (``p`` = 4.3) 2 rooms of 16 updates behind σ = 0.01 (3
-    → 1) and S1 on ``stacked`` (3.1) 1 of 8 (docs/reproductions.md, "The prior's weight per pixel behind
-    noise")."""
+    → 1) and S1 on ``stacked`` (3.1) 2 of 16 (4 → 2; docs/reproductions.md, "The prior's weight per pixel
+    behind noise")."""
     if not cfg.tv_weight:
         return lambda done: 0.0
     floor = max(cfg.tv_final, max(1.0, pixels_per_feature) * min(noise, TV_NOISE_CAP))
