@@ -212,7 +212,7 @@ def test_the_features_read_off_cases_without_their_truth_are_counted_against_wha
     text = features_read_text([0.95, 0.91, 0.7, 0.3, 0.0])
     assert text.startswith("Of the 5 cases without their truth, the server reads the room's conv features at a "
                            "cosine of 0.9 or more with the client's off 2 and under 0.2 off 1 (estimated")
-    assert "every update at 0.9 or more showed its room and none under 0.2; a network whose images" in text
+    assert "every update at 0.9 or more showed its room and none under 0.2 (on stacked" in text
 
 
 def test_the_fallback_caveat_names_its_cause():

@@ -123,11 +123,8 @@ def write_cases_report(folder: Path, results: dict[str, Any], truths: list[Pictu
                 "update the case holds with the client's true one, as `leaklab env capture` recorded it (1 "
                 "without a defense; blank where the truth does not record it). Features read: the cosine of "
                 "the conv features exact mode reads with the client's, as the server estimates it from the "
-                "update alone, so also for a case without its truth (blank in paper mode); on leaklab's "
-                f"rooms and its wide-rgb and nature networks every update at {room_verdicts.FEATURES_WHOLE:g} or "
-                f"more showed its room and none under {room_verdicts.FEATURES_LOST:g}, and a network whose images "
-                "the attack reads worse needs more (docs/reproductions.md, \"What an update lets through of the "
-                "features\").")
+                "update alone, so also for a case without its truth (blank in paper mode); "
+                f"{room_verdicts.features_lines_text()}.")
     sections.append(Section(title="Cases", figures=figures, tables=[table]))
     summary = [("generated", time.strftime("%Y-%m-%d %H:%M:%S")), ("cases", results["cases_dir"]),
                ("network", results["model_class"] or "leaklab's perception network (as the cases' views name it)"),
@@ -300,12 +297,8 @@ def write_report(folder: Path, results: dict[str, Any], cells, defenses, truths,
                    "server that averages K updates of one direction lifts a small cosine about √K-fold at best. "
                    "Features read: the cosine of the conv features exact mode reads off an update with the client's, "
                    "as the server estimates it without the truth (the median over the updates; – in paper mode): "
-                   "near 1 the image stage has the room's features to work from, near 0 nothing (in audits of "
-                   f"leaklab's rooms on its wide-rgb and nature networks, 56 of 56 updates at "
-                   f"{room_verdicts.FEATURES_WHOLE:g} or more showed their room, 11 of 28 between and none of 108 "
-                   f"under {room_verdicts.FEATURES_LOST:g}; on stacked, whose images the attack reads worse, 3 at "
-                   "0.90 to 0.93 did not: docs/reproductions.md, \"What an update lets through of the "
-                   "features\"). The "
+                   f"near 1 the image stage has the room's features to work from, near 0 nothing: "
+                   f"{room_verdicts.features_lines_text()}. The "
                    "action column is QGI's (p: the chance that guessing one of the 7 actions at random would name as "
                    "many right or more): RGI's is left out of the verdict, as a REINFORCE update whose return is 0 "
                    "holds no trace of the action and under noise RGI's rule reads the noise; the per-attack tables "

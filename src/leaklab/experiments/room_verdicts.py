@@ -104,7 +104,7 @@ def chain_in_words(chain: str | None) -> str:
     return ", ".join(words[name].format(value) for name, value in defense_steps(chain)) or "nothing"
 
 
-def _kept_text(cells: list[dict[str, Any]], key: str = "update_cosine_median") -> str:
+def _cosine_range(cells: list[dict[str, Any]], key: str = "update_cosine_median") -> str:
     """The cosine an update keeps with the true one behind a defense (``key``; ``feature_cosine_median``: the
     cosine of the conv features exact mode read, as the server estimates it): the attacks' medians, as one
     number when they agree to three digits, else their range; "–" where none was measured (results written
@@ -151,7 +151,7 @@ class GlanceRow(NamedTuple):
     :data:`GLANCE_COLUMNS`."""
     defense: str
     client_does: str  # the defense chain in words
-    kept: str  # the cosine an update keeps with the true one (:func:`_kept_text`)
+    kept: str  # the cosine an update keeps with the true one (:func:`_cosine_range`)
     features: str  # the features' estimated cosine exact mode reads
     gain: float  # the largest mean image gain over the constant baseline (dB)
     where: str
@@ -186,8 +186,8 @@ def verdicts(results: dict[str, Any]) -> list[GlanceRow]:
         actions = qgi_actions(cells)
         q_error, reward_error = (min((e for c in cells if (e := c["summary"].get(key)) is not None), default=None)
                                  for key in ("q_target_err_mean", "reward_abs_err_mean"))
-        rows.append(GlanceRow(label, chain_in_words(cells[0].get("defense_chain")), _kept_text(cells),
-                              _kept_text(cells, "feature_cosine_median"), gain, where,
+        rows.append(GlanceRow(label, chain_in_words(cells[0].get("defense_chain")), _cosine_range(cells),
+                              _cosine_range(cells, "feature_cosine_median"), gain, where,
                               f"{room.shown} of {room.updates}", iou, _actions_read(actions),
                               verdict(room, iou, actions, q_error, reward_error)))
     return rows
@@ -247,15 +247,22 @@ def glance_caption() -> str:
             f"absolute error of {REWARD_LEAK:g} or less (one step earns at most 1).")
 
 
+def features_lines_text() -> str:
+    """What :data:`FEATURES_WHOLE` and :data:`FEATURES_LOST` meant where they were measured: the reports'
+    captions and :func:`features_read_text` say it in these words."""
+    return (f"in audits of leaklab's rooms on its wide-rgb and nature networks every update at {FEATURES_WHOLE:g} "
+            f"or more showed its room and none under {FEATURES_LOST:g} (on stacked, whose images the attack reads "
+            "worse, 3 at 0.90 to 0.93 did not: docs/reproductions.md, \"What an update lets through of the "
+            "features\")")
+
+
 def features_read_text(cosines: list[float]) -> str:
     """What the features read off the updates of cases without their truth say (``cosines``: their
     ``feature_cosine``): how many at :data:`FEATURES_WHOLE` or more and how many under :data:`FEATURES_LOST`,
     with what those lines meant on leaklab's default rooms; "" when there are none."""
     if not cosines:
         return ""
-    measured = (f"(estimated from the updates alone; in audits of leaklab's rooms on its wide-rgb and nature "
-                f"networks every update at {FEATURES_WHOLE:g} or more showed its room and none under "
-                f"{FEATURES_LOST:g}; a network whose images the attack reads worse needs more)")
+    measured = f"(estimated from the updates alone; {features_lines_text()})"
     if len(cosines) == 1:
         return (f"The server reads the room's conv features of the case without its truth at a cosine of "
                 f"{cosine_text(cosines[0])} with the client's {measured}.")

@@ -81,8 +81,8 @@ def _images_and_state(net, grads, errors, actions, cfg, progress, batch):
         st = exact_vectors(net, grads) if batch == 1 else separated_vectors(net, grads, errors)
         if st is not None:
             images, activations = exact_images(net, grads, st, cfg, progress)
-            kept = feature_cosine(st.feature_noise) if batch == 1 or st.untouched else None
-            return st.box, images, st.last_input, None, cfg.iterations, ("box", "features", *activations), kept
+            read = feature_cosine(st.feature_noise) if batch == 1 or st.untouched else None
+            return st.box, images, st.last_input, None, cfg.iterations, ("box", "features", *activations), read
     st = paper_state(net, grads, errors, actions, cfg, progress)
     with torch.no_grad():
         last_input = trace(net, st.features, st.box).linear[-1][1]
@@ -126,7 +126,7 @@ def _qgi(net: PerceptionNet, grads: dict[str, torch.Tensor], batch: int, cfg: Ro
     start = time.perf_counter()
     gb = _last_bias(net, grads)
     actions = dqn_actions(gb, batch)
-    box, images, last_input, st, iterations, exact, kept = _images_and_state(
+    box, images, last_input, st, iterations, exact, read = _images_and_state(
         net, grads, error_directions(gb, actions), actions, cfg, progress, batch)
     if "features" in exact:  # the last layer's input is exact too
         q_pred = _outputs(net, last_input).gather(1, actions.view(-1, 1)).squeeze(1)
@@ -145,7 +145,7 @@ def _qgi(net: PerceptionNet, grads: dict[str, torch.Tensor], batch: int, cfg: Ro
     return RoomReconstruction(images=images.clamp(0, 1), box=box.float(), action=actions,
                               iterations=iterations, seconds=time.perf_counter() - start,
                               q_pred=q_pred, q_target=q_target, exact=exact, stage1_starts=_starts(st),
-                              feature_cosine=kept)
+                              feature_cosine=read)
 
 
 def rgi(view: ServerView, update: ClientUpdate, config: RoomAttackConfig | None = None,
@@ -169,7 +169,7 @@ def _rgi(net: PerceptionNet, grads: dict[str, torch.Tensor], batch: int, cfg: Ro
     errors = gb.unsqueeze(0) if batch == 1 else reinforce_batch_errors(net, grads)
     if errors is None:
         raise NoSignal("the last layer does not separate the batch's two samples")
-    box, images, last_input, st, iterations, exact, kept = _images_and_state(
+    box, images, last_input, st, iterations, exact, read = _images_and_state(
         net, grads, errors, torch.zeros(batch, dtype=torch.long, device=gb.device), cfg, progress, batch)
     if cfg.mode == "paper":  # IV-D step 1: the probabilities from the last layer alone
         last_input = last_layer_input(net, grads, errors, cfg)
@@ -184,4 +184,4 @@ def _rgi(net: PerceptionNet, grads: dict[str, torch.Tensor], batch: int, cfg: Ro
     return RoomReconstruction(images=images.clamp(0, 1), box=box.float(), action=action,
                               iterations=iterations, seconds=time.perf_counter() - start,
                               probs=probs, reward=reward, action_identified=identified, exact=exact,
-                              stage1_starts=_starts(st), feature_cosine=kept)
+                              stage1_starts=_starts(st), feature_cosine=read)
