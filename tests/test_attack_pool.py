@@ -120,7 +120,7 @@ def test_run_jobs_takes_what_the_journal_holds_and_attacks_the_rest(tmp_path, wo
     assert AttackJournal(tmp_path, jobs).load(0).stage1_starts == 3
     journal.add(0, replace(first[0], feature_cosine=0.123456789012))  # exact mode's estimate, to the digit
     assert AttackJournal(tmp_path, jobs).load(0).feature_cosine == 0.123456789012
-    journal.add(0, replace(first[0], feature_cosine=None))  # paper mode's: none read
+    journal.add(0, replace(first[0], feature_cosine=None))  # none read (a batch of two behind a defense)
     assert AttackJournal(tmp_path, jobs).load(0).feature_cosine is None
     # an entry that reads back but not in the job's shapes is not taken either
 

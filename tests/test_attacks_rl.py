@@ -234,11 +234,13 @@ def test_the_features_noise_ratio_is_read_off_the_update(loss):
 
 @pytest.mark.parametrize("attack", [qgi, rgi])
 def test_exact_mode_tells_how_much_of_the_features_an_update_lets_through(attack):
-    """feature_cosine: the cosine of the conv features exact mode reads with the client's, estimated from the
-    update alone: 1 untouched, within 0.07 of the true one behind noise, not read in paper mode."""
+    """feature_cosine: the cosine of the conv features read off the update in closed form with the client's,
+    estimated from the update alone: 1 untouched, within 0.07 of the true one behind noise, the same reading
+    in paper mode."""
     view, update, truth = client(loss="dqn_mse" if attack is qgi else "reinforce")
     cfg = RoomAttackConfig(iterations=2)
-    assert attack(view, update, cfg).feature_cosine == 1.0
+    paper = cfg.model_copy(update={"mode": "paper", "stage1_iterations": 2})
+    assert attack(view, update, cfg).feature_cosine == 1.0 and attack(view, update, paper).feature_cosine == 1.0
     with torch.no_grad():
         features = view.model.conv(truth["images"]).double()
     estimates = []
@@ -250,8 +252,9 @@ def test_exact_mode_tells_how_much_of_the_features_an_update_lets_through(attack
         estimates.append(rec.feature_cosine)
     assert estimates == sorted(estimates, reverse=True) and estimates[0] > 0.99 and estimates[-1] < 0.5
     assert exact_module.feature_cosine(float("inf")) == 0.0
-    assert attack(view, update, cfg.model_copy(update={"mode": "paper", "stage1_iterations": 2})
-                  ).feature_cosine is None
+    assert attack(view, noised, paper).feature_cosine == rec.feature_cosine  # the update's, whatever the mode
+    pruned = {k: v * 0 if k == "head.0.bias" else v for k, v in noised.tensors.items()}
+    assert exact_module.update_feature_cosine(view.model, pruned) is None  # nothing to read
 
 
 @pytest.mark.parametrize("loss", ["dqn_mse", "reinforce"])

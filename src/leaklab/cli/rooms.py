@@ -96,7 +96,7 @@ def _room_summary_line(s: dict[str, Any], defended: bool) -> str:
         parts.append(f"reward error {s['reward_abs_err_mean']:.3g}")
     if defended and s.get("update_cosine_median") is not None:  # absent where no saved truth records it
         parts.append(f"update kept (cosine with the true one) {cosine_text(s['update_cosine_median'])}")
-    if defended and s.get("feature_cosine_median") is not None:  # exact mode's, from the updates alone
+    if defended and s.get("feature_cosine_median") is not None:  # read off the updates alone
         parts.append(f"features read (cosine, estimated) {cosine_text(s['feature_cosine_median'])}")
     return "; ".join(parts)
 

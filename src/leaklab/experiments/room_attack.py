@@ -153,8 +153,8 @@ def jobs_and_cosines(count: int, build: Callable[[int], tuple[Sample, Job]]) -> 
 def summarise(rows: list[dict[str, Any]], iterations: int, seconds: float) -> dict[str, Any]:
     """The ``summary`` of ``results.json`` from the per-sample rows: means (``SUMMARY_KEYS``; ``_min``: the
     least), the images' population standard deviations (``SPREAD_KEYS``) and the median of the updates'
-    cosines with the true ones (what a defense costs: ``update_cosine``) and of exact mode's estimates of the
-    conv features' (``feature_cosine``, read off the update alone: what it lets through). A row is one client
+    cosines with the true ones (what a defense costs: ``update_cosine``) and of the estimates of the conv
+    features' (``feature_cosine``, read off the update alone: what it lets through). A row is one client
     update: ``samples`` counts them, ``transitions`` their transitions (more with batches of 2), and
     ``seconds_per_sample`` is per update."""
     summary: dict[str, Any] = {}

@@ -122,8 +122,8 @@ def write_cases_report(folder: Path, results: dict[str, Any], truths: list[Pictu
                 "normalisation, baseline: a constant image at the true mean. Update kept: the cosine of the "
                 "update the case holds with the client's true one, as `leaklab env capture` recorded it (1 "
                 "without a defense; blank where the truth does not record it). Features read: the cosine of "
-                "the conv features exact mode reads with the client's, as the server estimates it from the "
-                "update alone, so also for a case without its truth (blank in paper mode); "
+                "the conv features read off the update in closed form with the client's, as the server "
+                "estimates it from the update alone, so also for a case without its truth; "
                 f"{room_verdicts.features_lines_text()}.")
     sections.append(Section(title="Cases", figures=figures, tables=[table]))
     summary = [("generated", time.strftime("%Y-%m-%d %H:%M:%S")), ("cases", results["cases_dir"]),
@@ -205,8 +205,8 @@ def _shown(pictured: int, total: int, what: str) -> str:
 
 def _leakage_plot(results: dict[str, Any], labels: list[str], path: Path) -> bytes:
     """PSNR gain over the constant-image baseline per defense (RGB and depth per attack) and, on the right
-    axis, the cosine an update keeps behind each and that of the conv features exact mode reads off it, as the
-    server estimates it (each the median of the attacks' medians), and QGI's action accuracy over its updates
+    axis, the cosine an update keeps behind each and that of the conv features read off it in closed form, as
+    the server estimates it (each the median of the attacks' medians), and QGI's action accuracy over its updates
     (the leak that outlasts the images)."""
     from leaklab.report.plots import bar_plot
 
@@ -226,7 +226,7 @@ def _leakage_plot(results: dict[str, Any], labels: list[str], path: Path) -> byt
                     threshold=(room_verdicts.IMAGE_LEAK_DB, f"the room shows from +{room_verdicts.IMAGE_LEAK_DB:g} dB"),
                     lines={"update kept (cosine; right axis)": kept,
                            **({"features read (cosine, estimated; right axis)": read}
-                              if any(r is not None for r in read) else {}),  # none read in paper mode
+                              if any(r is not None for r in read) else {}),  # none: batches of two behind noise
                            "QGI action accuracy (right axis)": [statistics.fmean(a) if a else None for a in actions]},
                     lines_label="cosine kept or read; action accuracy (chance 1/7)")
 
@@ -278,8 +278,8 @@ def _cell_table(meta: dict[str, str], images: tuple[str, ...], labels: list[str]
                          "the Y channel (RGB) and on depth, with the paper's normalisation (the reconstruction's "
                          "brightest RGB pixel scaled to white). Means over the samples; the picture above gives "
                          "each one's PSNR and, in brackets, its gain over its own baseline. Features read: the "
-                         "cosine of the conv features exact mode reads with the client's, as the server estimates "
-                         "it from the update alone (a median; blank in paper mode).")
+                         "cosine of the conv features read off the update in closed form with the client's, as "
+                         "the server estimates it from the update alone (a median).")
 
 
 def write_report(folder: Path, results: dict[str, Any], cells, defenses, truths, pictures) -> None:
@@ -295,8 +295,8 @@ def write_report(folder: Path, results: dict[str, Any], cells, defenses, truths,
                    "differ), 1 when nothing changes: a measure of what the defense costs the training. An update "
                    "whose own gradient is small (a TD error or a REINFORCE return near 0) drowns in weak noise; a "
                    "server that averages K updates of one direction lifts a small cosine about √K-fold at best. "
-                   "Features read: the cosine of the conv features exact mode reads off an update with the client's, "
-                   "as the server estimates it without the truth (the median over the updates; – in paper mode): "
+                   "Features read: the cosine of the conv features read off an update in closed form with the "
+                   "client's, as the server estimates it without the truth (the median over the updates): "
                    f"near 1 the image stage has the room's features to work from, near 0 nothing: "
                    f"{room_verdicts.features_lines_text()}. The "
                    "action column is QGI's (p: the chance that guessing one of the 7 actions at random would name as "

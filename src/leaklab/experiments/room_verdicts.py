@@ -27,7 +27,7 @@ ACTION_CHANCE_P = 0.05  # guessing would name as many right with a lower probabi
 Q_LEAK_PERCENT = 1.0  # verdict: the target Q-value leaks read to this error (seed 000's QGI: about 1%)
 REWARD_LEAK = 0.01  # verdict: the reward (RGI reads the discounted return that weights log π) leaks read to
 # this absolute error, 1% of the most one step earns
-FEATURES_WHOLE = 0.9  # the features read off an update (exact mode's estimated cosine): in audits of leaklab's
+FEATURES_WHOLE = 0.9  # the features read off an update (their estimated cosine): in exact-mode audits of leaklab's
 FEATURES_LOST = 0.2  # rooms on `wide-rgb` and `nature` every update at 0.9 or more showed its room (56 of 56), none
 # under 0.2 (0 of 108) and 11 of 28 between; on `stacked`, whose images exact mode reads worse, 3 at 0.90 to 0.93
 # did not (docs/reproductions.md, "What an update lets through of the features")
@@ -106,9 +106,9 @@ def chain_in_words(chain: str | None) -> str:
 
 def _cosine_range(cells: list[dict[str, Any]], key: str = "update_cosine_median") -> str:
     """The cosine an update keeps with the true one behind a defense (``key``; ``feature_cosine_median``: the
-    cosine of the conv features exact mode read, as the server estimates it): the attacks' medians, as one
-    number when they agree to three digits, else their range; "–" where none was measured (results written
-    before leaklab measured it; paper mode alone, for the features)."""
+    cosine of the conv features read off the update in closed form, as the server estimates it): the attacks'
+    medians, as one number when they agree to three digits, else their range; "–" where none was measured
+    (results written before leaklab measured it; for the features, batches of two behind a defense)."""
     medians = sorted(m for c in cells if (m := c["summary"].get(key)) is not None)
     if not medians:
         return NOT_MEASURED
@@ -152,7 +152,7 @@ class GlanceRow(NamedTuple):
     defense: str
     client_does: str  # the defense chain in words
     kept: str  # the cosine an update keeps with the true one (:func:`_cosine_range`)
-    features: str  # the features' estimated cosine exact mode reads
+    features: str  # the estimated cosine of the features read off the updates in closed form
     gain: float  # the largest mean image gain over the constant baseline (dB)
     where: str
     shown: str  # "K of N" updates showing their room
@@ -168,8 +168,8 @@ GLANCE_COLUMNS = ("defense", "what each client does", "update kept (cosine)", "f
 
 def verdicts(results: dict[str, Any]) -> list[GlanceRow]:
     """One row per defense, weakest first: what the clients add, the cosine an update keeps with the true
-    one (what the defense costs) and that of the conv features exact mode reads off it with the client's (what
-    the defense lets through, estimated without the truth), the largest mean image gain over the constant
+    one (what the defense costs) and that of the conv features read off it in closed form with the client's
+    (what the defense lets through, estimated without the truth), the largest mean image gain over the constant
     baseline (and where, with the mode when several ran), how many attacked updates (each once, whatever the
     modes that attacked it) show their room (an image at :data:`IMAGE_LEAK_DB` or more over its own
     baseline), the best mean box IoU, QGI's action accuracy over its updates, and a verdict in words naming
@@ -250,10 +250,10 @@ def glance_caption() -> str:
 def features_lines_text() -> str:
     """What :data:`FEATURES_WHOLE` and :data:`FEATURES_LOST` meant where they were measured: the reports'
     captions and :func:`features_read_text` say it in these words."""
-    return (f"in audits of leaklab's rooms on its wide-rgb and nature networks every update at {FEATURES_WHOLE:g} "
-            f"or more showed its room and none under {FEATURES_LOST:g} (on stacked, whose images the attack reads "
-            "worse, 3 at 0.90 to 0.93 did not: docs/reproductions.md, \"What an update lets through of the "
-            "features\")")
+    return (f"in exact-mode audits of leaklab's rooms on its wide-rgb and nature networks every update at "
+            f"{FEATURES_WHOLE:g} or more showed its room and none under {FEATURES_LOST:g} (on stacked, whose images "
+            "the attack reads worse, 3 at 0.90 to 0.93 did not: docs/reproductions.md, \"What an update lets "
+            "through of the features\")")
 
 
 def features_read_text(cosines: list[float]) -> str:

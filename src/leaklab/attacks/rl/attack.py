@@ -25,7 +25,7 @@ import torch
 
 from leaklab.attacks.rl.config import RoomAttackConfig, RoomReconstruction
 from leaklab.attacks.rl.exact import (exact_images, exact_vectors, feature_cosine, reinforce_batch_errors,
-                                      separated_vectors)
+                                      separated_vectors, update_feature_cosine)
 from leaklab.attacks.rl.image_convs import attack_network
 from leaklab.attacks.rl.images import gaussian_start
 from leaklab.attacks.rl.network import trace
@@ -76,7 +76,8 @@ def _outputs(net: PerceptionNet, last_input: torch.Tensor) -> torch.Tensor:
 
 def _images_and_state(net, grads, errors, actions, cfg, progress, batch):
     """``(box, images, last-layer input, paper state or None, iterations, exact names, feature cosine)``; the
-    features' estimated cosine where exact mode read it (a batch's noise ratio is not read)."""
+    features' estimated cosine of one sample's update (exact mode's reading; paper mode reads it apart) and of
+    an untouched batch (a batch's noise ratio is not read)."""
     if cfg.mode == "exact":
         st = exact_vectors(net, grads) if batch == 1 else separated_vectors(net, grads, errors)
         if st is not None:
@@ -86,7 +87,8 @@ def _images_and_state(net, grads, errors, actions, cfg, progress, batch):
     st = paper_state(net, grads, errors, actions, cfg, progress)
     with torch.no_grad():
         last_input = trace(net, st.features, st.box).linear[-1][1]
-    return st.box, st.images, last_input, st, st.iterations, (), None
+    read = update_feature_cosine(net, grads) if batch == 1 else None
+    return st.box, st.images, last_input, st, st.iterations, (), read
 
 
 def _starts(st: PaperState | None) -> int:

@@ -46,12 +46,14 @@ EXACT_ONLY = ("tv_final", "feature_weight", "gradient_weight", "layerwise")  # f
 # shrinking that the bias gradient's noise causes, ``exact.noised_features``, an untouched update's results
 # unchanged; 12: on a defended update the TV floor scaled by the image's pixels per conv feature,
 # ``exact.tv_schedule``, an untouched update's results unchanged); paper mode's 2: stage 1
-# starts again when its match ends under a cosine of 0.999; 3: the image convolutions as exact mode's 8).
+# starts again when its match ends under a cosine of 0.999; 3: the image convolutions as exact mode's 8;
+# 4: a single sample's update read for the features it lets through, ``exact.update_feature_cosine``, as exact
+# mode reads it, the reconstruction unchanged to the bit).
 # Summing stage 1's feature match stream by stream (session 10) left every result bit-identical: the
 # images' gradient does not depend on how the loss's terms are grouped.
 # The bordered factor kept in blocks (session 12) solves in another order: its float64 activations
 # move by ~1e-14 and came out the same in float32, so all 16 rows of 8 S1 and 8 S2 QGI attacks did.
-METHOD_VERSION = {"exact": 12, "paper": 3}
+METHOD_VERSION = {"exact": 12, "paper": 4}
 
 
 class RoomAttackConfig(BaseModel):
@@ -111,9 +113,10 @@ class RoomReconstruction:
     update the noise passes for such a part). ``exact`` names what the mode recovered in
     closed form. ``no_signal``: the update lacked a gradient the attack reads (an all-zero bias
     gradient, e.g. after pruning), so the reconstruction is the attack's no-information start.
-    ``feature_cosine``: exact mode's estimate, from the update alone, of the cosine between the conv
-    features it read and the client's (:func:`~leaklab.attacks.rl.exact.feature_cosine`; 1 on an untouched
-    update); None where it was not read (paper mode, a batch of two behind a defense, no signal).
+    ``feature_cosine``: the estimate, from the update alone, of the cosine between the conv features read
+    off it in closed form and the client's (:func:`~leaklab.attacks.rl.exact.feature_cosine`; 1 on an
+    untouched update; in paper mode too, :func:`~leaklab.attacks.rl.exact.update_feature_cosine`); None where
+    it was not read (a batch of two behind a defense, no signal).
     """
 
     images: torch.Tensor
@@ -129,7 +132,7 @@ class RoomReconstruction:
     exact: tuple[str, ...] = ()
     no_signal: bool = False  # the update lacked a gradient the attack reads: nothing was recovered
     stage1_starts: int = 0  # paper mode: how many times stage 1 started (``iterations`` counts one start)
-    feature_cosine: float | None = None  # exact mode: the read features' cosine with the client's, estimated
+    feature_cosine: float | None = None  # the read features' cosine with the client's, estimated
 
     def to(self, device: torch.device | str) -> "RoomReconstruction":
         """The same reconstruction with every tensor on ``device``."""

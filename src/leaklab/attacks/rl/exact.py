@@ -65,6 +65,7 @@ from leaklab.attacks.rl.images import modality_tv, gaussian_start
 from leaklab.attacks.rl.layerwise import ZERO, penultimate_activations
 from leaklab.attacks.rl.network import linear_names
 from leaklab.attacks.rl.optim import Progress, adam
+from leaklab.errors import NoSignal
 from leaklab.models.perception import ModalityStreams, PerceptionNet, conv_feature_count, plain_conv
 
 
@@ -91,15 +92,32 @@ def exact_vectors(net: PerceptionNet, grads: dict[str, torch.Tensor]) -> ExactSt
     h = {n: linear_input(grads[f"{n}.weight"], grads[f"{n}.bias"]).unsqueeze(0) for n in
          ("box.0", "head.0", names[-1])}
     exact = untouched(grads)
+    features, noise = read_features(net, grads, h["head.0"][0], exact)
+    return ExactState(box=h["box.0"] if exact else fitted_box(net, grads, h["box.0"]),
+                      features=features.unsqueeze(0), last_input=h[names[-1]],
+                      feature_errors=feature_error(net, grads), untouched=exact, feature_noise=noise)
+
+
+def read_features(net: PerceptionNet, grads: dict[str, torch.Tensor], inputs: torch.Tensor, exact: bool
+                  ) -> tuple[torch.Tensor, float]:
+    """One sample's conv features, the first part of ``head.0``'s input ``inputs`` read in closed form, and
+    their noise-to-signal ratio: as read with ratio 0 on an untouched update (``exact``), else corrected for
+    the noise (:func:`noised_features`)."""
     count = conv_feature_count(net)
     if exact:
-        features, noise = h["head.0"][:, :count], 0.0
-    else:
-        features, noise = noised_features(grads["head.0.weight"], grads["head.0.bias"], h["head.0"][0], count)
-        features = features.unsqueeze(0)
-    return ExactState(box=h["box.0"] if exact else fitted_box(net, grads, h["box.0"]),
-                      features=features, last_input=h[names[-1]], feature_errors=feature_error(net, grads),
-                      untouched=exact, feature_noise=noise)
+        return inputs[:count], 0.0
+    return noised_features(grads["head.0.weight"], grads["head.0.bias"], inputs, count)
+
+
+def update_feature_cosine(net: PerceptionNet, grads: dict[str, torch.Tensor]) -> float | None:
+    """What one sample's update lets through of its conv features, :func:`feature_cosine` of the features
+    read off it in closed form (leaklab's): a reading of the update, whatever attack then runs on it (paper
+    mode reports it too). None where ``head.0``'s bias gradient is all zero (nothing to read)."""
+    try:
+        inputs = linear_input(grads["head.0.weight"], grads["head.0.bias"])
+    except NoSignal:
+        return None
+    return feature_cosine(read_features(net, grads, inputs, untouched(grads))[1])
 
 
 def noised_features(weight_grad: torch.Tensor, bias_grad: torch.Tensor, inputs: torch.Tensor, count: int
