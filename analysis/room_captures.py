@@ -15,8 +15,8 @@ def captures(description: str, algorithms: tuple[str, ...], defenses: str,
              options: Callable[[argparse.ArgumentParser], None] | None = None
              ) -> tuple[argparse.Namespace, room_attack.RoomRunConfig, dict, list[room_attack.Sample]]:
     """Parse ``--algorithm`` (one of ``algorithms``), ``--setting``, ``--arch``, ``--samples``, ``--layouts``,
-    ``--defenses`` (``;``-separated chains, default ``defenses``) and what ``options`` adds to the parser;
-    capture the updates."""
+    ``--batch-size``, ``--defenses`` (``;``-separated chains, default ``defenses``) and what ``options`` adds
+    to the parser; capture the updates."""
     parser = argparse.ArgumentParser(description=description)
     if options:
         options(parser)
@@ -26,8 +26,10 @@ def captures(description: str, algorithms: tuple[str, ...], defenses: str,
     parser.add_argument("--samples", type=int, default=48)
     parser.add_argument("--layouts", default="12")
     parser.add_argument("--defenses", default=defenses)
+    parser.add_argument("--batch-size", type=int, default=1, choices=(1, 2))
     args = parser.parse_args()
     config = room_attack.RoomRunConfig(algorithm=args.algorithm, setting=args.setting, arch=args.arch,
-                                       samples=args.samples, layouts=layouts_arg(args.layouts))
+                                       samples=args.samples, layouts=layouts_arg(args.layouts),
+                                       batch_size=args.batch_size)
     state, samples = room_attack.capture_samples(config)
     return args, config, state, samples

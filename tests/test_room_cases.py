@@ -242,11 +242,11 @@ def test_cases_without_the_gradient_the_attack_reads_are_named_and_kept_out_of_t
     assert invoke("env", "capture", "--samples", "1", "--layouts", "e1m1-stalactite", "--defense", "topk:0.9999",
                   "--out", cases).exit_code == 0
     out = tmp_path / "audit"
-    with pytest.warns(UserWarning, match=r"1 case \(0000\) of 1 holds an update whose last bias gradient is all zero"):
+    with pytest.warns(UserWarning, match=r"1 case \(0000\) of 1 holds an update off which the attacks read nothing"):
         result = invoke("audit", "--cases", cases, *ROOM_FAST, "--out", out)
     assert result.exit_code == 0, result.output
     report = (out / "report.html").read_text()
-    assert "none read (no gradient the attack reads)" in report and "holds an update whose last bias" in report
+    assert "none read (nothing the attack reads)" in report and "holds an update off which the attacks read" in report
     assert ">action</th>" in report and "% of 1 case" not in report  # no case holds the action
 
 

@@ -27,7 +27,7 @@ Picture = tuple[torch.Tensor, torch.Tensor]  # a pictured state: its images [1, 
 def _action_text(row: dict[str, Any]) -> str:
     """The recovered action(s) of a case row, marked where the update did not hold them."""
     if row.get("no_signal"):
-        return "none read (no gradient the attack reads)"
+        return "none read (nothing the attack reads)"
     known = row.get("action_identified", [True] * len(row["action"]))
     return ", ".join(str(a) if k else f"{a} (guess: not in the update)" for a, k in zip(row["action"], known))
 
@@ -169,17 +169,18 @@ def fallback_caveat(results: dict[str, Any]) -> str:
 
 
 def no_signal_caveat(rows: list[dict[str, Any]], noun: str = "case", key: str = "case") -> str:
-    """The caveat when some rows' updates lack the gradient the attack reads (an all-zero last bias
-    gradient: a pruned or frozen head, an all-zero file), each row named by its ``key``: they score the
-    attack's no-information start, which says nothing about what the rest of the update holds; "" when
-    every update had it."""
+    """The caveat when the attack read nothing off some rows' updates (an all-zero last bias gradient: a
+    pruned or frozen head, an all-zero file; or a batch of two whose samples the last layer does not
+    separate), each row named by its ``key``: they score the attack's no-information start, which says
+    nothing about what the rest of the update holds; "" when every update was read."""
     empty = [str(r[key]) for r in rows if r.get("no_signal")]
     if not empty:
         return ""
     return (f"{_listed(empty, noun)} of {len(rows)} {'holds' if len(empty) == 1 else 'hold'} an "
-            "update whose last bias gradient is all zero, which the attacks read first, so nothing was recovered "
-            "there: their rows score the attack's no-information start, not what the rest of the update gives "
-            "away.")
+            "update off which the attacks read nothing (its last bias gradient, which they read first, is all "
+            "zero, or, in a batch of two, the last layer does not separate the samples, as where one sample's "
+            "gradient is under the noise), so nothing was recovered there: their rows score the attack's "
+            "no-information start, not what the rest of the update gives away.")
 
 
 def _listed(cases: list[str], what: str) -> str:

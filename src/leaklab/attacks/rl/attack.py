@@ -12,7 +12,10 @@ What each mode recovers exactly (``RoomReconstruction.exact``):
   from the paper's two stages.
 * exact, batch 2 (RGI): both samples' errors at the output from the last layer alone
   (:func:`~leaklab.attacks.rl.exact.reinforce_batch_errors`), then as QGI's batch 2: box, features,
-  probabilities exact; each sample's action and reward by IV-D's rules on its own error.
+  probabilities exact; each sample's action and reward by IV-D's rules on its own error. Where one
+  sample's gradient is under a defense's noise (a zero return sends only its small entropy term) and
+  the last layer does not separate them, the other sample as a single one
+  (:func:`~leaklab.attacks.rl.exact.dominant_sample`).
 * paper: the actions (eq. 7); everything else by optimisation and the rules of IV-C/IV-D (RGI: one
   sample).
 """
@@ -20,12 +23,13 @@ What each mode recovers exactly (``RoomReconstruction.exact``):
 from __future__ import annotations
 
 import time
+from dataclasses import fields, replace
 
 import torch
 
 from leaklab.attacks.rl.config import RoomAttackConfig, RoomReconstruction
-from leaklab.attacks.rl.exact import (exact_images, exact_vectors, feature_cosine, reinforce_batch_errors,
-                                      separated_vectors, update_feature_cosine)
+from leaklab.attacks.rl.exact import (dominant_sample, exact_images, exact_vectors, feature_cosine,
+                                      reinforce_batch_errors, separated_vectors, update_feature_cosine)
 from leaklab.attacks.rl.image_convs import attack_network
 from leaklab.attacks.rl.images import gaussian_start
 from leaklab.attacks.rl.network import trace
@@ -76,14 +80,13 @@ def _outputs(net: PerceptionNet, last_input: torch.Tensor) -> torch.Tensor:
 
 def _images_and_state(net, grads, errors, actions, cfg, progress, batch):
     """``(box, images, last-layer input, paper state or None, iterations, exact names, feature cosine)``; the
-    features' estimated cosine of one sample's update (exact mode's reading; paper mode reads it apart) and of
-    an untouched batch (a batch's noise ratio is not read)."""
+    features' estimated cosine (exact mode's reading; paper mode reads one sample's apart, not a batch's)."""
     if cfg.mode == "exact":
         st = exact_vectors(net, grads) if batch == 1 else separated_vectors(net, grads, errors)
         if st is not None:
             images, activations = exact_images(net, grads, st, cfg, progress)
-            read = feature_cosine(st.feature_noise) if batch == 1 or st.untouched else None
-            return st.box, images, st.last_input, None, cfg.iterations, ("box", "features", *activations), read
+            return (st.box, images, st.last_input, None, cfg.iterations, ("box", "features", *activations),
+                    feature_cosine(st.feature_noise))
     st = paper_state(net, grads, errors, actions, cfg, progress)
     with torch.no_grad():
         last_input = trace(net, st.features, st.box).linear[-1][1]
@@ -153,7 +156,9 @@ def _qgi(net: PerceptionNet, grads: dict[str, torch.Tensor], batch: int, cfg: Ro
 def rgi(view: ServerView, update: ClientUpdate, config: RoomAttackConfig | None = None,
         progress: Progress | None = None) -> RoomReconstruction:
     """REINFORCE Gradient Inversion of one FedSGD update of the REINFORCE loss (batch 1; batch 2 in
-    exact mode)."""
+    exact mode: both samples where the last layer separates them, else, where one sample's gradient is under
+    the noise and the other's stands above it (:func:`~leaklab.attacks.rl.exact.dominant_sample`), that one
+    read as a single sample's and the other left at the no-information start)."""
     cfg = config or RoomAttackConfig()
     net, grads, batch = _check(view, update, "reinforce", cfg)
     try:
@@ -168,11 +173,13 @@ def _rgi(net: PerceptionNet, grads: dict[str, torch.Tensor], batch: int, cfg: Ro
     gb = _last_bias(net, grads)
     if float(gb.abs().max()) == 0.0:
         raise NoSignal("the last bias gradient is all zero; no action or reward can be read")
-    errors = gb.unsqueeze(0) if batch == 1 else reinforce_batch_errors(net, grads)
+    errors, read_batch = (gb.unsqueeze(0), 1) if batch == 1 else (reinforce_batch_errors(net, grads), batch)
     if errors is None:
-        raise NoSignal("the last layer does not separate the batch's two samples")
+        if not dominant_sample(net, grads):
+            raise NoSignal("the last layer does not separate the batch's two samples")
+        errors, read_batch = gb.unsqueeze(0), 1  # the other sample is under the noise: this one read alone
     box, images, last_input, st, iterations, exact, read = _images_and_state(
-        net, grads, errors, torch.zeros(batch, dtype=torch.long, device=gb.device), cfg, progress, batch)
+        net, grads, errors, torch.zeros(read_batch, dtype=torch.long, device=gb.device), cfg, progress, read_batch)
     if cfg.mode == "paper":  # IV-D step 1: the probabilities from the last layer alone
         last_input = last_layer_input(net, grads, errors, cfg)
     probs = torch.softmax(_outputs(net, last_input), 1)
@@ -180,10 +187,20 @@ def _rgi(net: PerceptionNet, grads: dict[str, torch.Tensor], batch: int, cfg: Ro
     own = batch * errors
     scale = float(own.norm(dim=1).max())
     action, reward, identified = (torch.cat(parts) for parts in zip(
-        *(reinforce_action_reward(own[b], probs[b], entropy_weight, scale) for b in range(batch))))
+        *(reinforce_action_reward(own[b], probs[b], entropy_weight, scale) for b in range(read_batch))))
     if "features" in exact:  # the action only where the update has a policy-gradient part
-        exact += ("probs", "reward") + (("action",) if bool(identified.all()) else ())
-    return RoomReconstruction(images=images.clamp(0, 1), box=box.float(), action=action,
-                              iterations=iterations, seconds=time.perf_counter() - start,
-                              probs=probs, reward=reward, action_identified=identified, exact=exact,
-                              stage1_starts=_starts(st), feature_cosine=read)
+        exact += ("probs", "reward") + (("action",) if bool(identified.all()) and read_batch == batch else ())
+    rec = RoomReconstruction(images=images.clamp(0, 1), box=box.float(), action=action,
+                             iterations=iterations, seconds=time.perf_counter() - start,
+                             probs=probs, reward=reward, action_identified=identified, exact=exact,
+                             stage1_starts=_starts(st), feature_cosine=read)
+    return rec if read_batch == batch else _with_unread(rec, _nothing(net, batch - read_batch, cfg, "rgi"))
+
+
+def _with_unread(rec: RoomReconstruction, unread: RoomReconstruction) -> RoomReconstruction:
+    """A batch's reconstruction of which only ``rec``'s samples were read: ``unread``'s (:func:`_nothing`) follow
+    them, and the features' estimated cosine is the batch's mean, 0 for the unread ones."""
+    batch = len(rec.images) + len(unread.images)
+    return replace(rec, **{f.name: torch.cat([getattr(rec, f.name), getattr(unread, f.name)]) for f in fields(rec)
+                           if isinstance(getattr(rec, f.name), torch.Tensor)},
+                   feature_cosine=None if rec.feature_cosine is None else rec.feature_cosine * len(rec.images) / batch)

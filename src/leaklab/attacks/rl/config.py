@@ -45,7 +45,10 @@ EXACT_ONLY = ("tv_final", "feature_weight", "gradient_weight", "layerwise")  # f
 # update's results unchanged; 11: on a defended update the conv features read off ``head.0`` corrected for the
 # shrinking that the bias gradient's noise causes, ``exact.noised_features``, an untouched update's results
 # unchanged; 12: on a defended update the TV floor scaled by the image's pixels per conv feature,
-# ``exact.tv_schedule``, an untouched update's results unchanged); paper mode's 2: stage 1
+# ``exact.tv_schedule``, an untouched update's results unchanged; 13: a batch of two behind noise read with
+# the noise in view, its ReLU supports sample by sample, RGI's ends of the line with the noise's slack
+# and its features' noise ratio read, ``exact.separated_vectors``, one sample's and an untouched batch's
+# results unchanged); paper mode's 2: stage 1
 # starts again when its match ends under a cosine of 0.999; 3: the image convolutions as exact mode's 8;
 # 4: a single sample's update read for the features it lets through, ``exact.update_feature_cosine``, as exact
 # mode reads it, the reconstruction unchanged to the bit).
@@ -53,7 +56,7 @@ EXACT_ONLY = ("tv_final", "feature_weight", "gradient_weight", "layerwise")  # f
 # images' gradient does not depend on how the loss's terms are grouped.
 # The bordered factor kept in blocks (session 12) solves in another order: its float64 activations
 # move by ~1e-14 and came out the same in float32, so all 16 rows of 8 S1 and 8 S2 QGI attacks did.
-METHOD_VERSION = {"exact": 12, "paper": 4}
+METHOD_VERSION = {"exact": 13, "paper": 4}
 
 
 class RoomAttackConfig(BaseModel):
@@ -111,12 +114,13 @@ class RoomReconstruction:
     ``[B, A]``, ``reward`` and ``action_identified`` (False where the update has no policy-gradient
     part, a zero return, so holds no trace of the action: ``action`` is then a guess; on a noised
     update the noise passes for such a part). ``exact`` names what the mode recovered in
-    closed form. ``no_signal``: the update lacked a gradient the attack reads (an all-zero bias
-    gradient, e.g. after pruning), so the reconstruction is the attack's no-information start.
+    closed form. ``no_signal``: the attack read nothing off the update (an all-zero bias gradient, e.g.
+    after pruning, or a batch of two the last layer does not separate), so the reconstruction is the
+    attack's no-information start.
     ``feature_cosine``: the estimate, from the update alone, of the cosine between the conv features read
     off it in closed form and the client's (:func:`~leaklab.attacks.rl.exact.feature_cosine`; 1 on an
-    untouched update; in paper mode too, :func:`~leaklab.attacks.rl.exact.update_feature_cosine`); None where
-    it was not read (a batch of two behind a defense, no signal).
+    untouched update; in paper mode too, :func:`~leaklab.attacks.rl.exact.update_feature_cosine`; a batch's:
+    the mean of its samples'); None where it was not read (a batch of two in paper mode, no signal).
     """
 
     images: torch.Tensor

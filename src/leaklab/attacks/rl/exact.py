@@ -166,38 +166,45 @@ def feature_cosine(noise: float) -> float:
 ROUNDING = 1e-6  # recovered entries under this fraction of the largest are rounding (float32 data: ~1e-8)
 
 
-def relu_open(values: torch.Tensor) -> torch.Tensor:
+def relu_open(values: torch.Tensor, noisy: bool = False) -> torch.Tensor:
     """Which recovered ReLU outputs ``[B, n]`` are positive. One sample's linear rule returns a true
     zero exactly (its weight gradient's column is 0); separating a batch
     (:func:`separated_vectors`) leaves rounding noise of either sign where another sample's entry is
     not zero, so there an entry counts as zero under :data:`~leaklab.attacks.rl.layerwise.ZERO` times
     the batch's most negative entry's size or under :data:`ROUNDING` of the largest (taking a +9e-12
-    as open left the box 0.17 off on a smooth synthetic batch of 2)."""
+    as open left the box 0.17 off on a smooth synthetic batch of 2). Behind noise (``noisy``) each sample
+    is held to its own most negative entry: a sample whose error is small reads its values with noise
+    that much larger, and held to it the other sample's entries all counted as zero (leaklab's; 3 of 6
+    DQN batches separated behind σ = 0.001 where 2 did, docs/reproductions.md, "A batch of two behind
+    noise")."""
     if len(values) == 1:
         return values > 0
-    return values > max(ZERO * float((-values).max()), ROUNDING * float(values.abs().max()))
+    rows = values if noisy else values.reshape(1, -1)
+    return torch.stack([row > max(ZERO * float((-row).max()), ROUNDING * float(row.abs().max()))
+                        for row in rows]).reshape(values.shape)
 
 
 def _inputs_down(seq: nn.Sequential, prefix: str, grads: dict[str, torch.Tensor], errors: torch.Tensor,
-                 value: torch.Tensor | None, found: dict[str, tuple[torch.Tensor, float]]
-                 ) -> tuple[torch.Tensor, torch.Tensor | None] | None:
+                 value: torch.Tensor | None, found: dict[str, tuple[torch.Tensor, float, torch.Tensor]],
+                 noisy: bool) -> tuple[torch.Tensor, torch.Tensor | None] | None:
     """:func:`separated_vectors` through one branch, last module first: ``errors`` ``[B, out]`` at
-    its output, ``value`` the output itself where known. Each Linear layer's inputs and the relative
-    residual of its weight gradient go to ``found``. Returns the errors at the branch's input and the
-    input; None where a Linear layer's errors are dependent or a module is not Linear or ReLU."""
+    its output, ``value`` the output itself where known. Each Linear layer's inputs, the relative
+    residual of its weight gradient and the errors at its output go to ``found``. Returns the errors at the
+    branch's input and the input; None where a Linear layer's errors are dependent or a module is not
+    Linear or ReLU. ``noisy``: the update is not the batch's exact gradient (:func:`relu_open`)."""
     for i in reversed(range(len(seq))):
         m = seq[i]
         if isinstance(m, nn.ReLU):
             if value is None:
                 return None
-            errors = errors * relu_open(value)
+            errors = errors * relu_open(value, noisy)
         elif isinstance(m, nn.Linear):
             if int(torch.linalg.matrix_rank(errors)) < len(errors):
                 return None
             dw = grads[f"{prefix}.{i}.weight"].double()
             value = torch.linalg.solve(errors @ errors.T, errors @ dw)
             residual = torch.linalg.vector_norm(dw - errors.T @ value) / torch.linalg.vector_norm(dw).clamp_min(1e-300)
-            found[f"{prefix}.{i}"] = (value, float(residual))
+            found[f"{prefix}.{i}"] = (value, float(residual), errors)
             errors = errors @ m.weight.detach().double()
         else:
             return None
@@ -217,20 +224,63 @@ def separated_vectors(net: PerceptionNet, grads: dict[str, torch.Tensor], deltas
     single-sample rule of :func:`exact_vectors` reads, sample by sample. The update counts as
     untouched when ``head.0``'s weight gradient is ``E^T H`` to within :data:`UNTOUCHED`. None when
     some layer's errors are dependent (the same action twice) or the head or box branch holds other
-    modules than Linear and ReLU. The features' noise ratio is left at 0 (the images' prior as configured):
-    read off a batch's residual it came out twice the true ratio behind σ = 1e-4 (2 synthetic samples),
-    the errors' own noise counted in."""
-    found: dict[str, tuple[torch.Tensor, float]] = {}
-    head = _inputs_down(net.head, "head", grads, deltas.double(), None, found)
+    modules than Linear and ReLU. Behind noise (the last layer's gradient not of rank ``B``) the ReLU
+    supports are read sample by sample (:func:`relu_open`), and the features' noise ratio is that of the
+    samples' mean :func:`feature_cosine`, each sample's read off the noise's variance per entry
+    (:func:`trailing_variance` of the last layer) through ``(E E^T)^-1`` at ``head.0``: ``count v [(E E^T)^-1]_bb``
+    of noise on its features (leaklab's; on the 14 captured DQN and REINFORCE batches it separated behind
+    σ = 1e-5 to 1e-3 the mean cosine so estimated was within 0.015 of the true one, 0.77 against 0.755 at the
+    lowest; a ratio read off the residual of ``head.0``'s fit instead came out twice the true one, the
+    errors' own noise counted in). An untouched update's ratio is 0."""
+    batch = len(deltas)
+    variance, noisy = trailing_variance(last_layer_matrix(net, grads), batch)
+    found: dict[str, tuple[torch.Tensor, float, torch.Tensor]] = {}
+    head = _inputs_down(net.head, "head", grads, deltas.double(), None, found, noisy)
     if head is None:
         return None
     errors, fused = head
     count = conv_feature_count(net)
-    if _inputs_down(net.box, "box", grads, errors[:, count:], fused[:, count:], found) is None:
+    if _inputs_down(net.box, "box", grads, errors[:, count:], fused[:, count:], found, noisy) is None:
         return None
-    return ExactState(box=found["box.0"][0], features=fused[:, :count],
+    features, (_, residual, head_errors) = fused[:, :count], found["head.0"]
+    exact = residual <= UNTOUCHED
+    return ExactState(box=found["box.0"][0], features=features,
                       last_input=found[linear_names(net)[-1]][0], feature_errors=errors[:, :count].float(),
-                      untouched=found["head.0"][1] <= UNTOUCHED, feature_noise=0.0)
+                      untouched=exact, feature_noise=0.0 if exact else _batch_noise_ratio(features, head_errors,
+                                                                                          variance))
+
+
+def _batch_noise_ratio(features: torch.Tensor, errors: torch.Tensor, variance: float) -> float:
+    """The noise ratio whose :func:`feature_cosine` is the mean of a batch's samples' (:func:`separated_vectors`):
+    ``features`` ``[B, F]`` solved through the errors ``[B, out]`` at ``head.0``'s output from a weight gradient
+    with noise of ``variance`` per entry."""
+    spread = torch.linalg.inv(errors @ errors.T).diagonal()
+    cosines = []
+    for f, share in zip(features, spread.tolist()):
+        noise = features.shape[1] * variance * share
+        signal = float((f * f).sum()) - noise
+        cosines.append(feature_cosine((noise / signal) ** 0.5 if signal > 0 else float("inf")))
+    mean = sum(cosines) / len(cosines)
+    return (1 / (mean * mean) - 1) ** 0.5 if mean > 0 else float("inf")
+
+
+def last_layer_matrix(net: PerceptionNet, grads: dict[str, torch.Tensor]) -> torch.Tensor:
+    """The last Linear layer's ``[dW | db]`` (float64): ``Δ^T [H | 1]`` for a batch's errors ``Δ`` at the
+    output and its inputs ``H``, of rank ``B`` on the batch's exact gradient."""
+    last = len(net.head) - 1
+    return torch.cat([grads[f"head.{last}.weight"], grads[f"head.{last}.bias"].unsqueeze(1)], 1).double()
+
+
+def trailing_variance(matrix: torch.Tensor, rank: int) -> tuple[float, bool]:
+    """The variance per entry of the noise on a gradient matrix whose signal has rank ``rank``, and whether
+    there is any: the squared singular values beyond the first ``rank`` over the ``(rows − rank)(cols − rank)``
+    dimensions they span (leaklab's), and whether the first of them exceeds :data:`UNTOUCHED` of the largest
+    (float32 rounding: about 5e-9). ``(0, False)`` where the matrix has no more than ``rank`` rows or columns."""
+    rows, cols = matrix.shape
+    if min(rows, cols) <= rank:
+        return 0.0, False
+    s = torch.linalg.svdvals(matrix)
+    return float((s[rank:] ** 2).sum()) / ((rows - rank) * (cols - rank)), float(s[rank]) > UNTOUCHED * float(s[0])
 
 
 BATCH_RANK = 10.0  # a batch of two separates when the last layer's 2nd singular value is this far above the 3rd
@@ -247,11 +297,16 @@ def reinforce_batch_errors(net: PerceptionNet, grads: dict[str, torch.Tensor]) -
     ``Δ^T = M [H | 1]^+``; :func:`separated_vectors` then reads every other layer. None when the head
     does not end ``ReLU, Linear``, the samples' errors are not independent (:data:`BATCH_RANK`,
     :data:`RANK_FLOOR`), or the segment is open at one end (no entry of one sample is zero where
-    the other's is positive)."""
+    the other's is positive). Behind noise the entries that are zero in both samples are noise too, and
+    their ends fall anywhere on the line (on 6 captured batches behind σ = 1e-5 none separated): there
+    each end is where no entry of ``h`` falls under :data:`NOISE_SLACK` times the noise's std at that point
+    of the line (read off the last layer's trailing singular values, :func:`trailing_variance`), then
+    moved to where the entries near 0 there are 0 in the least-squares sense (:func:`_noisy_ends`;
+    leaklab's)."""
     last = len(net.head) - 1
     if last < 1 or not isinstance(net.head[last - 1], nn.ReLU):
         return None
-    m = torch.cat([grads[f"head.{last}.weight"], grads[f"head.{last}.bias"].unsqueeze(1)], 1).double()
+    m = last_layer_matrix(net, grads)
     _, s, vt = torch.linalg.svd(m, full_matrices=False)
     if len(s) < 3 or not float(s[1]) > max(BATCH_RANK * float(s[2]), RANK_FLOOR * float(s[0])):
         return None
@@ -261,15 +316,58 @@ def reinforce_batch_errors(net: PerceptionNet, grads: dict[str, torch.Tensor]) -
         return None
     h0 = (ones / (ones @ ones)) @ span[:, :-1]  # the point of the line with unit bias weight along `ones`
     d = torch.stack([-ones[1], ones[0]]) @ span[:, :-1]
-    used = m[:, :-1].norm(dim=0) > ROUNDING * float(m[:, :-1].norm(dim=0).max())  # not zero in both
-    used &= d.abs() > ROUNDING * float(d.abs().max())
-    ends = -h0[used] / d[used]
-    rising, falling = ends[d[used] > 0], ends[d[used] < 0]
-    if not len(rising) or not len(falling) or not float(rising.max()) < float(falling.min()):
-        return None
-    h = torch.stack([h0 + rising.max() * d, h0 + falling.min() * d]).clamp_min(0) * used
+    variance, noisy = trailing_variance(m, 2)
+    if noisy:
+        ends = _noisy_ends(h0, d, variance, float(ones @ ones))
+        if ends is None:
+            return None
+        used = torch.ones_like(d, dtype=torch.bool)
+    else:
+        used = m[:, :-1].norm(dim=0) > ROUNDING * float(m[:, :-1].norm(dim=0).max())  # not zero in both
+        used &= d.abs() > ROUNDING * float(d.abs().max())
+        zeros = -h0[used] / d[used]
+        rising, falling = zeros[d[used] > 0], zeros[d[used] < 0]
+        if not len(rising) or not len(falling) or not float(rising.max()) < float(falling.min()):
+            return None
+        ends = (rising.max(), falling.min())
+    h = torch.stack([h0 + ends[0] * d, h0 + ends[1] * d]).clamp_min(0) * used
     h1 = torch.cat([h, torch.ones(2, 1, dtype=h.dtype)], 1)
     return torch.linalg.solve(h1 @ h1.T, h1 @ m.T)
+
+
+def dominant_sample(net: PerceptionNet, grads: dict[str, torch.Tensor]) -> bool:
+    """Whether a batch's update is one sample's gradient to within the rest (leaklab's): the last layer's
+    leading singular value :data:`BATCH_RANK` times its second or more. Behind noise a REINFORCE sample with a
+    zero return sends only its entropy term (its singular value 4.8e-6 and 6.8e-6 on two captured batches
+    beside 3.1 and 6.8 for the other sample), under noise of σ = 1e-5 already: the other sample can still be
+    read alone (docs/reproductions.md, "A batch of two behind noise")."""
+    s = torch.linalg.svdvals(last_layer_matrix(net, grads))
+    return len(s) > 1 and float(s[0]) > BATCH_RANK * float(s[1])
+
+
+NOISE_SLACK = 4.0  # behind noise, an entry of a batch's line this many noise std under 0 is not a ReLU output
+
+
+def _noisy_ends(h0: torch.Tensor, d: torch.Tensor, variance: float, weight: float) -> tuple[float, float] | None:
+    """:func:`reinforce_batch_errors` behind noise: the ends of the line ``h0 + t d``. First where some entry
+    falls under ``−NOISE_SLACK`` times the noise's std there, ``sqrt(variance (1 / weight + t² weight))`` for
+    the span's rows' noise of ``variance`` per entry (``weight``: ``ones · ones``), found from ``t = 0`` and
+    refined once; that end lies short of the sample's by about the slack over the steepest entry. Then at the
+    ``t`` where the entries within twice the slack of 0 there (those zero in that sample, rising towards the
+    other) are 0 in the least-squares sense, ``−Σ h0 d / Σ d²``, each weighted by its slope: on the tests'
+    synthetic batch behind σ = 1e-5 the slack alone left the ends 0.015 and 0.009 off the exact ones, the
+    least squares 0.0013 and 0.0001. None where the ends leave no segment."""
+    rising, falling = d > 0, d < 0
+    if not bool(rising.any()) or not bool(falling.any()):
+        return None
+    std = lambda t: (variance * (1 / weight + t * t * weight)) ** 0.5  # noqa: E731
+    ends = [0.0, 0.0]
+    for _ in range(2):
+        ends = [float(((-NOISE_SLACK * std(ends[0]) - h0[rising]) / d[rising]).max()),
+                float(((-NOISE_SLACK * std(ends[1]) - h0[falling]) / d[falling]).min())]
+    zeros = [side & ((h0 + t * d).abs() <= 2 * NOISE_SLACK * std(t)) for t, side in zip(ends, (rising, falling))]
+    ends = [float(-(h0[z] @ d[z]) / (d[z] @ d[z])) for z in zeros]
+    return (ends[0], ends[1]) if ends[0] < ends[1] else None
 
 
 def feature_error(net: PerceptionNet, grads: dict[str, torch.Tensor], dtype: torch.dtype = torch.float32
