@@ -113,6 +113,8 @@ def _plain(label: str) -> str:
     return " " + label if label.startswith("_") else label
 
 
+LABEL_INCHES = 0.075  # the width of one character of a group's label at font size 8
+
 _LINE_STYLES = [{"marker": "o", "linestyle": "-"}, {"marker": "s", "linestyle": "--"},
                 {"marker": "^", "linestyle": ":"}]  # bar_plot's lines, all black: told apart by these
 
@@ -132,8 +134,8 @@ def bar_plot(groups: Sequence[str], series: dict[str, Sequence[float | None]],
     """
     k = max(1, len(series))
     width = 0.8 / k
-    fig, ax = plt.subplots(figsize=(min(11.0, max(6.0 if lines else 4.0, 1.4 * len(groups) * max(1, k / 2) + 1.5)),
-                                    3.2 if k <= 3 else 4.2), dpi=100)
+    inches = min(11.0, max(6.0 if lines else 4.0, 1.4 * len(groups) * max(1, k / 2) + 1.5))
+    fig, ax = plt.subplots(figsize=(inches, 3.2 if k <= 3 else 4.2), dpi=100)
     if threshold is not None:
         ax.axhline(threshold[0], color="0.45", linestyle=":", linewidth=1.2, label=_plain(threshold[1]))
     for j, (name, values) in enumerate(series.items()):
@@ -150,7 +152,9 @@ def bar_plot(groups: Sequence[str], series: dict[str, Sequence[float | None]],
                             va="bottom" if h >= 0 else "top", fontsize=7, rotation=90 if k > 4 else 0)
     ax.margins(y=0.15 if k > 4 else 0.08)  # room for the values at the bars' ends
     ax.set_xticks(range(len(groups)))
-    ax.set_xticklabels([_plain(g) for g in groups], fontsize=8)
+    crowded = max(len(str(g)) for g in groups) * LABEL_INCHES > (inches - 1.5) / max(1, len(groups))
+    ax.set_xticklabels([_plain(g) for g in groups], fontsize=8, rotation=20 if crowded else 0,
+                       ha="right" if crowded else "center")  # slanted where they would run into each other
     ax.set_ylabel(ylabel)
     if xlabel:
         ax.set_xlabel(xlabel)
