@@ -232,8 +232,8 @@ def test_the_features_noise_ratio_is_read_off_the_update(loss):
 def test_a_batch_of_two_separates_behind_noise(loss, sigmas):
     """separated_vectors behind noise: the samples separate (RGI's by the ends of its last layer's line read
     with the noise's slack, where the exact rule read none behind σ = 1e-5), each sample's features match
-    one true sample's (and its box, behind the weakest noise), and the features' noise ratio is that of
-    their mean cosine with the true ones, to within 0.05; 0 untouched."""
+    one true sample's (and its box, fitted to every layer it feeds, up to σ = 1e-3), and the features' noise
+    ratio is that of their mean cosine with the true ones, to within 0.05; 0 untouched."""
     view, update, truth = client(loss=loss, batch=2)
     with torch.no_grad():
         features = view.model.conv(truth["images"]).double()
@@ -246,9 +246,9 @@ def test_a_batch_of_two_separates_behind_noise(loss, sigmas):
         st = read(noised_update(update, sigma))
         match = F.cosine_similarity(st.features[:, None], features[None], dim=-1)
         assert sorted(match.argmax(1).tolist()) == [0, 1]
-        if sigma == sigmas[0]:
+        if sigma <= 1e-3:  # fitted to every layer the boxes feed (the closed form: 0.06 off behind 1e-4)
             box = st.box.float()[:, None] - truth["box"][None]
-            assert float(box.norm(dim=-1).min(1).values.max()) < 0.01
+            assert float(box.norm(dim=-1).min(1).values.max()) < (0.05 if sigma > 1e-4 else 0.02)
         true = float(match.max(1).values.mean())
         assert exact_module.feature_cosine(st.feature_noise) == pytest.approx(true, abs=0.05)
         cosines.append(true)

@@ -13,6 +13,7 @@ stage 1 fits the same gradients, with the features, by Adam). Gauss–Newton fro
 0, the better fit kept. On 48 updates each (28 targets in view), behind Gaussian noise of σ = 0.001 / 0.01 /
 0.03, the in-view mean IoU rose from 0.36 / 0.02 / 0.02 (closed form) to 0.93 / 0.53 / 0.05 for QGI S2 and
 from 0.77 / 0.17 / 0.03 to 0.96 / 0.87 / 0.66 for RGI S2 (docs/reproductions.md, "The box behind noise").
+A batch of two's boxes are fitted the same way (:func:`fitted_batch_box`, exact method version 13).
 """
 
 from __future__ import annotations
@@ -27,46 +28,77 @@ from leaklab.models.perception import PerceptionNet, conv_feature_count
 STEPS = 50  # at most this many Gauss–Newton steps from each start
 
 
-def _readings(net: PerceptionNet, grads: dict[str, torch.Tensor]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+Reading = tuple[torch.Tensor, torch.Tensor]  # a layer's input read in closed form [B, in] and its weight [B, B]
+
+
+def _readings(net: PerceptionNet, grads: dict[str, torch.Tensor]) -> list[Reading]:
     """Per layer the box feeds (the box branch's Linear layers, then ``head.0``'s box columns): the
     closed-form reading ``ĥ`` of its input and its weight ``||db||`` (float64); weight 0 for a Linear layer
     without a bias (a user's own box branch), whose output error the update does not give."""
-    names = [f"box.{i}" for i, m in enumerate(net.box) if isinstance(m, nn.Linear)] + ["head.0"]
     out = []
-    for name in names:
+    for name in _fed(net):
         dw, db = grads[f"{name}.weight"].double(), grads.get(f"{name}.bias")
         if db is None:
-            out.append((torch.zeros(dw.shape[1], dtype=torch.float64), torch.zeros((), dtype=torch.float64)))
+            out.append((torch.zeros(1, dw.shape[1], dtype=torch.float64), torch.zeros(1, 1, dtype=torch.float64)))
             continue
         if name == "head.0":
             dw = dw[:, conv_feature_count(net):]
         db = db.double()
         norm = torch.linalg.vector_norm(db)
-        out.append(((db @ dw) / (norm * norm).clamp_min(1e-300), norm))
+        out.append((((db @ dw) / (norm * norm).clamp_min(1e-300)).unsqueeze(0), norm.reshape(1, 1)))
     return out
+
+
+def _fed(net: PerceptionNet) -> list[str]:
+    """The Linear layers the box feeds: the box branch's, then ``head.0`` (its box columns)."""
+    return [f"box.{i}" for i, m in enumerate(net.box) if isinstance(m, nn.Linear)] + ["head.0"]
 
 
 def fitted_box(net: PerceptionNet, grads: dict[str, torch.Tensor], closed_form: torch.Tensor) -> torch.Tensor:
     """The box ``[1, box_dim]`` (float64) whose Linear-layer inputs best explain the layers' weight
     gradients given their bias gradients (module docstring); ``closed_form`` ``[1, box_dim]`` is
     ``box.0``'s closed-form reading, one of the two starts."""
-    branch = copy.deepcopy(net.box).double().requires_grad_(False).eval()
-    readings = _readings(net, grads)
+    return _fit(net, _readings(net, grads), closed_form)
 
-    def residuals(x: torch.Tensor) -> torch.Tensor:
-        parts, h = [], x.unsqueeze(0)  # a batch of one, as a user's own branch may expect
+
+def fitted_batch_box(net: PerceptionNet, found: dict[str, tuple[torch.Tensor, float, torch.Tensor]]
+                     ) -> torch.Tensor:
+    """A batch's boxes ``[B, box_dim]`` (float64) fitted as :func:`fitted_box` fits one sample's, to every
+    Linear layer the box feeds, from the separated readings ``found`` of
+    :func:`~leaklab.attacks.rl.exact.separated_vectors` (per layer: the inputs ``Ĥ`` ``[B, in]`` read in
+    closed form, their relative residual and the errors ``E`` ``[B, out]`` at the layer's output). With ``dW =
+    E^T H + noise``, ``||dW − E^T H(x)||² = ||R (H(x) − Ĥ)||² + const`` for ``R^T R = E E^T``, so ``R`` weighs
+    each layer's reading as ``||db||`` weighs one sample's (leaklab's; docs/reproductions.md, "A batch of
+    two behind noise")."""
+    count = conv_feature_count(net)
+    readings = []
+    for name in _fed(net):
+        value, _, errors = found[name]
+        root = torch.linalg.cholesky(errors @ errors.T).T
+        readings.append((value[:, count:] if name == "head.0" else value, root))
+    return _fit(net, readings, found["box.0"][0])
+
+
+def _fit(net: PerceptionNet, readings: list[Reading], closed_form: torch.Tensor) -> torch.Tensor:
+    """Gauss–Newton on the boxes ``[B, box_dim]`` from ``closed_form`` and from 0, the better fit kept: the
+    residuals ``R (h(x) − ĥ)`` of every layer the box feeds (:func:`_readings`)."""
+    branch = copy.deepcopy(net.box).double().requires_grad_(False).eval()
+    shape = closed_form.shape
+
+    def residuals(flat: torch.Tensor) -> torch.Tensor:
+        parts, h = [], flat.reshape(shape)
         for m in branch:
             if isinstance(m, nn.Linear):
                 parts.append(h)
             h = m(h)
         parts.append(h)
-        return torch.cat([w * (p[0] - target) for p, (target, w) in zip(parts, readings)])
+        return torch.cat([(root @ (p - target)).flatten() for p, (target, root) in zip(parts, readings)])
 
     def loss(x: torch.Tensor) -> float:
         return float((residuals(x) ** 2).sum())
 
-    best, best_loss = closed_form[0].double(), float("inf")
-    for start in (closed_form[0].double(), torch.zeros_like(closed_form[0], dtype=torch.float64)):
+    best, best_loss = closed_form.double().flatten(), float("inf")
+    for start in (closed_form.double().flatten(), torch.zeros(closed_form.numel(), dtype=torch.float64)):
         x = start.clone()
         for _ in range(STEPS):
             r = residuals(x)
@@ -80,4 +112,4 @@ def fitted_box(net: PerceptionNet, grads: dict[str, torch.Tensor], closed_form: 
                 break
         if loss(x) < best_loss:
             best, best_loss = x, loss(x)
-    return best.unsqueeze(0)
+    return best.reshape(shape)

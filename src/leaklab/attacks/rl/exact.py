@@ -59,7 +59,7 @@ from torch import nn
 from torch.nn.grad import conv2d_weight
 
 from leaklab.attacks.inversion.analytic import linear_input, rank_one_residual
-from leaklab.attacks.rl.box_fit import fitted_box
+from leaklab.attacks.rl.box_fit import fitted_batch_box, fitted_box
 from leaklab.attacks.rl.config import RoomAttackConfig
 from leaklab.attacks.rl.images import modality_tv, gaussian_start
 from leaklab.attacks.rl.layerwise import ZERO, penultimate_activations
@@ -225,7 +225,8 @@ def separated_vectors(net: PerceptionNet, grads: dict[str, torch.Tensor], deltas
     untouched when ``head.0``'s weight gradient is ``E^T H`` to within :data:`UNTOUCHED`. None when
     some layer's errors are dependent (the same action twice) or the head or box branch holds other
     modules than Linear and ReLU. Behind noise (the last layer's gradient not of rank ``B``) the ReLU
-    supports are read sample by sample (:func:`relu_open`), and the features' noise ratio is that of the
+    supports are read sample by sample (:func:`relu_open`), the boxes are fitted to every layer they feed
+    (:func:`~leaklab.attacks.rl.box_fit.fitted_batch_box`), and the features' noise ratio is that of the
     samples' mean :func:`feature_cosine`, each sample's read off the noise's variance per entry
     (:func:`trailing_variance` of the last layer) through ``(E E^T)^-1`` at ``head.0``: ``count v [(E E^T)^-1]_bb``
     of noise on its features (leaklab's; on the 14 captured DQN and REINFORCE batches it separated behind
@@ -244,7 +245,7 @@ def separated_vectors(net: PerceptionNet, grads: dict[str, torch.Tensor], deltas
         return None
     features, (_, residual, head_errors) = fused[:, :count], found["head.0"]
     exact = residual <= UNTOUCHED
-    return ExactState(box=found["box.0"][0], features=features,
+    return ExactState(box=found["box.0"][0] if exact else fitted_batch_box(net, found), features=features,
                       last_input=found[linear_names(net)[-1]][0], feature_errors=errors[:, :count].float(),
                       untouched=exact, feature_noise=0.0 if exact else _batch_noise_ratio(features, head_errors,
                                                                                           variance))
