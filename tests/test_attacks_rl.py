@@ -8,7 +8,7 @@ from torch.nn.grad import conv2d_weight
 
 from leaklab.attacks.rl import RoomAttackConfig, qgi, rgi
 from leaklab.attacks.inversion.analytic import linear_input, rank_one_residual
-from leaklab.attacks.rl.box_fit import fitted_box
+from leaklab.attacks.rl.box_fit import fitted_batch_box, fitted_box
 from leaklab.attacks.rl import exact as exact_module
 from leaklab.attacks.rl.exact import (_inner_error, exact_streams, exact_vectors, feature_error,
                                      reinforce_batch_errors, separated_vectors, tv_schedule, untouched,
@@ -765,3 +765,13 @@ def test_modality_tv_gradient_is_its_definitions(channels):
                                torch.autograd.grad(weight * definition, x)[0], rtol=1e-10, atol=1e-14)
     with pytest.raises(ValueError, match="3 channels"):
         modality_tv(x.detach()[:, :3] if channels == 4 else x.detach().expand(2, 3, 13, 17))
+
+
+def test_a_batch_box_too_near_singular_to_fit_stays_as_read():
+    """fitted_batch_box: a layer whose errors' Gram matrix does not factor leaves the closed-form boxes."""
+    view, _, _ = client(batch=2)
+    read = torch.tensor([[0.1, 0.2, 0.3, 0.4], [0.5, 0.6, 0.7, 0.8]], dtype=torch.float64)
+    same = torch.ones(2, 4, dtype=torch.float64)  # two equal error rows: E E^T singular
+    found = {name: (read if name == "box.0" else torch.zeros(2, module.in_features, dtype=torch.float64), 0.0, same)
+             for name, module in view.model.named_modules() if isinstance(module, torch.nn.Linear)}
+    assert torch.equal(fitted_batch_box(view.model, found), read)

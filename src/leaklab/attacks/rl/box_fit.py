@@ -69,13 +69,15 @@ def fitted_batch_box(net: PerceptionNet, found: dict[str, tuple[torch.Tensor, fl
     closed form, their relative residual and the errors ``E`` ``[B, out]`` at the layer's output). With ``dW =
     E^T H + noise``, ``||dW − E^T H(x)||² = ||R (H(x) − Ĥ)||² + const`` for ``R^T R = E E^T``, so ``R`` weighs
     each layer's reading as ``||db||`` weighs one sample's (leaklab's; docs/reproductions.md, "A batch of
-    two behind noise")."""
+    two behind noise"). The closed form where some layer's ``E E^T`` is too near singular to factor."""
     count = conv_feature_count(net)
     readings = []
     for name in _fed(net):
         value, _, errors = found[name]
-        root = torch.linalg.cholesky(errors @ errors.T).T
-        readings.append((value[:, count:] if name == "head.0" else value, root))
+        lower, info = torch.linalg.cholesky_ex(errors @ errors.T)
+        if int(info):
+            return found["box.0"][0]
+        readings.append((value[:, count:] if name == "head.0" else value, lower.T))
     return _fit(net, readings, found["box.0"][0])
 
 
