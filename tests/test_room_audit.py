@@ -134,7 +134,11 @@ def test_an_exact_mode_audit_behind_noise_says_the_paper_method_may_show_more():
     for chains in ([None, "gaussian:0.001"], ["clip:1,gaussian:0.6"], ["prune:0.5,laplace:0.1"]):
         text = noise_caveat(["exact"], chains)
         assert "`--mode paper`" in text and "`--mode both`" in text, chains
-        assert "`--mode both`" not in noise_caveat(["exact"], chains, cases=True)  # a cases audit runs one mode
+        one = [{"algorithm": "rgi", "action": [3]}, {"algorithm": "qgi", "action": [1, 2]}]
+        assert "`--mode both`" not in noise_caveat(["exact"], chains, cases=one)  # a cases audit runs one mode
+        assert "not RGI's batches of two" not in noise_caveat(["exact"], chains, cases=one)
+        assert "not RGI's batches of two" in noise_caveat(["exact"], chains, cases=[{"algorithm": "rgi",
+                                                                                     "action": [3, 0]}])
     for modes, chains in ((["exact"], [None]), (["exact"], [None, "clip:1", "prune:0.5", "topk:0.9"]),
                           (["paper"], ["gaussian:0.001"]), (["exact", "paper"], ["gaussian:0.001"])):
         assert noise_caveat(modes, chains) == "", (modes, chains)

@@ -293,7 +293,7 @@ def audit(
             if blind := room_verdicts.features_read_text(room_report.blind_features(results["cases"])):
                 typer.echo(blind)
             if caveat := room_verdicts.noise_caveat([attack.mode], [r["defense"] for r in results["cases"]],
-                                                    cases=True):
+                                                    cases=results["cases"]):
                 typer.echo(caveat)
             return
         if model_class is not None:

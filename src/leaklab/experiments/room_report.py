@@ -137,7 +137,7 @@ def write_cases_report(folder: Path, results: dict[str, Any], truths: list[Pictu
                                                 effort_notice(attack["iterations"]),
                                                 room_verdicts.noise_caveat([attack["mode"]],
                                                                            [r["defense"] for r in results["cases"]],
-                                                                           cases=True)))),
+                                                                           cases=results["cases"])))),
                   lead=lead,
                   intro="Each saved client update was attacked from the server's files only (QGI for DQN "
                         "updates, RGI for REINFORCE updates).",

@@ -119,13 +119,14 @@ def _cosine_range(cells: list[dict[str, Any]], key: str = "update_cosine_median"
 NOT_MEASURED = "–"
 
 
-def noise_caveat(modes: list[str], chains: list[str | None], cases: bool = False) -> str:
+def noise_caveat(modes: list[str], chains: list[str | None], cases: list[dict[str, Any]] | None = None) -> str:
     """The caveat of an audit whose attacks ran in exact mode alone on updates behind noise (``chains``: the
     defense chains attacked): its verdicts there are one attack's, and the paper's optimisation, which fits
     the images to every gradient at once, may show a room exact mode misses (it did on one of the default
     audit's 36 updates behind σ = 0.03, 0.1 and 0.3 up to exact method version 11; at version 12 on none, while
     exact mode showed 3 that it missed: docs/reproductions.md, "The prior's weight per pixel behind noise");
-    "" otherwise. ``cases``: an audit of saved cases, which runs one mode at a time."""
+    "" otherwise. ``cases``: the rows of an audit of saved cases, which runs one mode at a time (paper mode
+    does not read RGI's batches of two, and the caveat says so where there are some)."""
     noised = any(name in NOISE_DEFENSE_NAMES for chain in chains for name, _ in defense_steps(chain))
     if set(modes) != {"exact"} or not noised:
         return ""
@@ -134,7 +135,9 @@ def noise_caveat(modes: list[str], chains: list[str | None], cases: bool = False
             "the default rooms behind Gaussian noise it showed none of 36 updates that exact mode missed, and "
             "missed 3 that exact mode showed: docs/reproductions.md, \"The prior's weight per pixel behind "
             "noise\"). `--mode paper` (four times as long or more) attacks with the paper's method"
-            + ("." if cases else ", `--mode both` with both (each update counted once)."))
+            + (", `--mode both` with both (each update counted once)." if cases is None else
+               " the updates it reads (not RGI's batches of two)." if any(
+                   r["algorithm"] == "rgi" and len(r["action"]) > 1 for r in cases) else "."))
 
 
 def levels_text(summary: dict[str, Any]) -> str:
