@@ -227,7 +227,7 @@ def _leakage_plot(results: dict[str, Any], labels: list[str], path: Path) -> byt
                     threshold=(room_verdicts.IMAGE_LEAK_DB, f"the room shows from +{room_verdicts.IMAGE_LEAK_DB:g} dB"),
                     lines={"update kept (cosine; right axis)": kept,
                            **({"features read (cosine, estimated; right axis)": read}
-                              if any(r is not None for r in read) else {}),  # none: batches of two behind noise
+                              if any(r is not None for r in read) else {}),  # none: paper mode's batches of two
                            "QGI action accuracy (right axis)": [statistics.fmean(a) if a else None for a in actions]},
                     lines_label="cosine kept or read; action accuracy (chance 1/7)")
 

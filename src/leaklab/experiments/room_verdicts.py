@@ -14,6 +14,7 @@ from typing import Any, NamedTuple
 
 from scipy.stats import binom
 
+from leaklab.attacks.rl.attack import max_batch
 from leaklab.experiments.audit_levels import leaks_stop_text, next_levels_text
 from leaklab.fields import defense_steps
 from leaklab.names import NOISE_DEFENSE_NAMES
@@ -108,7 +109,7 @@ def _cosine_range(cells: list[dict[str, Any]], key: str = "update_cosine_median"
     """The cosine an update keeps with the true one behind a defense (``key``; ``feature_cosine_median``: the
     cosine of the conv features read off the update in closed form, as the server estimates it): the attacks'
     medians, as one number when they agree to three digits, else their range; "–" where none was measured
-    (results written before leaklab measured it; for the features, batches of two behind a defense)."""
+    (results written before leaklab measured it; for the features, paper mode's batches of two)."""
     medians = sorted(m for c in cells if (m := c["summary"].get(key)) is not None)
     if not medians:
         return NOT_MEASURED
@@ -137,7 +138,10 @@ def noise_caveat(modes: list[str], chains: list[str | None], cases: list[dict[st
             "noise\"). `--mode paper` (four times as long or more) attacks with the paper's method"
             + (", `--mode both` with both (each update counted once)." if cases is None else
                " the updates it reads (not RGI's batches of two)." if any(
-                   r["algorithm"] == "rgi" and len(r["action"]) > 1 for r in cases) else "."))
+                   len(r["action"]) > max_batch(CASE_LOSSES[r["algorithm"]], "paper") for r in cases) else "."))
+
+
+CASE_LOSSES = {"qgi": "dqn_mse", "rgi": "reinforce"}  # the loss of the updates each room attack reads
 
 
 def levels_text(summary: dict[str, Any]) -> str:

@@ -46,9 +46,10 @@ EXACT_ONLY = ("tv_final", "feature_weight", "gradient_weight", "layerwise")  # f
 # shrinking that the bias gradient's noise causes, ``exact.noised_features``, an untouched update's results
 # unchanged; 12: on a defended update the TV floor scaled by the image's pixels per conv feature,
 # ``exact.tv_schedule``, an untouched update's results unchanged; 13: a batch of two behind noise read with
-# the noise in view, its ReLU supports sample by sample, RGI's ends of the line with the noise's slack
-# and its features' noise ratio read, ``exact.separated_vectors``, one sample's and an untouched batch's
-# results unchanged); paper mode's 2: stage 1
+# the noise in view, its ReLU supports sample by sample, RGI's ends of the line with the noise's slack,
+# its boxes fitted (``box_fit.fitted_batch_box``) and its features' noise ratio read,
+# ``exact.separated_vectors``, and RGI's one sample above the noise read alone where the other is under it
+# (``exact.dominant_sample``), one sample's and an untouched batch's results unchanged); paper mode's 2: stage 1
 # starts again when its match ends under a cosine of 0.999; 3: the image convolutions as exact mode's 8;
 # 4: a single sample's update read for the features it lets through, ``exact.update_feature_cosine``, as exact
 # mode reads it, the reconstruction unchanged to the bit).
@@ -134,7 +135,7 @@ class RoomReconstruction:
     reward: torch.Tensor | None = None
     action_identified: torch.Tensor | None = None
     exact: tuple[str, ...] = ()
-    no_signal: bool = False  # the update lacked a gradient the attack reads: nothing was recovered
+    no_signal: bool = False  # the attack read nothing off the update: nothing was recovered
     stage1_starts: int = 0  # paper mode: how many times stage 1 started (``iterations`` counts one start)
     feature_cosine: float | None = None  # the read features' cosine with the client's, estimated
 
