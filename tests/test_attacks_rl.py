@@ -228,13 +228,17 @@ def test_the_features_noise_ratio_is_read_off_the_update(loss):
     assert min(ratios) < 0.01 and max(ratios) > 0.3
 
 
-@pytest.mark.parametrize("loss,sigmas", [("dqn_mse", (1e-5, 1e-4, 1e-3, 3e-3)), ("reinforce", (1e-5, 1e-4))])
-def test_a_batch_of_two_separates_behind_noise(loss, sigmas):
+@pytest.mark.parametrize("loss,sigmas,returns", [("dqn_mse", (1e-5, 1e-4, 1e-3, 3e-3), None),
+                                                  ("reinforce", (1e-5, 1e-4), (1.3, -0.8)),
+                                                  ("reinforce", (1e-5,), (1.3, -0.1))])
+def test_a_batch_of_two_separates_behind_noise(loss, sigmas, returns):
     """separated_vectors behind noise: the samples separate (RGI's by the ends of its last layer's line read
-    with the noise's slack, where the exact rule read none behind σ = 1e-5), each sample's features match
-    one true sample's (and its box, fitted to every layer it feeds, up to σ = 1e-3), and the features' noise
-    ratio is that of their mean cosine with the true ones, to within 0.05; 0 untouched."""
-    view, update, truth = client(loss=loss, batch=2)
+    with the noise's slack, where the exact rule read none behind σ = 1e-5; a small return's sample, far along
+    the line, at its own end, where two steps towards it stopped at the noise and read the other sample twice),
+    each sample's features match one true sample's (and its box, fitted to every layer it feeds, up to
+    σ = 1e-3), and the features' noise ratio is that of their mean cosine with the true ones, to within 0.05;
+    0 untouched."""
+    view, update, truth = client(loss=loss, batch=2, **({"returns": returns} if returns else {}))
     with torch.no_grad():
         features = view.model.conv(truth["images"]).double()
     read = lambda grads: separated_vectors(  # noqa: E731
@@ -253,6 +257,19 @@ def test_a_batch_of_two_separates_behind_noise(loss, sigmas):
         assert exact_module.feature_cosine(st.feature_noise) == pytest.approx(true, abs=0.05)
         cosines.append(true)
     assert cosines[0] > 0.999 and cosines == sorted(cosines, reverse=True)
+
+
+def test_a_batch_reads_each_samples_relu_zeros_against_its_own_noise():
+    """relu_open behind noise: a sample whose error is small reads its entries with noise 20 times the other's;
+    held to its own noise's std it keeps its support (held to its most negative entry, it closed nearly all
+    of it), and the other sample's is read as before."""
+    g = torch.Generator().manual_seed(0)
+    support = torch.rand(2, 256, generator=g) < 0.5
+    values = torch.where(support, 0.1 + 0.4 * torch.rand(2, 256, generator=g), torch.zeros(2, 256))
+    noise = torch.tensor([0.001, 0.02])
+    read = exact_module.relu_open(values + noise[:, None] * torch.randn(2, 256, generator=g), noise)
+    assert (read == support).float().mean(1).min() > 0.98
+    assert exact_module.relu_open(values[:1], noise[:1]).equal(support[:1])
 
 
 def test_rgi_reads_the_sample_a_batch_shows_when_the_other_is_under_the_noise():

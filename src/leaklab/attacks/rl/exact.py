@@ -164,51 +164,63 @@ def feature_cosine(noise: float) -> float:
 
 
 ROUNDING = 1e-6  # recovered entries under this fraction of the largest are rounding (float32 data: ~1e-8)
+NOISE_SLACK = 4.0  # behind noise, a batch's recovered entry under this many noise std (above 0: relu_open; under: the
+# ends of RGI's line, _noisy_ends) is not a ReLU's positive output
 
 
-def relu_open(values: torch.Tensor, noisy: bool = False) -> torch.Tensor:
+def relu_open(values: torch.Tensor, noise: torch.Tensor | None = None) -> torch.Tensor:
     """Which recovered ReLU outputs ``[B, n]`` are positive. One sample's linear rule returns a true
     zero exactly (its weight gradient's column is 0); separating a batch
     (:func:`separated_vectors`) leaves rounding noise of either sign where another sample's entry is
     not zero, so there an entry counts as zero under :data:`~leaklab.attacks.rl.layerwise.ZERO` times
     the batch's most negative entry's size or under :data:`ROUNDING` of the largest (taking a +9e-12
-    as open left the box 0.17 off on a smooth synthetic batch of 2). Behind noise (``noisy``) each sample
-    is held to its own most negative entry: a sample whose error is small reads its values with noise
-    that much larger, and held to it the other sample's entries all counted as zero (leaklab's; 3 of 6
-    DQN batches separated behind σ = 0.001 where 2 did, docs/reproductions.md, "A batch of two behind
-    noise")."""
+    as open left the box 0.17 off on a smooth synthetic batch of 2). Behind noise, ``noise`` ``[B]`` is the
+    std of the noise on each sample's entries (:func:`read_noise`), and an entry counts as zero under
+    :data:`NOISE_SLACK` times its sample's (leaklab's; held to its most negative entry instead, a sample whose
+    error is small closed all or all but one of its entries: 8 of 16 captured DQN batches separated behind
+    σ = 0.001 where 7 did, their features' true mean cosines up to 0.07 higher; docs/reproductions.md, "A batch
+    of two behind noise")."""
     if len(values) == 1:
         return values > 0
-    rows = values if noisy else values.reshape(1, -1)
-    return torch.stack([row > max(ZERO * float((-row).max()), ROUNDING * float(row.abs().max()))
-                        for row in rows]).reshape(values.shape)
+    if noise is None:
+        return values > max(ZERO * float((-values).max()), ROUNDING * float(values.abs().max()))
+    return values > NOISE_SLACK * noise[:, None]
 
 
 def _inputs_down(seq: nn.Sequential, prefix: str, grads: dict[str, torch.Tensor], errors: torch.Tensor,
-                 value: torch.Tensor | None, found: dict[str, tuple[torch.Tensor, float, torch.Tensor]],
-                 noisy: bool) -> tuple[torch.Tensor, torch.Tensor | None] | None:
+                 value: torch.Tensor | None, source: torch.Tensor | None,
+                 found: dict[str, tuple[torch.Tensor, float, torch.Tensor]], variance: float | None
+                 ) -> tuple[torch.Tensor, torch.Tensor | None] | None:
     """:func:`separated_vectors` through one branch, last module first: ``errors`` ``[B, out]`` at
-    its output, ``value`` the output itself where known. Each Linear layer's inputs, the relative
-    residual of its weight gradient and the errors at its output go to ``found``. Returns the errors at the
-    branch's input and the input; None where a Linear layer's errors are dependent or a module is not
-    Linear or ReLU. ``noisy``: the update is not the batch's exact gradient (:func:`relu_open`)."""
+    its output, ``value`` the output itself where known and ``source`` the errors it was read through. Each
+    Linear layer's inputs, the relative residual of its weight gradient and the errors at its output go to
+    ``found``. Returns the errors at the branch's input and the input; None where a Linear layer's errors are
+    dependent or a module is not Linear or ReLU. ``variance``: the noise's per entry, None on the batch's exact
+    gradient (:func:`relu_open`, :func:`read_noise`)."""
     for i in reversed(range(len(seq))):
         m = seq[i]
         if isinstance(m, nn.ReLU):
             if value is None:
                 return None
-            errors = errors * relu_open(value, noisy)
+            errors = errors * relu_open(value, None if variance is None else read_noise(source, variance))
         elif isinstance(m, nn.Linear):
             if int(torch.linalg.matrix_rank(errors)) < len(errors):
                 return None
             dw = grads[f"{prefix}.{i}.weight"].double()
-            value = torch.linalg.solve(errors @ errors.T, errors @ dw)
+            value, source = torch.linalg.solve(errors @ errors.T, errors @ dw), errors
             residual = torch.linalg.vector_norm(dw - errors.T @ value) / torch.linalg.vector_norm(dw).clamp_min(1e-300)
             found[f"{prefix}.{i}"] = (value, float(residual), errors)
             errors = errors @ m.weight.detach().double()
         else:
             return None
     return errors, value
+
+
+def read_noise(errors: torch.Tensor, variance: float) -> torch.Tensor:
+    """The std ``[B]`` of the noise on each sample's inputs of a Linear layer read through the errors ``E``
+    ``[B, out]`` at its output, ``(E E^T)^-1 E dW``, from a weight gradient with noise of ``variance`` per entry:
+    ``sqrt(v [(E E^T)^-1]_bb)`` (leaklab's)."""
+    return (variance * torch.linalg.inv(errors @ errors.T).diagonal()).sqrt()
 
 
 def separated_vectors(net: PerceptionNet, grads: dict[str, torch.Tensor], deltas: torch.Tensor
@@ -225,7 +237,8 @@ def separated_vectors(net: PerceptionNet, grads: dict[str, torch.Tensor], deltas
     untouched when ``head.0``'s weight gradient is ``E^T H`` to within :data:`UNTOUCHED`. None when
     some layer's errors are dependent (the same action twice) or the head or box branch holds other
     modules than Linear and ReLU. Behind noise (the last layer's gradient not of rank ``B``) the ReLU
-    supports are read sample by sample (:func:`relu_open`), the boxes are fitted to every layer they feed
+    supports are read sample by sample, each against the noise on its own entries (:func:`relu_open`,
+    :func:`read_noise`), the boxes are fitted to every layer they feed
     (:func:`~leaklab.attacks.rl.box_fit.fitted_batch_box`), and the features' noise ratio is that of the
     samples' mean :func:`feature_cosine`, each sample's read off the noise's variance per entry
     (:func:`trailing_variance` of the last layer) through ``(E E^T)^-1`` at ``head.0``: ``count v [(E E^T)^-1]_bb``
@@ -236,14 +249,16 @@ def separated_vectors(net: PerceptionNet, grads: dict[str, torch.Tensor], deltas
     batch = len(deltas)
     variance, noisy = trailing_variance(last_layer_matrix(net, grads), batch)
     found: dict[str, tuple[torch.Tensor, float, torch.Tensor]] = {}
-    head = _inputs_down(net.head, "head", grads, deltas.double(), None, found, noisy)
+    noise = variance if noisy else None
+    head = _inputs_down(net.head, "head", grads, deltas.double(), None, None, found, noise)
     if head is None:
         return None
     errors, fused = head
     count = conv_feature_count(net)
-    if _inputs_down(net.box, "box", grads, errors[:, count:], fused[:, count:], found, noisy) is None:
+    head_errors = found["head.0"][2]
+    if _inputs_down(net.box, "box", grads, errors[:, count:], fused[:, count:], head_errors, found, noise) is None:
         return None
-    features, (_, residual, head_errors) = fused[:, :count], found["head.0"]
+    features, residual = fused[:, :count], found["head.0"][1]
     exact = residual <= UNTOUCHED
     return ExactState(box=found["box.0"][0] if exact else fitted_batch_box(net, found), features=features,
                       last_input=found[linear_names(net)[-1]][0], feature_errors=errors[:, :count].float(),
@@ -254,11 +269,10 @@ def separated_vectors(net: PerceptionNet, grads: dict[str, torch.Tensor], deltas
 def _batch_noise_ratio(features: torch.Tensor, errors: torch.Tensor, variance: float) -> float:
     """The noise ratio whose :func:`feature_cosine` is the mean of a batch's samples' (:func:`separated_vectors`):
     ``features`` ``[B, F]`` solved through the errors ``[B, out]`` at ``head.0``'s output from a weight gradient
-    with noise of ``variance`` per entry."""
-    spread = torch.linalg.inv(errors @ errors.T).diagonal()
+    with noise of ``variance`` per entry (:func:`read_noise`)."""
     cosines = []
-    for f, share in zip(features, spread.tolist()):
-        noise = features.shape[1] * variance * share
+    for f, std in zip(features, read_noise(errors, variance).tolist()):
+        noise = features.shape[1] * std * std
         signal = float((f * f).sum()) - noise
         cosines.append(feature_cosine((noise / signal) ** 0.5 if signal > 0 else float("inf")))
     mean = sum(cosines) / len(cosines)
@@ -346,26 +360,35 @@ def dominant_sample(net: PerceptionNet, grads: dict[str, torch.Tensor]) -> bool:
     return len(s) > 1 and float(s[0]) > BATCH_RANK * float(s[1])
 
 
-NOISE_SLACK = 4.0  # behind noise, an entry of a batch's line this many noise std under 0 is not a ReLU output
+END_STEPS = 100  # at most this many steps to where the first entry does, from either side of t = 0 (_noisy_ends)
 
 
 def _noisy_ends(h0: torch.Tensor, d: torch.Tensor, variance: float, weight: float) -> tuple[float, float] | None:
     """:func:`reinforce_batch_errors` behind noise: the ends of the line ``h0 + t d``. First where some entry
     falls under ``−NOISE_SLACK`` times the noise's std there, ``sqrt(variance (1 / weight + t² weight))`` for
-    the span's rows' noise of ``variance`` per entry (``weight``: ``ones · ones``), found from ``t = 0`` and
-    refined once; that end lies short of the sample's by about the slack over the steepest entry. Then at the
-    ``t`` where the entries within twice the slack of 0 there (those zero in that sample, rising towards the
-    other) are 0 in the least-squares sense, ``−Σ h0 d / Σ d²``, each weighted by its slope: on the tests'
-    synthetic batch behind σ = 1e-5 the slack alone left the ends 0.015 and 0.009 off the exact ones, the
-    least squares 0.0013 and 0.0001. None where the ends leave no segment."""
+    the span's rows' noise of ``variance`` per entry (``weight``: ``ones · ones``), stepped to from ``t = 0``
+    until it stops moving (at most :data:`END_STEPS` steps: on the tests' synthetic batch with returns 1.3 and
+    −0.1 behind σ = 1e-5, two steps stopped at t = −3.5, short of the small return's sample at −35,
+    where entries zero in both samples fell under the slack times the std at the step before); that end lies
+    short of the sample's by about the slack over the steepest entry. Then at the ``t`` where the entries
+    within twice the slack of 0 there (those zero in that sample, rising towards the other) are 0 in the
+    least-squares sense, ``−Σ h0 d / Σ d²``, each weighted by its slope: on the tests' synthetic batch (returns
+    1.3 and −0.8) behind σ = 1e-5 the slack alone left the ends 0.015 and 0.009 off the exact ones, the
+    least squares 0.0013 and 0.0001. None where the ends leave no segment or an end runs off."""
     rising, falling = d > 0, d < 0
     if not bool(rising.any()) or not bool(falling.any()):
         return None
     std = lambda t: (variance * (1 / weight + t * t * weight)) ** 0.5  # noqa: E731
-    ends = [0.0, 0.0]
-    for _ in range(2):
-        ends = [float(((-NOISE_SLACK * std(ends[0]) - h0[rising]) / d[rising]).max()),
-                float(((-NOISE_SLACK * std(ends[1]) - h0[falling]) / d[falling]).min())]
+    ends = []
+    for side, pick in ((rising, torch.max), (falling, torch.min)):
+        t = 0.0
+        for _ in range(END_STEPS):
+            moved, t = t, float(pick((-NOISE_SLACK * std(t) - h0[side]) / d[side]))
+            if abs(t - moved) <= 1e-12 * (1 + abs(t)):
+                break
+        else:
+            return None
+        ends.append(t)
     zeros = [side & ((h0 + t * d).abs() <= 2 * NOISE_SLACK * std(t)) for t, side in zip(ends, (rising, falling))]
     ends = [float(-(h0[z] @ d[z]) / (d[z] @ d[z])) for z in zeros]
     return (ends[0], ends[1]) if ends[0] < ends[1] else None
