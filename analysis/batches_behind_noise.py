@@ -6,7 +6,8 @@ draws and attacks it as the command would (exact mode, falling back to the paper
 mode cannot read the update). Prints per update whether exact mode read it in closed form (``exact``), whether
 the attack read nothing (``no_signal``), the features' estimated cosine and their true one (the mean cosine
 of the features exact mode separates with the samples'), the largest image gain over the constant baseline
-(paper normalisation, as the audit's verdicts), the box IoU and the action's accuracy; then
+(paper normalisation, as the audit's verdicts), the box IoU and the action's accuracy, the last three the means
+over the update's samples, and each true sample's gain and box IoU (``sample_gains_db``, ``sample_box_iou``); then
 per chain how many updates exact mode read, how many read nothing and the means (docs/reproductions.md, "A
 batch of two behind noise").
 
@@ -29,6 +30,7 @@ from leaklab.attacks.rl.rules import dqn_actions, error_directions
 from leaklab.experiments import room_attack
 from leaklab.experiments.attack_pool import _attack_one
 from leaklab.experiments.room_verdicts import image_gains
+from leaklab.metrics.rooms import transition_metrics
 from leaklab.rl.capture import defended
 from leaklab.threat import make_view
 
@@ -68,11 +70,14 @@ def main() -> None:
         for sample in samples:
             rec = _attack_one(room_attack.attack_job(config, state, sample, chain))
             metrics = room_attack.score(sample, rec, config.setting)["metrics"]
+            each = [m for _, m in transition_metrics(rec, sample.truth, config.setting)]
             rows.append({"defense": chain, "sample": sample.index, "exact": "features" in rec.exact,
                          "no_signal": rec.no_signal, "feature_cosine": rec.feature_cosine,
                          "true_feature_cosine": _true_cosine(config, state, sample, chain),
                          "gain_db": round(max(image_gains({"metrics": metrics}))[0], 2),
-                         "box_iou": round(metrics["box_iou"], 4), "action": metrics["action"]})
+                         "box_iou": round(metrics["box_iou"], 4), "action": metrics["action"],
+                         "sample_gains_db": [round(max(image_gains({"metrics": m}))[0], 2) for m in each],
+                         "sample_box_iou": [round(m["box_iou"], 4) for m in each]})
             print(json.dumps(rows[-1]), flush=True)
         print(json.dumps({"algorithm": args.algorithm, "setting": args.setting, "arch": args.arch, "defense": chain,
                           "updates": len(rows), "exact": sum(r["exact"] for r in rows),

@@ -34,7 +34,7 @@ def smooth_images(batch, channels, seed):
 
 
 def client(setting="S2", arch="small", loss="dqn_mse", batch=1, actions=(3, 5), seed=0,
-           returns=(1.3, -0.8)):
+           returns=(1.3, -0.8), targets=(0.7, -0.4)):
     spec = PerceptionSpec(setting=setting, arch=arch)
     net = build_perception_net(spec, seed=seed)
     x = smooth_images(batch, spec.in_channels, seed + 10)
@@ -43,7 +43,7 @@ def client(setting="S2", arch="small", loss="dqn_mse", batch=1, actions=(3, 5), 
     out = net(x, box)
     truth = {"images": x, "box": box, "action": a}
     if loss == "dqn_mse":
-        q = torch.tensor([0.7, -0.4])[:batch]
+        q = torch.tensor(targets)[:batch]
         value = dqn_loss(out, a, q)
         truth.update(q_pred=out.detach().gather(1, a.view(-1, 1)).squeeze(1), q_target=q)
         meta = UpdateMetadata(batch_size=batch, loss="dqn_mse")
@@ -290,6 +290,25 @@ def test_rgi_reads_the_sample_a_batch_shows_when_the_other_is_under_the_noise():
     assert rgi(both_zero[0], defended(both_zero[1], "gaussian:1e-4", 0, 0), RoomAttackConfig(iterations=2)).no_signal
 
 
+def test_qgi_reads_the_sample_a_batch_shows_when_the_others_td_error_is_under_the_noise():
+    """A DQN batch of two whose second TD error (1e-4) is under the noise: the last layer does not separate the
+    samples, so the first is read alone (action, box, target Q) and the other left at the no-information start
+    but for its action; a batch whose samples took the same action is left to the paper's stages (a blend of
+    the two is not read as one sample)."""
+    q_pred = client(batch=2)[2]["q_pred"]
+    view, update, truth = client(batch=2, targets=(0.7, float(q_pred[1]) + 1e-4))
+    for sigma in (1e-5, 1e-4):
+        rec = qgi(view, defended(update, f"gaussian:{sigma}", 0, 0), RoomAttackConfig(iterations=2))
+        assert rec.action.tolist()[0] == 3 and float(rec.q_target[0]) == pytest.approx(0.7, rel=1e-3)
+        assert float((rec.box[0] - truth["box"][0]).abs().max()) < 1e-3 and not rec.box[1].any()
+        assert rec.feature_cosine == pytest.approx(0.5, abs=1e-3) and "action" not in rec.exact
+        if sigma == 1e-5:  # the other's action by eq. 7 still, its entry of the bias gradient 10 std over the noise
+            assert rec.action.tolist() == [3, 5]
+    same = client(batch=2, actions=(3, 3))
+    cfg = RoomAttackConfig(iterations=2, stage1_iterations=2)
+    assert "features" not in qgi(same[0], defended(same[1], "gaussian:1e-5", 0, 0), cfg).exact
+
+
 @pytest.mark.parametrize("attack", [qgi, rgi])
 def test_exact_mode_tells_how_much_of_the_features_an_update_lets_through(attack):
     """feature_cosine: the cosine of the conv features read off the update in closed form with the client's,
@@ -436,9 +455,11 @@ def test_rgi_batch_errors_need_two_independent_samples():
     exact64 = {k: v.double() for k, v in grads.items()}
     exact64["head.2.weight"] = torch.outer(exact64["head.2.bias"], h.double())
     assert reinforce_batch_errors(view.model, exact64) is None  # its 2nd singular value: float64 rounding
-    update = ClientUpdate(metadata=update.metadata, tensors=grads)
-    rec = rgi(view, update, RoomAttackConfig(iterations=2))  # read as the one sample its last layer shows
-    assert not rec.no_signal and rec.action_identified.tolist()[1] is False and not rec.box[1].any()
+    # a last layer of one sample's form over a head.0 of two samples': a blend (the same action), not read
+    assert rgi(view, ClientUpdate(metadata=update.metadata, tensors=grads), RoomAttackConfig(iterations=2)).no_signal
+    grads["head.0.weight"] = torch.outer(grads["head.0.bias"], torch.rand(grads["head.0.weight"].shape[1]))
+    rec = rgi(view, ClientUpdate(metadata=update.metadata, tensors=grads), RoomAttackConfig(iterations=2))
+    assert not rec.no_signal and rec.action_identified.tolist()[1] is False and not rec.box[1].any()  # one read
 
 
 def test_rgi_batch_two_falls_back_to_the_paper_stages_when_the_layers_below_do_not_separate(monkeypatch):
@@ -448,6 +469,7 @@ def test_rgi_batch_two_falls_back_to_the_paper_stages_when_the_layers_below_do_n
 
     view, update, truth = client(loss="reinforce", batch=2)
     monkeypatch.setattr(attack, "separated_vectors", lambda *args: None)
+    monkeypatch.setattr(attack, "dominant_sample", lambda *args: False)  # its 2nd sample 22 times under the 1st
     rec = rgi(view, update, RoomAttackConfig(iterations=2, stage1_iterations=2))
     assert rec.iterations == 4 and rec.exact == () and not rec.no_signal
     by_action = torch.argsort(rec.action)

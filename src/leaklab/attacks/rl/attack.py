@@ -9,7 +9,9 @@ What each mode recovers exactly (``RoomReconstruction.exact``):
   (:func:`~leaklab.attacks.rl.exact.separated_vectors`): box, features, Q̂ and Q exact; the images
   by the exact mode's image stage, each against its own features, together against the last
   convolutions' gradients. The same action twice leaves the samples unseparated: box and images come
-  from the paper's two stages.
+  from the paper's two stages. Where one sample's TD error is under a defense's noise, the other is read
+  as a single sample (:func:`~leaklab.attacks.rl.exact.dominant_sample`), the hidden one left at the
+  no-information start.
 * exact, batch 2 (RGI): both samples' errors at the output from the last layer alone
   (:func:`~leaklab.attacks.rl.exact.reinforce_batch_errors`), then as QGI's batch 2: box, features,
   probabilities exact; each sample's action and reward by IV-D's rules on its own error. Where one
@@ -28,7 +30,7 @@ from dataclasses import fields, replace
 import torch
 
 from leaklab.attacks.rl.config import RoomAttackConfig, RoomReconstruction
-from leaklab.attacks.rl.exact import (dominant_sample, exact_images, exact_vectors, feature_cosine,
+from leaklab.attacks.rl.exact import (ExactState, dominant_sample, exact_images, exact_vectors, feature_cosine,
                                       reinforce_batch_errors, separated_vectors, update_feature_cosine)
 from leaklab.attacks.rl.image_convs import attack_network
 from leaklab.attacks.rl.images import gaussian_start
@@ -78,15 +80,29 @@ def _outputs(net: PerceptionNet, last_input: torch.Tensor) -> torch.Tensor:
     return last_input.double() @ last.weight.detach().double().T + last.bias.detach().double()
 
 
-def _images_and_state(net, grads, errors, actions, cfg, progress, batch):
-    """``(box, images, last-layer input, paper state or None, iterations, exact names, feature cosine)``; the
-    features' estimated cosine (exact mode's reading; paper mode reads one sample's apart, not a batch's)."""
-    if cfg.mode == "exact":
-        st = exact_vectors(net, grads) if batch == 1 else separated_vectors(net, grads, errors)
-        if st is not None:
-            images, activations = exact_images(net, grads, st, cfg, progress)
-            return (st.box, images, st.last_input, None, cfg.iterations, ("box", "features", *activations),
-                    feature_cosine(st.feature_noise))
+def _exact_read(net: PerceptionNet, grads: dict[str, torch.Tensor], errors: torch.Tensor | None, batch: int
+                ) -> tuple[ExactState | None, int]:
+    """Exact mode's closed forms of an update and how many of its samples they read: one sample's
+    (:func:`~leaklab.attacks.rl.exact.exact_vectors`); a batch's, separated by its samples' ``errors`` at the
+    output (:func:`~leaklab.attacks.rl.exact.separated_vectors`); else, where one sample's gradient stands
+    above the noise and the other's is under it (:func:`~leaklab.attacks.rl.exact.dominant_sample`), that
+    one's alone; ``(None, batch)`` where none (the paper's stages then run)."""
+    if batch == 1:
+        return exact_vectors(net, grads), 1
+    st = None if errors is None else separated_vectors(net, grads, errors)
+    if st is None and dominant_sample(net, grads):
+        return exact_vectors(net, grads), 1
+    return st, batch
+
+
+def _images_and_state(net, grads, errors, actions, cfg, progress, batch, st):
+    """``(box, images, last-layer input, paper state or None, iterations, exact names, feature cosine)``: exact
+    mode's image stage on its closed forms ``st`` (:func:`_exact_read`), the paper's stages where that is None;
+    the features' estimated cosine (exact mode's reading; paper mode reads one sample's apart, not a batch's)."""
+    if st is not None:
+        images, activations = exact_images(net, grads, st, cfg, progress)
+        return (st.box, images, st.last_input, None, cfg.iterations, ("box", "features", *activations),
+                feature_cosine(st.feature_noise))
     st = paper_state(net, grads, errors, actions, cfg, progress)
     with torch.no_grad():
         last_input = trace(net, st.features, st.box).linear[-1][1]
@@ -117,7 +133,9 @@ def _nothing(net: PerceptionNet, batch: int, cfg: RoomAttackConfig, algorithm: s
 
 def qgi(view: ServerView, update: ClientUpdate, config: RoomAttackConfig | None = None,
         progress: Progress | None = None) -> RoomReconstruction:
-    """Deep Q-learning Gradient Inversion of one FedSGD update of the DQN loss (batch 1 or 2)."""
+    """Deep Q-learning Gradient Inversion of one FedSGD update of the DQN loss (batch 1 or 2; in exact mode,
+    where one sample's gradient is under the noise and the other's stands above it, that one read alone and
+    the other left at the no-information start, as :func:`rgi` does)."""
     cfg = config or RoomAttackConfig()
     net, grads, batch = _check(view, update, "dqn_mse", cfg)
     try:
@@ -130,13 +148,16 @@ def _qgi(net: PerceptionNet, grads: dict[str, torch.Tensor], batch: int, cfg: Ro
          progress: Progress | None) -> RoomReconstruction:
     start = time.perf_counter()
     gb = _last_bias(net, grads)
-    actions = dqn_actions(gb, batch)
+    taken = dqn_actions(gb, batch)
+    state, read_batch = (_exact_read(net, grads, error_directions(gb, taken), batch) if cfg.mode == "exact"
+                         else (None, batch))
+    actions = taken[:read_batch]  # the largest entry's where one sample is read alone
     box, images, last_input, st, iterations, exact, read = _images_and_state(
-        net, grads, error_directions(gb, actions), actions, cfg, progress, batch)
+        net, grads, error_directions(gb, actions), actions, cfg, progress, read_batch, state)
     if "features" in exact:  # the last layer's input is exact too
         q_pred = _outputs(net, last_input).gather(1, actions.view(-1, 1)).squeeze(1)
-        q_target = dqn_target_exact(q_pred, gb, actions)
-        exact += ("action", "q_pred", "q_target")
+        q_target = dqn_target_exact(q_pred, gb, actions, batch)
+        exact += (("action",) if read_batch == batch else ()) + ("q_pred", "q_target")
     else:
         if st is not None and cfg.objective != "error_direction":
             actions = st.actions
@@ -147,10 +168,14 @@ def _qgi(net: PerceptionNet, grads: dict[str, torch.Tensor], batch: int, cfg: Ro
             ratio = last_layer_norm_ratio(net, grads, last_input, actions, batch)
             q_target = dqn_target_paper(q_pred, gb, actions, ratio)
         exact += ("action",) if cfg.action == "rule" else ()
-    return RoomReconstruction(images=images.clamp(0, 1), box=box.float(), action=actions,
-                              iterations=iterations, seconds=time.perf_counter() - start,
-                              q_pred=q_pred, q_target=q_target, exact=exact, stage1_starts=_starts(st),
-                              feature_cosine=read)
+    rec = RoomReconstruction(images=images.clamp(0, 1), box=box.float(), action=actions,
+                             iterations=iterations, seconds=time.perf_counter() - start,
+                             q_pred=q_pred, q_target=q_target, exact=exact, stage1_starts=_starts(st),
+                             feature_cosine=read)
+    if read_batch == batch:
+        return rec
+    # the other sample's action still by eq. 7: the next entry of the bias gradient (a guess under the noise)
+    return _with_unread(rec, replace(_nothing(net, batch - read_batch, cfg, "qgi"), action=taken[read_batch:]))
 
 
 def rgi(view: ServerView, update: ClientUpdate, config: RoomAttackConfig | None = None,
@@ -173,13 +198,15 @@ def _rgi(net: PerceptionNet, grads: dict[str, torch.Tensor], batch: int, cfg: Ro
     gb = _last_bias(net, grads)
     if float(gb.abs().max()) == 0.0:
         raise NoSignal("the last bias gradient is all zero; no action or reward can be read")
-    errors, read_batch = (gb.unsqueeze(0), 1) if batch == 1 else (reinforce_batch_errors(net, grads), batch)
-    if errors is None:
-        if not dominant_sample(net, grads):
-            raise NoSignal("the last layer does not separate the batch's two samples")
-        errors, read_batch = gb.unsqueeze(0), 1  # the other sample is under the noise: this one read alone
+    errors = gb.unsqueeze(0) if batch == 1 else reinforce_batch_errors(net, grads)
+    state, read_batch = _exact_read(net, grads, errors, batch) if cfg.mode == "exact" else (None, batch)
+    if read_batch < batch:  # the other sample is under the noise: this one read alone
+        errors = gb.unsqueeze(0)
+    elif errors is None:
+        raise NoSignal("the last layer does not separate the batch's two samples")
     box, images, last_input, st, iterations, exact, read = _images_and_state(
-        net, grads, errors, torch.zeros(read_batch, dtype=torch.long, device=gb.device), cfg, progress, read_batch)
+        net, grads, errors, torch.zeros(read_batch, dtype=torch.long, device=gb.device), cfg, progress, read_batch,
+        state)
     if cfg.mode == "paper":  # IV-D step 1: the probabilities from the last layer alone
         last_input = last_layer_input(net, grads, errors, cfg)
     probs = torch.softmax(_outputs(net, last_input), 1)

@@ -139,7 +139,7 @@ def noised_features(weight_grad: torch.Tensor, bias_grad: torch.Tensor, inputs: 
     σ = 0.03 the corrected features' regression slope on the true ones is 0.89 to 1.11 (the closed form's 0.50
     to 0.64) and ``r`` within 10 % of the true ratio (1.4 to 2.2)."""
     dw, db, h = weight_grad.double(), bias_grad.double(), inputs.double()
-    variance = float(((dw - db[:, None] * h[None]) ** 2).mean())
+    variance = residual_variance(dw, db, h)
     observed = float((db * db).sum())
     delta = observed - len(db) * variance  # ||δ||²
     if delta <= 0:
@@ -148,6 +148,14 @@ def noised_features(weight_grad: torch.Tensor, bias_grad: torch.Tensor, inputs: 
     noise = count * variance * observed / delta ** 2
     signal = float((features * features).sum()) - noise
     return features, (noise / signal) ** 0.5 if signal > 0 else float("inf")
+
+
+def residual_variance(weight_grad: torch.Tensor, bias_grad: torch.Tensor, inputs: torch.Tensor) -> float:
+    """The mean square of a Linear layer's weight gradient less one sample's with the bias gradient and the
+    ``inputs`` read off them, ``dW − db h^T`` (float64): the noise's variance per entry where the update is
+    one sample's gradient behind noise."""
+    dw, db = weight_grad.double(), bias_grad.double()
+    return float(((dw - db[:, None] * inputs.double()[None]) ** 2).mean())
 
 
 def feature_cosine(noise: float) -> float:
@@ -351,13 +359,29 @@ def reinforce_batch_errors(net: PerceptionNet, grads: dict[str, torch.Tensor]) -
 
 
 def dominant_sample(net: PerceptionNet, grads: dict[str, torch.Tensor]) -> bool:
-    """Whether a batch's update is one sample's gradient to within the rest (leaklab's): the last layer's
-    leading singular value :data:`BATCH_RANK` times its second or more. Behind noise a REINFORCE sample with a
-    zero return sends only its entropy term (its singular value 4.8e-6 and 6.8e-6 on two captured batches
-    beside 3.1 and 6.8 for the other sample), under noise of σ = 1e-5 already: the other sample can still be
-    read alone (docs/reproductions.md, "A batch of two behind noise")."""
-    s = torch.linalg.svdvals(last_layer_matrix(net, grads))
-    return len(s) > 1 and float(s[0]) > BATCH_RANK * float(s[1])
+    """Whether a batch's update reads as one sample's (leaklab's): behind noise, or the other sample's gradient
+    zero (an untouched batch's two samples the paper's stages read together), the last layer's leading
+    singular value :data:`BATCH_RANK` times its second or more, the other sample's part a tenth of it or less,
+    and ``head.0``'s weight gradient less the one sample's it gives in closed form (:func:`residual_variance`) no
+    larger per entry than the last layer's less its leading part (:func:`trailing_variance`), to within
+    :data:`NOISE_SLACK` std of that estimate (``2 / dof`` its relative variance). Behind noise a REINFORCE
+    sample with a zero return sends only its entropy term (its singular value 4.8e-6 and 6.8e-6 on two
+    captured batches beside 3.1 and 6.8 for the other sample), under noise of σ = 1e-5 already, and a DQN
+    sample's small TD error hides as well: the other sample can be read alone (docs/reproductions.md, "A batch
+    of two behind noise"). The ``head.0`` rule tells apart a batch whose samples took the same action: their errors
+    at the output are parallel, so its last layer is one sample's, of a blend of the two inputs, but
+    ``head.0`` shows the second sample (its residual 930 and 300 times the last layer's on a captured REINFORCE
+    and DQN batch behind σ = 1e-5, 17 and 4 behind 1e-4; behind 1e-3, 1.15 and 1.03, the blend is read)."""
+    m = last_layer_matrix(net, grads)
+    s = torch.linalg.svdvals(m)
+    if len(s) < 3 or not float(s[0]) > BATCH_RANK * float(s[1]):
+        return False
+    if float(s[1]) > UNTOUCHED * float(s[0]) >= float(s[2]):  # the batch's exact gradient with both samples in it
+        return False
+    variance, _ = trailing_variance(m, 1)
+    spread = (2 / ((m.shape[0] - 1) * (m.shape[1] - 1))) ** 0.5  # the estimate's relative std
+    dw, db = grads["head.0.weight"], grads["head.0.bias"]
+    return residual_variance(dw, db, linear_input(dw, db)) <= variance * (1 + NOISE_SLACK * spread)
 
 
 END_STEPS = 100  # at most this many steps to where the first entry does, from either side of t = 0 (_noisy_ends)
