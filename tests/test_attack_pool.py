@@ -122,6 +122,12 @@ def test_run_jobs_takes_what_the_journal_holds_and_attacks_the_rest(tmp_path, wo
     assert AttackJournal(tmp_path, jobs).load(0).feature_cosine == 0.123456789012
     journal.add(0, replace(first[0], feature_cosine=None))  # none read (a batch of two behind a defense)
     assert AttackJournal(tmp_path, jobs).load(0).feature_cosine is None
+    journal.add(0, replace(first[0], no_signal=True, read=torch.zeros(1, dtype=torch.bool)))  # nothing read
+    assert AttackJournal(tmp_path, jobs).load(0).read.tolist() == [False]
+    journal.add(0, replace(first[0], no_signal=True))  # saved before `read`: nothing read all the same
+    assert AttackJournal(tmp_path, jobs).load(0).read.tolist() == [False]
+    journal.add(0, first[0])
+    assert AttackJournal(tmp_path, jobs).load(0).read is None  # all read
     # an entry that reads back but not in the job's shapes is not taken either
 
     journal.add(1, replace(first[1], box=first[1].box[:, :3]))

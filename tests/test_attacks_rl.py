@@ -293,8 +293,8 @@ def test_rgi_reads_the_sample_a_batch_shows_when_the_other_is_under_the_noise():
 def test_qgi_reads_the_sample_a_batch_shows_when_the_others_td_error_is_under_the_noise():
     """A DQN batch of two whose second TD error (1e-4) is under the noise: the last layer does not separate the
     samples, so the first is read alone (action, box, target Q) and the other left at the no-information start
-    but for its action; a batch whose samples took the same action is left to the paper's stages (a blend of
-    the two is not read as one sample)."""
+    but for its action (its zero box scores no IoU); a batch whose samples took the same action is left to the
+    paper's stages (a blend of the two is not read as one sample)."""
     q_pred = client(batch=2)[2]["q_pred"]
     view, update, truth = client(batch=2, targets=(0.7, float(q_pred[1]) + 1e-4))
     for sigma in (1e-5, 1e-4):
@@ -304,6 +304,10 @@ def test_qgi_reads_the_sample_a_batch_shows_when_the_others_td_error_is_under_th
         assert rec.feature_cosine == pytest.approx(0.5, abs=1e-3) and "action" not in rec.exact
         if sigma == 1e-5:  # the other's action by eq. 7 still, its entry of the bias gradient 10 std over the noise
             assert rec.action.tolist() == [3, 5]
+    # the unread sample's zero box is no box read: IoU 0 even against a target out of view (an empty box)
+    assert rec.read.tolist() == [True, False]
+    out_of_view = {**truth, "box": truth["box"] * torch.tensor([[1.0], [0.0]])}
+    assert [m["box_iou"] for _, m in transition_metrics(rec, out_of_view, "S2")] == [pytest.approx(1, abs=0.01), 0.0]
     same = client(batch=2, actions=(3, 3))
     cfg = RoomAttackConfig(iterations=2, stage1_iterations=2)
     assert "features" not in qgi(same[0], defended(same[1], "gaussian:1e-5", 0, 0), cfg).exact

@@ -373,6 +373,8 @@ def run_cases(out: Path, cases_dir: Path, attack: RoomAttackConfig, workers: int
                                "action": rec.action.tolist(), "box": rec.box.tolist()}
         if rec.action_identified is not None:  # RGI: False where a zero return hid the action
             row["action_identified"] = rec.action_identified.tolist()
+        if rec.read is not None and not rec.no_signal:  # a batch of which one sample was read
+            row["read"] = rec.read.tolist()
         if rec.no_signal:
             row["no_signal"] = True
         row["exact"] = list(rec.exact)

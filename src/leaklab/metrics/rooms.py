@@ -8,8 +8,8 @@
   so S2 ``paper`` equals ``raw`` (a depth-only rescaling would need the true maximum depth).
 * Box: IoU of ``(x1, y1, x2, y2)``; when the true box is degenerate (target not in view: all zeros)
   IoU is undefined and reported as 1 when the recovered box equals it to 1e-3 (under a tenth of a
-  pixel at 150 px), else 0. ``box_error``
-  is the largest absolute coordinate error.
+  pixel at 150 px), else 0; a sample the attack did not read (``RoomReconstruction.read``), whose zero box
+  is its no-information start, scores 0. ``box_error`` is the largest absolute coordinate error.
 * Action: 1.0 when correct. RGI: ``action_informative`` is 0 when the true return is exactly 0; then
   the REINFORCE gradient is the entropy term alone, which does not depend on the action
   (``action_informative_correct``: 1.0 when the return is not 0 and the action right, so that a
@@ -85,6 +85,8 @@ def _sample_metrics(rec, r: int, truth: Mapping[str, torch.Tensor], t: int, sett
             out.update(_image_scores(x[:, :3], target[:, :3], "y", f"rgb_{norm}"))
         out.update(_image_scores(x[:, -1:], target[:, -1:], "rgb", f"depth_{norm}"))
     out.update(_box_scores(rec.box[r], truth["box"][t]))
+    if getattr(rec, "read", None) is not None and not bool(rec.read[r]):
+        out["box_iou"] = 0.0  # the no-information start's zero box is no box read (RoomReconstruction.read)
     out["action"] = float(int(rec.action[r]) == int(truth["action"][t]))
     if rec.q_pred is not None and "q_pred" in truth:
         out["q_pred_error"] = float(percent_error(rec.q_pred[ri], truth["q_pred"][ti]))

@@ -122,7 +122,7 @@ def _nothing(net: PerceptionNet, batch: int, cfg: RoomAttackConfig, algorithm: s
     zeros = torch.zeros(batch, dtype=torch.float64)
     common = dict(images=gaussian_start((batch, spec.in_channels, spec.image_size, spec.image_size), cfg.seed),
                   box=torch.zeros(batch, spec.box_dim), action=torch.zeros(batch, dtype=torch.long),
-                  iterations=0, seconds=0.0, no_signal=True)
+                  read=torch.zeros(batch, dtype=torch.bool), iterations=0, seconds=0.0, no_signal=True)
     if algorithm == "qgi":
         rec = RoomReconstruction(**common, q_pred=zeros, q_target=zeros.clone())
     else:
@@ -228,6 +228,7 @@ def _with_unread(rec: RoomReconstruction, unread: RoomReconstruction) -> RoomRec
     """A batch's reconstruction of which only ``rec``'s samples were read: ``unread``'s (:func:`_nothing`) follow
     them, and the features' estimated cosine is the batch's mean, 0 for the unread ones."""
     batch = len(rec.images) + len(unread.images)
+    rec = replace(rec, read=torch.ones(len(rec.images), dtype=torch.bool, device=rec.images.device))
     return replace(rec, **{f.name: torch.cat([getattr(rec, f.name), getattr(unread, f.name)]) for f in fields(rec)
                            if isinstance(getattr(rec, f.name), torch.Tensor)},
                    feature_cosine=None if rec.feature_cosine is None else rec.feature_cosine * len(rec.images) / batch)

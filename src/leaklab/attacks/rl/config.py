@@ -127,6 +127,9 @@ class RoomReconstruction:
     off it in closed form and the client's (:func:`~leaklab.attacks.rl.exact.feature_cosine`; 1 on an
     untouched update; in paper mode too, :func:`~leaklab.attacks.rl.exact.update_feature_cosine`; a batch's:
     the mean of its samples'); None where it was not read (a batch of two in paper mode, no signal).
+    ``read`` ``[B]`` (bool): which samples the attack read, None where it read all; an unread sample (no signal,
+    or the one a noised batch hides, :func:`~leaklab.attacks.rl.exact.dominant_sample`) is the no-information
+    start, whose zero box is no box read, and scores box IoU 0 even where its target is out of view.
     """
 
     images: torch.Tensor
@@ -139,6 +142,7 @@ class RoomReconstruction:
     probs: torch.Tensor | None = None
     reward: torch.Tensor | None = None
     action_identified: torch.Tensor | None = None
+    read: torch.Tensor | None = None  # [B] bool: the samples the attack read (None: all)
     exact: tuple[str, ...] = ()
     no_signal: bool = False  # the attack read nothing off the update: nothing was recovered
     stage1_starts: int = 0  # paper mode: how many times stage 1 started (``iterations`` counts one start)
