@@ -247,7 +247,7 @@ def glance_caption() -> str:
             f"attacked update shows its room when one of its images is {IMAGE_LEAK_DB:g} dB or more above its own "
             "baseline, and the room leaks when any update shows it (a mean over rooms can hide one). The box "
             f"leaks at a mean IoU of {BOX_LEAK_IOU:g} or more (a target out of view, whose box is all zeros, "
-            f"counts 1 only when the recovered box is within 1e-3 of it), the action at an accuracy of "
+            f"counts 1 only when the attack read a box within 1e-3 of it), the action at an accuracy of "
             f"{100 * ACTION_LEAK:.0f}% or more (chance: 1 in 7) or when guessing would name as many right only "
             f"with a probability under {ACTION_CHANCE_P:g}, the target Q-value (QGI) at a mean error of "
             f"{Q_LEAK_PERCENT:g}% or less and the reward (RGI: the discounted return that weights log π) at a mean "
