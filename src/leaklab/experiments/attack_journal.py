@@ -122,7 +122,7 @@ class AttackJournal:
         whole (corrupt, another job's, not of the job's shapes)."""
         try:
             tensors, meta = load_tensors(self._path(index), "saved attack")
-            if meta.get("no_signal") == "true" and "read" not in tensors and "action" in tensors:  # saved before `read`
+            if meta.get("no_signal") == "true" and "read" not in tensors:  # saved before `read`: nothing read
                 tensors["read"] = torch.zeros(len(tensors["action"]), dtype=torch.bool)
             rec = RoomReconstruction(**tensors, iterations=int(meta["iterations"]),
                                      seconds=float(meta["seconds"]), exact=tuple(json.loads(meta["exact"])),

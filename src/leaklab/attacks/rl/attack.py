@@ -149,11 +149,13 @@ def _qgi(net: PerceptionNet, grads: dict[str, torch.Tensor], batch: int, cfg: Ro
     start = time.perf_counter()
     gb = _last_bias(net, grads)
     taken = dqn_actions(gb, batch)
-    state, read_batch = (_exact_read(net, grads, error_directions(gb, taken), batch) if cfg.mode == "exact"
-                         else (None, batch))
-    actions = taken[:read_batch]  # the largest entry's where one sample is read alone
+    errors = error_directions(gb, taken)
+    state, read_batch = _exact_read(net, grads, errors, batch) if cfg.mode == "exact" else (None, batch)
+    actions = taken[:read_batch]
+    if read_batch < batch:  # the other sample is under the noise: the largest entry's read alone
+        errors = error_directions(gb, actions)
     box, images, last_input, st, iterations, exact, read = _images_and_state(
-        net, grads, error_directions(gb, actions), actions, cfg, progress, read_batch, state)
+        net, grads, errors, actions, cfg, progress, read_batch, state)
     if "features" in exact:  # the last layer's input is exact too
         q_pred = _outputs(net, last_input).gather(1, actions.view(-1, 1)).squeeze(1)
         q_target = dqn_target_exact(q_pred, gb, actions, batch)

@@ -371,7 +371,8 @@ def dominant_sample(net: PerceptionNet, grads: dict[str, torch.Tensor]) -> bool:
     of two behind noise"). The ``head.0`` rule tells apart a batch whose samples took the same action: their errors
     at the output are parallel, so its last layer is one sample's, of a blend of the two inputs, but
     ``head.0`` shows the second sample (its residual 930 and 300 times the last layer's on a captured REINFORCE
-    and DQN batch behind σ = 1e-5, 17 and 4 behind 1e-4; behind 1e-3, 1.15 and 1.03, the blend is read)."""
+    and DQN batch behind σ = 1e-5, 17 and 4 behind 1e-4; behind 1e-3, 1.15, over the 1.144 allowed there, and
+    1.03, so the DQN batch's blend is read)."""
     m = last_layer_matrix(net, grads)
     s = torch.linalg.svdvals(m)
     if len(s) < 3 or not float(s[0]) > BATCH_RANK * float(s[1]):
