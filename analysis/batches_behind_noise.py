@@ -62,9 +62,10 @@ def _true_cosine(config: room_attack.RoomRunConfig, state: dict, sample: room_at
 def main() -> None:
     if "--batch-size" not in sys.argv:
         sys.argv += ["--batch-size", "2"]
-    args, config, state, samples = captures(__doc__.splitlines()[0], ("qgi", "rgi"),
-                                            "gaussian:0.00001;gaussian:0.0001;gaussian:0.001;gaussian:0.01")
-    config = config.model_copy(update={"attack": RoomAttackConfig()})
+    args, config, state, samples = captures(
+        __doc__.splitlines()[0], ("qgi", "rgi"), "gaussian:0.00001;gaussian:0.0001;gaussian:0.001;gaussian:0.01",
+        lambda parser: parser.add_argument("--mode", default="exact", choices=("exact", "paper")))
+    config = config.model_copy(update={"attack": RoomAttackConfig(mode=args.mode)})
     for chain in args.defenses.split(";"):
         rows = []
         for sample in samples:

@@ -45,7 +45,7 @@ def main() -> None:
                 continue
             with torch.no_grad():
                 features = net.conv(sample.truth["images"][:1].float()).double()
-            estimated = exact_module.feature_cosine(st.feature_noise)
+            estimated = st.cosine()
             true = float(F.cosine_similarity(st.features.double(), features))
             row["estimated"].append(round(estimated, 3))
             row["true"].append(round(true, 3))

@@ -102,7 +102,7 @@ def main() -> None:
             st = exact_module.exact_vectors(net, {k: v.detach().float() for k, v in update.tensors.items()})
             with torch.no_grad():
                 features = net.conv(sample.truth["images"][:1].float()).double()
-            row = {"defense": chain, "sample": sample.index, "noise_ratio": st.feature_noise,
+            row = {"defense": chain, "sample": sample.index, "noise_ratio": st.feature_noise[0],
                    "true_ratio": float((st.features - features).norm() / features.norm()),
                    "landed_gain_db": _gain(config, state, sample, chain)}
             with UNDONE[against]():

@@ -30,8 +30,8 @@ from dataclasses import fields, replace
 import torch
 
 from leaklab.attacks.rl.config import RoomAttackConfig, RoomReconstruction
-from leaklab.attacks.rl.exact import (ExactState, dominant_sample, exact_images, exact_vectors, feature_cosine,
-                                      reinforce_batch_errors, separated_vectors, update_feature_cosine)
+from leaklab.attacks.rl.exact import (ExactState, dominant_sample, exact_images, exact_vectors, reinforce_batch_errors,
+                                      separated_vectors, update_feature_cosine)
 from leaklab.attacks.rl.image_convs import attack_network
 from leaklab.attacks.rl.images import gaussian_start
 from leaklab.attacks.rl.network import trace
@@ -102,7 +102,7 @@ def _images_and_state(net, grads, errors, actions, cfg, progress, batch, st):
     if st is not None:
         images, activations = exact_images(net, grads, st, cfg, progress)
         return (st.box, images, st.last_input, None, cfg.iterations, ("box", "features", *activations),
-                feature_cosine(st.feature_noise))
+                st.cosine())
     st = paper_state(net, grads, errors, actions, cfg, progress)
     with torch.no_grad():
         last_input = trace(net, st.features, st.box).linear[-1][1]

@@ -54,7 +54,9 @@ EXACT_ONLY = ("tv_final", "feature_weight", "gradient_weight", "layerwise")  # f
 # of its line until they stop moving, ``exact._noisy_ends``, one sample's and an untouched batch's results
 # unchanged; 15: QGI reads a batch's one sample above the noise alone as RGI does, and neither reads a batch
 # whose head.0 shows a second sample behind a last layer of one sample's form (the same action: a blend),
-# ``exact.dominant_sample``, one sample's and an untouched batch's results unchanged); paper mode's 2: stage 1
+# ``exact.dominant_sample``, one sample's and an untouched batch's results unchanged; 16: a batch's images each
+# weigh as one sample alone, their feature match over their own features' norm and their TV floor from their
+# own noise ratio, ``exact._feature_match``, ``exact._prior``, one sample's results unchanged); paper mode's 2: stage 1
 # starts again when its match ends under a cosine of 0.999; 3: the image convolutions as exact mode's 8;
 # 4: a single sample's update read for the features it lets through, ``exact.update_feature_cosine``, as exact
 # mode reads it, the reconstruction unchanged to the bit).
@@ -62,7 +64,7 @@ EXACT_ONLY = ("tv_final", "feature_weight", "gradient_weight", "layerwise")  # f
 # images' gradient does not depend on how the loss's terms are grouped.
 # The bordered factor kept in blocks (session 12) solves in another order: its float64 activations
 # move by ~1e-14 and came out the same in float32, so all 16 rows of 8 S1 and 8 S2 QGI attacks did.
-METHOD_VERSION = {"exact": 15, "paper": 4}
+METHOD_VERSION = {"exact": 16, "paper": 4}
 
 
 class RoomAttackConfig(BaseModel):

@@ -80,7 +80,12 @@ class ExactState:
     last_input: torch.Tensor  # [B, H]
     feature_errors: torch.Tensor  # [B, F]
     untouched: bool
-    feature_noise: float  # the features' noise-to-signal ratio read off the update (noised_features)
+    feature_noise: tuple[float, ...]  # each sample's features' noise-to-signal ratio read off the update
+    # (noised_features; a batch's through read_noise)
+
+    def cosine(self) -> float:
+        """The mean over the samples of their features' :func:`feature_cosine`, read off the update alone."""
+        return sum(map(feature_cosine, self.feature_noise)) / len(self.feature_noise)
 
 
 def exact_vectors(net: PerceptionNet, grads: dict[str, torch.Tensor]) -> ExactState:
@@ -95,7 +100,7 @@ def exact_vectors(net: PerceptionNet, grads: dict[str, torch.Tensor]) -> ExactSt
     features, noise = read_features(net, grads, h["head.0"][0], exact)
     return ExactState(box=h["box.0"] if exact else fitted_box(net, grads, h["box.0"]),
                       features=features.unsqueeze(0), last_input=h[names[-1]],
-                      feature_errors=feature_error(net, grads), untouched=exact, feature_noise=noise)
+                      feature_errors=feature_error(net, grads), untouched=exact, feature_noise=(noise,))
 
 
 def read_features(net: PerceptionNet, grads: dict[str, torch.Tensor], inputs: torch.Tensor, exact: bool
@@ -270,21 +275,20 @@ def separated_vectors(net: PerceptionNet, grads: dict[str, torch.Tensor], deltas
     exact = residual <= UNTOUCHED
     return ExactState(box=found["box.0"][0] if exact else fitted_batch_box(net, found), features=features,
                       last_input=found[linear_names(net)[-1]][0], feature_errors=errors[:, :count].float(),
-                      untouched=exact, feature_noise=0.0 if exact else _batch_noise_ratio(features, head_errors,
-                                                                                          variance))
+                      untouched=exact, feature_noise=(0.0,) * batch if exact else _batch_noise_ratios(
+                          features, head_errors, variance))
 
 
-def _batch_noise_ratio(features: torch.Tensor, errors: torch.Tensor, variance: float) -> float:
-    """The noise ratio whose :func:`feature_cosine` is the mean of a batch's samples' (:func:`separated_vectors`):
-    ``features`` ``[B, F]`` solved through the errors ``[B, out]`` at ``head.0``'s output from a weight gradient
-    with noise of ``variance`` per entry (:func:`read_noise`)."""
-    cosines = []
+def _batch_noise_ratios(features: torch.Tensor, errors: torch.Tensor, variance: float) -> tuple[float, ...]:
+    """Each sample's noise-to-signal ratio of a batch's ``features`` ``[B, F]`` (:func:`separated_vectors`),
+    solved through the errors ``[B, out]`` at ``head.0``'s output from a weight gradient with noise of
+    ``variance`` per entry (:func:`read_noise`)."""
+    ratios = []
     for f, std in zip(features, read_noise(errors, variance).tolist()):
         noise = features.shape[1] * std * std
         signal = float((f * f).sum()) - noise
-        cosines.append(feature_cosine((noise / signal) ** 0.5 if signal > 0 else float("inf")))
-    mean = sum(cosines) / len(cosines)
-    return (1 / (mean * mean) - 1) ** 0.5 if mean > 0 else float("inf")
+        ratios.append((noise / signal) ** 0.5 if signal > 0 else float("inf"))
+    return tuple(ratios)
 
 
 def last_layer_matrix(net: PerceptionNet, grads: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -529,10 +533,20 @@ def tv_schedule(cfg: RoomAttackConfig, noise: float, pixels_per_feature: float) 
     return lambda done: start * (floor / start) ** done
 
 
+def _prior(cfg: RoomAttackConfig, noise: tuple[float, ...], pixels_per_feature: float
+           ) -> Callable[[torch.Tensor, float], torch.Tensor]:
+    """The images' TV prior at ``done`` of a stage: each sample's :func:`modality_tv` weighed by its own
+    :func:`tv_schedule` for its features' noise ratio (leaklab's: a batch behind noise reads its samples'
+    features with noise of their own size)."""
+    schedules = [tv_schedule(cfg, r, pixels_per_feature) for r in noise]
+    return lambda x, done: sum(tv(done) * modality_tv(x[b:b + 1]) for b, tv in enumerate(schedules))
+
+
 def _feature_match(out: torch.Tensor, target: torch.Tensor, f_norm: torch.Tensor) -> torch.Tensor:
-    """``||out − target||² / ||f||²``: features (all, or one stream's share) against the exact ones,
-    normalised by all the features' norm so that the streams' shares add up to the whole match."""
-    return ((out - target) ** 2).sum() / f_norm
+    """``Σ_b ||out_b − target_b||² / ||f_b||²``: features ``[B, n]`` (all, or one stream's share) against the
+    exact ones, each sample's normalised by all its features' norm ``f_norm`` ``[B]`` so that the streams'
+    shares add up to the whole match and each sample of a batch weighs as one sample alone."""
+    return (((out - target) ** 2).sum(1) / f_norm).sum()
 
 
 def weight_gradient(conv: nn.Conv2d, inputs: torch.Tensor, error: torch.Tensor) -> torch.Tensor:
@@ -584,17 +598,17 @@ def exact_images(net: PerceptionNet, grads: dict[str, torch.Tensor], st: ExactSt
     x = gaussian_start((batch, spec.in_channels, spec.image_size, spec.image_size), cfg.seed)
     x = x.to(st.features.device).requires_grad_()
     f = st.features.float()
-    f_norm = (f * f).sum().clamp_min(1e-30)
+    f_norm = (f * f).sum(1).clamp_min(1e-30)
     streams = exact_streams(net) if cfg.gradient_weight and st.untouched else []
     # the error at each last convolution's output: the feature error through the ReLU of the features
     errors = [(st.feature_errors * relu_open(f))[:, s.offset:s.offset + s.size] for s in streams]
     deeper = (batch == 1 and cfg.layerwise and cfg.iterations >= LAYERWISE_ITERATIONS
               and any(s.inner is not None for s in streams))
     first = cfg.iterations // 4 if deeper else cfg.iterations
-    tv = tv_schedule(cfg, st.feature_noise, spec.image_size ** 2 / f.shape[1])
+    prior = _prior(cfg, st.feature_noise, spec.image_size ** 2 / f.shape[1])
 
     def stage1(done: float) -> torch.Tensor:
-        total = tv(done) * modality_tv(x)
+        total = prior(x, done)
         if not streams:
             return total + cfg.feature_weight * _feature_match(net.conv(x), f, f_norm)
         for s, err in zip(streams, errors):
@@ -625,7 +639,7 @@ def exact_images(net: PerceptionNet, grads: dict[str, torch.Tensor], st: ExactSt
             recovered.append(None)
 
     def stage2(done: float) -> torch.Tensor:
-        total = tv(done) * modality_tv(x)
+        total = prior(x, done)
         ramp = cfg.gradient_weight * done
         for s, err, known in zip(streams, errors, recovered):
             if known is None:  # stage 1's terms for this stream
