@@ -14,6 +14,7 @@ from leaklab.attacks.rl.exact import (_inner_error, exact_streams, exact_vectors
                                      reinforce_batch_errors, separated_vectors, tv_schedule, untouched,
                                      weight_gradient)
 from leaklab.attacks.rl import layerwise as layerwise_module
+from leaklab.attacks.rl.images import modality_tv
 from leaklab.attacks.rl.layerwise import penultimate_activations
 from leaklab.attacks.rl.network import GradientStats, cosine_loss, trace
 from leaklab.attacks.rl.rules import (dqn_actions, entropy_bias_gradient, error_directions,
@@ -372,6 +373,25 @@ def test_behind_noise_the_tv_prior_ends_where_the_features_noise_puts_it():
     assert tv_schedule(cfg, float("inf"), 2.0)(1.0) == 2.0 * exact_module.TV_NOISE_CAP
     assert tv_schedule(RoomAttackConfig(tv_weight=0.0), 0.5, 3.0)(0.5) == 0.0
 
+
+def test_each_image_of_a_batch_weighs_as_one_sample_alone():
+    """A batch's image stage (version 16): each image's TV weight follows its own features' noise ratio
+    (exact._prior), and each image's feature match is relative to its own features' norm (exact._feature_match),
+    so a sample's weight does not depend on its partner's features."""
+    cfg = RoomAttackConfig()
+    x = torch.rand(2, 4, 12, 12)
+    prior = exact_module._prior(cfg, (0.0, 0.5), 3.0)
+    for done in (0.0, 1.0):
+        own = [tv_schedule(cfg, r, 3.0)(done) * modality_tv(x[b:b + 1]) for b, r in enumerate((0.0, 0.5))]
+        assert float(prior(x, done)) == pytest.approx(float(own[0] + own[1]), rel=1e-6)
+    assert tv_schedule(cfg, 0.0, 3.0)(1.0) != tv_schedule(cfg, 0.5, 3.0)(1.0)
+    target = torch.rand(2, 50)
+    out = target + 0.1 * torch.randn(2, 50)
+    match = lambda o, t: float(exact_module._feature_match(o, t, (t * t).sum(1)))  # noqa: E731
+    scaled = torch.tensor([[1.0], [10.0]])
+    assert match(out * scaled, target * scaled) == pytest.approx(match(out, target), rel=1e-5)
+    one = [match(out[b:b + 1], target[b:b + 1]) for b in range(2)]
+    assert match(out, target) == pytest.approx(sum(one), rel=1e-6)
 
 def test_behind_noise_a_prior_matched_to_the_features_noise_sees_more_of_the_room(monkeypatch):
     """A synthetic S2 room behind noise that leaves its features ~0.4 off: the prior whose floor follows the
@@ -775,7 +795,7 @@ def test_room_metrics_of_the_truth_and_paper_scaling():
 
 
 def test_exact_modes_colour_prior_weighs_chroma_over_luma():
-    from leaklab.attacks.rl.images import CHROMA_TV_WEIGHT, YCBCR, colour_tv, coupled_tv, modality_tv
+    from leaklab.attacks.rl.images import CHROMA_TV_WEIGHT, YCBCR, colour_tv, coupled_tv
 
     g = torch.Generator().manual_seed(0)
     grey = torch.rand(2, 1, 12, 12, generator=g).expand(2, 3, 12, 12)
@@ -794,7 +814,7 @@ def test_exact_modes_colour_prior_weighs_chroma_over_luma():
 @pytest.mark.parametrize("channels", [4, 1])
 def test_modality_tv_gradient_is_its_definitions(channels):
     """The closed-form gradient of ``modality_tv`` equals autograd's through colour_tv and coupled_tv."""
-    from leaklab.attacks.rl.images import colour_tv, coupled_tv, modality_tv
+    from leaklab.attacks.rl.images import colour_tv, coupled_tv
 
     g = torch.Generator().manual_seed(3)
     x = torch.rand(2, channels, 13, 17, generator=g, dtype=torch.float64)
