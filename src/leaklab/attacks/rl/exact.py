@@ -543,7 +543,12 @@ def _prior(cfg: RoomAttackConfig, noise: tuple[float, ...], pixels_per_feature: 
     +6.83 to +8.15 dB, past paper mode's +7.95, and behind 1e-5 from +17.13 to +18.93 (docs/reproductions.md,
     "A batch of two behind noise")."""
     schedules = [tv_schedule(cfg, r, pixels_per_feature) for r in noise]
-    return lambda x, done: sum(tv(done) * modality_tv(x[b:b + 1]) for b, tv in enumerate(schedules))
+
+    def prior(x: torch.Tensor, done: float) -> torch.Tensor:
+        weights = [tv(done) for tv in schedules]
+        top = max(weights)  # one sample's prior (and a batch's alike) as top * modality_tv(x), to the bit
+        return top * modality_tv(x, torch.tensor([w / top for w in weights]) if top else None)
+    return prior
 
 
 def _feature_match(out: torch.Tensor, target: torch.Tensor, f_norm: torch.Tensor) -> torch.Tensor:

@@ -58,10 +58,10 @@ def colour_tv(rgb: torch.Tensor) -> torch.Tensor:
 
 
 class _PooledTV(torch.autograd.Function):
-    """``sum_b sum_p w_p (mean sqrt(sum_{k in p} dx_k^2 + eps) + mean sqrt(sum_{k in p} dy_k^2 + eps))`` of
+    """``sum_b sum_p w_bp (mean sqrt(sum_{k in p} dx_k^2 + eps) + mean sqrt(sum_{k in p} dy_k^2 + eps))`` of
     ``z = mix x`` (channels mixed per pixel), the channel groups ``p`` the rows of the 0/1 matrix
-    ``groups``; backward in closed form: each difference ``d_k`` weighted by ``w_p / (n sqrt(...))``,
-    taken back through the differences and the mix."""
+    ``groups``, the weights ``[B or 1, P]``; backward in closed form: each difference ``d_k`` weighted by
+    ``w_bp / (n sqrt(...))``, taken back through the differences and the mix."""
 
     @staticmethod
     def forward(ctx, x: torch.Tensor, mix: torch.Tensor, groups: torch.Tensor, weights: torch.Tensor
@@ -73,7 +73,7 @@ class _PooledTV(torch.autograd.Function):
             root = torch.einsum("pk,bkhw->bphw", groups, d * d).add_(TV_EPS).sqrt_()
             total = total + (root.flatten(2).mean(2) * weights).sum()
             scales.append(d * torch.einsum("pk,bphw->bkhw", groups,
-                                           weights.view(1, -1, 1, 1) / (root[0, 0].numel() * root)))
+                                           weights[:, :, None, None] / (root[0, 0].numel() * root)))
         ctx.save_for_backward(mix, *scales)
         return total
 
@@ -90,22 +90,24 @@ class _PooledTV(torch.autograd.Function):
 
 def _modality_groups(channels: int, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(mix, groups, weights)`` of :func:`modality_tv`: S1 to Y, Cb, Cr and depth pooled as Y, (Cb, Cr)
-    and depth, weighed 1, :data:`CHROMA_TV_WEIGHT` and 1; S2 depth alone."""
+    and depth, weighed 1, :data:`CHROMA_TV_WEIGHT` and 1 (``[1, P]``); S2 depth alone."""
     if channels == 1:
         one = torch.ones(1, 1)
-        return one.to(like), one.to(like), torch.ones(1).to(like)
+        return one.to(like), one.to(like), one.to(like)
     mix = torch.eye(4)
     mix[:3, :3] = YCBCR
     groups = torch.tensor([[1.0, 0, 0, 0], [0, 1, 1, 0], [0, 0, 0, 1]])
-    return mix.to(like), groups.to(like), torch.tensor([1.0, CHROMA_TV_WEIGHT, 1.0]).to(like)
+    return mix.to(like), groups.to(like), torch.tensor([[1.0, CHROMA_TV_WEIGHT, 1.0]]).to(like)
 
 
-def modality_tv(x: torch.Tensor) -> torch.Tensor:
+def modality_tv(x: torch.Tensor, scale: torch.Tensor | None = None) -> torch.Tensor:
     """:func:`colour_tv` of the RGB channels plus :func:`coupled_tv` of depth for S1 ``[B, 4, H, W]``;
-    of depth alone for S2 ``[B, 1, H, W]``; differentiable in ``x`` by its closed-form gradient."""
+    of depth alone for S2 ``[B, 1, H, W]``; differentiable in ``x`` by its closed-form gradient. ``scale``
+    ``[B]`` weighs each image's (a batch whose images have priors of their own, ``exact._prior``)."""
     if x.shape[1] not in (1, 4):
         raise ValueError(f"modality_tv takes S1 (4 channels) or S2 (1 channel) images, not {x.shape[1]} channels")
-    return _PooledTV.apply(x, *_modality_groups(x.shape[1], x))
+    mix, groups, weights = _modality_groups(x.shape[1], x)
+    return _PooledTV.apply(x, mix, groups, weights if scale is None else scale.to(x)[:, None] * weights)
 
 
 def gaussian_start(shape: tuple[int, ...], seed: int) -> torch.Tensor:
