@@ -1,15 +1,15 @@
 """Exact mode on batches of two behind noise: whether the update's samples separate, and what they leak.
 
 Captures ``--samples`` updates of ``--batch-size`` transitions (default 2) as ``leaklab attack qgi|rgi
---batch-size 2`` does (same seed), puts each behind every defense chain of ``--defenses`` with the audit's
-draws and attacks it as the command would (exact mode, falling back to the paper's optimisation where exact
-mode cannot read the update). Prints per update whether exact mode read it in closed form (``exact``), whether
-the attack read nothing (``no_signal``), the features' estimated cosine and their true one (the mean cosine
-of the features exact mode separates with the samples'), the largest image gain over the constant baseline
-(paper normalisation, as the audit's verdicts), the box IoU and the action's accuracy, the last three the means
-over the update's samples, and each true sample's gain and box IoU (``sample_gains_db``, ``sample_box_iou``); then
-per chain how many updates exact mode read, how many read nothing and the means (docs/reproductions.md, "A
-batch of two behind noise").
+--batch-size 2`` does (same seed), puts each behind every defense chain of ``--defenses`` with the audit's draws
+and attacks it as the command would (exact mode, falling back to the paper's optimisation where exact mode cannot
+read the update; ``--mode paper``: the paper's method on every update, QGI only). Prints per update whether exact
+mode read it in closed form (``exact``), whether the attack read nothing (``no_signal``), the features' estimated
+cosine and their true one (the mean cosine of the features exact mode separates with the samples'), the largest
+image gain over the constant baseline (paper normalisation, as the audit's verdicts), the box IoU and the action's
+accuracy, the last three the means over the update's samples, and each true sample's gain and box IoU
+(``sample_gains_db``, ``sample_box_iou``); then per chain how many updates exact mode read, how many read nothing
+and the means (docs/reproductions.md, "A batch of two behind noise").
 
     .venv/bin/python analysis/batches_behind_noise.py --algorithm rgi --samples 6 --layouts 6 \\
         --defenses "gaussian:0.00001;gaussian:0.0001;gaussian:0.001;gaussian:0.01"
