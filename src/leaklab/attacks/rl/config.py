@@ -56,7 +56,9 @@ EXACT_ONLY = ("tv_final", "feature_weight", "gradient_weight", "layerwise")  # f
 # whose head.0 shows a second sample behind a last layer of one sample's form (the same action: a blend),
 # ``exact.dominant_sample``, one sample's and an untouched batch's results unchanged; 16: a batch's images each
 # weigh as one sample alone, their feature match over their own features' norm and their TV floor from their
-# own noise ratio, ``exact._feature_match``, ``exact._prior``, one sample's results unchanged); paper mode's 2: stage 1
+# own noise ratio, ``exact._feature_match``, ``exact._prior``, one sample's results unchanged; 17: RGI's batch
+# of two reads the ends of its last layer's line with the noise's slack also where that layer shows no noise (float32's
+# rounding), ``exact.reinforce_batch_errors``, one sample's and every QGI result unchanged); paper mode's 2: stage 1
 # starts again when its match ends under a cosine of 0.999; 3: the image convolutions as exact mode's 8;
 # 4: a single sample's update read for the features it lets through, ``exact.update_feature_cosine``, as exact
 # mode reads it, the reconstruction unchanged to the bit).
@@ -64,7 +66,7 @@ EXACT_ONLY = ("tv_final", "feature_weight", "gradient_weight", "layerwise")  # f
 # images' gradient does not depend on how the loss's terms are grouped.
 # The bordered factor kept in blocks (session 12) solves in another order: its float64 activations
 # move by ~1e-14 and came out the same in float32, so all 16 rows of 8 S1 and 8 S2 QGI attacks did.
-METHOD_VERSION = {"exact": 16, "paper": 4}
+METHOD_VERSION = {"exact": 17, "paper": 4}
 
 
 class RoomAttackConfig(BaseModel):
