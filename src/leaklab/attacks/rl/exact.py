@@ -533,7 +533,7 @@ def _prior(cfg: RoomAttackConfig, noise: tuple[float, ...], pixels_per_feature: 
     """The images' TV prior at ``done`` of a stage: each sample's :func:`modality_tv` weighed by its own
     :func:`tv_schedule` for its features' noise ratio (leaklab's). A batch behind noise reads its samples'
     features with noise of their own size (cosines 0.996 and 0.618 on one captured DQN batch behind σ = 1e-3),
-    and a floor shared at their mean ratio was too strong for one and too weak for the other. With this and
+    and a floor shared at their mean ratio was stronger than one's own and weaker than the other's. With this and
     :func:`_feature_match`'s own norms, the mean image gain of 16 captured DQN batches behind σ = 1e-3 rose from
     +6.83 to +8.15 dB, past paper mode's +7.95, and behind 1e-5 from +17.13 to +18.92 (docs/reproductions.md,
     "A batch of two behind noise")."""
