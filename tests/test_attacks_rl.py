@@ -260,6 +260,22 @@ def test_a_batch_of_two_separates_behind_noise(loss, sigmas, returns):
     assert cosines[0] > 0.999 and cosines == sorted(cosines, reverse=True)
 
 
+def test_an_untouched_reinforce_batch_with_a_zero_return_reads_that_sample_at_its_size():
+    """A zero return's sample sends only its entropy term, about 1e-4 of its partner's error, and float32's
+    rounding weighs on it as noise: the ends of RGI's line read with the noise's slack give its features at
+    their size, its box, and an update read as untouched (the first entry to reach 0 exactly, version 16's
+    end here, gave 0.86 of the size, a box 0.14 off and the update counted as noised)."""
+    view, update, truth = client(loss="reinforce", batch=2, returns=(1.3, 0.0))
+    grads = {k: v.float() for k, v in update.tensors.items()}
+    st = separated_vectors(view.model, grads, reinforce_batch_errors(view.model, grads))
+    with torch.no_grad():
+        features = view.model.conv(truth["images"]).double()
+    match = F.cosine_similarity(st.features[:, None], features[None], dim=-1).argmax(1)
+    assert sorted(match.tolist()) == [0, 1]
+    assert (st.features.norm(dim=1) / features[match].norm(dim=1)).tolist() == pytest.approx([1, 1], abs=1e-3)
+    assert float((st.box.float() - truth["box"][match]).abs().max()) < 1e-3
+    assert st.untouched
+
 def test_a_batch_reads_each_samples_relu_zeros_against_its_own_noise():
     """relu_open behind noise: a sample whose error is small reads its entries with noise 20 times the other's;
     held to its own noise's std it keeps its support (held to its most negative entry, it closed nearly all
