@@ -151,8 +151,14 @@ def noised_features(weight_grad: torch.Tensor, bias_grad: torch.Tensor, inputs: 
         return h[:count], float("inf")
     features = h[:count] * (observed / delta)
     noise = count * variance * observed / delta ** 2
+    return features, _noise_ratio(features, noise)
+
+
+def _noise_ratio(features: torch.Tensor, noise: float) -> float:
+    """``||f̂ − f|| / ||f||`` of features ``f̂`` read with noise of squared norm ``noise``: their own ``||f||²`` is
+    the rest of theirs; inf where the noise is all they show."""
     signal = float((features * features).sum()) - noise
-    return features, (noise / signal) ** 0.5 if signal > 0 else float("inf")
+    return (noise / signal) ** 0.5 if signal > 0 else float("inf")
 
 
 def residual_variance(weight_grad: torch.Tensor, bias_grad: torch.Tensor, inputs: torch.Tensor) -> float:
@@ -283,12 +289,8 @@ def _batch_noise_ratios(features: torch.Tensor, errors: torch.Tensor, variance: 
     """Each sample's noise-to-signal ratio of a batch's ``features`` ``[B, F]`` (:func:`separated_vectors`),
     solved through the errors ``[B, out]`` at ``head.0``'s output from a weight gradient with noise of
     ``variance`` per entry (:func:`read_noise`)."""
-    ratios = []
-    for f, std in zip(features, read_noise(errors, variance).tolist()):
-        noise = features.shape[1] * std * std
-        signal = float((f * f).sum()) - noise
-        ratios.append((noise / signal) ** 0.5 if signal > 0 else float("inf"))
-    return tuple(ratios)
+    return tuple(_noise_ratio(f, features.shape[1] * std * std)
+                 for f, std in zip(features, read_noise(errors, variance).tolist()))
 
 
 def last_layer_matrix(net: PerceptionNet, grads: dict[str, torch.Tensor]) -> torch.Tensor:
