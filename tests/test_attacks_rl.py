@@ -35,11 +35,11 @@ def smooth_images(batch, channels, seed):
 
 
 def client(setting="S2", arch="small", loss="dqn_mse", batch=1, actions=(3, 5), seed=0,
-           returns=(1.3, -0.8), targets=(0.7, -0.4)):
+           returns=(1.3, -0.8), targets=(0.7, -0.4), boxes=((-0.3, -0.2, 0.4, 0.5), (0.1, -0.6, 0.7, 0.2))):
     spec = PerceptionSpec(setting=setting, arch=arch)
     net = build_perception_net(spec, seed=seed)
     x = smooth_images(batch, spec.in_channels, seed + 10)
-    box = torch.tensor([[-0.3, -0.2, 0.4, 0.5], [0.1, -0.6, 0.7, 0.2]])[:batch]
+    box = torch.tensor(boxes)[:batch]
     a = torch.tensor(actions[:batch])
     out = net(x, box)
     truth = {"images": x, "box": box, "action": a}
@@ -275,6 +275,34 @@ def test_an_untouched_reinforce_batch_with_a_zero_return_reads_that_sample_at_it
     assert (st.features.norm(dim=1) / features[match].norm(dim=1)).tolist() == pytest.approx([1, 1], abs=1e-3)
     assert float((st.box.float() - truth["box"][match]).abs().max()) < 1e-3
     assert st.untouched
+
+
+def test_an_untouched_batch_reads_each_samples_relu_zeros_against_its_own_rounding():
+    """relu_open on an untouched batch: a zero return's sample reads its entries with its partner's float32
+    rounding magnified (entries off by up to 2.5e-5); the partner's small open entry (6.3e-6, as on a captured
+    batch) stays open, held to its own sample's rounding (the batch's most negative entry closed it)."""
+    g = torch.Generator().manual_seed(0)
+    support = torch.rand(2, 256, generator=g) < 0.5
+    support[0, 0] = True
+    values = torch.where(support, 0.01 + 0.05 * torch.rand(2, 256, generator=g), torch.zeros(2, 256)).double()
+    values[0, 0] = 6.3e-6
+    rounding = torch.tensor([1e-8, 2.5e-5], dtype=torch.float64)
+    read = exact_module.relu_open(values + rounding[:, None] * (2 * torch.rand(2, 256, generator=g).double() - 1))
+    assert read.equal(support)
+
+
+def test_an_untouched_batch_fits_its_boxes_and_keeps_their_exact_zeros():
+    """A zero return's sample reads box.0's closed form with its partner's rounding magnified about 1e4 times
+    (with a coordinate 0 in both boxes, 0.08 off on this batch); fitted to every layer the box feeds its box is
+    within 1e-4, and a coordinate whose weight gradient column is zero stays exactly 0 (the fit alone moved two
+    out-of-view zero boxes by 1e-5)."""
+    for boxes in (((-0.3, -0.2, 0.0, 0.5), (0.1, -0.6, 0.0, 0.2)), ((0.0,) * 4,) * 2):
+        view, update, truth = client(loss="reinforce", batch=2, returns=(1.3, 0.0), boxes=boxes)
+        grads = {k: v.float() for k, v in update.tensors.items()}
+        st = separated_vectors(view.model, grads, reinforce_batch_errors(view.model, grads))
+        assert st.untouched and float((st.box - truth["box"].double()).abs().max()) < 1e-4
+        assert not st.box[:, 2].any()
+
 
 def test_a_batch_reads_each_samples_relu_zeros_against_its_own_noise():
     """relu_open behind noise: a sample whose error is small reads its entries with noise 20 times the other's;

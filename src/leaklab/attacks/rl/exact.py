@@ -192,8 +192,14 @@ def relu_open(values: torch.Tensor, noise: torch.Tensor | None = None) -> torch.
     zero exactly (its weight gradient's column is 0); separating a batch
     (:func:`separated_vectors`) leaves rounding noise of either sign where another sample's entry is
     not zero, so there an entry counts as zero under :data:`~leaklab.attacks.rl.layerwise.ZERO` times
-    the batch's most negative entry's size or under :data:`ROUNDING` of the largest (taking a +9e-12
-    as open left the box 0.17 off on a smooth synthetic batch of 2). Behind noise, ``noise`` ``[B]`` is the
+    its sample's most negative entry's size or under :data:`ROUNDING` of its sample's largest (taking a
+    +9e-12 as open left the box 0.17 off on a smooth synthetic batch of 2). Each sample's own: a REINFORCE
+    sample with a zero return, its errors about 1e-4 of its partner's, reads its entries with its partner's
+    rounding magnified as much; with the batch's most negative entry (until exact method version 18) it
+    closed a 6.3e-6 of its partner's last-layer input on one of 48 captured untouched batches, whose features
+    then came out 195 times too large, and left 1 to 5 features of its partner wrongly closed on 5 others (on
+    48 untouched DQN batches each sample's opened one noise feature wrongly on one; docs/reproductions.md, "A
+    batch of two (QGI, exact mode)"). Behind noise, ``noise`` ``[B]`` is the
     std of the noise on each sample's entries (:func:`read_noise`), and an entry counts as zero under
     :data:`NOISE_SLACK` times its sample's (leaklab's; held to its most negative entry instead, a sample whose
     error is small closed all or all but one of its entries: 8 of 16 captured DQN batches separated behind
@@ -202,7 +208,8 @@ def relu_open(values: torch.Tensor, noise: torch.Tensor | None = None) -> torch.
     if len(values) == 1:
         return values > 0
     if noise is None:
-        return values > max(ZERO * float((-values).max()), ROUNDING * float(values.abs().max()))
+        floor = torch.maximum(ZERO * (-values).amax(1, keepdim=True), ROUNDING * values.abs().amax(1, keepdim=True))
+        return values > floor
     return values > NOISE_SLACK * noise[:, None]
 
 
@@ -252,13 +259,13 @@ def separated_vectors(net: PerceptionNet, grads: dict[str, torch.Tensor], deltas
     (:func:`relu_open`) is the next errors. From the last layer down to ``head.0`` (whose input
     splits into the conv features and the box branch's output; the feature part of its errors is
     the loss gradient at the features) and through the box branch to ``box.0``: every vector the
-    single-sample rule of :func:`exact_vectors` reads, sample by sample. The update counts as
+    single-sample rule of :func:`exact_vectors` reads, sample by sample; the boxes are fitted to every layer
+    they feed (:func:`~leaklab.attacks.rl.box_fit.fitted_batch_box`). The update counts as
     untouched when ``head.0``'s weight gradient is ``E^T H`` to within :data:`UNTOUCHED`. None when
     some layer's errors are dependent (the same action twice) or the head or box branch holds other
     modules than Linear and ReLU. Behind noise (the last layer's gradient not of rank ``B``) the ReLU
     supports are read sample by sample, each against the noise on its own entries (:func:`relu_open`,
-    :func:`read_noise`), the boxes are fitted to every layer they feed
-    (:func:`~leaklab.attacks.rl.box_fit.fitted_batch_box`), and the features' noise ratio is that of the
+    :func:`read_noise`), and the features' noise ratio is that of the
     samples' mean :func:`feature_cosine`, each sample's read off the noise's variance per entry
     (:func:`trailing_variance` of the last layer) through ``(E E^T)^-1`` at ``head.0``: ``count v [(E E^T)^-1]_bb``
     of noise on its features (leaklab's; on the 14 captured DQN and REINFORCE batches it separated behind
@@ -279,7 +286,7 @@ def separated_vectors(net: PerceptionNet, grads: dict[str, torch.Tensor], deltas
         return None
     features, residual = fused[:, :count], found["head.0"][1]
     exact = residual <= UNTOUCHED
-    return ExactState(box=found["box.0"][0] if exact else fitted_batch_box(net, found), features=features,
+    return ExactState(box=fitted_batch_box(net, found), features=features,
                       last_input=found[linear_names(net)[-1]][0], feature_errors=errors[:, :count].float(),
                       untouched=exact, feature_noise=(0.0,) * batch if exact else _batch_noise_ratios(
                           features, head_errors, variance))
