@@ -335,6 +335,19 @@ def test_rgi_reads_the_sample_a_batch_shows_when_the_other_is_under_the_noise():
     assert rgi(both_zero[0], defended(both_zero[1], "gaussian:1e-4", 0, 0), RoomAttackConfig(iterations=2)).no_signal
 
 
+def test_rgi_reads_the_sample_a_batch_shows_behind_noise_under_the_last_layers_test():
+    """Noise of σ = 1e-7 stays under the last layer's test of an untouched gradient (its third singular value
+    under 1e-6 of the first) while the zero return's entropy term (1.5e-6 of the first) is within 10 times of
+    it: the line does not separate, and the other sample is read alone as behind stronger noise (taking the
+    update for both samples' exact gradient read nothing)."""
+    view, update, truth = client(loss="reinforce", batch=2, returns=(13.0, 0.0))
+    noised = defended(update, "gaussian:1e-7", 0, 0)
+    assert reinforce_batch_errors(view.model, noised.tensors) is None
+    rec = rgi(view, noised, RoomAttackConfig(iterations=2))
+    assert not rec.no_signal and float((rec.box[0] - truth["box"][0]).abs().max()) < 1e-3 and not rec.box[1].any()
+    assert rec.action.tolist()[0] == 3 and float(rec.reward[0]) == pytest.approx(13.0, rel=1e-3)
+
+
 def test_qgi_reads_the_sample_a_batch_shows_when_the_others_td_error_is_under_the_noise():
     """A DQN batch of two whose second TD error (1e-4) is under the noise: the last layer does not separate the
     samples, so the first is read alone (action, box, target Q) and the other left at the no-information start

@@ -367,25 +367,29 @@ def reinforce_batch_errors(net: PerceptionNet, grads: dict[str, torch.Tensor]) -
 
 
 def dominant_sample(net: PerceptionNet, grads: dict[str, torch.Tensor]) -> bool:
-    """Whether a batch's update reads as one sample's (leaklab's): behind noise, or the other sample's gradient
-    zero (an untouched batch's two samples the paper's stages read together), the last layer's leading
-    singular value :data:`BATCH_RANK` times its second or more, the other sample's part a tenth of it or less,
-    and ``head.0``'s weight gradient less the one sample's it gives in closed form (:func:`residual_variance`) no
-    larger per entry than the last layer's less its leading part (:func:`trailing_variance`), to within
-    :data:`NOISE_SLACK` std of that estimate (``2 / dof`` its relative variance). Behind noise a REINFORCE
-    sample with a zero return sends only its entropy term (its singular value 4.8e-6 and 6.8e-6 on two
-    captured batches beside 3.1 and 6.8 for the other sample), under noise of σ = 1e-5 already, and a DQN
-    sample's small TD error hides as well: the other sample can be read alone (docs/reproductions.md, "A batch
-    of two behind noise"). The ``head.0`` rule tells apart a batch whose samples took the same action: their errors
-    at the output are parallel, so its last layer is one sample's, of a blend of the two inputs, but
-    ``head.0`` shows the second sample (its residual 930 and 300 times the last layer's on a captured REINFORCE
-    and DQN batch behind σ = 1e-5, 17 and 4 behind 1e-4; behind 1e-3, 1.15, over the 1.144 allowed there, and
-    1.03, so the DQN batch's blend is read)."""
+    """Whether a batch's update reads as one sample's (leaklab's): behind noise, or the other sample's gradient zero
+    (not an untouched batch's two samples, which the paper's stages read together: the last layer's second singular
+    value :data:`BATCH_RANK` times its third or more, the third under :data:`UNTOUCHED` of the first), the last
+    layer's leading singular value :data:`BATCH_RANK` times its second or more, the other sample's part a tenth of
+    it or less, and ``head.0``'s weight gradient less the one sample's it gives in closed form
+    (:func:`residual_variance`) no larger per entry than the last layer's less its leading part
+    (:func:`trailing_variance`), to within :data:`NOISE_SLACK` std of that estimate (``2 / dof`` its relative
+    variance). Behind noise a REINFORCE sample with a zero return sends only its entropy term (its singular value
+    4.8e-6 and 6.8e-6 on two captured batches beside 3.1 and 6.8 for the other sample), under noise of σ = 1e-5
+    already, and a DQN sample's small TD error hides as well: the other sample can be read alone
+    (docs/reproductions.md, "A batch of two behind noise"). The ``head.0`` rule tells apart a batch whose samples
+    took the same action: their errors at the output are parallel, so its last layer is one sample's, of a blend of
+    the two inputs, but ``head.0`` shows the second sample (its residual 930 and 300 times the last layer's on a
+    captured REINFORCE and DQN batch behind σ = 1e-5, 17 and 4 behind 1e-4; behind 1e-3, 1.15, over the 1.144
+    allowed there, and 1.03, so the DQN batch's blend is read). Noise of σ = 1e-7 stays under ``UNTOUCHED`` in the
+    last layer, and a zero return's entropy term (1e-6 to 3.4e-6 of the first singular value on 4 captured batches)
+    within 5 times of it: until exact method version 19 any second singular value over ``UNTOUCHED`` so counted as
+    two samples' exact gradient, and those 4 batches read nothing where behind 1e-5 their other sample shows."""
     m = last_layer_matrix(net, grads)
     s = torch.linalg.svdvals(m)
     if len(s) < 3 or not float(s[0]) > BATCH_RANK * float(s[1]):
         return False
-    if float(s[1]) > UNTOUCHED * float(s[0]) >= float(s[2]):  # the batch's exact gradient with both samples in it
+    if float(s[1]) > BATCH_RANK * float(s[2]) and UNTOUCHED * float(s[0]) >= float(s[2]):
         return False
     variance, _ = trailing_variance(m, 1)
     spread = (2 / ((m.shape[0] - 1) * (m.shape[1] - 1))) ** 0.5  # the estimate's relative std
