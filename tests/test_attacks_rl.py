@@ -498,13 +498,23 @@ def test_the_box_fit_reads_a_users_box_branch():
     assert float((fitted_box(net, noised, closed)[0] - box[0]).norm()) < 0.1 * float((closed[0] - box[0]).norm())
 
 
-def test_qgi_exact_batch_with_one_action_twice_is_not_separated():
-    view, update, truth = client(batch=2, actions=(3, 3))
-    grads = {k: v.double() for k, v in update.tensors.items()}
-    gb = grads["head.2.bias"]
+@pytest.mark.parametrize("targets", [(0.7, -0.4), (2.0, 1.9)])
+def test_qgi_exact_batch_with_one_action_twice_separates_at_the_last_hidden_layer(targets):
+    """The same action twice: the output errors are dependent (eq. 7 gives their sum), but each row of the last
+    hidden layer's gradient reads one sample's input where only its unit is open, so the samples separate
+    there: each sample's own TD error, box, features and target Q exact (before: the paper's stages)."""
+    view, update, truth = client(batch=2, actions=(3, 3), targets=targets)
+    grads = {k: v.float() for k, v in update.tensors.items()}
+    gb = grads["head.2.bias"].double()
     assert separated_vectors(view.model, grads, error_directions(gb, dqn_actions(gb, 2))) is None
-    rec = qgi(view, update, RoomAttackConfig(iterations=2, stage1_iterations=2))
-    assert rec.action.tolist() == [3, 3] and "box" not in rec.exact and rec.iterations == 4
+    deltas, _ = exact_module.same_action_errors(view.model, grads, 3)
+    assert float(deltas[:, 3].sum()) == pytest.approx(float(gb[3]), rel=1e-6) and not deltas[:, :3].any()
+    rec = qgi(view, update, RoomAttackConfig(iterations=2))
+    m = room_metrics(rec, truth, "S2")
+    assert {"box", "features", "action", "q_target"} <= set(rec.exact) and rec.action.tolist() == [3, 3]
+    assert m["box_error"] < 1e-6 and m["q_pred_error"] < 1e-3 and m["q_target_error"] < 1e-3
+    noised = defended(update, "gaussian:1e-6", 0, 0)  # noise spreads the rows: not read that way
+    assert exact_module.same_action_errors(view.model, noised.tensors, 3) is None
 
 
 @pytest.mark.parametrize("setting,arch", [("S2", "small"), ("S1", "deep")])

@@ -8,8 +8,9 @@ What each mode recovers exactly (``RoomReconstruction.exact``):
   output is known, which separates every Linear layer's input sample by sample
   (:func:`~leaklab.attacks.rl.exact.separated_vectors`): box, features, Q̂ and Q exact; the images
   by the exact mode's image stage, each against its own features, together against the last
-  convolutions' gradients. The same action twice leaves the samples unseparated: box and images come
-  from the paper's two stages. Where one sample's TD error is under a defense's noise, the other is read
+  convolutions' gradients. The same action twice leaves the output errors dependent; on an untouched update
+  the last hidden layer's rows still tell the samples apart (:func:`~leaklab.attacks.rl.exact.same_action_errors`),
+  and where they do not, box and images come from the paper's two stages. Where one sample's TD error is under a defense's noise, the other is read
   as a single sample (:func:`~leaklab.attacks.rl.exact.dominant_sample`), the hidden one left at the
   no-information start.
 * exact, batch 2 (RGI): both samples' errors at the output from the last layer alone
@@ -31,7 +32,7 @@ import torch
 
 from leaklab.attacks.rl.config import RoomAttackConfig, RoomReconstruction
 from leaklab.attacks.rl.exact import (ExactState, dominant_sample, exact_images, exact_vectors, reinforce_batch_errors,
-                                      separated_vectors, update_feature_cosine)
+                                      same_action_errors, separated_vectors, update_feature_cosine)
 from leaklab.attacks.rl.image_convs import attack_network
 from leaklab.attacks.rl.images import gaussian_start
 from leaklab.attacks.rl.network import trace
@@ -80,16 +81,17 @@ def _outputs(net: PerceptionNet, last_input: torch.Tensor) -> torch.Tensor:
     return last_input.double() @ last.weight.detach().double().T + last.bias.detach().double()
 
 
-def _exact_read(net: PerceptionNet, grads: dict[str, torch.Tensor], errors: torch.Tensor | None, batch: int
-                ) -> tuple[ExactState | None, int]:
+def _exact_read(net: PerceptionNet, grads: dict[str, torch.Tensor], errors: torch.Tensor | None, batch: int,
+                hidden: torch.Tensor | None = None) -> tuple[ExactState | None, int]:
     """Exact mode's closed forms of an update and how many of its samples they read: one sample's
     (:func:`~leaklab.attacks.rl.exact.exact_vectors`); a batch's, separated by its samples' ``errors`` at the
-    output (:func:`~leaklab.attacks.rl.exact.separated_vectors`); else, where one sample's gradient stands
+    output, or ``hidden`` at the last hidden layer's output where the output's do not separate them
+    (:func:`~leaklab.attacks.rl.exact.separated_vectors`); else, where one sample's gradient stands
     above the noise and the other's is under it (:func:`~leaklab.attacks.rl.exact.dominant_sample`), that
     one's alone; ``(None, batch)`` where none (the paper's stages then run)."""
     if batch == 1:
         return exact_vectors(net, grads), 1
-    st = None if errors is None else separated_vectors(net, grads, errors)
+    st = None if errors is None else separated_vectors(net, grads, errors, hidden)
     if st is None and dominant_sample(net, grads):
         return exact_vectors(net, grads), 1
     return st, batch
@@ -149,8 +151,10 @@ def _qgi(net: PerceptionNet, grads: dict[str, torch.Tensor], batch: int, cfg: Ro
     start = time.perf_counter()
     gb = _last_bias(net, grads)
     taken = dqn_actions(gb, batch)
-    errors = error_directions(gb, taken)
-    state, read_batch = _exact_read(net, grads, errors, batch) if cfg.mode == "exact" else (None, batch)
+    errors, hidden = error_directions(gb, taken), None
+    if cfg.mode == "exact" and batch == 2 and int(taken[0]) == int(taken[1]):
+        errors, hidden = same_action_errors(net, grads, int(taken[0])) or (errors, None)
+    state, read_batch = _exact_read(net, grads, errors, batch, hidden) if cfg.mode == "exact" else (None, batch)
     actions = taken[:read_batch]
     if read_batch < batch:  # the other sample is under the noise: the largest entry's read alone
         errors = error_directions(gb, actions)
@@ -158,7 +162,7 @@ def _qgi(net: PerceptionNet, grads: dict[str, torch.Tensor], batch: int, cfg: Ro
         net, grads, errors, actions, cfg, progress, read_batch, state)
     if "features" in exact:  # the last layer's input is exact too
         q_pred = _outputs(net, last_input).gather(1, actions.view(-1, 1)).squeeze(1)
-        q_target = dqn_target_exact(q_pred, gb, actions, batch)
+        q_target = dqn_target_exact(q_pred, errors.gather(1, actions.view(-1, 1)).squeeze(1), batch)
         exact += (("action",) if read_batch == batch else ()) + ("q_pred", "q_target")
     else:
         if st is not None and cfg.objective != "error_direction":

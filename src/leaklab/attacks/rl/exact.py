@@ -249,8 +249,8 @@ def read_noise(errors: torch.Tensor, variance: float) -> torch.Tensor:
     return (variance * torch.linalg.inv(errors @ errors.T).diagonal()).sqrt()
 
 
-def separated_vectors(net: PerceptionNet, grads: dict[str, torch.Tensor], deltas: torch.Tensor
-                      ) -> ExactState | None:
+def separated_vectors(net: PerceptionNet, grads: dict[str, torch.Tensor], deltas: torch.Tensor,
+                      hidden: torch.Tensor | None = None) -> ExactState | None:
     """The inputs of every Linear layer for each sample of a batch whose errors at the output,
     ``deltas`` ``[B, A]``, are known (leaklab's; QGI with distinct actions: ``g_b[a_b] e_{a_b}``, eq. 7).
     A Linear layer's weight gradient is ``dW = E^T H`` for the errors ``E`` ``[B, out]`` at its output
@@ -271,12 +271,23 @@ def separated_vectors(net: PerceptionNet, grads: dict[str, torch.Tensor], deltas
     of noise on its features (leaklab's; on the 14 captured DQN and REINFORCE batches it separated behind
     σ = 1e-5 to 1e-3 the mean cosine so estimated was within 0.015 of the true one, 0.77 against 0.755 at the
     lowest; a ratio read off the residual of ``head.0``'s fit instead came out twice the true one, the
-    errors' own noise counted in). An untouched update's ratio is 0."""
+    errors' own noise counted in). An untouched update's ratio is 0. ``hidden`` ``[B, n]``: the errors at the
+    output of the last hidden Linear layer where the output errors do not separate the samples (the same action
+    twice, :func:`same_action_errors`); the layers from there down are read as above, the last layer's inputs are
+    that layer's outputs through its ReLU."""
     batch = len(deltas)
     variance, noisy = trailing_variance(last_layer_matrix(net, grads), batch)
     found: dict[str, tuple[torch.Tensor, float, torch.Tensor]] = {}
     noise = variance if noisy else None
-    head = _inputs_down(net.head, "head", grads, deltas.double(), None, None, found, noise)
+    if hidden is None:
+        head = _inputs_down(net.head, "head", grads, deltas.double(), None, None, found, noise)
+    else:  # the errors at the last hidden layer's output, its output through the ReLU to the last layer
+        last = len(net.head) - 1
+        head = _inputs_down(net.head[:last - 1], "head", grads, hidden.double(), None, None, found, noise)
+        if head is not None:
+            hid = net.head[last - 2]
+            reached = (head[1] @ hid.weight.detach().double().T + hid.bias.detach().double()).clamp_min(0)
+            found[f"head.{last}"] = (reached, 0.0, deltas.double())
     if head is None:
         return None
     errors, fused = head
@@ -290,6 +301,57 @@ def separated_vectors(net: PerceptionNet, grads: dict[str, torch.Tensor], deltas
                       last_input=found[linear_names(net)[-1]][0], feature_errors=errors[:, :count].float(),
                       untouched=exact, feature_noise=(0.0,) * batch if exact else _batch_noise_ratios(
                           features, head_errors, variance))
+
+
+SAME_ACTION_SPLIT = 1e-4  # rows of the last hidden layer read as one point within this fraction of its norm
+
+
+def same_action_errors(net: PerceptionNet, grads: dict[str, torch.Tensor], action: int
+                       ) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """The output errors ``[2, A]`` and the errors ``[2, n]`` at the last hidden Linear layer's output of a DQN
+    batch of two that took the same ``action`` (leaklab's; seed 000's eq. 7 tells only the sum of the two errors
+    then, and its last layer's gradient is one blend of the two inputs). Each sample's error at that layer's output
+    is ``δ_b w ⊙ m_b``, with ``w`` the last layer's row of the action, ``δ_b`` the sample's error there and ``m_b``
+    its ReLU support, so row ``i`` of that layer's gradient is ``w_i Σ_b δ_b m_bi x_b`` and its bias gradient
+    ``w_i Σ_b δ_b m_bi``: each row's closed-form reading ``dW_i / db_i`` is ``x_0`` where only the first sample's
+    unit is open, ``x_1`` where only the second's, their blend where both are, and ``db_i / w_i`` is ``δ_0``,
+    ``δ_1`` or ``δ_0 + δ_1``, the last layer's bias gradient at the action. The rows fall into those three points
+    (within :data:`SAME_ACTION_SPLIT`); the one whose ratio is the bias gradient's is the blend, the other two give
+    each sample's ``δ_b`` and support. None where the head does not end ``Linear, ReLU, Linear``, the rows do not
+    fall into three such points (noise spreads them; a sample whose error is under that fraction of the other's
+    merges with the blend) or the ratios do not add up."""
+    last = len(net.head) - 1
+    if last < 2 or not isinstance(net.head[last - 1], nn.ReLU) or not isinstance(net.head[last - 2], nn.Linear):
+        return None
+    name = f"head.{last - 2}"
+    if grads.get(f"{name}.bias") is None:
+        return None
+    dw, db = grads[f"{name}.weight"].double(), grads[f"{name}.bias"].double()
+    w = net.head[last].weight.detach()[action].double()
+    rows = torch.nonzero((db != 0) & (w != 0)).squeeze(1)
+    readings, ratios = dw[rows] / db[rows, None], db[rows] / w[rows]
+    points: list[torch.Tensor] = []
+    left = torch.ones(len(rows), dtype=torch.bool)
+    while bool(left.any()) and len(points) < 4:
+        centre = readings[int(torch.nonzero(left)[0])]
+        near = left & ((readings - centre).norm(dim=1) <= SAME_ACTION_SPLIT * centre.norm())
+        points.append(near)
+        left &= ~near
+    if len(points) != 3:
+        return None
+    total = float(grads[f"head.{last}.bias"].double()[action])
+    mean = [float(ratios[p].mean()) for p in points]
+    blend = min(range(3), key=lambda k: abs(mean[k] - total))
+    first, second = (k for k in range(3) if k != blend)
+    if not max(abs(mean[first] + mean[second] - total), abs(mean[blend] - total)) <= SAME_ACTION_SPLIT * abs(total):
+        return None
+    support = torch.zeros(2, len(w), dtype=torch.bool)
+    for b, k in enumerate((first, second)):
+        support[b, rows[points[k] | points[blend]]] = True
+    own = torch.tensor([mean[first], mean[second]], dtype=torch.float64)
+    deltas = torch.zeros(2, net.head[last].out_features, dtype=torch.float64)
+    deltas[:, action] = own
+    return deltas, own[:, None] * w * support
 
 
 def _batch_noise_ratios(features: torch.Tensor, errors: torch.Tensor, variance: float) -> tuple[float, ...]:

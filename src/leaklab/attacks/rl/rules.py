@@ -36,11 +36,10 @@ def error_directions(grad_b: torch.Tensor, actions: torch.Tensor) -> torch.Tenso
     return e
 
 
-def dqn_target_exact(q_pred: torch.Tensor, grad_b: torch.Tensor, actions: torch.Tensor, batch: int
-                     ) -> torch.Tensor:
-    """``g_b[a] = 2 (Q̂ − Q) / B`` for a sample alone on its action in a batch of ``batch``, so
-    ``Q = Q̂ − B g_b[a] / 2``."""
-    return q_pred - batch * grad_b[actions] / 2
+def dqn_target_exact(q_pred: torch.Tensor, own: torch.Tensor, batch: int) -> torch.Tensor:
+    """Each sample's own error at its action in a batch of ``batch`` is ``own = 2 (Q̂ − Q) / B`` (``g_b[a]`` for a
+    sample alone on its action), so ``Q = Q̂ − B own / 2``."""
+    return q_pred - batch * own / 2
 
 
 def dqn_target_paper(q_pred: torch.Tensor, grad_b: torch.Tensor, actions: torch.Tensor,
