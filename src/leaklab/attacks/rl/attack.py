@@ -8,9 +8,10 @@ What each mode recovers exactly (``RoomReconstruction.exact``):
   output is known, which separates every Linear layer's input sample by sample
   (:func:`~leaklab.attacks.rl.exact.separated_vectors`): box, features, Q̂ and Q exact; the images
   by the exact mode's image stage, each against its own features, together against the last
-  convolutions' gradients. The same action twice leaves the output errors dependent; on an untouched update
-  the last hidden layer's rows still tell the samples apart (:func:`~leaklab.attacks.rl.exact.same_action_errors`),
-  and where they do not, box and images come from the paper's two stages. Where one sample's TD error is under a defense's noise, the other is read
+  convolutions' gradients. The same action twice leaves the output errors dependent; on an untouched
+  update the last hidden layer's rows still tell the samples apart
+  (:func:`~leaklab.attacks.rl.exact.same_action_errors`), and where they do not, box and images come from
+  the paper's two stages. Where one sample's TD error is under a defense's noise, the other is read
   as a single sample (:func:`~leaklab.attacks.rl.exact.dominant_sample`), the hidden one left at the
   no-information start.
 * exact, batch 2 (RGI): both samples' errors at the output from the last layer alone

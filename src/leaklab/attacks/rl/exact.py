@@ -262,7 +262,7 @@ def separated_vectors(net: PerceptionNet, grads: dict[str, torch.Tensor], deltas
     single-sample rule of :func:`exact_vectors` reads, sample by sample; the boxes are fitted to every layer
     they feed (:func:`~leaklab.attacks.rl.box_fit.fitted_batch_box`). The update counts as
     untouched when ``head.0``'s weight gradient is ``E^T H`` to within :data:`UNTOUCHED`. None when
-    some layer's errors are dependent (the same action twice) or the head or box branch holds other
+    some layer's errors are dependent (the same action twice, without ``hidden``) or the head or box branch holds other
     modules than Linear and ReLU. Behind noise (the last layer's gradient not of rank ``B``) the ReLU
     supports are read sample by sample, each against the noise on its own entries (:func:`relu_open`,
     :func:`read_noise`), and the features' noise ratio is that of the
