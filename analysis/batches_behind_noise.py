@@ -26,7 +26,7 @@ import torch.nn.functional as F
 
 from leaklab.attacks.rl import RoomAttackConfig
 from leaklab.attacks.rl.exact import reinforce_batch_errors, separated_vectors
-from leaklab.attacks.rl.rules import dqn_actions, error_directions
+from leaklab.attacks.rl.same_action import exact_dqn_errors
 from leaklab.experiments import room_attack
 from leaklab.experiments.attack_pool import _attack_one
 from leaklab.experiments.room_verdicts import image_gains
@@ -46,12 +46,12 @@ def _true_cosine(config: room_attack.RoomRunConfig, state: dict, sample: room_at
     update = defended(sample.update, chain, config.seed, sample.index)
     net = make_view(config.spec, state, update.metadata).model
     grads = {k: v.detach().float() for k, v in update.tensors.items()}
+    hidden = None
     if config.algorithm == "qgi":
-        last = grads[f"head.{len(net.head) - 1}.bias"]
-        deltas = error_directions(last, dqn_actions(last, len(sample.truth["action"])))
+        _, deltas, hidden = exact_dqn_errors(net, grads, len(sample.truth["action"]))
     else:
         deltas = reinforce_batch_errors(net, grads)
-    st = None if deltas is None else separated_vectors(net, grads, deltas)
+    st = None if deltas is None else separated_vectors(net, grads, deltas, hidden)
     if st is None:
         return None
     with torch.no_grad():

@@ -15,8 +15,8 @@ def captures(description: str, algorithms: tuple[str, ...], defenses: str,
              options: Callable[[argparse.ArgumentParser], None] | None = None
              ) -> tuple[argparse.Namespace, room_attack.RoomRunConfig, dict, list[room_attack.Sample]]:
     """Parse ``--algorithm`` (one of ``algorithms``), ``--setting``, ``--arch``, ``--samples``, ``--layouts``,
-    ``--batch-size``, ``--defenses`` (``;``-separated chains, default ``defenses``) and what ``options`` adds
-    to the parser; capture the updates."""
+    ``--batch-size``, ``--defenses`` (``;``-separated chains, default ``defenses``), ``--only`` (the indices of the
+    captured updates to keep) and what ``options`` adds to the parser; capture the updates."""
     parser = argparse.ArgumentParser(description=description)
     if options:
         options(parser)
@@ -27,9 +27,13 @@ def captures(description: str, algorithms: tuple[str, ...], defenses: str,
     parser.add_argument("--layouts", default="12")
     parser.add_argument("--defenses", default=defenses)
     parser.add_argument("--batch-size", type=int, default=1, choices=(1, 2))
+    parser.add_argument("--only", default="", help="comma-separated sample indices to keep (default: all)")
     args = parser.parse_args()
     config = room_attack.RoomRunConfig(algorithm=args.algorithm, setting=args.setting, arch=args.arch,
                                        samples=args.samples, layouts=layouts_arg(args.layouts),
                                        batch_size=args.batch_size)
     state, samples = room_attack.capture_samples(config)
+    if args.only:
+        keep = {int(i) for i in args.only.split(",")}
+        samples = [s for s in samples if s.index in keep]
     return args, config, state, samples

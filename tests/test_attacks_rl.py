@@ -17,6 +17,7 @@ from leaklab.attacks.rl import layerwise as layerwise_module
 from leaklab.attacks.rl.images import modality_tv
 from leaklab.attacks.rl.layerwise import penultimate_activations
 from leaklab.attacks.rl.network import GradientStats, cosine_loss, trace
+from leaklab.attacks.rl.same_action import exact_dqn_errors, same_action_errors
 from leaklab.attacks.rl.rules import (dqn_actions, entropy_bias_gradient, error_directions,
                                      reinforce_action_reward)
 from leaklab.errors import LeaklabError
@@ -351,8 +352,8 @@ def test_rgi_reads_the_sample_a_batch_shows_behind_noise_under_the_last_layers_t
 def test_qgi_reads_the_sample_a_batch_shows_when_the_others_td_error_is_under_the_noise():
     """A DQN batch of two whose second TD error (1e-4) is under the noise: the last layer does not separate the
     samples, so the first is read alone (action, box, target Q) and the other left at the no-information start
-    but for its action (its zero box scores no IoU); a batch whose samples took the same action is left to the
-    paper's stages (a blend of the two is not read as one sample)."""
+    but for its action (its zero box scores no IoU); a batch whose samples took the same action is read as two
+    (a blend of the two is not read as one sample)."""
     q_pred = client(batch=2)[2]["q_pred"]
     view, update, truth = client(batch=2, targets=(0.7, float(q_pred[1]) + 1e-4))
     for sigma in (1e-5, 1e-4):
@@ -367,8 +368,8 @@ def test_qgi_reads_the_sample_a_batch_shows_when_the_others_td_error_is_under_th
     out_of_view = {**truth, "box": truth["box"] * torch.tensor([[1.0], [0.0]])}
     assert [m["box_iou"] for _, m in transition_metrics(rec, out_of_view, "S2")] == [pytest.approx(1, abs=0.01), 0.0]
     same = client(batch=2, actions=(3, 3))
-    cfg = RoomAttackConfig(iterations=2, stage1_iterations=2)
-    assert "features" not in qgi(same[0], defended(same[1], "gaussian:1e-5", 0, 0), cfg).exact
+    rec = qgi(same[0], defended(same[1], "gaussian:1e-5", 0, 0), RoomAttackConfig(iterations=2))
+    assert rec.read is None and rec.feature_cosine == pytest.approx(1, abs=1e-3)
 
 
 @pytest.mark.parametrize("attack", [qgi, rgi])
@@ -507,14 +508,44 @@ def test_qgi_exact_batch_with_one_action_twice_separates_at_the_last_hidden_laye
     grads = {k: v.float() for k, v in update.tensors.items()}
     gb = grads["head.2.bias"].double()
     assert separated_vectors(view.model, grads, error_directions(gb, dqn_actions(gb, 2))) is None
-    deltas, _ = exact_module.same_action_errors(view.model, grads, 3)
+    deltas, _ = same_action_errors(view.model, grads, torch.tensor([3, 3]))
     assert float(deltas[:, 3].sum()) == pytest.approx(float(gb[3]), rel=1e-6) and not deltas[:, :3].any()
     rec = qgi(view, update, RoomAttackConfig(iterations=2))
     m = room_metrics(rec, truth, "S2")
     assert {"box", "features", "action", "q_target"} <= set(rec.exact) and rec.action.tolist() == [3, 3]
     assert m["box_error"] < 1e-6 and m["q_pred_error"] < 1e-3 and m["q_target_error"] < 1e-3
-    noised = defended(update, "gaussian:1e-6", 0, 0)  # noise spreads the rows: not read that way
-    assert exact_module.same_action_errors(view.model, noised.tensors, 3) is None
+
+
+@pytest.mark.parametrize("sigma", [1e-5, 1e-3])
+def test_qgi_exact_batch_with_one_action_twice_separates_behind_noise(sigma):
+    """Behind noise eq. 7's second action is an entry of the noise and the last hidden layer's rows scatter around
+    the corners of the samples' parallelogram: the fit reads each sample's TD error, and the attack both actions
+    and the boxes (before: the noise's entry taken for the second action, the paper's stages)."""
+    view, update, truth = client(batch=2, actions=(3, 3))
+    noised = defended(update, f"gaussian:{sigma}", 0, 0)
+    assert dqn_actions(noised.tensors["head.2.bias"].double(), 2).tolist()[1] != 3
+    taken, errors, hidden = exact_dqn_errors(view.model, noised.tensors, 2)
+    assert taken.tolist() == [3, 3] and hidden is not None
+    own = (truth["q_pred"] - truth["q_target"]).double()  # each sample's 2 (Q̂ − Q) / B
+    assert sorted(errors[:, 3].tolist()) == pytest.approx(sorted(own.tolist()), abs=10 * sigma)
+    rec = qgi(view, noised, RoomAttackConfig(iterations=2))
+    assert "features" in rec.exact and rec.action.tolist() == [3, 3]
+    assert room_metrics(rec, truth, "S2")["box_iou"] > 0.9
+
+
+def test_a_batch_of_two_actions_is_not_read_as_one_action_twice():
+    """Two actions' rows of the last hidden layer, each divided by one action's weights, fall onto no
+    parallelogram: the fit's residual stands over the noise's. A sample whose error is under the noise, its action's
+    entry within it, is no second sample of the other's action: its TD error is under the noise too."""
+    view, update, truth = client(batch=2, actions=(3, 5))
+    noised = defended(update, "gaussian:1e-4", 0, 0)
+    assert same_action_errors(view.model, noised.tensors, torch.tensor([3, 3])) is None
+    close = (0.7, float(truth["q_pred"][1]) - 1e-4)  # the second sample's error 1e-4
+    view, update, truth = client(batch=2, actions=(3, 5), targets=close)
+    noised = defended(update, "gaussian:1e-4", 0, 0)
+    taken = dqn_actions(noised.tensors["head.2.bias"].double(), 2)
+    assert int(taken[1]) != 3 and same_action_errors(view.model, noised.tensors, taken) is None
+    assert qgi(view, noised, RoomAttackConfig(iterations=2)).read.tolist() == [True, False]
 
 
 @pytest.mark.parametrize("setting,arch", [("S2", "small"), ("S1", "deep")])

@@ -8,10 +8,10 @@ What each mode recovers exactly (``RoomReconstruction.exact``):
   output is known, which separates every Linear layer's input sample by sample
   (:func:`~leaklab.attacks.rl.exact.separated_vectors`): box, features, Q̂ and Q exact; the images
   by the exact mode's image stage, each against its own features, together against the last
-  convolutions' gradients. The same action twice leaves the output errors dependent; on an untouched
-  update the last hidden layer's rows still tell the samples apart
-  (:func:`~leaklab.attacks.rl.exact.same_action_errors`), and where they do not, box and images come from
-  the paper's two stages. Where one sample's TD error is under a defense's noise, the other is read
+  convolutions' gradients. The same action twice (behind noise, eq. 7's second action an entry of the
+  noise) leaves the output errors dependent; the last hidden layer's rows still tell the samples apart
+  (:func:`~leaklab.attacks.rl.same_action.same_action_errors`), and where they do not, box and images come
+  from the paper's two stages. Where one sample's TD error is under a defense's noise, the other is read
   as a single sample (:func:`~leaklab.attacks.rl.exact.dominant_sample`), the hidden one left at the
   no-information start.
 * exact, batch 2 (RGI): both samples' errors at the output from the last layer alone
@@ -33,7 +33,7 @@ import torch
 
 from leaklab.attacks.rl.config import RoomAttackConfig, RoomReconstruction
 from leaklab.attacks.rl.exact import (ExactState, dominant_sample, exact_images, exact_vectors, reinforce_batch_errors,
-                                      same_action_errors, separated_vectors, update_feature_cosine)
+                                      separated_vectors, update_feature_cosine)
 from leaklab.attacks.rl.image_convs import attack_network
 from leaklab.attacks.rl.images import gaussian_start
 from leaklab.attacks.rl.network import trace
@@ -41,6 +41,7 @@ from leaklab.attacks.rl.optim import Progress
 from leaklab.attacks.rl.paper import PaperState, last_layer_input, last_layer_norm_ratio, paper_state
 from leaklab.attacks.rl.rules import (dqn_actions, dqn_target_exact, dqn_target_paper,
                                       error_directions, reinforce_action_reward)
+from leaklab.attacks.rl.same_action import exact_dqn_errors
 from leaklab.errors import LeaklabError, NoSignal
 from leaklab.models.perception import PerceptionNet, PerceptionSpec
 from leaklab.threat import ClientUpdate, ServerView
@@ -151,10 +152,11 @@ def _qgi(net: PerceptionNet, grads: dict[str, torch.Tensor], batch: int, cfg: Ro
          progress: Progress | None) -> RoomReconstruction:
     start = time.perf_counter()
     gb = _last_bias(net, grads)
-    taken = dqn_actions(gb, batch)
-    errors, hidden = error_directions(gb, taken), None
-    if cfg.mode == "exact" and batch == 2 and int(taken[0]) == int(taken[1]):
-        errors, hidden = same_action_errors(net, grads, int(taken[0])) or (errors, None)
+    if cfg.mode == "exact":
+        taken, errors, hidden = exact_dqn_errors(net, grads, batch)
+    else:
+        taken = dqn_actions(gb, batch)
+        errors, hidden = error_directions(gb, taken), None
     state, read_batch = _exact_read(net, grads, errors, batch, hidden) if cfg.mode == "exact" else (None, batch)
     actions = taken[:read_batch]
     if read_batch < batch:  # the other sample is under the noise: the largest entry's read alone

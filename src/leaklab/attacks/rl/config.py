@@ -63,8 +63,10 @@ EXACT_ONLY = ("tv_final", "feature_weight", "gradient_weight", "layerwise")  # f
 # batch's, ``box_fit.fitted_batch_box``, one sample's and those of every batch whose last layer shows noise
 # unchanged; 19: a batch whose second sample is within 10 times of noise too weak for the last layer's test
 # reads its other sample alone, ``exact.dominant_sample``, only such batches' results changed; 20: an untouched
-# DQN batch of two with the same action separated by its last hidden layer's rows, ``exact.same_action_errors``,
-# only such batches' results changed); paper mode's 2:
+# DQN batch of two with the same action separated by its last hidden layer's rows, ``same_action_errors`` (then in
+# ``exact``), only such batches' results changed; 21: such a batch behind noise, whose second action by eq. 7 is an
+# entry of the noise, separated by a parallelogram fitted to those rows, ``same_action._fitted_points``, only such
+# batches' results changed); paper mode's 2:
 # stage 1 starts again when its match ends under a cosine of 0.999; 3: the image convolutions as exact mode's 8;
 # 4: a single sample's update read for the features it lets through, ``exact.update_feature_cosine``, as exact
 # mode reads it, the reconstruction unchanged to the bit).
@@ -72,7 +74,7 @@ EXACT_ONLY = ("tv_final", "feature_weight", "gradient_weight", "layerwise")  # f
 # images' gradient does not depend on how the loss's terms are grouped.
 # The bordered factor kept in blocks (session 12) solves in another order: its float64 activations
 # move by ~1e-14 and came out the same in float32, so all 16 rows of 8 S1 and 8 S2 QGI attacks did.
-METHOD_VERSION = {"exact": 20, "paper": 4}
+METHOD_VERSION = {"exact": 21, "paper": 4}
 
 
 class RoomAttackConfig(BaseModel):

@@ -273,8 +273,8 @@ def separated_vectors(net: PerceptionNet, grads: dict[str, torch.Tensor], deltas
     lowest; a ratio read off the residual of ``head.0``'s fit instead came out twice the true one, the
     errors' own noise counted in). An untouched update's ratio is 0. ``hidden`` ``[B, n]``: the errors at the
     output of the last hidden Linear layer where the output errors do not separate the samples (the same action
-    twice, :func:`same_action_errors`); the layers from there down are read as above, the last layer's inputs are
-    that layer's outputs through its ReLU."""
+    twice, :func:`~leaklab.attacks.rl.same_action.same_action_errors`); the layers from there down are read as
+    above, the last layer's inputs are that layer's outputs through its ReLU."""
     batch = len(deltas)
     variance, noisy = trailing_variance(last_layer_matrix(net, grads), batch)
     found: dict[str, tuple[torch.Tensor, float, torch.Tensor]] = {}
@@ -301,57 +301,6 @@ def separated_vectors(net: PerceptionNet, grads: dict[str, torch.Tensor], deltas
                       last_input=found[linear_names(net)[-1]][0], feature_errors=errors[:, :count].float(),
                       untouched=exact, feature_noise=(0.0,) * batch if exact else _batch_noise_ratios(
                           features, head_errors, variance))
-
-
-SAME_ACTION_SPLIT = 1e-4  # rows of the last hidden layer read as one point within this fraction of its norm
-
-
-def same_action_errors(net: PerceptionNet, grads: dict[str, torch.Tensor], action: int
-                       ) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """The output errors ``[2, A]`` and the errors ``[2, n]`` at the last hidden Linear layer's output of a DQN
-    batch of two that took the same ``action`` (leaklab's; seed 000's eq. 7 tells only the sum of the two errors
-    then, and its last layer's gradient is one blend of the two inputs). Each sample's error at that layer's output
-    is ``δ_b w ⊙ m_b``, with ``w`` the last layer's row of the action, ``δ_b`` the sample's error there and ``m_b``
-    its ReLU support, so row ``i`` of that layer's gradient is ``w_i Σ_b δ_b m_bi x_b`` and its bias gradient
-    ``w_i Σ_b δ_b m_bi``: each row's closed-form reading ``dW_i / db_i`` is ``x_0`` where only the first sample's
-    unit is open, ``x_1`` where only the second's, their blend where both are, and ``db_i / w_i`` is ``δ_0``,
-    ``δ_1`` or ``δ_0 + δ_1``, the last layer's bias gradient at the action. The rows fall into those three points
-    (within :data:`SAME_ACTION_SPLIT`); the one whose ratio is the bias gradient's is the blend, the other two give
-    each sample's ``δ_b`` and support. None where the head does not end ``Linear, ReLU, Linear``, the rows do not
-    fall into three such points (noise spreads them; a sample whose error is under that fraction of the other's
-    merges with the blend) or the ratios do not add up."""
-    last = len(net.head) - 1
-    if last < 2 or not isinstance(net.head[last - 1], nn.ReLU) or not isinstance(net.head[last - 2], nn.Linear):
-        return None
-    name = f"head.{last - 2}"
-    if grads.get(f"{name}.bias") is None:
-        return None
-    dw, db = grads[f"{name}.weight"].double(), grads[f"{name}.bias"].double()
-    w = net.head[last].weight.detach()[action].double()
-    rows = torch.nonzero((db != 0) & (w != 0)).squeeze(1)
-    readings, ratios = dw[rows] / db[rows, None], db[rows] / w[rows]
-    points: list[torch.Tensor] = []
-    left = torch.ones(len(rows), dtype=torch.bool)
-    while bool(left.any()) and len(points) < 4:
-        centre = readings[int(torch.nonzero(left)[0])]
-        near = left & ((readings - centre).norm(dim=1) <= SAME_ACTION_SPLIT * centre.norm())
-        points.append(near)
-        left &= ~near
-    if len(points) != 3:
-        return None
-    total = float(grads[f"head.{last}.bias"].double()[action])
-    mean = [float(ratios[p].mean()) for p in points]
-    blend = min(range(3), key=lambda k: abs(mean[k] - total))
-    first, second = (k for k in range(3) if k != blend)
-    if not max(abs(mean[first] + mean[second] - total), abs(mean[blend] - total)) <= SAME_ACTION_SPLIT * abs(total):
-        return None
-    support = torch.zeros(2, len(w), dtype=torch.bool)
-    for b, k in enumerate((first, second)):
-        support[b, rows[points[k] | points[blend]]] = True
-    own = torch.tensor([mean[first], mean[second]], dtype=torch.float64)
-    deltas = torch.zeros(2, net.head[last].out_features, dtype=torch.float64)
-    deltas[:, action] = own
-    return deltas, own[:, None] * w * support
 
 
 def _batch_noise_ratios(features: torch.Tensor, errors: torch.Tensor, variance: float) -> tuple[float, ...]:
