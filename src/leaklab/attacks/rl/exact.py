@@ -392,10 +392,12 @@ def dominant_sample(net: PerceptionNet, grads: dict[str, torch.Tensor]) -> bool:
     took the same action: their errors at the output are parallel, so its last layer is one sample's, of a blend of
     the two inputs, but ``head.0`` shows the second sample (its residual 930 and 300 times the last layer's on a
     captured REINFORCE and DQN batch behind σ = 1e-5, 17 and 4 behind 1e-4; behind 1e-3, 1.15, over the 1.144
-    allowed there, and 1.03, so the DQN batch's blend is read). Noise of σ = 1e-7 stays under ``UNTOUCHED`` in the
-    last layer, and a zero return's entropy term (1e-6 to 3.4e-6 of the first singular value on 4 captured batches)
-    within 5 times of it: until exact method version 19 any second singular value over ``UNTOUCHED`` so counted as
-    two samples' exact gradient, and those 4 batches read nothing where behind 1e-5 their other sample shows."""
+    allowed there, and 1.03, so the DQN batch's blend would be read; since exact method version 21
+    :func:`~leaklab.attacks.rl.same_action.same_action_errors` separates that batch first). Noise of σ = 1e-7
+    stays under ``UNTOUCHED`` in the last layer, and a zero return's entropy term (1e-6 to 3.4e-6 of the first
+    singular value on 4 captured batches) within 5 times of it: until exact method version 19 any second singular
+    value over ``UNTOUCHED`` so counted as two samples' exact gradient, and those 4 batches read nothing where behind
+    1e-5 their other sample shows."""
     m = last_layer_matrix(net, grads)
     s = torch.linalg.svdvals(m)
     if len(s) < 3 or not float(s[0]) > BATCH_RANK * float(s[1]):
