@@ -11,6 +11,11 @@ from leaklab.experiments import room_attack
 from leaklab.rl.envs.layouts import layouts_arg
 
 
+def indices(text: str) -> set[int]:
+    """``--only``'s comma-separated indices."""
+    return {int(i) for i in text.split(",")}
+
+
 def captures(description: str, algorithms: tuple[str, ...], defenses: str,
              options: Callable[[argparse.ArgumentParser], None] | None = None
              ) -> tuple[argparse.Namespace, room_attack.RoomRunConfig, dict, list[room_attack.Sample]]:
@@ -27,13 +32,14 @@ def captures(description: str, algorithms: tuple[str, ...], defenses: str,
     parser.add_argument("--layouts", default="12")
     parser.add_argument("--defenses", default=defenses)
     parser.add_argument("--batch-size", type=int, default=1, choices=(1, 2))
-    parser.add_argument("--only", default="", help="comma-separated sample indices to keep (default: all)")
+    parser.add_argument("--only", type=indices, default=None,
+                        help="comma-separated sample indices to keep (default: all)")
     args = parser.parse_args()
+    keep = set(range(args.samples)) if args.only is None else args.only
+    if not keep <= set(range(args.samples)):
+        parser.error(f"--only: the captured updates are 0 to {args.samples - 1}")
     config = room_attack.RoomRunConfig(algorithm=args.algorithm, setting=args.setting, arch=args.arch,
                                        samples=args.samples, layouts=layouts_arg(args.layouts),
                                        batch_size=args.batch_size)
     state, samples = room_attack.capture_samples(config)
-    if args.only:
-        keep = {int(i) for i in args.only.split(",")}
-        samples = [s for s in samples if s.index in keep]
-    return args, config, state, samples
+    return args, config, state, [s for s in samples if s.index in keep]
