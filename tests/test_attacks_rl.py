@@ -508,7 +508,7 @@ def test_qgi_exact_batch_with_one_action_twice_separates_at_the_last_hidden_laye
     grads = {k: v.float() for k, v in update.tensors.items()}
     gb = grads["head.2.bias"].double()
     assert separated_vectors(view.model, grads, error_directions(gb, dqn_actions(gb, 2))) is None
-    deltas, _ = same_action_errors(view.model, grads, torch.tensor([3, 3]))
+    deltas, _ = same_action_errors(view.model, grads, 3)
     assert float(deltas[:, 3].sum()) == pytest.approx(float(gb[3]), rel=1e-6) and not deltas[:, :3].any()
     rec = qgi(view, update, RoomAttackConfig(iterations=2))
     m = room_metrics(rec, truth, "S2")
@@ -536,15 +536,16 @@ def test_qgi_exact_batch_with_one_action_twice_separates_behind_noise(sigma):
 def test_a_batch_of_two_actions_is_not_read_as_one_action_twice():
     """Two actions' rows of the last hidden layer, each divided by one action's weights, fall onto no
     parallelogram: the fit's residual stands over the noise's. A sample whose error is under the noise, its action's
-    entry within it, is no second sample of the other's action: its TD error is under the noise too."""
+    entry within it, is no second sample of the other's action (its TD error is under the noise too), and the
+    noise's entry is no sample's error: the other sample is read alone."""
     view, update, truth = client(batch=2, actions=(3, 5))
     noised = defended(update, "gaussian:1e-4", 0, 0)
-    assert same_action_errors(view.model, noised.tensors, torch.tensor([3, 3])) is None
+    assert same_action_errors(view.model, noised.tensors, 3) is None
     close = (0.7, float(truth["q_pred"][1]) - 1e-4)  # the second sample's error 1e-4
     view, update, truth = client(batch=2, actions=(3, 5), targets=close)
     noised = defended(update, "gaussian:1e-4", 0, 0)
-    taken = dqn_actions(noised.tensors["head.2.bias"].double(), 2)
-    assert int(taken[1]) != 3 and same_action_errors(view.model, noised.tensors, taken) is None
+    taken, errors, hidden = exact_dqn_errors(view.model, noised.tensors, 2)
+    assert int(taken[1]) != 3 and errors is None and hidden is None
     assert qgi(view, noised, RoomAttackConfig(iterations=2)).read.tolist() == [True, False]
 
 

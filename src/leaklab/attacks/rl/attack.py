@@ -11,9 +11,10 @@ What each mode recovers exactly (``RoomReconstruction.exact``):
   convolutions' gradients. The same action twice (behind noise, eq. 7's second action an entry of the
   noise) leaves the output errors dependent; the last hidden layer's rows still tell the samples apart
   (:func:`~leaklab.attacks.rl.same_action.same_action_errors`), and where they do not, box and images come
-  from the paper's two stages. Where one sample's TD error is under a defense's noise, the other is read
-  as a single sample (:func:`~leaklab.attacks.rl.exact.dominant_sample`), the hidden one left at the
-  no-information start.
+  from the paper's two stages (a second action within the noise is read as no sample's,
+  :func:`~leaklab.attacks.rl.same_action.exact_dqn_errors`). Where one sample's TD error is under a defense's
+  noise, the other is read as a single sample (:func:`~leaklab.attacks.rl.exact.dominant_sample`), the hidden
+  one left at the no-information start.
 * exact, batch 2 (RGI): both samples' errors at the output from the last layer alone
   (:func:`~leaklab.attacks.rl.exact.reinforce_batch_errors`), then as QGI's batch 2: box, features,
   probabilities exact; each sample's action and reward by IV-D's rules on its own error. Where one
@@ -159,7 +160,7 @@ def _qgi(net: PerceptionNet, grads: dict[str, torch.Tensor], batch: int, cfg: Ro
         errors, hidden = error_directions(gb, taken), None
     state, read_batch = _exact_read(net, grads, errors, batch, hidden) if cfg.mode == "exact" else (None, batch)
     actions = taken[:read_batch]
-    if read_batch < batch:  # the other sample is under the noise: the largest entry's read alone
+    if read_batch < batch or errors is None:  # the largest entry's read alone, or the paper's stages read eq. 7's
         errors = error_directions(gb, actions)
     box, images, last_input, st, iterations, exact, read = _images_and_state(
         net, grads, errors, actions, cfg, progress, read_batch, state)

@@ -65,8 +65,9 @@ EXACT_ONLY = ("tv_final", "feature_weight", "gradient_weight", "layerwise")  # f
 # reads its other sample alone, ``exact.dominant_sample``, only such batches' results changed; 20: an untouched
 # DQN batch of two with the same action separated by its last hidden layer's rows, ``same_action_errors`` (then in
 # ``exact``), only such batches' results changed; 21: such a batch behind noise, whose second action by eq. 7 is an
-# entry of the noise, separated by a parallelogram fitted to those rows, ``same_action._fitted_points``, only such
-# batches' results changed); paper mode's 2:
+# entry of the noise, separated by a parallelogram fitted to those rows, ``same_action._fitted_points``, and such an
+# entry read as no sample's error where they do not separate, ``same_action.exact_dqn_errors``, only such batches'
+# results changed); paper mode's 2:
 # stage 1 starts again when its match ends under a cosine of 0.999; 3: the image convolutions as exact mode's 8;
 # 4: a single sample's update read for the features it lets through, ``exact.update_feature_cosine``, as exact
 # mode reads it, the reconstruction unchanged to the bit).
