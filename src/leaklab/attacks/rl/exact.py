@@ -318,15 +318,16 @@ def last_layer_matrix(net: PerceptionNet, grads: dict[str, torch.Tensor]) -> tor
     return torch.cat([grads[f"head.{last}.weight"], grads[f"head.{last}.bias"].unsqueeze(1)], 1).double()
 
 
-def trailing_variance(matrix: torch.Tensor, rank: int) -> tuple[float, bool]:
+def trailing_variance(matrix: torch.Tensor, rank: int, singular: torch.Tensor | None = None) -> tuple[float, bool]:
     """The variance per entry of the noise on a gradient matrix whose signal has rank ``rank``, and whether
     there is any: the squared singular values beyond the first ``rank`` over the ``(rows − rank)(cols − rank)``
     dimensions they span (leaklab's), and whether the first of them exceeds :data:`UNTOUCHED` of the largest
-    (float32 rounding: about 5e-9). ``(0, False)`` where the matrix has no more than ``rank`` rows or columns."""
+    (float32 rounding: about 5e-9). ``(0, False)`` where the matrix has no more than ``rank`` rows or columns.
+    ``singular``: the matrix's singular values where the caller has them already."""
     rows, cols = matrix.shape
     if min(rows, cols) <= rank:
         return 0.0, False
-    s = torch.linalg.svdvals(matrix)
+    s = torch.linalg.svdvals(matrix) if singular is None else singular
     return float((s[rank:] ** 2).sum()) / ((rows - rank) * (cols - rank)), float(s[rank]) > UNTOUCHED * float(s[0])
 
 

@@ -130,9 +130,9 @@ def _fitted_points(dw: torch.Tensor, db: torch.Tensor, w: torch.Tensor
     noise: :func:`~leaklab.attacks.rl.exact.dominant_sample` reads the other)."""
     rows = torch.nonzero(w != 0).squeeze(1)
     m = torch.cat([dw, db[:, None]], 1)[rows]
-    variance, _ = trailing_variance(m, 2)
+    u, s, vt = torch.linalg.svd(m, full_matrices=False)
+    variance, _ = trailing_variance(m, 2, s)
     y, weight = m / w[rows, None], w[rows].square()
-    u, _, vt = torch.linalg.svd(m, full_matrices=False)
     plane = y @ vt[:2].T
     top = torch.argsort(weight * plane.square().sum(1), descending=True)[:FIT_ROWS]
     i, j = torch.triu_indices(len(top), len(top), 1)
