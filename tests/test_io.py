@@ -14,7 +14,8 @@ from leaklab.experiments.capture import CaptureConfig, capture, write
 from leaklab.cases import load_case, load_truth
 from leaklab.io import (AUDIT_FORMAT, BAYES_TABLE2_FORMAT, REPRODUCTION_FORMAT, ROOM_ATTACK_FORMAT, UPDATE_FILE,
                         UPDATE_JSON, VIEW_FILE, VIEW_FORMAT, atomic_dir, check_out, json_line, load_tensors,
-                        make_out_dir, new_run_dir, read_config, read_json, save_tensors, write_json)
+                        make_out_dir, new_run_dir, read_config, read_json, save_tensors, tensor_file_metadata,
+                        write_json)
 
 torch.set_num_threads(1)
 
@@ -395,6 +396,27 @@ def test_a_yaml_config_with_infinity_is_refused(tmp_path):
     (tmp_path / "c.yaml").write_text("lr: .inf\n")
     with pytest.raises(LeaklabError, match="non-finite"):
         read_config(tmp_path / "c.yaml")
+
+
+@pytest.mark.parametrize("text, words", [("lr: [1, 2\n", "not valid YAML"), ("[" * 5000 + "]" * 5000, "nests too deeply"),
+                                         (b"lr: \xff\n", "cannot be read")])
+def test_a_broken_yaml_config_is_one_error(tmp_path, text, words):
+    path = tmp_path / "c.yaml"
+    path.write_bytes(text if isinstance(text, bytes) else text.encode())
+    with pytest.raises(LeaklabError, match=words):
+        read_config(path)
+    with pytest.raises(LeaklabError, match="missing"):
+        read_config(tmp_path / "none.yml")
+
+
+def test_tensor_file_metadata_reads_the_header_alone_and_refuses_what_is_no_safetensors(tmp_path):
+    path = tmp_path / "x.safetensors"
+    save_tensors(path, {"a": torch.zeros(4)}, {"run": "r1"})
+    assert tensor_file_metadata(path) == {"run": "r1"}
+    for data in (b"\x05\x00", (2**40).to_bytes(8, "little") + b"{}", (4).to_bytes(8, "little") + b"\xff\xfe{}"):
+        path.write_bytes(data)
+        with pytest.raises(ValueError, match="no safetensors file"):
+            tensor_file_metadata(path)
 
 
 @pytest.mark.parametrize("version", [True, 0, -3, "1"])
