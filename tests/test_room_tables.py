@@ -66,6 +66,28 @@ def saved_cell(config):
             "method_version": METHOD_VERSION[config.attack.mode]}
 
 
+def test_room_table2_runs_every_row_beside_the_papers_and_draws_fig4(tmp_path, monkeypatch):
+    from leaklab.experiments import room_tables
+    from leaklab.experiments.room_tables import PAPER_TABLE2, TABLE2_CELLS
+
+    for name, (alg, setting, attack, words) in TABLE2_CELLS.items():  # stage 1 in seconds (the joint row too)
+        monkeypatch.setitem(room_tables.TABLE2_CELLS, name, (alg, setting, {**attack, "stage1_iterations": 3}, words))
+    out = tmp_path / "t2"
+    result = invoke("reproduce", "room-table2", "--samples", "1", "--layouts", "1", "--arch", "small",
+                    *ROOM_FAST, "--out", out)
+    assert result.exit_code == 0, result.output
+    res = json.loads((out / "results.json").read_text())
+    assert res["experiment"] == "room-table2" and set(res["table"]) == set(TABLE2_CELLS)
+    table = (out / "table.md").read_text()
+    rows = [line for line in table.splitlines() if line.startswith("| ") and "---" not in line][1:]
+    assert [row.split(" | ")[0][2:] for row in rows] == [d for *_, d in TABLE2_CELLS.values()]
+    for name, paper in PAPER_TABLE2.items():  # the paper's figures in brackets beside ours, on its own row
+        row = rows[list(TABLE2_CELLS).index(name)]
+        assert f"({paper['iou_mean']:.3f})" in row and f"({paper['q_target_err_mean']:.3f})" in row
+    assert res["table"]["exact"]["iou_mean"] == 1.0  # exact mode reads the box in closed form
+    assert (out / "fig4.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
 def test_saved_table_cells_are_reused_whatever_the_worker_count():
     from leaklab.experiments.room_attack import RoomRunConfig
     from leaklab.experiments.room_tables import _same_cell
