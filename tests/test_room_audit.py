@@ -324,6 +324,9 @@ def test_audit_suggests_levels_from_its_verdicts_only_when_they_are_full_strengt
     config = room_audit.AuditConfig(gaussian_sigmas=(1e-3, 0.3), dp_epsilons=(8.0,))
     labels = [label for label, _ in config.defenses()]
     assert labels == ["none", "gaussian σ=0.001", "gaussian σ=0.3", "DP-SGD ε=8"]
+    # weakest first whatever order the levels were typed in (the conclusion reads the weakest safe one first)
+    typed = room_audit.AuditConfig(gaussian_sigmas=(0.3, 1e-3), dp_epsilons=(1.0, 8.0))
+    assert [label for label, _ in typed.defenses()] == labels[:3] + ["DP-SGD ε=8", "DP-SGD ε=1"]
 
     def levels(depths, earlier=({}, {}), **fields):
         results = {"summary": {"defenses": labels}, "cells": [cell(label, d) for label, d in zip(labels, depths)]}

@@ -98,10 +98,57 @@ def test_the_cases_report_pictures_rgb_and_counts_rgi_actions(tmp_path):
     assert invoke("audit", "--cases", cases, "--iterations", "3", "--workers", "1", "--out", out).exit_code == 0
     html = (out / "report.html").read_text()
     assert (out / "figures" / "cases_rgb.png").stat().st_size > 0 and "reconstructions (RGB)" in html
-    held = [c for c in json.loads((out / "results.json").read_text())["cases"] if all(c["action_identified"])]
+    held = [c for c in json.loads((out / "results.json").read_text())["cases"] if c["metrics"]["action_informative"] == 1]
     assert held, "both sampled returns are 0: choose other samples for this test"
     right = sum(c["metrics"]["action"] for c in held)
     assert f"{100 * right / len(held):.0f}% of {len(held)} case" in html
+
+
+def test_a_folder_of_dqn_and_reinforce_cases_is_audited_as_one(tmp_path):
+    """Each case is attacked by its own loss's attack (QGI, RGI); the summary's RGI keys count RGI's cases
+    alone (the audit used to end in a KeyError after every attack, on a QGI case's missing return)."""
+    import shutil
+
+    mixed = tmp_path / "mixed"
+    for algorithm in ("dqn", "reinforce"):
+        capture_rooms(RoomCaptureConfig(algorithm=algorithm, samples=1, layouts=("e1m1-stalactite",)),
+                      tmp_path / algorithm)
+        shutil.copytree(tmp_path / algorithm / "0000", mixed / f"{algorithm}-0000")
+    out = tmp_path / "audit"
+    result = invoke("audit", "--cases", mixed, *ROOM_FAST, "--out", out)
+    assert result.exit_code == 0, result.output
+    res = json.loads((out / "results.json").read_text())
+    by_case = {c["case"]: c for c in res["cases"]}
+    assert (by_case["dqn-0000"]["algorithm"], by_case["reinforce-0000"]["algorithm"]) == ("qgi", "rgi")
+    rgi = by_case["reinforce-0000"]["metrics"]
+    assert res["summary"]["zero_return_samples"] == 1 - rgi["action_informative"]
+    expected = rgi["action_informative_correct"] if rgi["action_informative"] else None
+    assert res["summary"]["action_accuracy_nonzero_return"] == expected
+    assert res["summary"]["q_target_err_mean"] == by_case["dqn-0000"]["metrics"]["q_target_error"]
+
+
+def test_the_cases_verdict_counts_no_rgi_action_behind_a_zero_return_whatever_the_attack_flagged(tmp_path):
+    """Behind noise RGI's own flag (`action_identified`) takes the noise for a policy-gradient part; the
+    verdict's action is over the cases whose update holds it by the truth: QGI's and RGI's non-zero returns."""
+    from leaklab.experiments import room_report
+
+    def case(name, algorithm, right, extra):
+        metrics = {"depth_paper_psnr": 10.0, "depth_paper_psnr_baseline": 12.0, "depth_paper_ssim": 0.1,
+                   "depth_paper_ssim_baseline": 0.1, "box_iou": 0.0, "action": right, **extra}
+        return {"case": name, "algorithm": algorithm, "setting": "S2", "defense": "gaussian:0.03", "iterations": 2000,
+                "seconds": 1.0, "action": [3], "box": [[0.0] * 4], "exact": ["features"], "metrics": metrics,
+                "layouts": ["a"], "batch_size": 1, "action_identified": [True]}
+
+    cases = [case("0000", "qgi", 0.0, {"q_target_error": 50.0}),
+             case("0001", "rgi", 1.0, {"reward_error": 0.5, "action_informative": 0.0, "action_informative_correct": 0.0})]
+    cases[0].pop("action_identified")
+    summary = {"seconds": 1.0, "cases": 2, "scored": 2, "resumed_attacks": 0, "depth_psnr_mean": 10.0,
+               "depth_psnr_baseline_mean": 12.0, "iou_mean": 0.0, "q_target_err_mean": 50.0, "reward_abs_err_mean": 0.5}
+    results = {"summary": summary, "attack": {"mode": "exact", "iterations": 2000}, "cases": cases, "cases_dir": "c",
+               "model_class": None, "device": "cpu", "versions": {"leaklab": "x", "torch": "y"}}
+    room_report.write_cases_report(tmp_path, results, [], [], [], {"scored": [], "unscored": []})
+    html = (tmp_path / "report.html").read_text()
+    assert "0% of 1 case" in html and "give away nothing measured" in html
 
 
 def test_audit_of_cases_checks_every_truth_before_attacking(tmp_path):

@@ -172,11 +172,12 @@ def summarise(rows: list[dict[str, Any]], iterations: int, seconds: float) -> di
     read = median_of(r.get("feature_cosine") for r in rows)
     if read is not None:
         summary["feature_cosine_median"] = read
-    if any("action_informative" in r["metrics"] for r in rows):
+    rgi = [r for r in rows if "action_informative" in r["metrics"]]  # RGI's rows (saved cases may mix in QGI's)
+    if rgi:
         # a row's metrics are its batch's means: weigh them by the batch size to count samples
-        sizes = [r["batch_size"] for r in rows]
-        informative = sum(b * r["metrics"]["action_informative"] for b, r in zip(sizes, rows))
-        correct = sum(b * r["metrics"]["action_informative_correct"] for b, r in zip(sizes, rows))
+        sizes = [r["batch_size"] for r in rgi]
+        informative = sum(b * r["metrics"]["action_informative"] for b, r in zip(sizes, rgi))
+        correct = sum(b * r["metrics"]["action_informative_correct"] for b, r in zip(sizes, rgi))
         summary["action_accuracy_nonzero_return"] = correct / informative if informative else None
         summary["zero_return_samples"] = round(sum(sizes) - informative)
     if any("stage1_starts" in r for r in rows):

@@ -102,7 +102,7 @@ class AuditConfig(BaseModel):
     def defenses(self) -> list[tuple[str, str | None]]:
         """(label, defense chain) from the weakest to the strongest."""
         out: list[tuple[str, str | None]] = [("none", None)]
-        out += [(gaussian_label(s), f"gaussian:{s:g}") for s in self.gaussian_sigmas]
+        out += [(gaussian_label(s), f"gaussian:{s:g}") for s in sorted(self.gaussian_sigmas)]
         out += [(dpsgd_label(e), dpsgd_defense(e)) for e in sorted(self.dp_epsilons, reverse=True)]
         return out
 
