@@ -616,6 +616,15 @@ def test_a_separated_samples_rounding_is_not_taken_for_its_action():
     assert action.tolist() == [4] and identified.tolist() == [True] and abs(float(reward) - 0.5) < 1e-12
 
 
+def test_the_entropy_gradient_is_finite_where_a_probability_underflows_to_zero():
+    """A probability of exactly 0 adds nothing to the entropy, in float32 as in float64 (a float32 clamp at
+    1e-300 was itself 0, and the gradient came out NaN)."""
+    for dtype in (torch.float32, torch.float64):
+        grad = entropy_bias_gradient(torch.tensor([0.0, 0.75, 0.25], dtype=dtype), 0.01)
+        two = entropy_bias_gradient(torch.tensor([0.75, 0.25], dtype=dtype), 0.01)  # the same without the 0
+        assert torch.isfinite(grad).all() and float(grad[0]) == 0.0 and torch.allclose(grad[1:], two)
+
+
 def test_rank_one_shortcut_equals_materialised_gradient():
     view, update, truth = client("S1", batch=2)
     net = view.model

@@ -52,7 +52,7 @@ def dqn_target_paper(q_pred: torch.Tensor, grad_b: torch.Tensor, actions: torch.
 
 def entropy_bias_gradient(probs: torch.Tensor, alpha: float) -> torch.Tensor:
     """``d(−α H(softmax(z)))/dz = α p (log p + H)``: the entropy part of eq. 4's gradient (one sample)."""
-    log_p = probs.clamp_min(1e-300).log()
+    log_p = probs.clamp_min(torch.finfo(probs.dtype).tiny).log()  # p log p -> 0 where p is 0, in either precision
     h = -(probs * log_p).sum(-1, keepdim=True)
     return alpha * probs * (log_p + h)
 
