@@ -101,8 +101,9 @@ def test_private_dqn_meets_a_target_epsilon_and_refuses_impossible_settings():
     # the calibrated sigma is the smallest that keeps the run within the target: spent epsilon lands
     # at the target from below (a sigma too large or too small fails one side)
     assert history.privacy["epsilon"] == pytest.approx(2.0, rel=0.01) and history.privacy["epsilon"] <= 2.0
-    with pytest.raises(LeaklabError, match="exceeds buffer_size"):
-        _dqn(privacy=DPConfig(noise_multiplier=1.0), buffer_size=3)
+    for privacy in (DPConfig(noise_multiplier=1.0), None):  # the buffer never holds a batch: no update would run
+        with pytest.raises(ValidationError, match="batch_size 4 exceeds buffer_size 3"):
+            _dqn(privacy=privacy, buffer_size=3)
     with pytest.raises(ValidationError):
         DPConfig(noise_multiplier=1.0, target_epsilon=1.0)
 

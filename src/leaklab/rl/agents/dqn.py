@@ -43,9 +43,11 @@ class DQNConfig(AgentConfig):
                                         "(not used by DP-SGD, which clips every sample)")
 
     @model_validator(mode="after")
-    def _eps_order(self) -> "DQNConfig":
+    def _consistent(self) -> "DQNConfig":
         if self.eps_end > self.eps_start:
             raise ValueError("eps_end must not exceed eps_start (ε decays)")
+        if self.batch_size > self.buffer_size:  # the buffer would never hold a batch: no update would run
+            raise ValueError(f"batch_size {self.batch_size} exceeds buffer_size {self.buffer_size}")
         return self
 
     def epsilon(self, step: int) -> float:
@@ -56,8 +58,6 @@ class DQNConfig(AgentConfig):
     def planned_updates(self) -> int:
         """Updates a run takes: the steps from ``learning_starts`` on, every ``train_every``-th, once the
         buffer holds ``batch_size`` transitions."""
-        if self.batch_size > self.buffer_size:
-            return 0
         first = max(self.learning_starts, self.batch_size - 1)
         return max(0, (self.steps - 1) // self.train_every - -(-first // self.train_every) + 1)
 
@@ -136,9 +136,6 @@ def train_dqn(config: DQNConfig, progress: bool | ProgressFn | None = None,
 
 def _private(net: PerceptionNet, optimizer: torch.optim.Optimizer, config: DQNConfig) -> PrivateAgent:
     """DP-SGD at the sampling rate batch_size / buffer_size (:mod:`leaklab.rl.agents.private`)."""
-    if config.batch_size > config.buffer_size:
-        raise LeaklabError(f"private DQN samples each stored transition with probability batch_size / buffer_size; "
-                           f"batch_size {config.batch_size} exceeds buffer_size {config.buffer_size}")
     planned = config.planned_updates()
     if planned == 0 and config.privacy.target_epsilon is not None:
         raise LeaklabError("this DQN run takes no update (steps <= learning_starts); no noise to calibrate")
