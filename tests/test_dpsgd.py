@@ -117,6 +117,12 @@ def test_target_epsilon_is_reached_and_not_exceeded():
     config = DPSGDConfig(target_epsilon=3.0, batch_size=16, steps=8, accountant="rdp")
     report = train_private(build_model(spec, seed=0), batch.images, batch.labels, config)
     assert 2.95 <= report["epsilon"] <= 3.0
+    # 186 images in batches of 2: opacus samples at 1/93, though its loader's length, int(93.0 - 1e-14), is 92
+    many = load_images("digits", 186, image_size=8, seed=0)
+    report = train_private(build_model(spec, seed=0), many.images, many.labels,
+                           config.model_copy(update={"batch_size": 2, "steps": 3}))
+    assert report["sample_rate"] == 1 / 93
+    assert report["epsilon"] == dpsgd_epsilon(1 / 93, report["noise_multiplier"], 3, 1e-5, "rdp") <= 3.0
     with pytest.raises(ValidationError, match="exactly one"):
         DPSGDConfig(target_epsilon=3.0, noise_multiplier=1.0)
     with pytest.raises(ValidationError, match="accountant"):

@@ -218,7 +218,8 @@ def make_private(model: nn.Module, optimizer: torch.optim.Optimizer, data_loader
         module, dp_optimizer, loader = engine.make_private(
             module=model, optimizer=optimizer, data_loader=data_loader, noise_multiplier=noise_multiplier,
             max_grad_norm=clip, poisson_sampling=True, noise_generator=noise)
-    return PrivateTraining(module, dp_optimizer, loader, 1 / len(loader), noise_multiplier, clip, engine)
+    # the rate opacus samples at is the given loader's; its own loader's length, int(1 / rate), can be one short
+    return PrivateTraining(module, dp_optimizer, loader, 1 / len(data_loader), noise_multiplier, clip, engine)
 
 
 def private_optimizer(model: nn.Module, optimizer: torch.optim.Optimizer, *, clip: float, noise_multiplier: float,
