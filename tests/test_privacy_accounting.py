@@ -50,6 +50,10 @@ def test_sigma_for_a_target_epsilon_inverts_epsilon():
     sigma = acc.dpsgd_sigma(0.05, 50, 2.0, DELTA, "rdp")
     assert acc.dpsgd_epsilon(0.05, sigma, 50, DELTA, "rdp") <= 2.0
     assert acc.dpsgd_epsilon(0.05, sigma * 0.995, 50, DELTA, "rdp") > 2.0
+    # a target under RDP's floor (its orders stop at 63) is the accountant's limit, not the noise's: say so
+    with pytest.raises(LeaklabError, match=r"rdp accountant's epsilon stays at 0\.1\d* or more .* use the pld or prv"):
+        acc.dpsgd_sigma(0.5, 3, 0.05, DELTA, "rdp")
+    assert 40 < acc.dpsgd_sigma(0.5, 3, 0.05, DELTA, "pld") < 60
 
 
 def test_single_gaussian_release_is_the_analytic_gaussian():

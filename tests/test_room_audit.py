@@ -50,6 +50,12 @@ def test_quick_room_audit_writes_report_with_defenses(tmp_path):
 
     sigma = dp["defense_chain"].removeprefix("clip:1,gaussian:")
     assert sigma != dp["defense_chain"] and float(sigma) == pytest.approx(analytic_gaussian_sigma(8.0, 1e-5), rel=1e-5)
+    # written to 6 digits, never under the calibrated std: the release spends at most the ε it is named by
+    from leaklab.experiments.room_audit import dpsgd_defense
+
+    for epsilon in (0.37, 1.0, 8.0, 30.0, 1000.0):
+        written = float(dpsgd_defense(epsilon).removeprefix("clip:1,gaussian:"))
+        assert analytic_gaussian_sigma(epsilon, 1e-5) <= written <= analytic_gaussian_sigma(epsilon, 1e-5) * (1 + 1e-5)
     clean = next(c for c in res["cells"] if c["defense"] == "none" and c["algorithm"] == "qgi")
     assert clean["summary"]["iou_min"] > 0.999
     # what each defense costs: the cosine an update keeps, reported beside what leaks

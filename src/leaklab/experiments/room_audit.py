@@ -32,6 +32,7 @@ layout of :func:`leaklab.models.perception.check_contract`); they are scored whe
 
 from __future__ import annotations
 
+import math
 import os
 import time
 import warnings
@@ -64,8 +65,12 @@ DP_CLIP = 1.0
 
 
 def dpsgd_defense(epsilon: float, clip: float = DP_CLIP, delta: float = DP_DELTA) -> str:
-    """The defense chain of one DP-SGD release at ``epsilon``: clip to ``clip``, Gaussian noise."""
-    return f"clip:{clip:g},gaussian:{noise_multiplier_for(epsilon, delta) * clip:.6g}"
+    """The defense chain of one DP-SGD release at ``epsilon``: clip to ``clip``, Gaussian noise whose std
+    is written to 6 significant digits rounded up (the chain is what the clients apply; rounded to the
+    nearest, ε = 8's std 0.6002290722 became 0.600229, a release at ε = 8.0000012)."""
+    std = noise_multiplier_for(epsilon, delta) * clip
+    step = 10.0 ** (math.floor(math.log10(std)) - 5)
+    return f"clip:{clip:g},gaussian:{math.ceil(std / step) * step:.6g}"
 
 
 class AuditConfig(BaseModel):

@@ -138,7 +138,7 @@ def dpsgd_sigma(q: float, steps: int, epsilon: float, delta: float, accountant: 
     if not (epsilon > 0 and math.isfinite(epsilon)):
         raise LeaklabError(f"the target epsilon must be a positive number (got {epsilon!r})")
     check_dpsgd_args(q, 1.0, steps, delta)
-    _check_accountant(accountant)
+    name = _check_accountant(accountant)
 
     def gap(log_sigma: float) -> float:
         return dpsgd_epsilon(q, math.exp(log_sigma), steps, delta, accountant) - epsilon
@@ -148,7 +148,10 @@ def dpsgd_sigma(q: float, steps: int, epsilon: float, delta: float, accountant: 
     while gap(hi) > 0:
         lo, hi = hi, hi + step
         if hi > math.log(_MAX_SIGMA):
-            raise LeaklabError(f"epsilon {epsilon} at delta {delta} needs a noise multiplier above {_MAX_SIGMA:g}")
+            floor = "" if name != "rdp" else (  # RDP orders up to 63 bound its epsilon from below, whatever sigma
+                f"; the rdp accountant's epsilon stays at {dpsgd_epsilon(q, _MAX_SIGMA, steps, delta, name):.3g} or "
+                "more at this delta however large the noise: use the pld or prv accountant")
+            raise LeaklabError(f"epsilon {epsilon} at delta {delta} needs a noise multiplier above {_MAX_SIGMA:g}{floor}")
     while gap(lo) < 0:
         lo, hi = lo - step, lo
         if lo < math.log(_MIN_SIGMA):
