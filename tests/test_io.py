@@ -329,7 +329,7 @@ def test_out_through_dotdot_or_a_symlink_is_still_the_input(case_dir):
         check_out(case_dir, VIEW_FORMAT, inputs=[link])
 
 
-@pytest.mark.parametrize("name", ["/dev/zero", "../case2/update.safetensors", "", ".."])
+@pytest.mark.parametrize("name", ["/dev/zero", "../case2/update.safetensors", "", "..", "upd\0ate.safetensors"])
 def test_a_case_names_only_files_inside_its_folder(case_dir, name):
     _edit_json(case_dir / UPDATE_JSON, lambda d: d.update(tensor_file=name))
     with pytest.raises(LeaklabError, match="plain names inside the case folder"):
@@ -455,7 +455,8 @@ def test_truth_with_a_bad_provenance_or_out_of_range_values_is_refused(case_dir,
             ({"images": images, "labels": labels + 1000}, "{}", "labels outside"),
             ({"images": images, "labels": labels.float()}, "{}", "integer labels"),
             ({"images": images, "labels": labels}, '{"update_cosine": [0.5]}', "must list 2 number"),
-            ({"images": images, "labels": labels}, '{"update_cosine": [0.5, 2]}', r"in \[-1, 1\]")):
+            ({"images": images, "labels": labels}, '{"update_cosine": [0.5, 2]}', r"in \[-1, 1\]"),
+            ({"images": images, "labels": labels}, '{"x": ' + "9" * 5000 + "}", "not valid JSON")):
         save_tensors(case_dir / "truth.safetensors", tensors, {"format": "leaklab.truth", "provenance": provenance})
         with pytest.raises(LeaklabError, match=match):
             load_truth(case_dir, case)

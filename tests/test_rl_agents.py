@@ -157,6 +157,10 @@ def test_agent_checkpoint_round_trip(tmp_path):
                  {"format": "leaklab.agent", "spec": "[" * 100_000 + "]" * 100_000})
     with pytest.raises(LeaklabError, match="not valid JSON"):
         load_agent(tmp_path / "deep.safetensors")
+    save_tensors(tmp_path / "long.safetensors", net.state_dict(),  # an integer past Python's digit limit
+                 {"format": "leaklab.agent", "spec": '{"image_size": ' + "9" * 5000 + "}"})
+    with pytest.raises(LeaklabError, match="not valid JSON"):
+        load_agent(tmp_path / "long.safetensors")
     (tmp_path / "cut.safetensors").write_bytes((tmp_path / "agent.safetensors").read_bytes()[:500])
     with pytest.raises(LeaklabError, match="corrupt"):
         load_agent(tmp_path / "cut.safetensors")

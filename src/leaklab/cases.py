@@ -124,7 +124,7 @@ def member_file(folder: Path, name: Any, default: str, where: Path) -> Path:
     """The file ``name`` (``default`` when absent) that ``where`` names inside the case ``folder``: a
     plain file name, and no link out of the folder, so a case never makes leaklab read outside it."""
     name = default if name is None else name
-    if not isinstance(name, str) or not name or name in (".", "..") or "/" in name or "\\" in name:
+    if not isinstance(name, str) or not name or name in (".", "..") or any(c in name for c in "/\\\0"):
         raise LeaklabError(f"{where}: file names must be plain names inside the case folder, not {name!r}")
     path = Path(folder) / name
     if path.is_symlink() and Path(folder).resolve() not in path.resolve().parents:
@@ -290,7 +290,7 @@ def truth_provenance(metadata: dict[str, str], path: Path) -> dict[str, Any]:
     """The provenance a truth file records in its metadata (a JSON object; ``{}`` when absent)."""
     try:
         provenance = json.loads(metadata.get("provenance", "{}"))
-    except (json.JSONDecodeError, RecursionError):
+    except (ValueError, RecursionError):  # not JSON, too deep, or a number past Python's digit limit
         raise LeaklabError(f"truth file {path}: provenance is not valid JSON; re-capture the case") from None
     if not isinstance(provenance, dict):
         raise LeaklabError(f"truth file {path}: provenance is not a JSON object; re-capture the case")

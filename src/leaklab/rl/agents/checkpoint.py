@@ -33,10 +33,10 @@ def load_agent(path: Path) -> tuple[PerceptionSpec, PerceptionNet]:
                            "save one with save_agent")
     try:
         spec = PerceptionSpec.model_validate(json.loads(meta.get("spec", "")))
-    except (json.JSONDecodeError, RecursionError):
-        raise LeaklabError(f"{path}: the agent's spec is not valid JSON; save the agent again") from None
     except ValidationError as e:
         raise LeaklabError(validation_message(e, f"{path}: spec")) from None
+    except (ValueError, RecursionError):  # not JSON, too deep, or a number past Python's digit limit
+        raise LeaklabError(f"{path}: the agent's spec is not valid JSON; save the agent again") from None
     try:
         return spec, model_with_state(spec, state)
     except LeaklabError as e:
