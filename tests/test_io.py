@@ -398,15 +398,25 @@ def test_a_yaml_config_with_infinity_is_refused(tmp_path):
         read_config(tmp_path / "c.yaml")
 
 
-@pytest.mark.parametrize("text, words", [("lr: [1, 2\n", "not valid YAML"), ("[" * 5000 + "]" * 5000, "nests too deeply"),
-                                         (b"lr: \xff\n", "cannot be read")])
+ALIAS_BOMB = "a0: &a0 [1, 1, 1, 1, 1, 1, 1, 1, 1, 1]\n" + "".join(  # 6 lines of 10⁶ values (each more: ×10)
+    f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 10)}]\n" for i in range(1, 6))
+
+
+@pytest.mark.parametrize("text, words", [
+    ("lr: [1, 2\n", "not valid YAML"), ("[" * 5000 + "]" * 5000, "nests too deeply"), (b"lr: \xff\n", "cannot be read"),
+    ("iterations: " + "9" * 5000 + "\n", "digits"), (ALIAS_BOMB, "aliases"), (None, "not a regular file")])
 def test_a_broken_yaml_config_is_one_error(tmp_path, text, words):
     path = tmp_path / "c.yaml"
-    path.write_bytes(text if isinstance(text, bytes) else text.encode())
+    if text is None:
+        path.symlink_to("/dev/zero")
+    else:
+        path.write_bytes(text if isinstance(text, bytes) else text.encode())
     with pytest.raises(LeaklabError, match=words):
         read_config(path)
     with pytest.raises(LeaklabError, match="missing"):
         read_config(tmp_path / "none.yml")
+    (tmp_path / "anchored.yaml").write_text("objective: &o l1\n")  # an anchor alone is plain YAML
+    assert read_config(tmp_path / "anchored.yaml") == {"objective": "l1"}
 
 
 def test_tensor_file_metadata_reads_the_header_alone_and_refuses_what_is_no_safetensors(tmp_path):

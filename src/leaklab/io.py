@@ -126,15 +126,7 @@ def read_json(path: Path, what: str | None = None) -> Any:
     :data:`MAX_MARKER_BYTES` or a syntax error is a :class:`LeaklabError`."""
     path = Path(path)
     what = what or path.name
-    try:
-        if path.exists() and (not path.is_file() or path.stat().st_size > MAX_MARKER_BYTES):
-            raise LeaklabError(f"{what} file {path} is not a regular file of at most {MAX_MARKER_BYTES >> 20} MiB; "
-                               f"{_missing_hint(path)}")
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise _missing(what, path) from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise LeaklabError(f"{what} file {path} cannot be read ({_first_line(e)})") from None
+    text = _read_text(path, what)
     try:
         data = json.loads(text)
     except json.JSONDecodeError as e:
@@ -145,6 +137,20 @@ def read_json(path: Path, what: str | None = None) -> Any:
     except ValueError as e:  # a number past Python's digit limit for integers
         raise LeaklabError(f"{what} file {path} is not a leaklab file ({_first_line(e)}); re-create it") from None
     return check_finite(data, f"{what} file {path}")
+
+
+def _read_text(path: Path, what: str) -> str:
+    """The UTF-8 text of a file leaklab parses; a missing file, anything but a regular file (a FIFO, a
+    device) or one over :data:`MAX_MARKER_BYTES` is a :class:`LeaklabError`."""
+    try:
+        if path.exists() and (not path.is_file() or path.stat().st_size > MAX_MARKER_BYTES):
+            raise LeaklabError(f"{what} file {path} is not a regular file of at most {MAX_MARKER_BYTES >> 20} MiB; "
+                               f"{_missing_hint(path)}")
+        return path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise _missing(what, path) from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise LeaklabError(f"{what} file {path} cannot be read ({_first_line(e)})") from None
 
 
 def check_finite(data: Any, where: str) -> Any:
@@ -434,24 +440,36 @@ def new_run_dir(kind: str, root: Path = Path("runs")) -> Path:
     return path
 
 
+def _yaml_loader() -> type:
+    """YAML's safe loader without aliases (``*name``): a configuration needs none, and a few hundred bytes of
+    aliases to aliases expand to billions of values when read."""
+    import yaml
+
+    class NoAliases(yaml.SafeLoader):
+        def compose_node(self, parent, index):
+            if self.check_event(yaml.AliasEvent):
+                raise yaml.composer.ComposerError(None, None, "aliases (*name) are not read in a configuration",
+                                                  self.peek_event().start_mark)
+            return super().compose_node(parent, index)
+
+    return NoAliases
+
+
 def read_config(path: Path) -> dict[str, Any]:
     """A configuration mapping from a YAML (``.yaml``/``.yml``, safe loader) or JSON file."""
     path = Path(path)
     if path.suffix.lower() in (".yaml", ".yml"):
         import yaml
 
+        text = _read_text(path, "config")
         try:
-            text = path.read_text(encoding="utf-8")
-        except FileNotFoundError:
-            raise _missing("config", path) from None
-        except (OSError, UnicodeDecodeError) as e:
-            raise LeaklabError(f"config file {path} cannot be read ({_first_line(e)})") from None
-        try:
-            data = check_finite(yaml.safe_load(text), f"config file {path}")
+            data = check_finite(yaml.load(text, _yaml_loader()), f"config file {path}")
         except yaml.YAMLError as e:
             raise LeaklabError(f"config file {path} is not valid YAML ({_first_line(e)})") from None
         except RecursionError:
             raise LeaklabError(f"config file {path} nests too deeply to be a configuration") from None
+        except ValueError as e:  # a number past Python's digit limit for integers
+            raise LeaklabError(f"config file {path} is not a configuration ({_first_line(e)})") from None
     else:
         data = read_json(path, "config")
     if data is None:
