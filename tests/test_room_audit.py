@@ -197,6 +197,13 @@ def test_audit_takes_the_defense_levels_a_user_asks_for(tmp_path):
     (tmp_path / "mine" / "results.json").write_text('{"format": "leaklab.room_attack"}')
     assert_user_error(invoke("audit", "--quick", "--earlier", tmp_path / "mine", "--out", tmp_path / "bad"),
                       tmp_path / "bad", "not a room audit")
+    whole = json.loads((out / "results.json").read_text())
+    for cell, field, value in ((0, "summary", "x"), (1, "defense_chain", 5), (0, "samples", [{"metrics": []}])):
+        broken = {**whole, "cells": [dict(c) for c in whole["cells"]]}
+        broken["cells"][cell][field] = value
+        (tmp_path / "mine" / "results.json").write_text(json.dumps(broken))
+        assert_user_error(invoke("audit", "--quick", "--earlier", tmp_path / "mine", "--out", tmp_path / "bad"),
+                          tmp_path / "bad", "is not a whole room audit")
     before = (out / "results.json").read_bytes()
     result = invoke("audit", "--quick", "--earlier", out, "--out", out)
     assert result.exit_code == 2 and "would replace the input" in result.stderr

@@ -148,7 +148,7 @@ def earlier_verdicts(folders: Sequence[Path], config: AuditConfig) -> Levels:
         try:
             earlier = AuditConfig.model_validate(results["config"])
             _, (g, d) = _verdicts_by_level(earlier, results)
-        except (KeyError, TypeError, ValueError, StopIteration) as e:
+        except (KeyError, TypeError, ValueError, AttributeError, StopIteration) as e:  # a field of another type
             raise LeaklabError(f"--earlier {folder}: its {RESULTS_FILE} is not a whole room audit "
                                f"({type(e).__name__}); run that audit again") from None
         differ = [f"{name} {getattr(earlier, name)} where this audit has {getattr(config, name)}"
