@@ -149,6 +149,12 @@ def test_the_cases_verdict_counts_no_rgi_action_behind_a_zero_return_whatever_th
     room_report.write_cases_report(tmp_path, results, [], [], [], {"scored": [], "unscored": []})
     html = (tmp_path / "report.html").read_text()
     assert "0% of 1 case" in html and "give away nothing measured" in html
+    # images that came out not finite (a network whose values overflow float32) score no PSNR: no gain to show
+    for c in cases:
+        c["metrics"].update(depth_paper_psnr=None, depth_paper_ssim=None)
+    results["summary"] = {k: v for k, v in summary.items() if k != "depth_psnr_mean"}
+    room_report.write_cases_report(tmp_path / "nan", results, [], [], [], {"scored": [], "unscored": []})
+    assert "<tr><td>–</td><td>–</td><td>0 of 0</td>" in (tmp_path / "nan" / "report.html").read_text()
 
 
 def test_audit_of_cases_checks_every_truth_before_attacking(tmp_path):

@@ -71,7 +71,7 @@ def write_cases_report(folder: Path, results: dict[str, Any], truths: list[Pictu
     if s["scored"]:
         gains = [(s[f"{im}_psnr_mean"] - s[f"{im}_psnr_baseline_mean"], im) for im in ("rgb", "depth")
                  if s.get(f"{im}_psnr_mean") is not None]
-        gain, where = max(gains)
+        gain, where = max(gains) if gains else (None, None)  # none: no case's image scored (not finite)
         # the action of the cases whose update holds it: QGI's, and RGI's whose every transition's return is not 0
         # (by the truth: behind noise the attack's own flag, `action_identified`, passes the noise for the action)
         held = [r["metrics"]["action"] for r in results["cases"]
