@@ -12,6 +12,7 @@ import torch
 
 from cli_helpers import Interrupt, interrupt_after
 from leaklab.errors import LeaklabError
+from leaklab.io import load_tensors, save_tensors
 from leaklab.models import PerceptionSpec
 from leaklab.rl.envs.layouts import layouts_arg
 
@@ -133,6 +134,16 @@ def test_run_jobs_takes_what_the_journal_holds_and_attacks_the_rest(tmp_path, wo
     journal.add(1, replace(first[1], box=first[1].box[:, :3]))
     reread = AttackJournal(tmp_path, jobs)
     assert reread.held() == {0, 1, 2} and reread.load(1) is None and reread.load(0) is not None
+    # nor one whose other tensors, actions or closed forms' names are not the job's (a tampered folder)
+    for wrong in (dict(probs=first[1].probs[:, :3]), dict(reward=torch.zeros(5)), dict(action=torch.tensor([7])),
+                  dict(action=torch.tensor([2.5])), dict(exact=(["box"],)), dict(exact=([[[]]],))):
+        journal.add(1, replace(first[1], **wrong))
+        assert AttackJournal(tmp_path, jobs).load(1) is None, wrong
+    path = tmp_path / ".leaklab-resume" / f"{journal.digests[1]}.safetensors"
+    tensors, meta = load_tensors(path, "saved attack")
+    save_tensors(path, tensors, {**meta, "exact": "[" * 100_000 + "]" * 100_000})  # nested past the recursion limit
+    assert AttackJournal(tmp_path, jobs).load(1) is None
+    journal.add(1, replace(first[1], box=first[1].box[:, :3]))
     # it is attacked in its turn, by a pool too (entries are read as their turn comes, not up front)
     for k in (0, 2):
         (tmp_path / ".leaklab-resume" / f"{journal.digests[k]}.safetensors").unlink()

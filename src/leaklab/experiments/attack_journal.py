@@ -96,7 +96,8 @@ class AttackJournal:
         self._unwritable = False
         states: dict[int, str] = {}  # jobs of a run share one state dict: hash it once
         self.digests: list[str] = []
-        self._shapes: list[dict[str, tuple[int, ...]]] = []
+        self._shapes: list[dict[str, tuple[int, ...]]] = []  # each job's tensors' shapes, as its attack returns them
+        self._actions: list[int] = []  # each job's number of actions
         for job in jobs:  # one at a time: a JobList builds each job (its defended update) when asked
             key = id(job.state)
             if key not in states:
@@ -104,7 +105,10 @@ class AttackJournal:
             self.digests.append(job_digest(job, states[key]))
             batch, spec = job.update.metadata.batch_size, job.spec
             self._shapes.append({"images": (batch, spec.in_channels, spec.image_size, spec.image_size),
-                                 "box": (batch, spec.box_dim), "action": (batch,)})
+                                 "box": (batch, spec.box_dim), "action": (batch,), "q_pred": (batch,),
+                                 "q_target": (batch,), "probs": (batch, spec.num_actions), "reward": (batch,),
+                                 "action_identified": (batch,), "read": (batch,)})
+            self._actions.append(spec.num_actions)
             if on_job:
                 on_job(len(self.digests))
         self.run = hashlib.sha256("".join(self.digests).encode()).hexdigest()  # the same jobs, the same run
@@ -130,12 +134,18 @@ class AttackJournal:
                                      stage1_starts=int(meta.get("stage1_starts", "0")),
                                      feature_cosine=float(meta["feature_cosine"]) if meta.get("feature_cosine")
                                      else None)
-        except (LeaklabError, KeyError, TypeError, ValueError):
+        except (LeaklabError, KeyError, TypeError, ValueError, RecursionError):
             return None
-        if meta.get("job") != self.digests[index] or \
-                any(tuple(getattr(rec, name).shape) != shape for name, shape in self._shapes[index].items()):
-            return None
-        return rec
+        return rec if meta.get("job") == self.digests[index] and self._whole(index, tensors, rec) else None
+
+    def _whole(self, index: int, tensors: dict[str, torch.Tensor], rec: RoomReconstruction) -> bool:
+        """Whether a saved reconstruction is one of job ``index``'s: every tensor of its shape (a field
+        RoomReconstruction lacks, or a missing one, failed before), its actions among the network's, the
+        names of what it read in closed form strings."""
+        actions = rec.action
+        return (all(tuple(t.shape) == self._shapes[index][name] for name, t in tensors.items())
+                and actions.dtype == torch.int64 and bool(((actions >= 0) & (actions < self._actions[index])).all())
+                and all(isinstance(name, str) for name in rec.exact))
 
     def add(self, index: int, rec: RoomReconstruction) -> None:
         """Save job ``index``'s reconstruction (atomically: a killed write leaves no entry). When the
