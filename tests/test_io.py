@@ -485,3 +485,25 @@ def test_huge_architectures_are_refused_before_building(case_dir):
     _edit_json(case_dir / VIEW_FILE, lambda d: d["model"].update(num_classes=10 ** 8))
     with pytest.raises(LeaklabError, match="num_classes"):
         load_case(case_dir)
+
+
+def test_a_case_whose_images_are_too_many_values_to_reconstruct_is_refused(tmp_path):
+    """A tiny model file cannot ask the attack for gigabytes: 256 images of 16×512² are 1.07 billion values."""
+    from leaklab.cases import write_case
+    from leaklab.models import ModelSpec, build_model
+    from leaklab.threat import Capabilities, ClientUpdate, UpdateMetadata
+
+    def case(batch, size, channels):
+        spec = ModelSpec(name="convnet", num_classes=2, in_channels=channels, image_size=size, width=1,
+                         mean=(0.5,) * channels, std=(0.5,) * channels)
+        model = build_model(spec, seed=0)
+        metadata = UpdateMetadata(batch_size=batch)
+        update = ClientUpdate(metadata=metadata, tensors={n: torch.zeros_like(p) for n, p in model.named_parameters()})
+        folder = tmp_path / f"case-{batch}-{size}-{channels}"
+        write_case(folder, spec, model.state_dict(), metadata, Capabilities(), None, [update],
+                   [torch.zeros(batch, dtype=torch.long)])
+        return folder
+
+    with pytest.raises(LeaklabError, match="1,073,741,824 values to reconstruct"):
+        load_case(case(256, 512, 16))
+    assert load_case(case(256, 224, 3)).updates  # ImageNet-sized photos in a batch of 256 still are

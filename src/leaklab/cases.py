@@ -93,6 +93,9 @@ CASE_KEYS = {"view": {"format", "format_version", "model_type", "model", "model_
              "update": {"format", "format_version", "metadata", "defense", "tensor_file", "sha256", "count",
                         "updates"}}
 UPDATE_ENTRY_KEYS = {"prefix", "labels"}
+# the most values an image case's update may ask its attack to reconstruct (batch × channels × pixels): 256 photos
+# of 3×224² are 38.5 million; a 232 KB case of 256 16-channel 512² images asked for 4 GiB at the first allocation
+MAX_RECONSTRUCTED_VALUES = 1 << 26
 
 
 def _check_keys(data: dict, allowed: set[str], where: str) -> None:
@@ -228,6 +231,11 @@ def load_case(folder: Path) -> Case:
     view, upd_json, upd_path, tensors, tensor_file = (files.view, files.update_json, files.update_path,
                                                       files.tensors, files.tensor_file)
     metadata, spec = view.metadata, view.spec
+    pixels = metadata.batch_size * spec.in_channels * spec.image_size ** 2
+    if pixels > MAX_RECONSTRUCTED_VALUES:
+        raise LeaklabError(f"{upd_path}: an update of {metadata.batch_size} images of {spec.in_channels}×{spec.image_size}²"
+                           f" values is {pixels:,} values to reconstruct, more than leaklab's attacks take "
+                           f"({MAX_RECONSTRUCTED_VALUES:,})")
     entries = update_entries(upd_json, upd_path)
     prefixes = [e["prefix"] for e in entries]
     if any(b.startswith(a) for i, a in enumerate(prefixes) for j, b in enumerate(prefixes) if i != j):
