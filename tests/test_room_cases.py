@@ -157,6 +157,24 @@ def test_the_cases_verdict_counts_no_rgi_action_behind_a_zero_return_whatever_th
     assert "<tr><td>–</td><td>–</td><td>0 of 0</td>" in (tmp_path / "nan" / "report.html").read_text()
 
 
+def test_a_cases_folder_reads_nothing_through_a_link_out_of_it(tmp_path):
+    """As a case's own files: a sub-folder or a capture.json that links outside --cases is refused."""
+    import shutil
+
+    capture_rooms(RoomCaptureConfig(algorithm="dqn", samples=1, layouts=("e1m1-stalactite",)), tmp_path / "cap")
+    linked = tmp_path / "linked"
+    linked.mkdir()
+    (linked / "0000").symlink_to(tmp_path / "cap" / "0000")
+    out = tmp_path / "audit"
+    assert_user_error(invoke("audit", "--cases", linked, *ROOM_FAST, "--out", out), out,
+                      "0000 is a link to a folder outside it")
+    indexed = tmp_path / "indexed"
+    shutil.copytree(tmp_path / "cap" / "0000", indexed / "0000")
+    (indexed / "capture.json").symlink_to(tmp_path / "cap" / "capture.json")
+    assert_user_error(invoke("audit", "--cases", indexed, *ROOM_FAST, "--out", out), out,
+                      "capture.json is a link to a file outside")
+
+
 def test_audit_of_cases_checks_every_truth_before_attacking(tmp_path):
     from safetensors import safe_open
     from safetensors.torch import save_file

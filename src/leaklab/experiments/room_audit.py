@@ -44,6 +44,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, field_validator
 
 from leaklab.attacks.rl import RoomAttackConfig, max_batch
+from leaklab.cases import member_file
 from leaklab.device import DEVICE_PATTERN, describe, require_device, versions
 from leaklab.errors import LeaklabError, ModelClassError
 from leaklab.experiments import ProgressFn, attack_pool, room_attack, room_report, room_verdicts
@@ -431,7 +432,7 @@ def run_cases(out: Path, cases_dir: Path, attack: RoomAttackConfig, workers: int
 
 def _capture_index(cases_dir: Path) -> dict[str, Any]:
     """The ``capture.json`` that ``leaklab env capture`` wrote beside the cases; {} when there is none."""
-    path = cases_dir / CAPTURE_JSON
+    path = member_file(cases_dir, None, CAPTURE_JSON, cases_dir)
     index = read_json(path) if path.is_file() else {}
     return index if isinstance(index, dict) else {}
 
@@ -465,6 +466,9 @@ def _case_folders(cases_dir: Path) -> list[Path]:
         raise LeaklabError(f"--cases {cases_dir}: case {lost[0]} of its {CAPTURE_JSON} has no {VIEW_FILE}{more}; "
                            "restore it or capture again")
     subs = sorted(p for p in cases_dir.iterdir() if p.is_dir() and not p.name.startswith("."))
+    outside = [p.name for p in subs if p.is_symlink() and cases_dir.resolve() not in p.resolve().parents]
+    if outside:  # as a case's files: nothing a --cases folder names is read from outside it
+        raise LeaklabError(f"--cases {cases_dir}: {outside[0]} is a link to a folder outside it; copy the case in")
     skipped = [p.name for p in subs if not (p / VIEW_FILE).is_file()]
     if skipped and len(skipped) < len(subs):
         warnings.warn(f"--cases {cases_dir}: skipping {plural(len(skipped), 'sub-folder')} without {VIEW_FILE}: "
