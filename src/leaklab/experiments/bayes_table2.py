@@ -109,7 +109,7 @@ PAPER_TABLE2: dict[str, dict[str, dict[int, dict[str, float]]]] = {
 }
 
 # The acceptance line of issue 2: at step 0 under both pruning defenses, Bayes beats the best of
-# L2/L1/cosine by at least this many dB on every dataset (the paper: 1.7 to 4.0 dB).
+# L2/L1/cosine by at least this many dB on every dataset (the paper: 1.7 to 3.1 dB, docs/reproductions.md).
 ACCEPT_MARGIN_DB = 1.5
 ACCEPT_DEFENSES = ("prune+gaussian", "prune+laplace")
 
