@@ -119,6 +119,11 @@ def test_several_updates_attacked_together_match_one_by_one():
     alone = invert(view, upd1, cfg.model_copy(update={}))
     assert together[1].labels.tolist() == alone[0].labels.tolist()
     assert torch.isfinite(together[0].images).all()
+    # each instance's prior weight is set at its own start: the first update comes out as when attacked alone
+    # (one weight for all, from the group's summed gradients, moved it by up to 0.38)
+    tv = cfg.model_copy(update={"priors": {"tv": 0.2}, "objective": "l2"})
+    first, _ = invert(view, [views[0][1], upd1], tv)
+    assert torch.allclose(first.images, invert(view, views[0][1], tv)[0].images, atol=1e-4)
 
 
 def test_bayes_objective_needs_the_defense_and_its_density():

@@ -83,7 +83,8 @@ class InversionLoop:
         self.labels, self.image_shape, self.device = labels.to(device), image_shape, device
         self.mean, self.std = mean, std
         self.priors = {name: prior(name) for name in cfg.priors}
-        self.prior_weights = dict(cfg.priors)
+        r = labels.shape[0]  # each instance's own weight (relative scale: set at its own start, _calibrate)
+        self.prior_weights = {name: torch.full((r,), float(w), device=device) for name, w in cfg.priors.items()}
 
     def _terms(self, x: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         k = x.shape[0] // self.labels.shape[0]
@@ -92,22 +93,25 @@ class InversionLoop:
         return data, {name: fn(x) for name, fn in self.priors.items()}
 
     def _calibrate(self, x: torch.Tensor) -> None:
-        """Relative prior weights: ``beta * ||grad data|| / ||grad prior||`` at the starting images."""
+        """Relative prior weights: ``beta * ||grad data|| / ||grad prior||`` at each instance's starting
+        images, its own norms (instances are independent: one weight for all tied each update's
+        reconstruction to the others attacked in the same call)."""
         if self.cfg.prior_scale != "relative" or not self.priors:
             return
         x = x.detach().requires_grad_()
         data, priors = self._terms(x)
-        g_data = torch.autograd.grad(data.sum(), x, retain_graph=True)[0].norm()
+        g_data = torch.autograd.grad(data.sum(), x, retain_graph=True)[0].flatten(1).norm(dim=1)
         for name, value in priors.items():
-            g_prior = torch.autograd.grad(value.sum(), x, retain_graph=True)[0].norm()
-            scale = float(g_data / g_prior) if g_prior > 0 else 0.0
-            self.prior_weights[name] = self.cfg.priors[name] * scale
+            g_prior = torch.autograd.grad(value.sum(), x, retain_graph=True)[0].flatten(1).norm(dim=1)
+            scale = torch.where(g_prior > 0, g_data / g_prior.clamp_min(torch.finfo(g_prior.dtype).tiny), 0.0)
+            self.prior_weights[name] = (self.cfg.priors[name] * scale.detach().double()).to(scale.dtype)
 
     def loss(self, x: torch.Tensor) -> torch.Tensor:
         """Per-instance loss at ``x`` of shape (k*R, B, C, H, W), averaged over the k points."""
         data, priors = self._terms(x)
-        total = data + sum(self.prior_weights[n] * v for n, v in priors.items())
         r = self.labels.shape[0]
+        k = x.shape[0] // r
+        total = data + sum(self.prior_weights[n].repeat(k) * v for n, v in priors.items())
         return total.view(-1, r).mean(0)
 
     def run(self, progress: Progress | None = None) -> OptimisationResult:
