@@ -40,6 +40,20 @@ def test_objective_values_and_gradients_match_their_formulas(name, weighting):
     assert torch.allclose(same, torch.zeros(2, dtype=torch.float64), atol=1e-12)
 
 
+def test_the_cosine_objective_does_not_depend_on_the_gradients_scale():
+    """Updates of a well-trained network are small: 1 - cos must not change with the scale (an added 1e-12
+    in the denominator made an exact match of norm-1e-7 updates score 0.99)."""
+    g = torch.Generator().manual_seed(1)
+    obs = [torch.randn(1, 50, generator=g), torch.randn(1, 7, generator=g)]
+    sim = [torch.randn(1, 50, generator=g), torch.randn(1, 7, generator=g)]
+    at_one = Objective("cosine", obs, parse_defense(None), "none")(sim)
+    for scale in (1e-4, 1e-7, 1e-12):
+        small = [t * scale for t in obs]
+        assert torch.allclose(Objective("cosine", small, parse_defense(None), "none")([t * scale for t in sim]),
+                              at_one, atol=1e-5)
+        assert float(Objective("cosine", small, parse_defense(None), "none")(small)) == pytest.approx(0.0, abs=1e-6)
+
+
 def test_layer_weights_and_total_variation():
     assert layer_weights(3, "none") == [1.0, 1.0, 1.0]
     assert layer_weights(3, "linear") == pytest.approx([1.0, 2 / 3, 1 / 3])
