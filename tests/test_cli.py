@@ -201,6 +201,9 @@ def test_mistakes_click_finds_are_one_line_too(tmp_path):
                         (("attack", "qgi"), ["missing option '--out'", "leaklab attack qgi --help"]),
                         (("attack", "qgi", "--out", out, "--bogus"), ["'--bogus'"]),
                         (("--threads", "0", "attack", "qgi", "--out", out), ["'--threads'"]),
+                        # named as typed (it said --steps, the field of the agent it trains)
+                        (("attack", "qgi", "--train-steps", "99999999999", "--out", out),
+                         ["invalid --train-steps", "from 0 to 10,000,000"]),
                         (("nosuch",), ["'nosuch'", "leaklab --help"])):
         assert_user_error(invoke(*args), out, *words)
     for args in (("attack",), ()):  # a group without its command shows its help
@@ -387,6 +390,12 @@ def test_reproduce_commands_and_threads_setting_fail_with_one_line(case, tmp_pat
     assert_user_error(invoke("attack", "analytic", "--case", case, "--seed", "3", "--out", out), out, "--seed")
     monkeypatch.setenv("LEAKLAB_THREADS", "abc")
     assert_user_error(invoke("reproduce", "inversion-checks", "--quick", "--out", out), out, "LEAKLAB_THREADS")
+    # a million threads made torch's pool fail to map its stacks: a segfault, not an error line
+    monkeypatch.setenv("LEAKLAB_THREADS", "1000000")
+    assert_user_error(invoke("reproduce", "inversion-checks", "--quick", "--out", out), out, "from 1 to 1024")
+    monkeypatch.delenv("LEAKLAB_THREADS")
+    assert_user_error(invoke("--threads", "1025", "reproduce", "inversion-checks", "--quick", "--out", out), out,
+                      "from 1 to 1024")
 
 
 def test_plain_progress_writes_a_line_every_interval_and_at_each_task_end(capsys):

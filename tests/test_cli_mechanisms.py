@@ -146,7 +146,12 @@ def test_audit_dpsgd_options_belong_to_dpsgd():
 
 @pytest.mark.parametrize("args, words", [
     # allocations of 84 GiB, 745 GiB and a division by zero, all tracebacks before
-    (["account", "dpsgd", "--q", "0.01", "--sigma", "1e-3", "--steps", "10"], ["needs more memory", "rdp"]),
+    (["account", "dpsgd", "--q", "0.01", "--sigma", "1e-3", "--steps", "10"], ["grows as sigma shrinks", "rdp"]),
+    # an overflow and a division by zero in every accountant; a math domain error (and minutes at k = 1e12)
+    (["account", "dpsgd", "--q", "0.01", "--sigma", "1e300", "--steps", "10"], ["sigma must lie in [1e-06, 1e+06]"]),
+    (["account", "dpsgd", "--q", "0.01", "--sigma", "1e-300", "--steps", "10", "--accountant", "rdp"],
+     ["sigma must lie in"]),
+    (["epsilon", "dirichlet", "--eta", "0.15", "--eta-bar", "0.15", "--k", "1e300"], ["k must be at most 1e+06"]),
     (["audit", "--mechanism", "laplace", "--epsilon", "1", "--runs", "100000000000"], ["--runs must be from 4"]),
     (["audit", "--mechanism", "dpsgd", "--q", "0.5", "--sigma", "1", "--steps", "2", "--runs", "2", "--canaries", "0"],
      ["even number of canaries"]),

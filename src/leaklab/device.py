@@ -127,6 +127,9 @@ def describe(device: torch.device) -> str:
     return f"cpu ({threads} thread{'' if threads == 1 else 's'}), {processor()}"
 
 
+MAX_THREADS = 1024  # a million asked for made torch's thread pool fail to map its stacks (a segfault)
+
+
 def configure_threads(threads: int | None = None) -> int:
     """Set torch's intra-op thread count once for the process and return it.
 
@@ -139,8 +142,8 @@ def configure_threads(threads: int | None = None) -> int:
     if threads is None and not (given.isdigit() and int(given) >= 1):
         raise LeaklabError(f"LEAKLAB_THREADS={given!r}: give a whole number of threads, at least 1")
     chosen = threads or int(given)
-    if chosen < 1:
-        raise LeaklabError("the thread count must be at least 1")
+    if not 1 <= chosen <= MAX_THREADS:
+        raise LeaklabError(f"the thread count must be from 1 to {MAX_THREADS} (got {chosen})")
     torch.set_num_threads(chosen)
     return chosen
 

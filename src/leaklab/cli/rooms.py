@@ -5,6 +5,7 @@ the main job, ``leaklab audit``.
 from __future__ import annotations
 
 import re
+import shlex
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -43,8 +44,11 @@ DeviceOpt = Annotated[str, typer.Option("--device", help="cpu | cuda[:N]: where 
                                          "(on cuda the worker processes share the GPU)",
                                          callback=_checked("--device", lambda v: re.fullmatch(DEVICE_PATTERN, v),
                                                            "choose cpu or cuda[:N]"))]
+MAX_TRAIN_STEPS = 10_000_000  # an agent's most training steps (leaklab.rl.agents.common.AgentConfig)
 TrainStepsOpt = Annotated[int, typer.Option("--train-steps", help="environment steps of training before the "
-                                             "round (0: initialised network)")]
+                                             "round (0: initialised network)",
+                                             callback=_checked("--train-steps", lambda v: 0 <= v <= MAX_TRAIN_STEPS,
+                                                               f"a whole number from 0 to {MAX_TRAIN_STEPS:,}"))]
 RoomDefenseOpt = Annotated[Optional[str], typer.Option("--defense", help="defense chain the clients apply, "
                                                        "e.g. clip:1,gaussian:0.5 (default none)",
                                                        callback=_defense_chain)]
@@ -197,7 +201,7 @@ def env_capture(
     behind = f", behind {defense}" if config.defense else ""
     network, own = (model_class, f" --model-class {model_class}") if model_class else (f"{arch} network", "")
     readable = max_batch("dqn_mse" if algorithm == "dqn" else "reinforce", "exact")
-    then = f"; attack them with `leaklab audit --cases {out}{own}`" if batch_size <= readable else ""
+    then = f"; attack them with `leaklab audit --cases {shlex.quote(str(out))}{own}`" if batch_size <= readable else ""
     typer.echo(f"wrote {out}: {plural(len(folders), algorithm + ' update')} of "
                f"{plural(batch_size, 'transition')}, {setting}, {network}{behind} (their states: "
                f"{out / 'capture.png'}){then}")

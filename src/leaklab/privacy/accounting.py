@@ -43,6 +43,8 @@ __all__ = ["COMPOSE_ACCOUNTANTS", "DEFAULT_ACCOUNTANT", "Ledger", "compose", "dp
 COMPOSE_ACCOUNTANTS = ("rdp", "pld")
 DEFAULT_ACCOUNTANT = "prv"
 _MAX_SIGMA = 1e4
+SIGMA_RANGE = (1e-6, 1e6)  # the noise multipliers any accountant here takes (1e300 overflowed, 1e-300 divided by 0)
+GRID_MIN_SIGMA = 0.05  # prv's and pld's grids grow as sigma shrinks: 47 s for pld at 0.05, out of memory at 0.01
 _MIN_SIGMA = 1e-3
 
 
@@ -50,8 +52,9 @@ def check_dpsgd_args(q: float, sigma: float, steps: int, delta: float) -> None:
     """Raise :class:`LeaklabError` unless DP-SGD's (q, sigma, steps, delta) are in range."""
     if not (0 < q <= 1):
         raise LeaklabError(f"the sampling rate q must lie in (0, 1] (got {q!r})")
-    if not (sigma > 0 and math.isfinite(sigma)):
-        raise LeaklabError(f"the noise multiplier sigma must be a positive number (got {sigma!r})")
+    if not (SIGMA_RANGE[0] <= sigma <= SIGMA_RANGE[1]):  # outside it the accountants overflow or divide by 0
+        raise LeaklabError(f"the noise multiplier sigma must lie in [{SIGMA_RANGE[0]:g}, {SIGMA_RANGE[1]:g}] "
+                           f"(got {sigma!r})")
     if int(steps) != steps or steps < 1:
         raise LeaklabError(f"steps must be a whole number >= 1 (got {steps!r})")
     _check_delta(delta)
@@ -112,6 +115,9 @@ def dpsgd_epsilon(q: float, sigma: float, steps: int, delta: float, accountant: 
     norm) after ``steps`` steps, at ``delta``, by the named accountant (module docstring)."""
     check_dpsgd_args(q, sigma, steps, delta)
     name = _check_accountant(accountant)
+    if name != "rdp" and sigma < GRID_MIN_SIGMA:
+        raise LeaklabError(f"the {name} accountant's grid grows as sigma shrinks: below {GRID_MIN_SIGMA:g} it runs "
+                           f"out of memory or time (got sigma {sigma:g}); use the rdp accountant")
     if name == "pld":
         return compose([subsampled_gaussian(q, sigma, steps)], delta, "pld")
     from opacus.accountants import create_accountant

@@ -21,10 +21,16 @@ __all__ = ["DirichletMechanism", "dirichlet_epsilon", "dirichlet_epsilon_approx"
            "dirichlet_vertices", "dirichlet_prob_omega1"]
 
 
+MAX_K = 1e6  # the largest concentration the mechanism's numbers are computed for
+
+
 def _check_dirichlet(eta: float, eta_bar: float, k: float, w: int, b: float | None = None) -> None:
     check_positive("eta", eta)
     check_positive("eta_bar", eta_bar)
     check_positive("k", k)
+    if k > MAX_K:
+        raise LeaklabError(f"k must be at most {MAX_K:g} (got {k:g}): at 1e6 epsilon is already 1.5e5, and the Beta "
+                           "functions of larger k take minutes or fail")
     if eta + eta_bar >= 1:
         raise LeaklabError(f"the Dirichlet domain needs eta + eta_bar < 1 (got {eta} + {eta_bar})")
     if int(w) != w or w < 2:
