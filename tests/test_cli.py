@@ -237,6 +237,11 @@ def test_yaml_config_file_with_override(case, tmp_path):
         line = assert_user_error(invoke("attack", "inversion", "--case", case, "--config", cfg, "--out", bad), bad,
                                  *words)
         assert "--bogus" not in line and "--iterations" not in line
+    # a config kept in the --out folder it would be replaced with is refused, not deleted
+    kept = out / "attack.yaml"
+    kept.write_text("iterations: 2\n")
+    result = invoke("attack", "inversion", "--case", case, "--config", kept, "--out", out)
+    assert result.exit_code == 2 and "would replace the input" in result.stderr and kept.is_file()
 
 
 def test_out_never_replaces_the_case_it_reads(case, tmp_path):

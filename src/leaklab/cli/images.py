@@ -159,9 +159,11 @@ def attack_inversion(
 ) -> None:
     """Gradient inversion (DLG, Inverting Gradients, Bayes) of every update of a case."""
     from leaklab.experiments import image_attack
-    from leaklab.io import read_config
+    from leaklab.io import IMAGE_ATTACK_FORMAT, check_out, read_config
 
     capture_fields = _capture_fields(locals())
+    if config_file:  # the config is an input too: an --out that holds it would delete it
+        check_out(out, IMAGE_ATTACK_FORMAT, inputs=[config_file])
     base = read_config(config_file) if config_file else None
     if base is not None:  # the file's own mistakes named in the file, not as options never typed
         from leaklab.attacks.inversion.config import InversionConfig
