@@ -184,13 +184,14 @@ def test_a_named_choice_takes_any_case_and_passes_on_the_name_as_listed():
     with pytest.raises(typer.Exit):
         _choice("--setting", SETTING_NAMES).callback("S3")
     # list options read each item the same way
-    from leaklab.cli.options import _each, _spelling, _whole_number
+    from leaklab.cli.options import _each, _spelling
+    from leaklab.cli.reproduce import _bounded
     from leaklab.names import INVERSION_CHECK_NAMES, TABLE1_CELLS
 
     assert _each("--cells", _spelling(TABLE1_CELLS), "")("QGI-s1, rgi-S2") == "qgi-S1,rgi-S2"
     checks = _each("--checks", _spelling(INVERSION_CHECK_NAMES), "")
     assert checks(["IG", "ig-batch-stats,dlg"]) == ["ig", "ig_batch_stats", "dlg"] and checks(None) is None
-    assert [_whole_number(v) for v in ("500", "²", "-1")] == ["500", None, None]  # int("²") raises
+    assert [_bounded(500)(v) for v in ("500", "²", "-1", "501")] == ["500", None, None, None]  # int("²") raises
 
 
 def test_mistakes_click_finds_are_one_line_too(tmp_path):

@@ -121,11 +121,6 @@ def _each(flag: str, read: Callable[[str], str | None], need: str) -> Callable[[
     return check
 
 
-def _whole_number(item: str) -> str | None:
-    """``item`` if it is a whole number ``int`` reads (``"²"`` is a digit but not a number), else None."""
-    return item if item.isdecimal() else None
-
-
 def _layouts(value: str | None) -> str | None:
     """The ``--layouts`` callback: refuses an empty list, a count out of range and an unknown or repeated
     room (:func:`leaklab.rl.envs.layouts.layouts_arg`); the room table loads without torch or ViZDoom."""

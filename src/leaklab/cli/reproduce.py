@@ -11,12 +11,20 @@ from typing import Annotated, Any, Optional
 import typer
 
 from leaklab.cli.app import CELLS_KEPT, _guard, reproduce_app
-from leaklab.cli.options import QuickOpt, SeedOpt, _each, _run_out, _some, _spelling, _split, _whole_number
+from leaklab.cli.options import QuickOpt, SeedOpt, _checked, _each, _run_out, _some, _spelling, _split
 from leaklab.cli.progress import _progress
-from leaklab.cli.rooms import ArchOpt, DeviceOpt, IterationsOpt, LayoutsOpt, ModeOpt, WorkersOpt
+from leaklab.cli.rooms import MAX_TRAIN_STEPS, ArchOpt, DeviceOpt, IterationsOpt, LayoutsOpt, ModeOpt, WorkersOpt
 from leaklab.errors import LeaklabError
 from leaklab.names import DEFAULT_ARCH, INVERSION_CHECK_NAMES, TABLE1_CELLS
 from leaklab.words import plural
+
+MAX_IMAGES = 10_000  # images per setting or check (100,000 were taken and ran until killed)
+_images_checked = _checked("--images", lambda v: 1 <= v <= MAX_IMAGES, f"a whole number from 1 to {MAX_IMAGES:,}")
+
+
+def _bounded(largest: int) -> Callable[[str], str | None]:
+    """An item reader for :func:`_each`: a whole number (``"²"`` is a digit but not one) up to ``largest``."""
+    return lambda item: item if item.isdecimal() and int(item) <= largest else None
 
 
 @reproduce_app.command("bayes-table2")
@@ -29,10 +37,12 @@ def reproduce_bayes_table2(
                                                           "chains separated by ';'",
                                                           callback=_some("--defenses"))] = None,
     steps: Annotated[Optional[list[str]], typer.Option("--steps", help="train steps, e.g. 0,500",
-                                                       callback=_each("--steps", _whole_number,
-                                                                      "whole numbers of train steps, e.g. 0,500"))
+                                                       callback=_each("--steps", _bounded(MAX_TRAIN_STEPS),
+                                                                      f"whole numbers of train steps up to "
+                                                                      f"{MAX_TRAIN_STEPS:,}, e.g. 0,500"))
                      ] = None,
-    images: Annotated[Optional[int], typer.Option("--images", help="images per setting")] = None,
+    images: Annotated[Optional[int], typer.Option("--images", help="images per setting", callback=_images_checked)
+                      ] = None,
     seed: SeedOpt = 0,
     out: Annotated[Optional[Path], _run_out("bayes-table2")] = None,
 ) -> None:
@@ -158,7 +168,8 @@ def reproduce_inversion_checks(
                                                                        "choose " + " | ".join(INVERSION_CHECK_NAMES)))
                       ] = None,
     images: Annotated[Optional[int], typer.Option("--images", help="images of the dlg and analytic checks "
-                                                  "(ig: at most 3; idlg always 50, 5 with --quick)")] = None,
+                                                  "(ig: at most 3; idlg always 50, 5 with --quick)",
+                                                  callback=_images_checked)] = None,
     quick: QuickOpt = False,
     out: Annotated[Optional[Path], _run_out("inversion-checks")] = None,
 ) -> None:
