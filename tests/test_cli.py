@@ -401,7 +401,7 @@ def test_reproduce_commands_and_threads_setting_fail_with_one_line(case, tmp_pat
     assert_user_error(invoke("reproduce", "inversion-checks", "--quick", "--out", out), out, "from 1 to 1024")
     monkeypatch.delenv("LEAKLAB_THREADS")
     assert_user_error(invoke("--threads", "1025", "reproduce", "inversion-checks", "--quick", "--out", out), out,
-                      "from 1 to 1024")
+                      "'--threads'", "1025")
 
 
 def test_plain_progress_writes_a_line_every_interval_and_at_each_task_end(capsys):

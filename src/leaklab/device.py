@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 
 from leaklab.errors import LeaklabError
-from leaklab.names import DEVICE_PATTERN
+from leaklab.names import DEVICE_PATTERN, MAX_THREADS
 
 
 def default_device() -> torch.device:
@@ -125,9 +125,6 @@ def describe(device: torch.device) -> str:
         return f"cuda:{torch.cuda.get_device_name(device)}"
     threads = torch.get_num_threads()
     return f"cpu ({threads} thread{'' if threads == 1 else 's'}), {processor()}"
-
-
-MAX_THREADS = 1024  # a million asked for made torch's thread pool fail to map its stacks (a segfault)
 
 
 def configure_threads(threads: int | None = None) -> int:

@@ -31,3 +31,4 @@ ACCOUNTANT_NAMES = ("rdp", "prv", "pld")  # DP-SGD accountants (leaklab.privacy.
 MECHANISM_NAMES = ("laplace", "gaussian", "exponential", "randomized-response", "dirichlet")  # audit cases
 MECHANISM_ALIASES = {"rr": "randomized-response"}
 AUDIT_TEST_NAMES = ("split", "scan")  # how an audit picks its threshold (leaklab.privacy.audit)
+MAX_THREADS = 1024  # torch threads (--threads, LEAKLAB_THREADS): a million made its pool fail to map stacks, a segfault

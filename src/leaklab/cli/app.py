@@ -15,6 +15,7 @@ from pydantic import ValidationError
 from typer.core import TyperGroup
 
 from leaklab.cli.options import _error_line, _fail, _option_name
+from leaklab.names import MAX_THREADS
 from leaklab.errors import LeaklabError, validation_message
 
 
@@ -134,7 +135,7 @@ def _print_version(value: bool) -> None:
 
 @app.callback()
 def _main(threads: Annotated[Optional[int], typer.Option(
-        "--threads", min=1, help="torch threads for this run (default: LEAKLAB_THREADS or 1); the rooms' "
+        "--threads", min=1, max=MAX_THREADS, help="torch threads for this run (default: LEAKLAB_THREADS or 1); the rooms' "
                                  "captures and attacks run on one per process whatever it says")] = None,
         show_version: Annotated[bool, typer.Option("--version", callback=_print_version, is_eager=True,
                                                    help="print leaklab's version and exit")] = False) -> None:
