@@ -155,6 +155,8 @@ def test_help_version_and_bad_names_do_not_load_torch(tmp_path):
            ("attack", "qgi", "--device", "tpu", *o): "cpu or cuda[:N]", ("audit", "--device", "cuda:x", *o): "cuda[:N]",
            ("attack", "rgi", "--defense", "clip:1,gauss:2", *o): "unknown defense 'gauss'",
            ("capture", "--defense", "prune:1", *o): "out of range",
+           # noise past float32 made infinite updates, refused only when attacked (the audit after its capture)
+           ("capture", "--defense", "laplace:1e308", *o): "noise scales in (0, 1e+06]",
            ("mechanisms", "account", "dpsgd", "--q", "0.1", "--sigma", "1", "--steps", "9", "--accountant", "x"): "prv",
            ("mechanisms", "audit", "--epsilon", "1", "--mechanism", "lap"): "randomized-response | dirichlet | dpsgd",
            ("mechanisms", "audit", "--mechanism", "laplace", "--epsilon", "1", "--test", "x"): "choose split | scan"}

@@ -179,7 +179,8 @@ def test_audit_takes_the_defense_levels_a_user_asks_for(tmp_path):
     assert json.loads((out / "results.json").read_text())["summary"]["defenses"] == [
         "none", "gaussian σ=0.0001", "DP-SGD ε=50", "DP-SGD ε=20"]
     for args, word in [(("--sigmas", "0"), "--sigmas"), (("--epsilons", "8,8"), "e.g. 8,1"),
-                       (("--sigmas", "1e-3,x"), "distinct positive numbers")]:
+                       (("--sigmas", "1e-3,x"), "distinct positive numbers"),
+                       (("--sigmas", "1e39"), "invalid --sigmas (got '1e+39')")]:  # infinite float32 updates
         assert_user_error(invoke("audit", "--quick", *args, "--out", tmp_path / "bad"), tmp_path / "bad", word)
     with pytest.raises(ValueError, match="each level once"):
         from leaklab.experiments import room_audit

@@ -13,6 +13,10 @@ MAX_SEED = 2**32 - 1  # the widest range every generator leaklab seeds takes (Vi
 Seed = Annotated[int, Field(ge=0, le=MAX_SEED, description=f"0 to {MAX_SEED}")]
 
 
+NOISES = ("gaussian", "laplace")
+MAX_NOISE_SCALE = 1e6  # per gradient entry; 1e39 made float32 updates infinite, caught only when attacked
+
+
 def defense_steps(spec: str | None) -> tuple[tuple[str, float], ...]:
     """The steps of a defense chain such as ``"prune:0.5,gaussian:0.1"``, as ``(name, value)`` pairs
     in order (none for None, ``""`` or ``"none"``); raises :class:`LeaklabError` naming the bad part.
@@ -31,9 +35,9 @@ def defense_steps(spec: str | None) -> tuple[tuple[str, float], ...]:
         except ValueError:
             raise LeaklabError(f"defense {name!r} needs a number, as in {name}:0.1") from None
         if not math.isfinite(v) or v < 0 or (name in ("prune", "topk") and v >= 1) or \
-                (name in ("gaussian", "laplace", "clip") and v == 0):
-            raise LeaklabError(f"defense parameter {part.strip()!r} is out of range "
-                               "(noise scales and clip norms > 0, pruning fractions in [0, 1))")
+                (name in ("gaussian", "laplace", "clip") and v == 0) or (name in NOISES and v > MAX_NOISE_SCALE):
+            raise LeaklabError(f"defense parameter {part.strip()!r} is out of range (noise scales in (0, "
+                               f"{MAX_NOISE_SCALE:g}], clip norms > 0, pruning fractions in [0, 1))")
         steps.append((name, v))
     return tuple(steps)
 

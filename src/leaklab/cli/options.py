@@ -17,7 +17,7 @@ from leaklab.fields import MAX_SEED, defense_steps
 CAPTURE = "Capture (client side)"
 ATTACK = "Attack"
 
-_OPTION_NAMES = {"priors": "--prior/--tv"}
+_OPTION_NAMES = {"priors": "--prior/--tv", "gaussian_sigmas": "--sigmas", "dp_epsilons": "--epsilons"}
 
 
 def _option_name(loc: tuple) -> str:

@@ -50,7 +50,7 @@ from leaklab.errors import LeaklabError, ModelClassError
 from leaklab.experiments import ProgressFn, attack_pool, room_attack, room_report, room_verdicts
 from leaklab.experiments.attack_journal import journal_beside
 from leaklab.experiments.audit_levels import leaks_stop, next_levels
-from leaklab.fields import Seed
+from leaklab.fields import Seed, defense_steps
 from leaklab.io import (AUDIT_FORMAT, CAPTURE_JSON, RECONSTRUCTIONS_FILE, RESULTS_FILE, TRUTH_FILE, VIEW_FILE,
                         atomic_dir, check_out, read_json, save_tensors, write_json)
 from leaklab.metrics.rooms import matched
@@ -104,6 +104,13 @@ class AuditConfig(BaseModel):
         if len(set(levels)) < len(levels):
             raise ValueError("each level once")
         return levels
+
+    @field_validator("gaussian_sigmas")
+    @classmethod
+    def _applicable(cls, sigmas: tuple[float, ...]) -> tuple[float, ...]:
+        for sigma in sigmas:  # the chain the clients apply, checked before any capture
+            defense_steps(f"gaussian:{sigma:g}")
+        return sigmas
 
     def defenses(self) -> list[tuple[str, str | None]]:
         """(label, defense chain) from the weakest to the strongest."""
