@@ -473,6 +473,8 @@ def test_plain_progress_clock_counts_hours():
 @pytest.mark.parametrize("args, words", [
     (["--tv", "inf"], ["--prior/--tv", "finite"]), (["--prior", "tv=nan"], ["finite"]),
     (["--mc-radius", "inf"], ["--mc-radius", "finite"]), (["--lr", "1e308"], ["--lr", "less than or equal"]),
+    # two weights for one prior: the last one was used, silently
+    (["--tv", "0.5", "--prior", "tv=1"], ["--tv and --prior tv"]), (["--prior", "tv=1", "--prior", "tv=2"], ["twice"]),
 ])
 def test_non_finite_or_huge_attack_options_are_refused(tmp_path, args, words):
     """--tv inf was a traceback (or NaN PSNRs with exit code 0), --tv nan silently dropped the prior."""

@@ -65,10 +65,15 @@ def parse_priors(items: list[str] | None, tv: float | None = None) -> dict[str, 
             try:
                 if not sep:
                     raise ValueError
-                priors[name.strip()] = float(value)
+                weight = float(value)
             except ValueError:
                 raise LeaklabError(f"--prior {part.strip()!r} must look like NAME=WEIGHT, e.g. tv=0.2") from None
+            if name.strip() in priors:  # a second weight silently replaced the first
+                raise LeaklabError(f"--prior names {name.strip()!r} twice; give each prior one weight")
+            priors[name.strip()] = weight
     if tv is not None:
+        if "tv" in priors:
+            raise LeaklabError("--tv and --prior tv=... both weigh the TV prior; give one")
         priors["tv"] = tv
     return priors
 
