@@ -118,6 +118,29 @@ def _results(folder: Path, fmt: str, **more) -> None:
     (folder / "results.json").write_text(json.dumps({"format": fmt, **more}))
 
 
+def test_an_out_that_cannot_be_moved_is_one_error_before_any_work(tmp_path, monkeypatch):
+    """A mount point or an immutable folder as --out: the rename failed with a traceback after the whole
+    command had run, and left `.out.XXXX.old/` beside it."""
+    import os
+
+    out = tmp_path / "out"
+    with atomic_dir(out, ROOM_ATTACK_FORMAT) as tmp:
+        _results(tmp, ROOM_ATTACK_FORMAT)
+    real = os.replace
+
+    def busy(src, dst):
+        if Path(src) == out.absolute():
+            raise OSError(16, "Device or resource busy")
+        return real(src, dst)
+
+    monkeypatch.setattr("leaklab.io.os.replace", busy)
+    ran = []
+    with pytest.raises(LeaklabError, match="cannot be replaced \\(Device or resource busy\\)"):
+        with atomic_dir(out, ROOM_ATTACK_FORMAT):
+            ran.append(True)
+    assert not ran and sorted(p.name for p in tmp_path.iterdir()) == ["out"] and (out / "results.json").exists()
+
+
 def test_atomic_dir_replaces_only_the_same_commands_output(tmp_path):
     out = tmp_path / "out"
     with atomic_dir(out, ROOM_ATTACK_FORMAT) as tmp:

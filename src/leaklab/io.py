@@ -25,7 +25,7 @@ import shutil
 import struct
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -408,6 +408,8 @@ def atomic_dir(out: Path, writes: str, inputs: Sequence[Path] = ()) -> Iterator[
     """
     out = check_out(Path(out), writes, inputs).absolute()
     make_out_parent(out)
+    if out.exists():  # before any work: an --out that cannot be moved aside (a mount point, immutable)
+        _replace_aside(out, lambda aside: os.replace(aside, out))
     try:
         tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".partial", dir=out.parent))
     except OSError as e:
@@ -417,15 +419,29 @@ def atomic_dir(out: Path, writes: str, inputs: Sequence[Path] = ()) -> Iterator[
         yield tmp
         check_out(out, writes)
         if out.exists():
-            trash = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".old", dir=out.parent))
-            os.replace(out, trash / "old")
-            os.replace(tmp, out)
-            shutil.rmtree(trash, ignore_errors=True)
+            _replace_aside(out, lambda aside: os.replace(tmp, out))
         else:
             os.replace(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+def _replace_aside(out: Path, then: Callable[[Path], None]) -> None:
+    """Move the folder ``out`` into a temporary one beside it, call ``then`` with where it went, and remove
+    what is left there; an ``out`` that cannot be moved is a :class:`LeaklabError` with nothing left behind."""
+    try:
+        trash = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".old", dir=out.parent))
+    except OSError as e:
+        raise _cannot_write(out, e) from None
+    try:
+        os.replace(out, trash / "old")
+    except OSError as e:
+        shutil.rmtree(trash, ignore_errors=True)
+        raise LeaklabError(f"--out {out} cannot be replaced ({e.strerror or _first_line(e)}); choose another "
+                           "folder") from None
+    then(trash / "old")
+    shutil.rmtree(trash, ignore_errors=True)
 
 
 def new_run_dir(kind: str, root: Path = Path("runs")) -> Path:
