@@ -86,6 +86,12 @@ def test_room_table2_runs_every_row_beside_the_papers_and_draws_fig4(tmp_path, m
         assert f"({paper['iou_mean']:.3f})" in row and f"({paper['q_target_err_mean']:.3f})" in row
     assert res["table"]["exact"]["iou_mean"] == 1.0  # exact mode reads the box in closed form
     assert (out / "fig4.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # Table I into Table II's folder: refused before any work (it merged, Fig. 4 and Table II's cells staying)
+    before = sorted(p.name for p in (out / "cells").iterdir())
+    assert_user_error(invoke("reproduce", "room-table1", "--mode", "exact", "--samples", "1", "--layouts", "1",
+                             "--cells", "qgi-S2", *ROOM_FAST, "--out", out), None,
+                      "holds another reproduction's output (room-table2)")
+    assert sorted(p.name for p in (out / "cells").iterdir()) == before
 
 
 def test_saved_table_cells_are_reused_whatever_the_worker_count():

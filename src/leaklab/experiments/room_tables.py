@@ -113,10 +113,20 @@ def _same_cell(saved: Any, config: room_attack.RoomRunConfig) -> bool:
             and computation(saved["config"]) == computation(config.model_dump(mode="json")))
 
 
-def _run_cells(out: Path, cells: dict[str, room_attack.RoomRunConfig],
+def _run_cells(out: Path, experiment: str, names: tuple[str, ...], cells: dict[str, room_attack.RoomRunConfig],
                progress: ProgressFn | None) -> dict[str, dict[str, Any]]:
-    # before any work: a user's file or folder is refused, an earlier run's cells resumed
+    """Run (or take again, :func:`_same_cell`) the ``cells`` of ``experiment``, whose cells are ``names``."""
+    # before any work: a user's file or folder is refused, an earlier run's cells resumed, another table's
+    # output refused (its results and figure would have stayed beside this one's)
     check_out(out, REPRODUCTION_FORMAT)
+    earlier = out / RESULTS_FILE
+    data = read_json(earlier, "room-table results") if earlier.is_file() else None
+    held = data.get("experiment") if isinstance(data, dict) else None
+    others = sorted(p.name for p in (out / CELLS_DIR).iterdir() if p.name not in names) \
+        if (out / CELLS_DIR).is_dir() else []
+    if (held is not None and held != experiment) or others:
+        raise LeaklabError(f"--out {out} holds another reproduction's output ({held or 'cells ' + ', '.join(others)}); "
+                           "choose a new folder or remove that one first")
     results = {}
     for i, (name, config) in enumerate(cells.items()):
         folder = out / CELLS_DIR / name
@@ -155,7 +165,7 @@ def table1(out: Path, mode: str = "paper", samples: int = 48, layouts: tuple[str
         raise LeaklabError(f"--cells: {', '.join(unknown) or 'none given'}; choose from {', '.join(TABLE1_CELLS)}")
     cells = {name: _cell_config(name.split("-")[0], name.split("-")[1], {"mode": mode}, samples, layouts,
                                 iterations, arch, seed, workers, device) for name in cells}
-    results = _run_cells(Path(out), cells, progress)
+    results = _run_cells(Path(out), "room-table1", TABLE1_CELLS, cells, progress)
     table = {name: {k: r["summary"].get(k) for k in METRICS_TABLE1 + VECTORS +
                     ("rgb_psnr_baseline_mean", "depth_psnr_baseline_mean", "rgb_psnr_raw_mean",
                      "depth_psnr_raw_mean", "iterations", "seconds_per_sample", "samples", "layouts",
@@ -231,7 +241,7 @@ def table2(out: Path, samples: int = 48, layouts: tuple[str, ...] | None = None,
            device: str = "cpu", progress: ProgressFn | None = None) -> dict[str, Any]:
     """Table II and Fig. 4 (QGI S1, paper mode) with the exact mode beside them."""
     cells = table2_cells(samples, layouts, iterations, arch, seed, workers, device)
-    results = _run_cells(Path(out), cells, progress)
+    results = _run_cells(Path(out), "room-table2", tuple(TABLE2_CELLS), cells, progress)
     table = {name: {k: r["summary"].get(k) for k in METRICS_TABLE1 + VECTORS +
                     ("rgb_psnr_baseline_mean", "depth_psnr_baseline_mean", "iterations", "samples")}
              for name, r in results.items()}
