@@ -551,7 +551,8 @@ def test_sigterm_ends_a_command_with_one_line():
             "_guard(work)()\n")
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert run.returncode == 128 + signal.SIGTERM, run.stderr
-    assert len(run.stderr.splitlines()) == 1 and run.stderr.startswith("error: terminated; --out holds"), run.stderr
+    assert len(run.stderr.splitlines()) == 1 and run.stderr.startswith("error: terminated; nothing is left half-written"), \
+        run.stderr
     assert run.stdout == "cleaned up\n"
 
 
@@ -566,7 +567,8 @@ def test_an_interrupted_command_says_what_it_leaves(capsys):
         raise KeyboardInterrupt
 
     for guarded, kept in ((cli_app._guard(work), cli_app.NOTHING_KEPT),
-                          (cli_app._guard(stopped=cli_app.CELLS_KEPT)(work), cli_app.CELLS_KEPT)):
+                          (cli_app._guard(stopped=cli_app.CELLS_KEPT)(work), cli_app.CELLS_KEPT),
+                          (cli_app._guard(stopped=cli_app.CHECKS_KEPT)(work), cli_app.CHECKS_KEPT)):
         with pytest.raises(typer.Exit) as stop:
             guarded()
         assert stop.value.exit_code == 130 and capsys.readouterr().err == f"error: interrupted; {kept}\n"

@@ -10,7 +10,7 @@ from typing import Annotated, Any, Optional
 
 import typer
 
-from leaklab.cli.app import CELLS_KEPT, _guard, reproduce_app
+from leaklab.cli.app import CELLS_KEPT, CHECKS_KEPT, _guard, reproduce_app
 from leaklab.cli.options import QuickOpt, SeedOpt, _checked, _each, _run_out, _some, _spelling, _split
 from leaklab.cli.progress import _progress
 from leaklab.cli.rooms import MAX_TRAIN_STEPS, ArchOpt, DeviceOpt, IterationsOpt, LayoutsOpt, ModeOpt, WorkersOpt
@@ -159,7 +159,7 @@ def reproduce_room_table2(
 
 
 @reproduce_app.command("inversion-checks")
-@_guard
+@_guard(stopped=CHECKS_KEPT)
 def reproduce_inversion_checks(
     checks: Annotated[Optional[list[str]], typer.Option("--checks", help="dlg, idlg, analytic, ig, ig_batch_stats "
                                                         "(IG on a BatchNorm client in training mode; repeatable or "
