@@ -186,8 +186,7 @@ def test_a_named_choice_takes_any_case_and_passes_on_the_name_as_listed():
     with pytest.raises(typer.Exit):
         _choice("--setting", SETTING_NAMES).callback("S3")
     # list options read each item the same way
-    from leaklab.cli.options import _each, _spelling
-    from leaklab.cli.reproduce import _bounded
+    from leaklab.cli.options import _bounded, _each, _spelling
     from leaklab.names import INVERSION_CHECK_NAMES, TABLE1_CELLS
 
     assert _each("--cells", _spelling(TABLE1_CELLS), "")("QGI-s1, rgi-S2") == "qgi-S1,rgi-S2"

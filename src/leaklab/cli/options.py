@@ -121,6 +121,11 @@ def _each(flag: str, read: Callable[[str], str | None], need: str) -> Callable[[
     return check
 
 
+def _bounded(largest: int) -> Callable[[str], str | None]:
+    """An item reader for :func:`_each`: a whole number (``"²"`` is a digit but not one) up to ``largest``."""
+    return lambda item: item if item.isdecimal() and int(item) <= largest else None
+
+
 def _layouts(value: str | None) -> str | None:
     """The ``--layouts`` callback: refuses an empty list, a count out of range and an unknown or repeated
     room (:func:`leaklab.rl.envs.layouts.layouts_arg`); the room table loads without torch or ViZDoom."""

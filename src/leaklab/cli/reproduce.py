@@ -11,20 +11,15 @@ from typing import Annotated, Any, Optional
 import typer
 
 from leaklab.cli.app import CELLS_KEPT, CHECKS_KEPT, _guard, reproduce_app
-from leaklab.cli.options import QuickOpt, SeedOpt, _checked, _each, _run_out, _some, _spelling, _split
+from leaklab.cli.options import QuickOpt, SeedOpt, _bounded, _checked, _each, _run_out, _some, _spelling, _split
 from leaklab.cli.progress import _progress
-from leaklab.cli.rooms import MAX_TRAIN_STEPS, ArchOpt, DeviceOpt, IterationsOpt, LayoutsOpt, ModeOpt, WorkersOpt
+from leaklab.cli.rooms import ArchOpt, DeviceOpt, IterationsOpt, LayoutsOpt, ModeOpt, WorkersOpt
 from leaklab.errors import LeaklabError
-from leaklab.names import DEFAULT_ARCH, INVERSION_CHECK_NAMES, TABLE1_CELLS
+from leaklab.names import DEFAULT_ARCH, INVERSION_CHECK_NAMES, MAX_TRAIN_STEPS, TABLE1_CELLS
 from leaklab.words import plural
 
 MAX_IMAGES = 10_000  # images per setting or check (100,000 were taken and ran until killed)
 _images_checked = _checked("--images", lambda v: 1 <= v <= MAX_IMAGES, f"a whole number from 1 to {MAX_IMAGES:,}")
-
-
-def _bounded(largest: int) -> Callable[[str], str | None]:
-    """An item reader for :func:`_each`: a whole number (``"²"`` is a digit but not one) up to ``largest``."""
-    return lambda item: item if item.isdecimal() and int(item) <= largest else None
 
 
 @reproduce_app.command("bayes-table2")

@@ -19,7 +19,7 @@ from leaklab.cli.options import (OutOpt, QuickOpt, SeedOpt, _checked, _choice, _
 from leaklab.cli.progress import _progress, _resumed
 from leaklab.errors import LeaklabError
 from leaklab.names import (ARCH_NAMES, AUDIT_KIND_NAMES, DEFAULT_ARCH, DEVICE_PATTERN, POLICY_NAMES,
-                           RL_ALGORITHM_NAMES, ROOM_MODE_NAMES, SETTING_NAMES)
+                           MAX_TRAIN_STEPS, RL_ALGORITHM_NAMES, ROOM_MODE_NAMES, SETTING_NAMES)
 from leaklab.words import cosine_text, plural
 
 
@@ -44,7 +44,6 @@ DeviceOpt = Annotated[str, typer.Option("--device", help="cpu | cuda[:N]: where 
                                          "(on cuda the worker processes share the GPU)",
                                          callback=_checked("--device", lambda v: re.fullmatch(DEVICE_PATTERN, v),
                                                            "choose cpu or cuda[:N]"))]
-MAX_TRAIN_STEPS = 10_000_000  # an agent's most training steps (leaklab.rl.agents.common.AgentConfig)
 TrainStepsOpt = Annotated[int, typer.Option("--train-steps", help="environment steps of training before the "
                                              "round (0: initialised network)",
                                              callback=_checked("--train-steps", lambda v: 0 <= v <= MAX_TRAIN_STEPS,

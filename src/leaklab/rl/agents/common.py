@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from leaklab.errors import LeaklabError
 from leaklab.fields import Seed
+from leaklab.names import MAX_TRAIN_STEPS
 from leaklab.models import PerceptionNet, PerceptionSpec, stack_images
 from leaklab.privacy.dpsgd import DPConfig
 from leaklab.rl.envs.layouts import LAYOUTS, check_layouts
@@ -34,7 +35,7 @@ class AgentConfig(BaseModel):
 
     spec: PerceptionSpec = PerceptionSpec()
     layouts: tuple[str, ...] | None = Field(default=None, description="room layouts; None: all of them")
-    steps: int = Field(default=2000, ge=1, le=10_000_000, description="environment steps to train for")
+    steps: int = Field(default=2000, ge=1, le=MAX_TRAIN_STEPS, description="environment steps to train for")
     max_episode_steps: int = Field(default=50, ge=1, le=10_000)
     lr: float = Field(default=1e-4, gt=0)
     gamma: float = Field(default=0.99, ge=0, le=1)
