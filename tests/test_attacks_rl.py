@@ -36,8 +36,9 @@ def smooth_images(batch, channels, seed):
 
 
 def client(setting="S2", arch="small", loss="dqn_mse", batch=1, actions=(3, 5), seed=0,
-           returns=(1.3, -0.8), targets=(0.7, -0.4), boxes=((-0.3, -0.2, 0.4, 0.5), (0.1, -0.6, 0.7, 0.2))):
-    spec = PerceptionSpec(setting=setting, arch=arch)
+           returns=(1.3, -0.8), targets=(0.7, -0.4), boxes=((-0.3, -0.2, 0.4, 0.5), (0.1, -0.6, 0.7, 0.2)),
+           num_actions=7):
+    spec = PerceptionSpec(setting=setting, arch=arch, num_actions=num_actions)
     net = build_perception_net(spec, seed=seed)
     x = smooth_images(batch, spec.in_channels, seed + 10)
     box = torch.tensor(boxes)[:batch]
@@ -94,6 +95,15 @@ def test_rgi_says_when_the_action_is_not_in_the_update():
     assert "action" not in rec.exact and {"probs", "reward"} <= set(rec.exact)
     m = room_metrics(rec, truth, "S2")
     assert m["action_identified"] == 0.0 and m["action_informative"] == 0.0 and m["reward_error"] < 1e-6
+
+
+@pytest.mark.parametrize("mode", ["exact", "paper"])
+def test_rgi_with_two_actions_claims_neither_the_action_nor_the_reward(mode):
+    """Two actions: ``p − e_0 = −(p − e_1)``, so action 1's update fits action 0 with another return."""
+    view, update, truth = client(loss="reinforce", actions=(1,), num_actions=2)
+    rec = rgi(view, update, RoomAttackConfig(iterations=2, stage1_iterations=2, mode=mode))
+    assert rec.action_identified.tolist() == [False] and not {"action", "reward"} & set(rec.exact)
+    assert room_metrics(rec, truth, "S2")["reward_error"] > 1.0  # not a number to claim: action 0's return
 
 
 def test_paper_mode_rules_recover_the_action():

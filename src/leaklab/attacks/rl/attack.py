@@ -225,8 +225,10 @@ def _rgi(net: PerceptionNet, grads: dict[str, torch.Tensor], batch: int, cfg: Ro
     scale = float(own.norm(dim=1).max())
     action, reward, identified = (torch.cat(parts) for parts in zip(
         *(reinforce_action_reward(own[b], probs[b], entropy_weight, scale) for b in range(read_batch))))
-    if "features" in exact:  # the action only where the update has a policy-gradient part
-        exact += ("probs", "reward") + (("action",) if bool(identified.all()) and read_batch == batch else ())
+    if "features" in exact:  # the action only where the update has a policy-gradient part, the reward unless
+        # two actions leave it open (:func:`reinforce_action_reward`)
+        exact += (("probs",) + (("reward",) if net.spec.num_actions > 2 else ())
+                  + (("action",) if bool(identified.all()) and read_batch == batch else ()))
     rec = RoomReconstruction(images=images.clamp(0, 1), box=box.float(), action=action,
                              iterations=iterations, seconds=time.perf_counter() - start,
                              probs=probs, reward=reward, action_identified=identified, exact=exact,

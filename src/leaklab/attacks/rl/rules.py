@@ -78,7 +78,11 @@ def reinforce_action_reward(grad_b: torch.Tensor, probs: torch.Tensor, alpha: fl
     :data:`SEPARATION_NOISE` times ``batch_scale``, the norm of the batch's largest per-sample bias
     gradient (0, the default: no such floor; a sample's own norm would add nothing to the first test).
     Measured on 60 batches of two (S2 and S1, 120 samples): zero returns up to 2.2e-3 of their entropy part (over
-    :data:`IDENTIFIABLE`) but at most 3.3e-6 of the largest error; non-zero returns at least 7.2e-3 of it."""
+    :data:`IDENTIFIABLE`) but at most 3.3e-6 of the largest error; non-zero returns at least 7.2e-3 of it.
+
+    With two actions ``p − e_0 = −(p − e_1)``: both directions fit, so the update holds neither the action nor
+    the return (``−c / p_1`` for action 0, ``c / p_0`` for action 1, where ``pg = c (1, −1)``); the action is
+    then never identified (action 0, the return read for it)."""
     entropy = entropy_bias_gradient(probs, alpha)
     pg = grad_b - entropy
     eye = torch.eye(probs.numel(), dtype=probs.dtype, device=probs.device)
@@ -86,7 +90,7 @@ def reinforce_action_reward(grad_b: torch.Tensor, probs: torch.Tensor, alpha: fl
     cos = (units @ pg).abs() / (units.norm(dim=1) * pg.norm() + 1e-300)
     action = int(cos.argmax())
     u = units[action]
-    identified = (bool(pg.norm() > IDENTIFIABLE * entropy.norm())
+    identified = (probs.numel() > 2 and bool(pg.norm() > IDENTIFIABLE * entropy.norm())
                   and float(pg.norm()) > SEPARATION_NOISE * batch_scale)
     return (torch.tensor([action], device=probs.device), ((pg @ u) / (u @ u)).reshape(1),
             torch.tensor([identified], device=probs.device))
