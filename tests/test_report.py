@@ -47,6 +47,13 @@ def test_boxes_are_drawn_where_they_are_in_the_frame(monkeypatch):
     assert drawn == [([1.0] * 4, 8), ([-1.0] * 4, 8)]
 
 
+def test_image_grid_texts_are_shown_as_written():
+    # a case folder named `cost$5_to_$10` is a caption; as math it failed the whole cases report
+    odd = "cost$5_to_$10"
+    assert image_grid([(odd, torch.rand(1, 1, 8, 8))], captions=[[odd]], title=odd).startswith(PNG)
+    assert bar_plot([odd], {odd: [1.0]}, ylabel=odd, xlabel=odd, title=odd).startswith(PNG)
+
+
 def test_image_grid_rejects_ragged_rows():
     try:
         image_grid([("a", torch.rand(2, 1, 4, 4)), ("b", torch.rand(3, 1, 4, 4))])

@@ -90,14 +90,14 @@ def image_grid(rows: Sequence[tuple[str, torch.Tensor]], path: Path | None = Non
                     continue
                 _show(ax, images[i])
                 if c == 0:
-                    ax.set_ylabel(name, fontsize=8)
+                    ax.set_ylabel(_plain(name), fontsize=8)
                 caption = captions[r][i] if captions is not None and captions[r] else None
                 if caption:
-                    ax.set_xlabel(caption, fontsize=7)
+                    ax.set_xlabel(_plain(caption), fontsize=7)
                 if boxes is not None and boxes[r] is not None:
                     draw_box(ax, boxes[r][i], images.shape[-1])
     if title:
-        fig.suptitle(title, fontsize=10)
+        fig.suptitle(_plain(title), fontsize=10)
     # keep the title's strip free: tight_layout alone lets the first row's images run into it
     fig.tight_layout(rect=(0, 0, 1, 1 - 0.4 / fig.get_figheight()) if title else None)
     data = _to_png(fig)
@@ -155,11 +155,11 @@ def bar_plot(groups: Sequence[str], series: dict[str, Sequence[float | None]],
     crowded = max(len(str(g)) for g in groups) * LABEL_INCHES > (inches - 1.5) / max(1, len(groups))
     ax.set_xticklabels([_plain(g) for g in groups], fontsize=8, rotation=20 if crowded else 0,
                        ha="right" if crowded else "center")  # slanted where they would run into each other
-    ax.set_ylabel(ylabel)
+    ax.set_ylabel(_plain(ylabel))
     if xlabel:
-        ax.set_xlabel(xlabel)
+        ax.set_xlabel(_plain(xlabel))
     if title:
-        ax.set_title(title, fontsize=10)
+        ax.set_title(_plain(title), fontsize=10)
     handles, labels = ax.get_legend_handles_labels()
     if lines:
         right = ax.twinx()
