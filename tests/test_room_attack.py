@@ -185,6 +185,34 @@ def test_rgi_summary_counts_samples_not_updates_in_a_batch():
     assert s["action_accuracy_nonzero_return"] == pytest.approx(2 / 3) and s["zero_return_samples"] == 1
 
 
+def test_summary_means_count_transitions_and_a_zero_q_value_is_counted_not_dropped():
+    """A batch row holds its transitions' means: weighed by its size in the summary; a true Q-value of 0 has
+    no % error, which neither erases its batch mate's nor vanishes unsaid; `iou_min` is a transition's."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from leaklab.experiments.room_attack import summarise
+    from leaklab.metrics.rooms import room_metrics
+
+    images = torch.rand(2, 1, 16, 16, generator=torch.Generator().manual_seed(0))
+    boxes = torch.tensor([[-0.5, -0.5, 0.5, 0.5], [0.0, 0.0, 0.4, 0.4]])
+    truth = {"images": images, "box": boxes, "action": torch.tensor([1, 2]),
+             "q_pred": torch.tensor([0.5, 0.3]), "q_target": torch.tensor([0.0, 0.2])}
+    rec = SimpleNamespace(images=images.clone(), box=boxes + torch.tensor([[0.0] * 4, [0.0, 0.0, 0.0, 0.2]]),
+                          action=torch.tensor([1, 0]), q_pred=truth["q_pred"].clone(),
+                          q_target=torch.tensor([1e-7, 0.4]), reward=None, action_identified=None, read=None)
+    m = room_metrics(rec, truth, "S2")
+    assert m["q_target_error"] == pytest.approx(100.0) and m["q_error_undefined"] == 1.0
+    assert m["box_iou"] == pytest.approx((1 + 2 / 3) / 2) and m["box_iou_min"] == pytest.approx(2 / 3)
+    one = {"batch_size": 1, "layouts": ["b"], "metrics": dict(m, action=1.0, q_target_error=1.0, q_error_undefined=0.0,
+                                                              box_iou=1.0, box_iou_min=1.0)}
+    s = summarise([{"batch_size": 2, "layouts": ["a"], "metrics": m}, one], 1, 1.0)
+    assert s["action_accuracy"] == pytest.approx(2 / 3)  # 2 of 3 transitions, not the mean of 0.5 and 1
+    assert s["q_target_err_mean"] == pytest.approx((2 * 100 + 1) / 3) and s["q_error_undefined"] == 1
+    assert s["iou_min"] == pytest.approx(2 / 3)
+
+
 def test_summary_counts_the_rows_whose_stage1_started_again():
     from leaklab.experiments.room_attack import summarise
 

@@ -82,6 +82,10 @@ def _room_attack(algorithm: str, setting: str, mode: str, arch: str, samples: in
             typer.echo(f"warning: {notice}", err=True)
 
 
+def _percent(value: float | None) -> str:
+    return "none" if value is None else f"{value:.3g}%"
+
+
 def _room_summary_line(s: dict[str, Any], defended: bool) -> str:
     """What a room-attack summary says leaked: the images against their baselines, box, action, and
     the Q-value or reward errors (``defended``: of updates behind a defense)."""
@@ -93,8 +97,10 @@ def _room_summary_line(s: dict[str, Any], defended: bool) -> str:
             parts.append(f"{image} PSNR {s[f'{image}_psnr_mean']:.2f} dB (baseline "
                          f"{s[f'{image}_psnr_baseline_mean']:.2f}), SSIM {s[f'{image}_ssim_mean']:.3f}")
     parts.append(f"box IoU {s['iou_mean']:.4f}, action {room_attack.action_share(s, defended)}")
-    if s.get("q_target_err_mean") is not None:
-        parts.append(f"predicted-Q error {s['q_pred_err_mean']:.3g}%, target-Q error {s['q_target_err_mean']:.3g}%")
+    if s.get("q_target_err_mean") is not None or s.get("q_error_undefined"):
+        parts.append(f"predicted-Q error {_percent(s.get('q_pred_err_mean'))}, target-Q error "
+                     f"{_percent(s.get('q_target_err_mean'))}" + (f" ({s['q_error_undefined']} transitions with a "
+                                                                "true Q-value of 0 left out)" if s.get("q_error_undefined") else ""))
     if s.get("reward_abs_err_mean") is not None:
         parts.append(f"reward error {s['reward_abs_err_mean']:.3g}")
     if defended and s.get("update_cosine_median") is not None:  # absent where no saved truth records it

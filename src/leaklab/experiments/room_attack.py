@@ -48,7 +48,7 @@ SAMPLES_FILE = "samples.jsonl"
 PNG_FILE = "reconstructions.png"
 GRID_SAMPLES = 8
 
-# results.json summary key <- per-sample metric of leaklab.metrics.rooms (mean over samples)
+# results.json summary key <- per-sample metric of leaklab.metrics.rooms (mean over transitions; _min: the least)
 SUMMARY_KEYS = {
     "rgb_psnr_mean": "rgb_paper_psnr", "rgb_ssim_mean": "rgb_paper_ssim",
     "rgb_psnr_raw_mean": "rgb_raw_psnr", "rgb_ssim_raw_mean": "rgb_raw_ssim",
@@ -57,7 +57,7 @@ SUMMARY_KEYS = {
     "depth_psnr_raw_mean": "depth_raw_psnr", "depth_ssim_raw_mean": "depth_raw_ssim",
     "depth_psnr_baseline_mean": "depth_paper_psnr_baseline",
     "depth_ssim_baseline_mean": "depth_paper_ssim_baseline",
-    "iou_mean": "box_iou", "iou_min": "box_iou", "action_accuracy": "action",
+    "iou_mean": "box_iou", "iou_min": "box_iou_min", "action_accuracy": "action",
     "q_pred_err_mean": "q_pred_error", "q_target_err_mean": "q_target_error",
     "reward_abs_err_mean": "reward_error", "action_identified_share": "action_identified",
 }
@@ -159,9 +159,10 @@ def summarise(rows: list[dict[str, Any]], iterations: int, seconds: float) -> di
     ``seconds_per_sample`` is per update."""
     summary: dict[str, Any] = {}
     for key, metric in SUMMARY_KEYS.items():
-        values = [r["metrics"][metric] for r in rows if metric in r["metrics"]]
-        if values:
-            summary[key] = min(values) if key.endswith("_min") else mean_of(values)
+        scored = [r for r in rows if metric in r["metrics"]]
+        values = [r["metrics"][metric] for r in scored]
+        if values:  # a row's metrics are its batch's means: weighed by its size, the means count transitions
+            summary[key] = min(values) if key.endswith("_min") else mean_of(values, [r["batch_size"] for r in scored])
     for key, metric in SPREAD_KEYS.items():
         finite = finite_numbers([r["metrics"].get(metric) for r in rows])
         if finite:
@@ -180,6 +181,9 @@ def summarise(rows: list[dict[str, Any]], iterations: int, seconds: float) -> di
         correct = sum(b * r["metrics"]["action_informative_correct"] for b, r in zip(sizes, rgi))
         summary["action_accuracy_nonzero_return"] = correct / informative if informative else None
         summary["zero_return_samples"] = round(sum(sizes) - informative)
+    undefined = [r["metrics"]["q_error_undefined"] for r in rows if "q_error_undefined" in r["metrics"]]
+    if undefined:  # transitions whose true Q-value is 0: no % error, left out of the Q errors' means
+        summary["q_error_undefined"] = round(sum(undefined))
     if any("stage1_starts" in r for r in rows):
         summary["stage1_restarted"] = sum(r.get("stage1_starts", 1) > 1 for r in rows)
     summary["samples"] = len(rows)  # client updates, each of its row's batch_size transitions

@@ -22,13 +22,13 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
-from statistics import fmean
 
 import torch
 
 from leaklab.metrics.image import match_order, scores
-from leaklab.metrics.vectors import box_iou, percent_error
+from leaklab.metrics.vectors import box_iou, mean_of, percent_error
 
 
 def paper_scale(images: torch.Tensor, setting: str) -> torch.Tensor:
@@ -53,11 +53,22 @@ def _box_scores(rec: torch.Tensor, truth: torch.Tensor) -> dict[str, float]:
 def room_metrics(rec, truth: Mapping[str, torch.Tensor], setting: str) -> dict[str, float]:
     """All section V metrics of a :class:`RoomReconstruction` against the truth tensors of
     :func:`leaklab.rl.cases.truth_shapes` (``images``, ``box``, ``action``, ``q_pred``, ``q_target``,
-    ``reward``); for a batch, the means of :func:`transition_metrics`."""
+    ``reward``); for a batch, the means of :func:`transition_metrics` over their finite values (a transition
+    whose true Q-value is 0 has no % error; it does not erase the other's), with ``box_iou_min``, the least
+    box IoU of the update's transitions, and for QGI ``q_error_undefined``, how many have no % error."""
     per_transition = [metrics for _, metrics in transition_metrics(rec, truth, setting)]
-    if len(per_transition) == 1:
-        return per_transition[0]
-    return {key: fmean(m[key] for m in per_transition) for key in per_transition[0]}
+    out = {key: _batch_mean([m[key] for m in per_transition]) for key in per_transition[0]}
+    out["box_iou_min"] = min(m["box_iou"] for m in per_transition)
+    if "q_target_error" in out:
+        out["q_error_undefined"] = float(sum(not (math.isfinite(m["q_pred_error"]) and math.isfinite(m["q_target_error"]))
+                                             for m in per_transition))
+    return out
+
+
+def _batch_mean(values: list[float]) -> float:
+    """The mean of the finite ``values``; where none is finite, the first value (infinite or NaN)."""
+    mean = mean_of(values)
+    return values[0] if mean is None else mean
 
 
 def transition_metrics(rec, truth: Mapping[str, torch.Tensor], setting: str) -> list[tuple[int, dict[str, float]]]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 import statistics
 from collections.abc import Iterable
@@ -64,7 +65,9 @@ def finite_numbers(values: Iterable[float | None]) -> list[float]:
     return [v for v in values if v is not None and math.isfinite(v)]
 
 
-def mean_of(values: Iterable[float | None]) -> float | None:
-    """The mean of :func:`finite_numbers` of ``values`` (None where there are none)."""
-    numbers = finite_numbers(values)
-    return statistics.fmean(numbers) if numbers else None
+def mean_of(values: Iterable[float | None], weights: Iterable[float] | None = None) -> float | None:
+    """The mean of :func:`finite_numbers` of ``values`` (None where there are none), each weighed by its
+    entry of ``weights`` (default: equally), e.g. a batch update's means by its number of transitions."""
+    pairs = [(v, w) for v, w in zip(values, itertools.repeat(1.0) if weights is None else weights)
+             if v is not None and math.isfinite(v)]
+    return statistics.fmean([v for v, _ in pairs], [w for _, w in pairs]) if pairs else None
