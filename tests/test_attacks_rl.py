@@ -37,9 +37,9 @@ def smooth_images(batch, channels, seed):
 
 def client(setting="S2", arch="small", loss="dqn_mse", batch=1, actions=(3, 5), seed=0,
            returns=(1.3, -0.8), targets=(0.7, -0.4), boxes=((-0.3, -0.2, 0.4, 0.5), (0.1, -0.6, 0.7, 0.2)),
-           num_actions=7):
+           num_actions=7, model_class=None):
     spec = PerceptionSpec(setting=setting, arch=arch, num_actions=num_actions)
-    net = build_perception_net(spec, seed=seed)
+    net = build_perception_net(spec, seed=seed, model_class=model_class)
     x = smooth_images(batch, spec.in_channels, seed + 10)
     box = torch.tensor(boxes)[:batch]
     a = torch.tensor(actions[:batch])
@@ -57,7 +57,7 @@ def client(setting="S2", arch="small", loss="dqn_mse", batch=1, actions=(3, 5), 
         meta = UpdateMetadata(batch_size=batch, loss="reinforce", entropy_weight=0.01)
     grads = torch.autograd.grad(value, list(net.parameters()))
     update = ClientUpdate(metadata=meta, tensors={n: g for (n, _), g in zip(net.named_parameters(), grads)})
-    return make_view(spec, net.state_dict(), meta), update, truth
+    return make_view(spec, net.state_dict(), meta, model_class=model_class), update, truth
 
 
 def noised_update(update, sigma, seed=1):
@@ -844,6 +844,35 @@ def test_bad_updates_are_refused():
     view, update, _ = client(loss="reinforce")
     with pytest.raises(LeaklabError, match="ablations"):
         rgi(view, update, RoomAttackConfig(mode="paper", objective="dlg"))
+    # a view that declares another α than the update's: its reward would be read with the wrong entropy part
+    other = make_view(view.spec, view.model.state_dict(), UpdateMetadata(batch_size=1, loss="reinforce"))
+    with pytest.raises(LeaklabError, match="entropy_weight 0.0 against 0.01"):
+        rgi(other, update)
+
+
+DEEP_HEAD = "tests.plugins.narrow_net:DeepHead"
+
+
+@pytest.mark.parametrize("mode,actions", [("exact", (3, 3)), ("paper", (3,))])
+def test_a_users_deeper_head_a_layer_without_bias_and_in_place_relus(mode, actions):
+    """A user's head of two hidden layers, a box layer without a bias, in-place ReLUs: exact mode separates the same
+    action twice at the last hidden layer (whose input is then not head.0's); the paper's gradients are exact."""
+    view, update, truth = client(actions=actions, batch=len(actions), model_class=DEEP_HEAD)
+    rec = qgi(view, update, RoomAttackConfig(iterations=2, stage1_iterations=2, mode=mode))
+    if mode == "exact":
+        assert "q_target" in rec.exact and sorted(rec.q_target.tolist()) == pytest.approx([-0.4, 0.7], abs=1e-4)
+        return
+    from leaklab.attacks.rl.image_convs import attack_network
+    from leaklab.attacks.rl.network import GradientStats
+
+    net = attack_network(view.model)
+    features = net.conv(truth["images"]).detach().double().requires_grad_()
+    t = trace(net.double(), features, truth["box"].double())
+    stats = GradientStats(net, {k: v.double() for k, v in update.tensors.items()}, conv_params=False)
+    surrogate = dqn_loss(t.out, truth["action"], truth["q_target"].double())
+    dot, sq, ref = stats(surrogate, t.linear)  # at the truth the simulated gradient is the client's
+    dot, sq, ref = (float(v.detach()) for v in (dot, sq, ref))
+    assert dot == pytest.approx(sq, rel=1e-6) and sq == pytest.approx(ref, rel=1e-6)
 
 
 @pytest.mark.parametrize("fields", [{"objective": "dlg"}, {"multimodal": "joint"},

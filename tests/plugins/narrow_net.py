@@ -55,3 +55,15 @@ class Crashes(NarrowNet):
 
     def __init__(self, spec):
         os.kill(os.getpid(), signal.SIGSEGV)
+
+
+class DeepHead(NarrowNet):
+    """A deeper head (two hidden Linear layers), a box branch whose second Linear layer has no bias, and
+    in-place ReLUs, as DQN code has them."""
+
+    def __init__(self, spec):
+        super().__init__(spec)
+        self.box = nn.Sequential(nn.Linear(spec.box_dim, 16), nn.ReLU(inplace=True),
+                                 nn.Linear(16, 16, bias=False), nn.ReLU(inplace=True))
+        self.head = nn.Sequential(nn.Linear(8 * 17 * 17 + 16, 128), nn.ReLU(inplace=True),
+                                  nn.Linear(128, 64), nn.ReLU(inplace=True), nn.Linear(64, spec.num_actions))

@@ -59,6 +59,11 @@ def _check(view: ServerView, update: ClientUpdate, loss: str, cfg: RoomAttackCon
     if not isinstance(view.spec, PerceptionSpec):
         raise LeaklabError("room attacks need a perception network view (seed 000); build it with make_view")
     meta = update.metadata
+    if meta != view.metadata:  # what the attack reads (the loss, α, the batch) must be what the client sent
+        differ = ", ".join(f"{k} {v!r} against {getattr(meta, k)!r}" for k, v in view.metadata.model_dump().items()
+                           if v != getattr(meta, k))
+        raise LeaklabError(f"the view declares another update than the one attacked ({differ}: the view's against "
+                           "the update's)")
     if meta.kind != "fedsgd":
         raise LeaklabError(f"this attack reads a FedSGD update (one gradient); the update is {meta.kind}")
     if meta.loss != loss:
@@ -197,7 +202,7 @@ def rgi(view: ServerView, update: ClientUpdate, config: RoomAttackConfig | None 
     cfg = config or RoomAttackConfig()
     net, grads, batch = _check(view, update, "reinforce", cfg)
     try:
-        return _rgi(net, grads, batch, cfg, view.metadata.entropy_weight, progress)
+        return _rgi(net, grads, batch, cfg, update.metadata.entropy_weight, progress)
     except NoSignal:
         return _nothing(net, batch, cfg, "rgi")
 

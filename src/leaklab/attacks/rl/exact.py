@@ -285,8 +285,11 @@ def separated_vectors(net: PerceptionNet, grads: dict[str, torch.Tensor], deltas
         last = len(net.head) - 1
         head = _inputs_down(net.head[:last - 1], "head", grads, hidden.double(), None, None, found, noise)
         if head is not None:
-            hid = net.head[last - 2]
-            reached = (head[1] @ hid.weight.detach().double().T + hid.bias.detach().double()).clamp_min(0)
+            hid = net.head[last - 2]  # its input read above (head.0's for leaklab's networks, a deeper one's own)
+            reached = found[f"head.{last - 2}"][0] @ hid.weight.detach().double().T
+            if hid.bias is not None:
+                reached = reached + hid.bias.detach().double()
+            reached = reached.clamp_min(0)
             found[f"head.{last}"] = (reached, 0.0, deltas.double())
     if head is None:
         return None

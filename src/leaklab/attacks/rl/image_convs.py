@@ -58,8 +58,13 @@ class SpaceToDepthConv2d(nn.Conv2d):
 
 def attack_network(net: PerceptionNet) -> PerceptionNet:
     """A copy of ``net`` (sharing nothing with it, in its modes and state) whose convolutions that receive
-    the images at full resolution are :class:`SpaceToDepthConv2d` s where they fit; the rest as they are."""
+    the images at full resolution are :class:`SpaceToDepthConv2d` s where they fit, and whose in-place
+    activations (a user's ``nn.ReLU(inplace=True)``) compute out of place: the attacks keep the Linear layers'
+    outputs (:func:`~leaklab.attacks.rl.network.trace`), which they would overwrite; the rest as they are."""
     fast = copy.deepcopy(net)
+    for module in fast.modules():
+        if getattr(module, "inplace", None) is True:
+            module.inplace = False
     spec = fast.spec
     reading: set[int] = set()
 

@@ -71,13 +71,13 @@ class GradientStats:
         key = tuple(name for name, _, _ in linear)
         if key not in self._ref:
             o = self.observed
-            ref = torch.zeros((), dtype=torch.float64, device=o[f"{key[0]}.bias"].device)
+            ref = torch.zeros((), dtype=torch.float64, device=o[f"{key[0]}.weight"].device)
             for name in self.names:  # summed in float64 on the device: no host sync
                 g = o[f"conv.{name}"]
                 ref = ref + (g * g).sum().double()
-            for name in key:
-                gw, gb = o[f"{name}.weight"], o[f"{name}.bias"]
-                ref = ref + ((gw * gw).sum() + (gb * gb).sum()).double()
+            for name in key:  # a user's Linear layer may have no bias
+                ref = ref + sum((g * g).sum() for g in (o[f"{name}.weight"], o.get(f"{name}.bias")) if g is not None
+                                ).double()
             self._ref[key] = ref.to(dtype)
         return self._ref[key]
 
@@ -90,10 +90,12 @@ class GradientStats:
             o = self.observed[f"conv.{name}"]
             dot, sq = dot + (g * o).sum(), sq + (g * g).sum()
         for (name, h, _), delta in zip(linear, grads[len(self.convs):]):
-            gw, gb = self.observed[f"{name}.weight"], self.observed[f"{name}.bias"]
-            db = delta.sum(0)
-            dot = dot + ((delta @ gw) * h).sum() + (db * gb).sum()
-            sq = sq + ((delta @ delta.T) * (h @ h.T)).sum() + (db * db).sum()
+            dot = dot + ((delta @ self.observed[f"{name}.weight"]) * h).sum()
+            sq = sq + ((delta @ delta.T) * (h @ h.T)).sum()
+            gb = self.observed.get(f"{name}.bias")
+            if gb is not None:  # a user's Linear layer may have none
+                db = delta.sum(0)
+                dot, sq = dot + (db * gb).sum(), sq + (db * db).sum()
         return dot, sq, self._observed_norm(linear, surrogate.dtype)
 
 
