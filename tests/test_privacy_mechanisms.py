@@ -177,6 +177,13 @@ def test_rounding_to_the_grid_moves_neighbours_at_most_the_effective_sensitivity
     for b in (a + float(s), a - float(s), a + float(s) / 2):
         moved = np.abs(Q._quantize(a, g) - Q._quantize(b, g)).astype(int)
         assert moved.max() <= bound
+    # a vector: every entry's rounding may add a unit (l1 distance 0.6, three units apart on the grid of 1)
+    near, far = np.full(3, 0.4), np.full(3, 0.6)
+    moved = int(np.abs(Q._quantize(near, Fraction(1)) - Q._quantize(far, Fraction(1))).sum())
+    assert moved == 3 == Q._effective_sensitivity(Fraction(1), Fraction(1), entries=3)
+    lap = Q.DiscreteLaplaceMechanism(1.0, sensitivity=1, granularity=1)
+    spread = np.abs(lap.sample(near, random.Random(0), 4000) - 0.0).mean()
+    assert spread == pytest.approx(float(lap.scale) * 3, rel=0.15)  # the noise of a sensitivity of 3 units
 
 
 def test_discrete_mechanisms_release_integers_or_the_grid():
@@ -190,6 +197,8 @@ def test_discrete_mechanisms_release_integers_or_the_grid():
     with pytest.raises(LeaklabError):
         lap.sample(np.array([0.5]), random.Random(0))
     g = Q.DiscreteGaussianMechanism(1.0, 1e-5)
+    with pytest.raises(LeaklabError, match="one value's"):
+        g.sample(np.array([3, 5]), random.Random(0))
     assert g.claimed_delta <= 1e-5
     assert float(g.sigma2) ** 0.5 == pytest.approx(M.analytic_gaussian_sigma(1.0, 1e-5), rel=0.05)
     assert Q.discrete_gaussian_delta(float(g.sigma2) * 0.98, 1.0) > 1e-5

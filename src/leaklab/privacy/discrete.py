@@ -124,19 +124,23 @@ def _noised(value: Any, granularity: Fraction | None, size: int | None, draw: Ca
     return _unquantize(n + noise, granularity)
 
 
-def _effective_sensitivity(sensitivity: Fraction, granularity: Fraction | None) -> Fraction:
-    # |round(a/g) - round(b/g)| <= ceil(|a - b| / g): rounding can add up to one unit
+def _effective_sensitivity(sensitivity: Fraction, granularity: Fraction | None, entries: int = 1) -> Fraction:
+    """The l1 sensitivity, in units of ``granularity``, of a value of ``entries`` entries rounded to the grid:
+    each entry's rounding can add up to one unit, ``|round(a_i/g) - round(b_i/g)| <= ceil(|a_i - b_i| / g)``,
+    and a sum of ceilings of parts of ``Delta/g`` is at most ``ceil(Delta/g) + entries - 1`` (three entries
+    of 0.4 against 0.6, l1 distance 0.6 at g = 1, land 3 units apart)."""
     if granularity is None:
         return sensitivity
-    return Fraction(math.ceil(sensitivity / granularity))
+    return Fraction(math.ceil(sensitivity / granularity) + entries - 1)
 
 
 @dataclass
 class DiscreteLaplaceMechanism:
-    """value + Y with P[Y = y] ~ exp(-epsilon |y| / sensitivity) on the integers: epsilon-DP for an
+    """value + Y with P[Y = y] ~ exp(-epsilon |y| / sensitivity) on the integers, per entry: epsilon-DP for an
     integer query of l1-sensitivity ``sensitivity``; sampled exactly (CKS 2020). With a
     ``granularity`` g, real values are rounded to multiples of g first (sensitivity ceil(Delta/g)
-    in units of g) and the output is a multiple of g."""
+    in units of g for one entry, ``ceil(Delta/g) + d - 1`` for d entries: ``scale`` is a single value's,
+    a vector's noise is wider) and the output is a multiple of g."""
 
     epsilon: float
     sensitivity: float = 1
@@ -151,7 +155,10 @@ class DiscreteLaplaceMechanism:
         self.scale = units / Fraction(self.epsilon)
 
     def sample(self, value: Any, rng: Any, size: int | None = None) -> np.ndarray:
-        return _noised(value, self._g, size, lambda: sample_discrete_laplace(rng, self.scale))
+        entries = np.asarray(value).size
+        scale = self.scale if entries == 1 else (
+            _effective_sensitivity(Fraction(self.sensitivity), self._g, entries) / Fraction(self.epsilon))
+        return _noised(value, self._g, size, lambda: sample_discrete_laplace(rng, scale))
 
 
 def discrete_gaussian_delta(sigma2: float, epsilon: float, sensitivity: int = 1) -> float:
@@ -173,7 +180,8 @@ class DiscreteGaussianMechanism:
     """value + Y, Y ~ discrete Gaussian N_Z(0, sigma^2), sampled exactly (CKS 2020). sigma^2 is the
     rational (1/10^6 grid) smallest one whose exact delta (Theorem 7) at ``epsilon`` is <= ``delta``;
     ``granularity`` as for DiscreteLaplaceMechanism (the sensitivity, in units of g, must be an
-    integer: ceil(Delta/g))."""
+    integer: ceil(Delta/g)). Theorem 7 is a single value's delta: a value of several entries is refused
+    (noise each entry with its own share of the budget)."""
 
     epsilon: float
     delta: float
@@ -203,4 +211,7 @@ class DiscreteGaussianMechanism:
         self.claimed_delta = discrete_gaussian_delta(float(s2), self.epsilon, self._units)
 
     def sample(self, value: Any, rng: Any, size: int | None = None) -> np.ndarray:
+        if np.asarray(value).size != 1:
+            raise LeaklabError(f"the discrete Gaussian's delta (CKS 2020, Theorem 7) is one value's; got "
+                               f"{np.asarray(value).size} entries (noise each with its own share of the budget)")
         return _noised(value, self._g, size, lambda: sample_discrete_gaussian(rng, self.sigma2))
