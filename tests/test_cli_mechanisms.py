@@ -144,6 +144,16 @@ def test_audit_dpsgd_options_belong_to_dpsgd():
                       "--q", "dpsgd")
 
 
+def test_running_out_of_memory_is_one_line(monkeypatch):
+    from leaklab.privacy import dirichlet
+
+    def allocate(**_):
+        raise MemoryError("Unable to allocate 999. MiB for an array with shape (16374696, 8)")
+    monkeypatch.setattr(dirichlet, "DirichletMechanism", allocate)
+    result = invoke("mechanisms", "epsilon", "dirichlet", "--eta", "0.1", "--eta-bar", "0.1", "--k", "7")
+    assert_user_error(result, None, "out of memory (Unable to allocate 999. MiB", "nothing is left half-written")
+
+
 @pytest.mark.parametrize("args, words", [
     # allocations of 84 GiB, 745 GiB and a division by zero, all tracebacks before
     (["account", "dpsgd", "--q", "0.01", "--sigma", "1e-3", "--steps", "10"], ["grows as sigma shrinks", "rdp"]),
@@ -152,6 +162,8 @@ def test_audit_dpsgd_options_belong_to_dpsgd():
     (["account", "dpsgd", "--q", "0.01", "--sigma", "1e-300", "--steps", "10", "--accountant", "rdp"],
      ["sigma must lie in"]),
     (["epsilon", "dirichlet", "--eta", "0.15", "--eta-bar", "0.15", "--k", "1e300"], ["k must be at most 1e+06"]),
+    # |W| = 11 allocated 56 GB (a MemoryError's traceback), 10 ran an hour
+    (["epsilon", "dirichlet", "--eta", "0.04", "--eta-bar", "0.1", "--k", "25", "--w", "11"], ["|W| must be", "to 8"]),
     (["audit", "--mechanism", "laplace", "--epsilon", "1", "--runs", "100000000000"], ["--runs must be from 4"]),
     (["audit", "--mechanism", "dpsgd", "--q", "0.5", "--sigma", "1", "--steps", "2", "--runs", "2", "--canaries", "0"],
      ["even number of canaries"]),

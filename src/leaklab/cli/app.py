@@ -119,6 +119,8 @@ def _guard(fn: Callable | None = None, *, stopped: str = NOTHING_KEPT) -> Callab
             _fail(str(e))
         except ValidationError as e:
             _fail(validation_message(e, name=_option_name))
+        except MemoryError as e:  # a size the machine cannot hold: one line, as a user's mistake is
+            _fail(f"out of memory ({e or 'an allocation failed'}); ask for less or free memory; {stopped}")
         except KeyboardInterrupt:
             typer.echo(f"error: interrupted; {stopped}", err=True)
             raise typer.Exit(130) from None
