@@ -125,6 +125,25 @@ def analytic_gaussian_sigma(epsilon: float, delta: float, sensitivity: float = 1
     return sigma
 
 
+def analytic_gaussian_epsilon(sigma: float, delta: float, sensitivity: float = 1.0) -> float:
+    """The smallest epsilon with analytic_gaussian_delta(sigma, epsilon) <= delta (Balle & Wang 2018), by
+    brentq: the exact epsilon of one Gaussian release, the inverse of :func:`analytic_gaussian_sigma`."""
+    from scipy.optimize import brentq
+
+    check_positive("sigma", sigma)
+    check_probability("delta", delta)
+    check_positive("sensitivity", sensitivity)
+    if analytic_gaussian_delta(sigma, 0.0, sensitivity) <= delta:
+        return 0.0
+    hi = 1.0
+    while analytic_gaussian_delta(sigma, hi, sensitivity) > delta:
+        hi *= 2
+    epsilon = brentq(lambda e: analytic_gaussian_delta(sigma, e, sensitivity) - delta, 0.0, hi, xtol=1e-13, rtol=1e-13)
+    while analytic_gaussian_delta(sigma, epsilon, sensitivity) > delta:  # the safe side of the root
+        epsilon = math.nextafter(epsilon, math.inf) * (1 + 1e-12)
+    return epsilon
+
+
 @dataclass
 class GaussianMechanism:
     """value + N(0, sigma^2) for an l2-sensitivity; (epsilon, delta)-DP.
