@@ -146,6 +146,12 @@ def test_bad_arguments_raise_leaklab_errors(env):
     env.reset(seed=0)
     with pytest.raises(LeaklabError, match="action"):
         env.step(7)
+    for taken in (np.array(2), np.int64(2)):  # what the action space holds (np.asarray of a policy's output)
+        env.reset(seed=0)
+        assert env.action_space.contains(taken) and env.step(taken)[4]["step"] == 1
+    for refused in (np.array([2]), np.array(2.0), 2.0):
+        with pytest.raises(LeaklabError, match="action"):
+            env.step(refused)
 
 
 def test_contact_sheet_writes_a_png_grid(tmp_path):

@@ -5,12 +5,14 @@ import json
 import matplotlib.image
 import pytest
 import torch
+from pydantic import ValidationError
 
 from leaklab.errors import LeaklabError
 from leaklab.io import VIEW_FORMAT, atomic_dir, load_tensors, read_json, save_tensors, write_json
 from leaklab.models import PerceptionSpec, build_perception_net
-from leaklab.rl.capture import (collect_transitions, dqn_client_update, load_room_case, load_room_truth,
-                                partly_trained_net, reinforce_client_update, target_copy, write_room_case)
+from leaklab.rl.capture import (RoomCaptureConfig, collect_transitions, dqn_client_update, load_room_case,
+                                load_room_truth, partly_trained_net, reinforce_client_update, target_copy,
+                                write_room_case)
 from leaklab.rl.envs import LAYOUTS
 
 ROOMS = tuple(LAYOUTS)[:3]
@@ -37,6 +39,13 @@ def test_transitions_spread_over_rooms_and_time():
         collect_transitions(ROOMS, 1, spec, warmup_steps=50)
     with pytest.raises(LeaklabError, match="unknown room layout"):
         collect_transitions(("attic",), 1, spec)
+    # the capture's config refuses both before its network trains
+    with pytest.raises(ValidationError, match="warmup_steps 50 must be under max_episode_steps 50"):
+        RoomCaptureConfig(spec=spec, train_steps=300, warmup_steps=50)
+    with pytest.raises(ValidationError, match="unknown room layout"):
+        RoomCaptureConfig(spec=spec, layouts=("attic",))
+    with pytest.raises(ValidationError, match="entropy_weight"):
+        RoomCaptureConfig(spec=spec, algorithm="reinforce", entropy_weight=1e39)
 
 
 def _same(a: dict, b: dict) -> bool:

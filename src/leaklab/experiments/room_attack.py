@@ -39,7 +39,7 @@ from leaklab.metrics.rooms import room_metrics, transition_metrics
 from leaklab.metrics.vectors import finite_numbers, mean_of, median_of, update_cosine
 from leaklab.models import PerceptionSpec
 from leaklab.models.perception import ArchName, architecture_digest
-from leaklab.names import DEFAULT_ARCH, ROOM_ATTACK_NAMES, SETTING_NAMES
+from leaklab.names import DEFAULT_ARCH, MAX_ENTROPY_WEIGHT, MAX_TRAIN_STEPS, ROOM_ATTACK_NAMES, SETTING_NAMES
 from leaklab.rl.capture import RoomCaptureConfig, client_rounds, defended
 from leaklab.rl.envs.layouts import check_layouts
 from leaklab.threat import ClientUpdate
@@ -77,10 +77,10 @@ class RoomRunConfig(BaseModel):
     samples: int = Field(default=48, ge=1, le=10_000)
     layouts: tuple[str, ...] | None = Field(default=None, description="client rooms; None: all")
     batch_size: int = Field(default=1, ge=1, le=2)
-    train_steps: int = Field(default=0, ge=0, description="0: initialised network (seed 000 V)")
+    train_steps: int = Field(default=0, ge=0, le=MAX_TRAIN_STEPS, description="0: initialised network (seed 000 V)")
     defense: DefenseOption = Field(default=None, description="defense chain the clients apply")
     attack: RoomAttackConfig = RoomAttackConfig()
-    entropy_weight: float = Field(default=0.01, ge=0, description="alpha of eq. 4 (RGI clients)")
+    entropy_weight: float = Field(default=0.01, ge=0, le=MAX_ENTROPY_WEIGHT, description="alpha of eq. 4 (RGI clients)")
     gamma: float = Field(default=0.99, ge=0, le=1)
     workers: int = Field(default=0, ge=0, description="attack processes; 0: one per CPU core")
     device: str = Field(default="cpu", pattern=DEVICE_PATTERN,

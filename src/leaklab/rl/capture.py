@@ -25,7 +25,7 @@ from typing import Literal
 
 import numpy as np
 import torch
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from leaklab.defenses import parse_defense
 from leaklab.device import one_thread
@@ -34,13 +34,14 @@ from leaklab.fields import DefenseOption, Seed
 from leaklab.io import CAPTURE_JSON, ROOM_CAPTURE_FORMAT, atomic_dir, check_out, write_json
 from leaklab.metrics.vectors import update_cosine
 from leaklab.models import PerceptionNet, PerceptionSpec, build_perception_net
-from leaklab.names import POLICY_NAMES, RL_ALGORITHM_NAMES
+from leaklab.names import MAX_ENTROPY_WEIGHT, MAX_TRAIN_STEPS, POLICY_NAMES, RL_ALGORITHM_NAMES
 from leaklab.rl.agents import (DQNConfig, ReinforceConfig, epsilon_greedy, td_targets, train_dqn,
                                train_reinforce)
 from leaklab.rl.agents.common import Rooms, observation_tensors
 from leaklab.rl.agents.reinforce import discounted_returns
 from leaklab.rl.cases import RoomCase, load_room_case, load_room_truth, write_room_case
 from leaklab.rl.envs.contact_sheet import Frame, frame_sheet
+from leaklab.rl.envs.layouts import check_layouts
 from leaklab.rl.losses import dqn_loss, reinforce_loss
 from leaklab.threat import ClientUpdate, UpdateMetadata
 
@@ -256,18 +257,31 @@ class RoomCaptureConfig(BaseModel):
     layouts: tuple[str, ...] | None = Field(default=None, description="room layouts; None: all of them")
     samples: int = Field(default=4, ge=1, le=10_000, description="client updates, one case folder each")
     batch_size: int = Field(default=1, ge=1, le=MAX_BATCH)
-    train_steps: int = Field(default=0, ge=0, description="0: initialised network; else partly trained")
+    train_steps: int = Field(default=0, ge=0, le=MAX_TRAIN_STEPS, description="0: initialised network; else partly trained")
     policy: Literal[POLICY_NAMES] = Field(default="random", description="who acts in the private "
                                                                            "episodes (agent: ε-greedy)")
     epsilon: float = Field(default=0.1, ge=0, le=1)
     warmup_steps: int = Field(default=0, ge=0)
     max_episode_steps: int = Field(default=50, ge=1)
     gamma: float = Field(default=0.99, ge=0, le=1)
-    entropy_weight: float = Field(default=0.01, ge=0, description="α of eq. 4 (REINFORCE)")
+    entropy_weight: float = Field(default=0.01, ge=0, le=MAX_ENTROPY_WEIGHT, description="α of eq. 4 (REINFORCE)")
     defense: DefenseOption = Field(default=None, description="defense chain the clients apply")
     model_class: str | None = Field(default=None, description="a user's own perception network "
                                                               "(package.module:Class); None: leaklab's")
     seed: Seed = 0
+
+    # both checked before any work (they failed only after the network's training)
+    @field_validator("layouts")
+    @classmethod
+    def _known_layouts(cls, value: tuple[str, ...] | None) -> tuple[str, ...] | None:
+        return check_layouts(value)
+
+    @model_validator(mode="after")
+    def _warmup_in_the_episode(self) -> "RoomCaptureConfig":
+        if self.warmup_steps >= self.max_episode_steps:
+            raise ValueError(f"warmup_steps {self.warmup_steps} must be under max_episode_steps "
+                             f"{self.max_episode_steps}")
+        return self
 
 
 @dataclass(frozen=True)

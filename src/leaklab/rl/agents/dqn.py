@@ -81,7 +81,8 @@ def td_targets(target_net: PerceptionNet, reward: torch.Tensor, next_images: tor
 
 def train_dqn(config: DQNConfig, progress: bool | ProgressFn | None = None,
               net: PerceptionNet | None = None) -> tuple[PerceptionNet, TrainHistory]:
-    """Train a DQN agent for ``config.steps`` environment steps; same config, same weights.
+    """Train a DQN agent for ``config.steps`` environment steps; same config and torch thread count, same
+    weights (the CPU kernels' rounding depends on the thread count: :func:`leaklab.device.one_thread`).
 
     ``net`` continues training an existing network (of ``config.spec``); by default a fresh one is
     built with ``config.seed``. Returns the online network and the :class:`TrainHistory`.

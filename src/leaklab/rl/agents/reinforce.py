@@ -18,6 +18,7 @@ import torch
 from pydantic import Field
 
 from leaklab.models import PerceptionNet, build_perception_net
+from leaklab.names import MAX_ENTROPY_WEIGHT
 from leaklab.rl.agents.common import (AgentConfig, ProgressFn, Rooms, TrainHistory, check_net,
                                       observation_tensors, released, reporter)
 from leaklab.rl.agents.private import make_private_agent
@@ -28,7 +29,7 @@ class ReinforceConfig(AgentConfig):
     """REINFORCE hyper-parameters; ``steps`` is a budget of environment steps, rounded up to whole
     episodes."""
 
-    entropy_weight: float = Field(default=0.01, ge=0, description="α of eq. 4")
+    entropy_weight: float = Field(default=0.01, ge=0, le=MAX_ENTROPY_WEIGHT, description="α of eq. 4")
 
 
 def discounted_returns(rewards: Sequence[float], gamma: float) -> torch.Tensor:
@@ -51,7 +52,8 @@ def sample_action(net: PerceptionNet, images: torch.Tensor, box: torch.Tensor,
 
 def train_reinforce(config: ReinforceConfig, progress: bool | ProgressFn | None = None,
                     net: PerceptionNet | None = None) -> tuple[PerceptionNet, TrainHistory]:
-    """Train a REINFORCE agent for at least ``config.steps`` environment steps (whole episodes).
+    """Train a REINFORCE agent for at least ``config.steps`` environment steps (whole episodes); same config and
+    torch thread count, same weights (as :func:`leaklab.rl.agents.dqn.train_dqn`).
 
     ``net`` continues training an existing network; by default a fresh one is built with
     ``config.seed``. Returns the policy network and the :class:`TrainHistory` (one update per episode).

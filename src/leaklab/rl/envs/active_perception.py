@@ -277,6 +277,8 @@ class ActivePerceptionEnv(gym.Env):
     def step(self, action):
         if self._obs is None:
             raise LeaklabError("step() called before reset(); call env.reset(seed=...) first")
+        if isinstance(action, np.ndarray) and action.shape == () and np.issubdtype(action.dtype, np.integer):
+            action = action[()]  # a 0-d integer array, which the action space contains too
         if not isinstance(action, (int, np.integer)) or not 0 <= action < len(ACTIONS):
             raise LeaklabError(f"action must be an integer in range({len(ACTIONS)}), got {action!r}")
         check_own(self._game)
