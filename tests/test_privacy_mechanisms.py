@@ -196,6 +196,8 @@ def test_discrete_mechanisms_release_integers_or_the_grid():
     assert vals.shape == (5, 2) and np.allclose(np.mod(vals, 0.25), 0)
     with pytest.raises(LeaklabError):
         lap.sample(np.array([0.5]), random.Random(0))
+    with pytest.raises(LeaklabError, match="coarser granularity"):
+        Q.DiscreteGaussianMechanism(1.0, 1e-5, granularity=1e-6)  # 3.8 GiB for one array, a MemoryError
     g = Q.DiscreteGaussianMechanism(1.0, 1e-5)
     with pytest.raises(LeaklabError, match="one value's"):
         g.sample(np.array([3, 5]), random.Random(0))

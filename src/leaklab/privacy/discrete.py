@@ -161,11 +161,18 @@ class DiscreteLaplaceMechanism:
         return _noised(value, self._g, size, lambda: sample_discrete_laplace(rng, scale))
 
 
+MAX_DELTA_REACH = 20_000_000  # the delta sum's terms either side of 0: 3 float arrays of 0.3 GB; a granularity of
+# 1e-6 at epsilon 1 and delta 1e-5 asked for 5e8 (a MemoryError), 1e-5 needs 1.6e7
+
+
 def discrete_gaussian_delta(sigma2: float, epsilon: float, sensitivity: int = 1) -> float:
     """Exact delta(epsilon) of the discrete Gaussian mechanism for an integer sensitivity
     (CKS 2020, Theorem 7): P[Y > eps s2/D - D/2] - e^eps P[Y > eps s2/D + D/2], Y ~ N_Z(0, s2)."""
     s2 = float(sigma2)
     reach = int(math.ceil(40 * math.sqrt(s2) + abs(epsilon) * s2 / sensitivity + sensitivity)) + 10
+    if reach > MAX_DELTA_REACH:
+        raise LeaklabError(f"the exact delta of a discrete Gaussian of sigma^2 {s2:.3g} sums {2 * reach + 1:.3g} terms "
+                           f"(at most {2 * MAX_DELTA_REACH + 1:.3g}); choose a coarser granularity")
     y = np.arange(-reach, reach + 1, dtype=float)
     logp = -y * y / (2 * s2)
     logp -= special.logsumexp(logp)
