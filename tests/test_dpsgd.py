@@ -124,8 +124,8 @@ def test_target_epsilon_is_reached_and_not_exceeded():
     assert report["sample_rate"] == 1 / 93
     assert report["epsilon"] == dpsgd_epsilon(1 / 93, report["noise_multiplier"], 3, 1e-5, "rdp") <= 3.0
     # every image in every batch (q = 1): calibrated exactly, and so reported (rdp's accountant said 1.0926 at 1)
-    report = train_private(build_model(spec, seed=0), batch.images, batch.labels,
-                           config.model_copy(update={"batch_size": len(batch.images), "steps": 5, "target_epsilon": 1.0}))
+    full = config.model_copy(update={"batch_size": len(batch.images), "steps": 5, "target_epsilon": 1.0})
+    report = train_private(build_model(spec, seed=0), batch.images, batch.labels, full)
     assert report["sample_rate"] == 1.0 and report["epsilon"] == pytest.approx(1.0, rel=1e-9)
     with pytest.raises(ValidationError, match="exactly one"):
         DPSGDConfig(target_epsilon=3.0, noise_multiplier=1.0)

@@ -58,6 +58,19 @@ def test_room_table1_runs_and_updates_a_docs_section(tmp_path):
     assert_user_error(smoke, tmp_path / "s", "--update-docs")
 
 
+def test_a_stopped_table_resumes_its_cell_from_the_journal(tmp_path):
+    from cli_helpers import Interrupt, interrupt_after
+    from leaklab.experiments import room_tables
+
+    out, args = tmp_path / "t", dict(mode="exact", samples=2, iterations=2, workers=1, cells=("qgi-S2",))
+    with pytest.raises(Interrupt):
+        room_tables.table1(out, progress=interrupt_after(1), **args)
+    assert [p.name for p in (out / "cells").iterdir()] == [".leaklab-resume"]  # the first sample's attack, kept
+    room_tables.table1(out, **args)  # was refused: the journal read as another reproduction's cell
+    cell = json.loads((out / "cells" / "qgi-S2" / "results.json").read_text())
+    assert cell["summary"]["resumed_samples"] == 1 and cell["summary"]["samples"] == 2
+
+
 def saved_cell(config):
     """What ``room_attack.run`` writes about a cell's computation."""
     from leaklab.attacks.rl.config import METHOD_VERSION

@@ -46,7 +46,7 @@ class UpdateMetadata(BaseModel):
     local_lr: float = Field(default=0.1, gt=0)
     local_batch_size: int | None = Field(default=None, ge=1)
     loss: Literal["cross_entropy", "dqn_mse", "reinforce"] = "cross_entropy"
-    entropy_weight: float = Field(default=0.0, ge=0, le=MAX_ENTROPY_WEIGHT)  # alpha of the REINFORCE loss (seed 000 eq. 4)
+    entropy_weight: float = Field(default=0.0, ge=0, le=MAX_ENTROPY_WEIGHT)  # REINFORCE's alpha (seed 000 eq. 4)
     train_mode: bool = True
 
     @model_validator(mode="after")

@@ -98,9 +98,10 @@ def _room_summary_line(s: dict[str, Any], defended: bool) -> str:
                          f"{s[f'{image}_psnr_baseline_mean']:.2f}), SSIM {s[f'{image}_ssim_mean']:.3f}")
     parts.append(f"box IoU {s['iou_mean']:.4f}, action {room_attack.action_share(s, defended)}")
     if s.get("q_target_err_mean") is not None or s.get("q_error_undefined"):
+        undefined = s.get("q_error_undefined")
         parts.append(f"predicted-Q error {_percent(s.get('q_pred_err_mean'))}, target-Q error "
-                     f"{_percent(s.get('q_target_err_mean'))}" + (f" ({s['q_error_undefined']} transitions with a "
-                                                                "true Q-value of 0 left out)" if s.get("q_error_undefined") else ""))
+                     f"{_percent(s.get('q_target_err_mean'))}"
+                     + (f" ({undefined} transitions with a true Q-value of 0 left out)" if undefined else ""))
     if s.get("reward_abs_err_mean") is not None:
         parts.append(f"reward error {s['reward_abs_err_mean']:.3g}")
     if defended and s.get("update_cosine_median") is not None:  # absent where no saved truth records it

@@ -117,13 +117,14 @@ def _run_cells(out: Path, experiment: str, names: tuple[str, ...], cells: dict[s
                progress: ProgressFn | None) -> dict[str, dict[str, Any]]:
     """Run (or take again, :func:`_same_cell`) the ``cells`` of ``experiment``, whose cells are ``names``."""
     # before any work: a user's file or folder is refused, an earlier run's cells resumed, another table's
-    # output refused (its results and figure would have stayed beside this one's)
+    # output refused (its results and figure would have stayed beside this one's); the hidden entries are a stopped
+    # cell's, its resume journal and its partial folder
     check_out(out, REPRODUCTION_FORMAT)
     earlier = out / RESULTS_FILE
     data = read_json(earlier, "room-table results") if earlier.is_file() else None
     held = data.get("experiment") if isinstance(data, dict) else None
-    others = sorted(p.name for p in (out / CELLS_DIR).iterdir() if p.name not in names) \
-        if (out / CELLS_DIR).is_dir() else []
+    others = sorted(p.name for p in (out / CELLS_DIR).iterdir()
+                    if p.name not in names and not p.name.startswith(".")) if (out / CELLS_DIR).is_dir() else []
     if (held is not None and held != experiment) or others:
         raise LeaklabError(f"--out {out} holds another reproduction's output ({held or 'cells ' + ', '.join(others)}); "
                            "choose a new folder or remove that one first")

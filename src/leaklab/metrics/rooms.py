@@ -60,7 +60,7 @@ def room_metrics(rec, truth: Mapping[str, torch.Tensor], setting: str) -> dict[s
     out = {key: _batch_mean([m[key] for m in per_transition]) for key in per_transition[0]}
     out["box_iou_min"] = min(m["box_iou"] for m in per_transition)
     if "q_target_error" in out:
-        out["q_error_undefined"] = float(sum(not (math.isfinite(m["q_pred_error"]) and math.isfinite(m["q_target_error"]))
+        out["q_error_undefined"] = float(sum(not math.isfinite(m["q_pred_error"] + m["q_target_error"])
                                              for m in per_transition))
     return out
 

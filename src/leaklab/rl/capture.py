@@ -257,7 +257,8 @@ class RoomCaptureConfig(BaseModel):
     layouts: tuple[str, ...] | None = Field(default=None, description="room layouts; None: all of them")
     samples: int = Field(default=4, ge=1, le=10_000, description="client updates, one case folder each")
     batch_size: int = Field(default=1, ge=1, le=MAX_BATCH)
-    train_steps: int = Field(default=0, ge=0, le=MAX_TRAIN_STEPS, description="0: initialised network; else partly trained")
+    train_steps: int = Field(default=0, ge=0, le=MAX_TRAIN_STEPS,
+                             description="0: initialised network; else partly trained")
     policy: Literal[POLICY_NAMES] = Field(default="random", description="who acts in the private "
                                                                            "episodes (agent: ε-greedy)")
     epsilon: float = Field(default=0.1, ge=0, le=1)
