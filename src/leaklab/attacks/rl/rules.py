@@ -28,7 +28,9 @@ def dqn_actions(grad_b: torch.Tensor, batch: int) -> torch.Tensor:
 
 def error_directions(grad_b: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
     """Per-sample error direction ``[B, A]`` whose sum is ``g_b`` (eq. 6): sample ``b`` carries
-    ``g_b[a_b] e_{a_b}``; samples sharing an action split its entry equally."""
+    ``g_b[a_b] e_{a_b}``; samples sharing an action split its entry equally. Eq. 6 weighs the outputs by the
+    whole ``g_b``; its other entries are exactly 0 on an untouched DQN update, and behind noise (noise alone)
+    they are left out here."""
     e = torch.zeros(len(actions), grad_b.numel(), dtype=grad_b.dtype, device=grad_b.device)
     counts = torch.bincount(actions, minlength=grad_b.numel()).to(grad_b.dtype)
     for i, a in enumerate(actions.tolist()):
