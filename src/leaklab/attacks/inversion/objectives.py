@@ -101,10 +101,15 @@ class Objective:
         self.name = name
         self.observed = observed
         self.defense = defense
+        self.weighting = weighting
         self.weights = layer_weights(len(observed), "none" if name == "bayes" else weighting)
         self._observed_norm = torch.sqrt(sum(w * (o * o).flatten(1).sum(1)
                                              for w, o in zip(self.weights, observed)))
         self._relaid: dict[int, torch.Tensor] = {}
+
+    def instance(self, j: int) -> "Objective":
+        """The same data term for instance ``j`` alone."""
+        return Objective(self.name, [o[j:j + 1] for o in self.observed], self.defense, self.weighting)
 
     def _observed_like(self, i: int, g: torch.Tensor) -> torch.Tensor:
         """Observed tensor ``i`` in the memory layout of the simulated ``g`` (k, R, *shape), copied

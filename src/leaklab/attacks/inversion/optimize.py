@@ -1,7 +1,8 @@
 """The optimisation loop of gradient inversion (seed 001, Algorithm 1).
 
-``R`` independent instances (several client updates times ``restarts``) are optimised together:
-the loss is a sum of per-instance terms, so one backward pass gives every instance its own gradient.
+``R`` independent instances (several client updates times ``restarts``) are optimised together by Adam:
+the loss is a sum of per-instance terms, so one backward pass gives every instance its own gradient
+(L-BFGS, whose line search and curvature are the whole variable's, runs them one after the other).
 For the Bayes adversary each step evaluates ``k`` points drawn uniformly from the L2 ball of radius
 ``delta`` around the current images (Monte-Carlo estimate of the integral in eq. 3). Adam follows a
 learning-rate schedule that ends near 0 (cosine by default: a constant rate stalls on a grainy floor);
@@ -114,6 +115,39 @@ class InversionLoop:
         total = data + sum(self.prior_weights[n].repeat(k) * v for n, v in priors.items())
         return total.view(-1, r).mean(0)
 
+    def _instance(self, j: int) -> "InversionLoop":
+        """This loop for instance ``j`` alone, with its prior weights."""
+        loop = InversionLoop(self.cfg, self.simulator, self.objective.instance(j), self.labels[j:j + 1],
+                             self.image_shape, self.mean, self.std, self.device)
+        loop.prior_weights = {name: w[j:j + 1] for name, w in self.prior_weights.items()}
+        return loop
+
+    def _lbfgs(self, x0: torch.Tensor, progress: Progress) -> tuple[torch.Tensor, int, list[float]]:
+        """L-BFGS (DLG) from ``x0``, one instance: its curvature history, line search and step are the whole
+        variable's, so instances optimised together were not independent (a restart beside three others ended
+        7.6 dB worse than alone). Returns the images, the loss evaluations and the loss after each iteration
+        (it stops where the loss is no longer finite)."""
+        cfg, x = self.cfg, x0.detach().clone().requires_grad_()
+        optimiser = torch.optim.LBFGS([x], lr=cfg.lr, max_iter=cfg.lbfgs_inner, history_size=100,
+                                      tolerance_grad=0.0, tolerance_change=0.0, line_search_fn="strong_wolfe")
+        evaluations, curve = 0, []
+
+        def closure():
+            nonlocal evaluations
+            evaluations += 1
+            optimiser.zero_grad()
+            value = self.loss(x).sum()
+            x.grad = torch.autograd.grad(value, x)[0]
+            return value
+
+        for it in range(cfg.iterations):
+            value = float(optimiser.step(closure).detach())
+            if not math.isfinite(value):
+                break
+            curve.append(value)
+            progress(it + 1, value)
+        return x.detach(), evaluations, curve
+
     def run(self, progress: Progress | None = None) -> OptimisationResult:
         cfg = self.cfg
         g = torch.Generator().manual_seed(cfg.seed)
@@ -122,27 +156,18 @@ class InversionLoop:
         self._calibrate(x0)
         x = x0.clone().requires_grad_()
         start, history, evaluations = time.perf_counter(), [], 0
-        if cfg.optimizer == "lbfgs":
-            optimiser = torch.optim.LBFGS([x], lr=cfg.lr, max_iter=cfg.lbfgs_inner, history_size=100,
-                                          tolerance_grad=0.0,
-                                          tolerance_change=0.0,
-                                          line_search_fn="strong_wolfe")
-
-            def closure():
-                nonlocal evaluations
-                evaluations += 1
-                optimiser.zero_grad()
-                value = self.loss(x).sum()
-                x.grad = torch.autograd.grad(value, x)[0]
-                return value
-
-            for it in range(cfg.iterations):
-                value = float(optimiser.step(closure).detach())
-                if not math.isfinite(value):
-                    break
-                history.append((it + 1, value / r))
-                if progress:
-                    progress(it + 1, value / r)
+        if cfg.optimizer == "lbfgs":  # one instance after the other: see _lbfgs
+            runs = []
+            for j in range(r):
+                def report(it: int, value: float, j: int = j) -> None:  # the instances' iterations, as one bar
+                    if progress:
+                        progress((j * cfg.iterations + it) / r, value)
+                runs.append(self._instance(j)._lbfgs(x[j:j + 1], report))
+            x = torch.cat([images for images, _, _ in runs])
+            evaluations = sum(n for _, n, _ in runs)
+            curves = [curve for _, _, curve in runs]
+            history = [(it + 1, sum(c[it] for c in curves if it < len(c)) / sum(it < len(c) for c in curves))
+                       for it in range(max(map(len, curves)))]
         else:
             optimiser = torch.optim.Adam([x], lr=cfg.lr)
             scheduler = _schedule(cfg, optimiser)
