@@ -92,7 +92,8 @@ def attack(case: Case, method: Method, config: InversionConfig | None = None,
     config = config or InversionConfig()
     device = device or default_device()
     n = len(case.updates)
-    # L-BFGS takes one joint line search for all instances: attack one update at a time with it.
+    # one update at a time with known labels (a view holds one update's) and with L-BFGS (which runs its
+    # instances one after the other anyway: optimize.InversionLoop._lbfgs; each chunk draws its own start)
     alone = config.optimizer == "lbfgs" or any(y is not None for y in case.labels)
     step = 1 if alone else TOGETHER
     chunks = [list(range(s, min(n, s + step))) for s in range(0, n, step)]
