@@ -86,6 +86,28 @@ def test_lbfgs_instances_are_independent():
     assert torch.equal(first.images, alone.images)
 
 
+@pytest.mark.parametrize("init", ["uniform", "mean", "gaussian"])
+def test_the_relative_range_prior_has_weight_from_a_start_inside_the_pixel_range(init):
+    from leaklab.attacks.inversion.objectives import Objective
+    from leaklab.attacks.inversion.optimize import InversionLoop, _initial_images
+    from leaklab.attacks.inversion.simulate import make_simulator
+
+    view, upd, batch = case(model="lenet", size=16)
+    cfg = InversionConfig(iterations=1, priors={"range": 1.0}, init=init, clamp=False)
+    mean, std = (torch.tensor(v).view(1, 1, 3, 1, 1) for v in (view.spec.mean, view.spec.std))
+    observed = [t.unsqueeze(0) for t in upd.ordered(view.model)]
+    objective = Objective("cosine", observed, parse_defense(None))
+    loop = InversionLoop(cfg, make_simulator(view.model, upd.metadata), objective, batch.labels.unsqueeze(0),
+                         (1, 3, 16, 16), mean, std, torch.device("cpu"))
+    x0 = _initial_images(cfg, (1, 1, 3, 16, 16), mean, std, torch.Generator().manual_seed(0))
+    loop._calibrate(x0)
+    x = x0.clone().requires_grad_()
+    g_data = float(torch.autograd.grad(loop._terms(x)[0].sum(), x)[0].norm())
+    # beta times the data term's gradient norm: the range term's is 1 where it acts (it was weighed 0 from a
+    # start inside [0, 1], where its gradient is 0)
+    assert float(loop.prior_weights["range"]) == pytest.approx(g_data, rel=1e-5) and g_data > 0
+
+
 def test_cosine_attack_beats_the_constant_baseline():
     view, upd, batch = case(model="lenet", size=16, seed=0)
     cfg = InversionConfig(objective="cosine", iterations=200, lr=0.1, priors={"tv": 0.05})

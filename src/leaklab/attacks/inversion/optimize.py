@@ -96,7 +96,9 @@ class InversionLoop:
     def _calibrate(self, x: torch.Tensor) -> None:
         """Relative prior weights: ``beta * ||grad data|| / ||grad prior||`` at each instance's starting
         images, its own norms (instances are independent: one weight for all tied each update's
-        reconstruction to the others attacked in the same call)."""
+        reconstruction to the others attacked in the same call). The ``range`` term's gradient is a unit
+        vector wherever it acts, and 0 at a start inside [0, 1] (``init`` uniform or mean), which weighed it 0
+        for the whole run: there its norm is taken as 1."""
         if self.cfg.prior_scale != "relative" or not self.priors:
             return
         x = x.detach().requires_grad_()
@@ -104,6 +106,8 @@ class InversionLoop:
         g_data = torch.autograd.grad(data.sum(), x, retain_graph=True)[0].flatten(1).norm(dim=1)
         for name, value in priors.items():
             g_prior = torch.autograd.grad(value.sum(), x, retain_graph=True)[0].flatten(1).norm(dim=1)
+            if name == "range":
+                g_prior = torch.where(g_prior > 0, g_prior, 1.0)
             scale = torch.where(g_prior > 0, g_data / g_prior.clamp_min(torch.finfo(g_prior.dtype).tiny), 0.0)
             self.prior_weights[name] = (self.cfg.priors[name] * scale.detach().double()).to(scale.dtype)
 
