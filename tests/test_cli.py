@@ -493,6 +493,15 @@ def test_a_diverging_attack_is_an_error_not_nan_scores(tmp_path):
                       "--local-lr", "finite")
 
 
+def test_a_batchnorm_that_sees_one_value_per_channel_is_one_line(tmp_path):
+    """resnet18 at 8 px shrinks one image to 1x1 before its last BatchNorm: a ValueError's traceback before."""
+    out = tmp_path / "case"
+    assert_user_error(invoke("capture", "--model", "resnet18", "--width", "4", "--image-size", "8", "--out", out),
+                      out, "one value per channel", "--bn-stats running")
+    assert invoke("capture", "--model", "resnet18", "--width", "4", "--image-size", "8", "--bn-stats", "running",
+                  "--out", out).exit_code == 0
+
+
 def test_an_attacks_output_given_as_a_case_points_to_its_case(tmp_path):
     first = tmp_path / "first"
     assert invoke("attack", "analytic", "--data", "digits", "--image-size", "8", "--width", "32",

@@ -28,6 +28,18 @@ def _check_batch(images: torch.Tensor, labels: torch.Tensor) -> None:
         raise LeaklabError(f"batch size {len(images)} is outside the supported 1..256")
 
 
+def _loss(model: nn.Module, images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """The mean cross-entropy of ``model`` on a (mini-)batch; a train-mode BatchNorm that sees one value per
+    channel (one image whose feature map has shrunk to 1x1, e.g. resnet18 at 8 px) is a one-line error."""
+    try:
+        return F.cross_entropy(model(images), labels)
+    except ValueError as e:
+        if "more than 1 value per channel" not in str(e):
+            raise
+        raise LeaklabError(f"a BatchNorm layer in train mode sees one value per channel ({e}); use a batch of "
+                           "2 or more images, larger images, or the running statistics (--bn-stats running)") from None
+
+
 @contextmanager
 def _client_mode(model: nn.Module, train_mode: bool) -> Iterator[None]:
     """Run the client's computation in ``train_mode`` with autograd on, then give ``model`` back as it
@@ -55,7 +67,7 @@ def fedsgd_update(model: nn.Module, images: torch.Tensor, labels: torch.Tensor,
     _check_batch(images, labels)
     params = [p for p in model.parameters() if p.requires_grad]
     with _client_mode(model, train_mode):
-        grads = torch.autograd.grad(F.cross_entropy(model(images), labels), params)
+        grads = torch.autograd.grad(_loss(model, images, labels), params)
     names = [n for n, p in model.named_parameters() if p.requires_grad]
     return ClientUpdate(metadata=UpdateMetadata(kind="fedsgd", batch_size=len(images), train_mode=train_mode),
                         tensors={n: g.detach().clone() for n, g in zip(names, grads)})
@@ -83,7 +95,7 @@ def fedavg_update(model: nn.Module, images: torch.Tensor, labels: torch.Tensor, 
         for step in range(local_steps):
             idx = torch.arange(step * b, step * b + b) % len(images)
             params = [p for p in model.parameters() if p.requires_grad]
-            loss = F.cross_entropy(model(images[idx]), labels[idx])
+            loss = _loss(model, images[idx], labels[idx])
             grads = torch.autograd.grad(loss, params)
             with torch.no_grad():
                 for p, g in zip(params, grads):
@@ -118,6 +130,6 @@ def train_steps(model: nn.Module, images: torch.Tensor, labels: torch.Tensor, st
     for _ in range(steps):
         idx = torch.randint(0, len(images), (min(batch_size, len(images)),), generator=g)
         opt.zero_grad()
-        F.cross_entropy(model(images[idx]), labels[idx]).backward()
+        _loss(model, images[idx], labels[idx]).backward()
         opt.step()
     return model
