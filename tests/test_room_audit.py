@@ -227,12 +227,13 @@ def test_audit_verdicts_in_words():
                             for i, d in enumerate(frames)]}
 
     # the mean of the noisy cell is under the 3 dB line, but one of its two updates shows its room
-    rows = verdicts({"summary": {"defenses": ["none", "noise", "dp"]},
+    noise, dp = "gaussian σ=0.001", "DP-SGD ε=1"
+    rows = verdicts({"summary": {"defenses": ["none", noise, dp]},
                      "cells": [cell("none", None, 40.0, 1.0, 1.0, [45.0, 35.0], error=1.2e-6),
-                               cell("noise", "gaussian:0.001", 17.0, 0.6, 1.0, [19.0, 15.0], kept=0.8712, error=12.1),
-                               cell("noise", "gaussian:0.001", 5.0, 0.0, 0.0, [5.0, 5.0], kept=0.6, algorithm="rgi",
+                               cell(noise, "gaussian:0.001", 17.0, 0.6, 1.0, [19.0, 15.0], kept=0.8712, error=12.1),
+                               cell(noise, "gaussian:0.001", 5.0, 0.0, 0.0, [5.0, 5.0], kept=0.6, algorithm="rgi",
                                     error=0.00113),
-                               cell("dp", "clip:1,gaussian:0.6", 5.0, 0.0, 0.25, [5.0] * 4, kept=0.000651,
+                               cell(dp, "clip:1,gaussian:0.6", 5.0, 0.0, 0.25, [5.0] * 4, kept=0.000651,
                                     error=347.0)]})
     assert [r.client_does for r in rows] == ["nothing", "noise std 0.001", "clip to norm 1, noise std 0.6"]
     # what each defense costs: the cosine an update keeps, the attacks' range where they differ
@@ -261,26 +262,37 @@ def test_audit_verdicts_in_words():
     def reads(right: int, n: int) -> list[float]:
         return [1.0] * right + [0.0] * (n - right)
 
-    assert _action_leaks(reads(1, 1)) and _action_leaks(reads(3, 6)) and not _action_leaks(reads(2, 6))
+    # 1 of 1 right is p = 0.14, no evidence (it named every strong level of an audit leaky on one right guess)
+    assert not _action_leaks(reads(1, 1)) and _action_leaks(reads(3, 6)) and not _action_leaks(reads(2, 6))
     assert _action_leaks(reads(21, 96)) and not _action_leaks(reads(20, 96))  # p = 0.029 and 0.051; 14 expected
     assert _action_leaks([0.5, 1.0]) and not _action_leaks([0.5, 0.0]) and not _action_leaks([])
-    assert conclusion(rows) == ("dp is the weakest defense tested behind which nothing measured leaks, and there an "
-                                "update keeps a cosine of 0.000651 with the true one; behind noise (cosine 0.6 to "
-                                "0.871) the update still leaks the room (1 of 4 updates show it; the best: QGI S2 "
-                                "depth +4.0 dB over its baseline), the target's box (IoU 0.60), the action (100%) and "
-                                "the reward (error "
-                                "0.0011).")
-    assert conclusion(rows[:2]).startswith("Every defense tested leaks: behind noise (cosine 0.6 to 0.871) the "
-                                           "update still leaks")
-    assert conclusion(rows[:1]).startswith("Every defense tested leaks: behind none the update still leaks")
-    assert conclusion(rows[2:]) == "Nothing measured leaks behind any defense tested, dp included."
+    # a sentence per family (Gaussian noise and DP-SGD are not ranked against each other)
+    assert conclusion(rows) == ("Every Gaussian level tested leaks: behind gaussian σ=0.001 (cosine 0.6 to 0.871) the "
+                                "update still leaks the room (1 of 4 updates show it; the best: QGI S2 depth +4.0 dB "
+                                "over its baseline), the target's box (IoU 0.60), the action (100%) and the reward "
+                                "(error 0.0011). DP-SGD ε=1 is the weakest DP-SGD level tested behind which, as behind "
+                                "every stronger one, nothing measured leaks, where an update keeps a cosine of "
+                                "0.000651 with the true one.")
+    assert conclusion(rows[:2]).startswith("Every Gaussian level tested leaks: behind gaussian σ=0.001 (cosine 0.6 to "
+                                           "0.871) the update still leaks")
+    assert conclusion(rows[:1]).startswith("No defense was tested; undefended, the update leaks the room")
+    assert conclusion(rows[2:]) == "Nothing measured leaks behind any defense tested, DP-SGD ε=1 included."
+    # a level that showed nothing under a stronger one that leaks is no safe level: the conclusion named the weak
+    # σ = 0.001 safe while σ = 0.03 leaked (behind strong noise each level guesses the action from the same draws)
+    odd = [rows[0], rows[2]._replace(defense="gaussian σ=0.001"), rows[1]._replace(defense="gaussian σ=0.03"),
+           rows[2]._replace(defense="gaussian σ=0.1", kept="0.0001")]
+    assert conclusion(odd) == ("gaussian σ=0.1 is the weakest Gaussian level tested behind which, as behind every "
+                               "stronger one, nothing measured leaks, where an update keeps a cosine of 0.0001 with "
+                               "the true one; behind gaussian σ=0.03 (cosine 0.6 to 0.871) the update still "
+                               f"{rows[1].verdict} (nothing measured leaked behind the weaker gaussian σ=0.001, which "
+                               "is therefore no safe level).")
     # results written before the cosine was measured: the column says so, the sentence leaves it out
-    old = verdicts({"summary": {"defenses": ["none", "dp"]},
+    old = verdicts({"summary": {"defenses": ["none", dp]},
                     "cells": [cell("none", None, 40.0, 1.0, 1.0, [45.0, 35.0], kept=None),
-                              cell("dp", "clip:1,gaussian:0.6", 5.0, 0.0, 0.25, [5.0] * 4, kept=None)]})
+                              cell(dp, "clip:1,gaussian:0.6", 5.0, 0.0, 0.25, [5.0] * 4, kept=None)]})
     assert [r.kept for r in old] == ["–", "–"] and [r.features for r in old] == ["–", "–"]
-    assert conclusion(old).startswith("dp is the weakest defense tested behind which nothing measured leaks; behind "
-                                      "none the update still leaks the room")
+    assert conclusion(old).startswith("DP-SGD ε=1 is the weakest DP-SGD level tested behind which, as behind every "
+                                      "stronger one, nothing measured leaks. Undefended, the update leaks the room")
     # `--full` attacks each update in both modes: an update counts once, showing its room where either
     # reconstruction shows it; its action (read by the same rule in both) is no second guess
     both = verdicts({"summary": {"defenses": ["noise"]},

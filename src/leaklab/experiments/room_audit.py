@@ -113,7 +113,8 @@ class AuditConfig(BaseModel):
         return sigmas
 
     def defenses(self) -> list[tuple[str, str | None]]:
-        """(label, defense chain) from the weakest to the strongest."""
+        """(label, defense chain): none, then each family's levels from the weakest to the strongest (Gaussian
+        noise, then one DP-SGD step: the families are not ranked against each other)."""
         out: list[tuple[str, str | None]] = [("none", None)]
         out += [(gaussian_label(s), f"gaussian:{s:g}") for s in sorted(self.gaussian_sigmas)]
         out += [(dpsgd_label(e), dpsgd_defense(e)) for e in sorted(self.dp_epsilons, reverse=True)]
@@ -122,12 +123,12 @@ class AuditConfig(BaseModel):
 
 def gaussian_label(sigma: float) -> str:
     """The report's name of the Gaussian defense at ``sigma``."""
-    return f"gaussian σ={sigma:g}"
+    return f"{room_verdicts.GAUSSIAN_PREFIX}{sigma:g}"
 
 
 def dpsgd_label(epsilon: float) -> str:
     """The report's name of one DP-SGD step at ``epsilon``."""
-    return f"DP-SGD ε={epsilon:g}"
+    return f"{room_verdicts.DPSGD_PREFIX}{epsilon:g}"
 
 
 Levels = tuple[dict[float, bool], dict[float, bool]]  # each tested Gaussian σ's and DP-SGD ε's verdict: leaks?

@@ -223,7 +223,7 @@ def _leakage_plot(results: dict[str, Any], labels: list[str], path: Path) -> byt
     kept, read = ([median_of(c["summary"].get(key) for c in results["cells"] if c["defense"] == label)
                    for label in labels] for key in ("update_cosine_median", "feature_cosine_median"))
     actions = [room_verdicts.qgi_actions([c for c in results["cells"] if c["defense"] == label]) for label in labels]
-    return bar_plot(labels, series, path, ylabel="PSNR over baseline (dB)", xlabel="defense, weakest first",
+    return bar_plot(labels, series, path, ylabel="PSNR over baseline (dB)", xlabel="defense (each family weakest first)",
                     title="Leakage per defense: reconstruction PSNR minus the constant-image baseline",
                     threshold=(room_verdicts.IMAGE_LEAK_DB, f"the room shows from +{room_verdicts.IMAGE_LEAK_DB:g} dB"),
                     lines={"update kept (cosine; right axis)": kept,

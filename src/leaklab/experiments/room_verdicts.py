@@ -1,7 +1,7 @@
 """The room audit's verdicts (``leaklab audit`` and ``leaklab audit --cases``): what leaks behind each
 defense, in words and in one sentence. The room leaks where any attacked update shows it (an image
 :data:`IMAGE_LEAK_DB` over its own constant-image baseline), the target's box at a mean IoU of
-:data:`BOX_LEAK_IOU`, QGI's action at :data:`ACTION_LEAK` or beyond chance (:data:`ACTION_CHANCE_P`), the
+:data:`BOX_LEAK_IOU`, QGI's action beyond chance (:data:`ACTION_CHANCE_P`; a batch's shares at :data:`ACTION_LEAK`), the
 target Q-value and the reward read to :data:`Q_LEAK_PERCENT` and :data:`REWARD_LEAK` (seed 000, section V's
 metrics). An update attacked in several modes (``--full``) counts once.
 """
@@ -23,8 +23,8 @@ from leaklab.words import cosine_text, listing, plural
 
 IMAGE_LEAK_DB = 3.0  # verdict: images leak when their PSNR beats the no-information baseline by this
 BOX_LEAK_IOU = 0.5  # verdict: the target's box leaks at this mean IoU (the usual detection threshold)
-ACTION_LEAK = 0.5  # verdict: QGI's action leaks at this accuracy (chance: 1 in 7), or when
-ACTION_CHANCE_P = 0.05  # guessing would name as many right with a lower probability (e.g. 21 of 96 right)
+ACTION_CHANCE_P = 0.05  # verdict: QGI's action leaks when guessing would name as many right with a lower probability
+ACTION_LEAK = 0.5  # (e.g. 21 of 96 right), a batch's shares (no count) at this accuracy (chance: 1 in 7)
 Q_LEAK_PERCENT = 1.0  # verdict: the target Q-value leaks read to this error (seed 000's QGI: about 1%)
 REWARD_LEAK = 0.01  # verdict: the reward (RGI reads the discounted return that weights log π) leaks read to
 # this absolute error, 1% of the most one step earns
@@ -71,13 +71,15 @@ def _chance_p(actions: list[float]) -> float | None:
 
 
 def _action_leaks(actions: list[float] | None) -> bool:
-    """The verdicts' action rule: read right on at least :data:`ACTION_LEAK` of the updates, or on more than
-    guessing would name but with a probability under :data:`ACTION_CHANCE_P` (which a few updates cannot
-    show: 1 of 1 right is p = 0.14; many can: 21 of 96 right, a guess's 14 expected, is p = 0.03)."""
+    """The verdicts' action rule: read right on more updates than guessing one of the room's actions would name
+    but for a probability under :data:`ACTION_CHANCE_P` (3 of 6 right: p = 0.042; 21 of 96, a guess's 14
+    expected: p = 0.03; 1 of 1 is p = 0.14, no evidence: behind strong noise every level of an audit guesses
+    alike, from the same draws, and one right guess named each of them leaky); a batch's shares, which are
+    no count, at :data:`ACTION_LEAK` or more on average."""
     if not actions:
         return False
     p = _chance_p(actions)
-    return statistics.fmean(actions) >= ACTION_LEAK or (p is not None and p < ACTION_CHANCE_P)
+    return statistics.fmean(actions) >= ACTION_LEAK if p is None else p < ACTION_CHANCE_P
 
 
 def _actions_read(actions: list[float]) -> str | None:
@@ -200,22 +202,50 @@ def verdicts(results: dict[str, Any]) -> list[GlanceRow]:
     return rows
 
 
+# the audit's defense families: each level's label starts with its family's prefix (room_audit.defenses)
+GAUSSIAN_PREFIX, DPSGD_PREFIX = "gaussian σ=", "DP-SGD ε="
+FAMILIES = ((GAUSSIAN_PREFIX, "Gaussian"), (DPSGD_PREFIX, "DP-SGD"))
+
+
 def conclusion(rows: list[GlanceRow]) -> str:
-    """The audit in one sentence, from :func:`verdicts`' rows (weakest defense first), with the cosine an
-    update keeps behind the defenses it names."""
-    safe = [r for r in rows if r.verdict == NOTHING_LEAKS]
-    leaky = [r for r in rows if r.verdict != NOTHING_LEAKS]
-    if not leaky:
+    """The audit in a sentence per defense family (:data:`FAMILIES`; levels of different families are not
+    ranked against each other), from :func:`verdicts`' rows (weakest level first), with the cosine an update keeps
+    behind the levels it names; the undefended update's verdict where no family's level leaks."""
+    if all(r.verdict == NOTHING_LEAKS for r in rows):
         return f"Nothing measured leaks behind any defense tested, {rows[0].defense} included."
-    last = leaky[-1]
-    sees = f"behind {last.defense}" + (f" (cosine {last.kept})" if last.client_does != "nothing"
-                                       and last.kept != NOT_MEASURED else "") + f" the update still {last.verdict}"
-    if not safe:
-        return f"Every defense tested leaks: {sees}."
-    first = safe[0]
-    kept = f", and there an update keeps a cosine of {first.kept} with the true one" if first.kept != NOT_MEASURED \
-        else ""
-    return f"{first.defense} is the weakest defense tested behind which nothing measured leaks{kept}; {sees}."
+    families = [(name, levels) for prefix, name in FAMILIES
+                if (levels := [r for r in rows if r.defense.startswith(prefix)])]
+    sentences = [_family_sentence(name, levels) for name, levels in families]
+    if all(r.verdict == NOTHING_LEAKS for _, levels in families for r in levels):
+        sentences.append(f"{'Undefended' if families else 'No defense was tested; undefended'}, the update "
+                         f"{rows[0].verdict}.")
+    return " ".join(sentences)
+
+
+def _still_leaks(row: GlanceRow) -> str:
+    cosine = f" (cosine {row.kept})" if row.client_does != "nothing" and row.kept != NOT_MEASURED else ""
+    return f"behind {row.defense}{cosine} the update still {row.verdict}"
+
+
+def _family_sentence(name: str, levels: list[GlanceRow]) -> str:
+    """One family's levels (weakest first): the weakest behind which, as behind every stronger one, nothing
+    measured leaks, and the strongest that leaks; a level that showed nothing under a stronger leaky one is
+    named as such, never as the level where the leaks stop."""
+    k = len(levels)
+    while k and levels[k - 1].verdict == NOTHING_LEAKS:
+        k -= 1
+    if k == len(levels):
+        return f"Every {name} level tested leaks: {_still_leaks(levels[-1])}."
+    first = levels[k]
+    kept = f", where an update keeps a cosine of {first.kept} with the true one" if first.kept != NOT_MEASURED else ""
+    text = (f"{first.defense} is the weakest {name} level tested behind which, as behind every stronger one, "
+            f"nothing measured leaks{kept}")
+    if k:
+        text += f"; {_still_leaks(levels[k - 1])}"
+        lone = [r.defense for r in levels[:k - 1] if r.verdict == NOTHING_LEAKS]
+        if lone:
+            text += f" (nothing measured leaked behind the weaker {listing(lone)}, which is therefore no safe level)"
+    return text + "."
 
 
 def verdict(room: RoomShown, iou: float, actions: list[float] | None, q_error: float | None = None,
@@ -247,9 +277,9 @@ def glance_caption() -> str:
             f"attacked update shows its room when one of its images is {IMAGE_LEAK_DB:g} dB or more above its own "
             "baseline, and the room leaks when any update shows it (a mean over rooms can hide one). The box "
             f"leaks at a mean IoU of {BOX_LEAK_IOU:g} or more (a target out of view, whose box is all zeros, "
-            f"counts 1 only when the attack read a box within 1e-3 of it), the action at an accuracy of "
-            f"{100 * ACTION_LEAK:.0f}% or more (chance: 1 in 7) or when guessing would name as many right only "
-            f"with a probability under {ACTION_CHANCE_P:g}, the target Q-value (QGI) at a mean error of "
+            f"counts 1 only when the attack read a box within 1e-3 of it), the action when guessing one of the 7 "
+            f"would name as many right only with a probability under {ACTION_CHANCE_P:g} (3 of 6 updates; a "
+            f"batch's shares at {100 * ACTION_LEAK:.0f}% or more), the target Q-value (QGI) at a mean error of "
             f"{Q_LEAK_PERCENT:g}% or less and the reward (RGI: the discounted return that weights log π) at a mean "
             f"absolute error of {REWARD_LEAK:g} or less (one step earns at most 1).")
 
