@@ -182,9 +182,18 @@ def test_audit_takes_the_defense_levels_a_user_asks_for(tmp_path):
                        (("--sigmas", "1e-3,x"), "distinct positive numbers"),
                        (("--sigmas", "1e39"), "invalid --sigmas (got '1e+39')")]:  # infinite float32 updates
         assert_user_error(invoke("audit", "--quick", *args, "--out", tmp_path / "bad"), tmp_path / "bad", word)
+    from leaklab.attacks.rl import RoomAttackConfig
+    from leaklab.experiments import room_audit
+    from leaklab.rl.envs import LAYOUTS
+
     with pytest.raises(ValueError, match="each level once"):
-        from leaklab.experiments import room_audit
         room_audit.AuditConfig(dp_epsilons=(8.0, 8.0))
+    with pytest.raises(ValueError, match="each level once"):  # both applied as gaussian:0.001, twice the same rows
+        room_audit.AuditConfig(gaussian_sigmas=(1e-3, 1.0000001e-3))
+    # an earlier audit that wrote the defaults out (iterations, layouts) is the same audit
+    written = room_audit.AuditConfig(iterations=RoomAttackConfig(mode="exact").iterations, layouts=tuple(LAYOUTS)[:3])
+    assert room_audit._compared(written) == room_audit._compared(room_audit.AuditConfig())
+    assert room_audit._compared(written.model_copy(update={"iterations": 5}))["iterations"] == "5 (exact mode)"
     # an earlier audit of the same rooms, network and attacks counts; anything else is refused at once
     again = tmp_path / "again"
     result = invoke("audit", "--quick", "--sigmas", "1e-3", "--earlier", out, "--out", again)

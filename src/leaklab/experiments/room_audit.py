@@ -101,8 +101,8 @@ class AuditConfig(BaseModel):
     @field_validator("gaussian_sigmas", "dp_epsilons")
     @classmethod
     def _distinct(cls, levels: tuple[float, ...]) -> tuple[float, ...]:
-        if len(set(levels)) < len(levels):
-            raise ValueError("each level once")
+        if len({f"{level:g}" for level in levels}) < len(levels):  # as the chains and labels write them
+            raise ValueError("each level once, to 6 significant digits")
         return levels
 
     @field_validator("gaussian_sigmas")
@@ -137,6 +137,16 @@ COMPARED_FIELDS = ("algorithms", "settings", "modes", "arch", "train_steps", "sa
                    "seed")
 
 
+def _compared(config: AuditConfig) -> dict[str, Any]:
+    """:data:`COMPARED_FIELDS` as the audit runs them: the layouts it picks where none are named, each mode's
+    image iterations where none are given (an audit that wrote the defaults out is the same audit)."""
+    values = {name: getattr(config, name) for name in COMPARED_FIELDS}
+    run = {cell["mode"]: c for cell, c in cell_configs(config)}
+    values["layouts"] = next(iter(run.values())).layouts
+    values["iterations"] = ", ".join(f"{run[mode].attack.iterations} ({mode} mode)" for mode in config.modes)
+    return values
+
+
 def _verdicts_by_level(config: AuditConfig, results: dict[str, Any]) -> tuple[bool, Levels]:
     """Whether the undefended updates leak, and each tested level's verdict."""
     leaks = {row.defense: row.verdict != room_verdicts.NOTHING_LEAKS for row in room_verdicts.verdicts(results)}
@@ -160,8 +170,9 @@ def earlier_verdicts(folders: Sequence[Path], config: AuditConfig) -> Levels:
         except (KeyError, TypeError, ValueError, AttributeError, StopIteration) as e:  # a field of another type
             raise LeaklabError(f"--earlier {folder}: its {RESULTS_FILE} is not a whole room audit "
                                f"({type(e).__name__}); run that audit again") from None
-        differ = [f"{name} {getattr(earlier, name)} where this audit has {getattr(config, name)}"
-                  for name in COMPARED_FIELDS if getattr(earlier, name) != getattr(config, name)]
+        theirs, ours = _compared(earlier), _compared(config)
+        differ = [f"{name} {theirs[name]} where this audit has {ours[name]}" for name in COMPARED_FIELDS
+                  if theirs[name] != ours[name]]
         if differ:
             raise LeaklabError(f"--earlier {folder}: it audited {'; '.join(differ)}, so its verdicts do not "
                                "carry over")
