@@ -96,9 +96,12 @@ class InversionLoop:
     def _calibrate(self, x: torch.Tensor) -> None:
         """Relative prior weights: ``beta * ||grad data|| / ||grad prior||`` at each instance's starting
         images, its own norms (instances are independent: one weight for all tied each update's
-        reconstruction to the others attacked in the same call). The ``range`` term's gradient is a unit
-        vector wherever it acts, and 0 at a start inside [0, 1] (``init`` uniform or mean), which weighed it 0
-        for the whole run: there its norm is taken as 1."""
+        reconstruction to the others attacked in the same call). An update's restarts (the instances are updates
+        times ``restarts``, restart-minor: :func:`~leaklab.attacks.inversion.attack.invert`) share the weight set at
+        its first start, so that the best of them is chosen on one objective (with a weight each, the lowest
+        total loss was not the lowest data term) and the first runs as the update alone would. The ``range``
+        term's gradient is a unit vector wherever it acts, and 0 at a start inside [0, 1] (``init`` uniform or
+        mean), which weighed it 0 for the whole run: there its norm is taken as 1."""
         if self.cfg.prior_scale != "relative" or not self.priors:
             return
         x = x.detach().requires_grad_()
@@ -109,6 +112,7 @@ class InversionLoop:
             if name == "range":
                 g_prior = torch.where(g_prior > 0, g_prior, 1.0)
             scale = torch.where(g_prior > 0, g_data / g_prior.clamp_min(torch.finfo(g_prior.dtype).tiny), 0.0)
+            scale = scale.view(-1, self.cfg.restarts)[:, :1].expand(-1, self.cfg.restarts).reshape(-1)
             self.prior_weights[name] = (self.cfg.priors[name] * scale.detach().double()).to(scale.dtype)
 
     def loss(self, x: torch.Tensor) -> torch.Tensor:
