@@ -93,6 +93,18 @@ def test_contract_accepts_any_conv_module_and_refuses_a_missing_head():
         check_contract(net, "headless")
 
 
+def test_a_users_class_is_checked_with_the_weights_it_is_given():
+    """A trained scale on the output passed the check on the fresh network (scale 1); with the case's weights
+    (scale 3) the attacks' Q-values came out 67% off, silently."""
+    from leaklab.threat import model_with_state
+
+    spec, cls = PerceptionSpec(setting="S2"), "tests.plugins.narrow_net:OutScale"
+    state = build_perception_net(spec, seed=0, model_class=cls).state_dict()
+    assert model_with_state(spec, state, cls) is not None
+    with pytest.raises(LeaklabError, match=r"with the case's weights: the output is not head\(cat"):
+        model_with_state(spec, {**state, "scale": torch.tensor(3.0)}, cls)
+
+
 def test_device_option_is_checked():
     with pytest.raises(ValueError, match="device"):
         room_attack.RoomRunConfig(device="gpu")

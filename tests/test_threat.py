@@ -116,3 +116,17 @@ def test_a_spec_larger_than_its_model_file_is_refused_before_it_is_built(monkeyp
     assert built == [torch.device("meta")]
     make_view(SPEC, model.state_dict(), meta)
     assert built[1:] == [torch.device("meta"), torch.device("cpu")]
+
+
+def test_a_model_file_is_checked_in_the_models_dtype_and_against_the_views_normalisation():
+    """A negative std from a damaged file was attacked (4.81 dB); a float64 1e300 passed as finite and became
+    inf in the float32 model (the attack then said to lower --lr)."""
+    from leaklab.threat import model_with_state
+
+    spec = ModelSpec(name="mlp", num_classes=3, in_channels=1, image_size=8, width=16, mean=(0.5,), std=(0.25,))
+    state = build_model(spec).state_dict()
+    assert model_with_state(spec, state) is not None
+    with pytest.raises(LeaklabError, match="not the mean and std the view declares"):
+        model_with_state(spec, {**state, "normalize.std": -state["normalize.std"]})
+    with pytest.raises(LeaklabError, match="'fc.bias' holds values past the range of the model's torch.float32"):
+        model_with_state(spec, {**state, "fc.bias": state["fc.bias"].double() + 1e300})

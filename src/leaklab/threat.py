@@ -20,6 +20,8 @@ from torch import nn
 
 from leaklab.errors import LeaklabError
 from leaklab.models import ModelSpec, PerceptionSpec, build_model, build_perception_net
+from leaklab.models.layers import Normalize
+from leaklab.models.perception import check_forward
 from leaklab.names import MAX_ENTROPY_WEIGHT, UPDATE_NAMES
 
 
@@ -165,7 +167,10 @@ def _check_state(own: dict[str, torch.Tensor], state: dict[str, torch.Tensor],
 def model_with_state(spec: ModelSpec | PerceptionSpec, state: dict[str, torch.Tensor],
                      model_class: str | None = None) -> nn.Module:
     """The model of ``spec`` (``model_class``: a user's own perception class) holding ``state``, strictly:
-    every tensor of its shape and kind (:func:`_check_state`), no negative variance or counter. Leaklab's
+    every tensor of its shape and kind (:func:`_check_state`), finite in the model's dtype too (a float64 1e300
+    is infinite in float32), no negative variance or counter, the input normalisation the spec declares, and a
+    user's class still computing what the room attacks invert with these weights (:func:`check_forward`: a
+    trained parameter outside ``head(cat(conv, box))`` passed on the fresh network). Leaklab's
     networks are compared on the meta device before they are built, so that a spec cannot make leaklab
     allocate a model its file does not hold."""
     def build() -> nn.Module:
@@ -178,11 +183,24 @@ def model_with_state(spec: ModelSpec | PerceptionSpec, state: dict[str, torch.Te
     model = build()
     own = model.state_dict()
     _check_state(own, state, spec, model_class)
-    model.load_state_dict({k: v.to(own[k].dtype) for k, v in state.items()})
+    loaded = {k: v.to(own[k].dtype) for k, v in state.items()}
+    for k, v in loaded.items():
+        if v.is_floating_point() and not torch.isfinite(v).all():
+            raise LeaklabError(f"model tensor {k!r} holds values past the range of the model's {own[k].dtype}; "
+                               "the file is damaged")
+    model.load_state_dict(loaded)
     for k, v in model.named_buffers():
         if (k.endswith("running_var") or k.endswith("num_batches_tracked")) and (v < 0).any():
             raise LeaklabError(f"model tensor {k!r} holds negative values (a variance or a counter); "
                                "the file is damaged")
+    declared = Normalize(spec.mean, spec.std) if isinstance(spec, ModelSpec) else None
+    for name, module in model.named_modules():  # the mean and std the view declares, not other ones
+        if isinstance(module, Normalize) and not (torch.equal(module.mean, declared.mean)
+                                                  and torch.equal(module.std, declared.std)):
+            raise LeaklabError(f"model tensors {name}.mean/std are not the mean and std the view declares "
+                               f"({list(spec.mean)}, {list(spec.std)}); the file is damaged")
+    if model_class is not None:
+        check_forward(model, spec, f"--model-class {model_class} with the case's weights")
     return model
 
 

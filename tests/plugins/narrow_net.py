@@ -67,3 +67,30 @@ class DeepHead(NarrowNet):
                                  nn.Linear(16, 16, bias=False), nn.ReLU(inplace=True))
         self.head = nn.Sequential(nn.Linear(8 * 17 * 17 + 16, 128), nn.ReLU(inplace=True),
                                   nn.Linear(128, 64), nn.ReLU(inplace=True), nn.Linear(64, spec.num_actions))
+
+
+class Frozen(NarrowNet):
+    """NarrowNet whose box branch does not train: a client's update leaves its gradients out."""
+
+    def __init__(self, spec):
+        super().__init__(spec)
+        self.box.requires_grad_(False)
+
+
+class Unused(NarrowNet):
+    """NarrowNet with a layer its forward never uses (a leftover value head)."""
+
+    def __init__(self, spec):
+        super().__init__(spec)
+        self.aux = nn.Linear(64, 1)
+
+
+class OutScale(NarrowNet):
+    """NarrowNet times a trained scale: head(cat(conv, box)) at its start (scale 1), not once it moves."""
+
+    def __init__(self, spec):
+        super().__init__(spec)
+        self.scale = nn.Parameter(torch.ones(()))
+
+    def forward(self, images, box):
+        return super().forward(images, box) * self.scale

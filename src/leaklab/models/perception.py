@@ -173,6 +173,11 @@ def check_contract(net: nn.Module, where: str) -> nn.Module:
         raise ModelClassError(f"{where} does not follow the perception-network contract (modules conv "
                               "from images to flat features, box starting with a Linear with bias, head of "
                               "Linear layers ending in one with bias; see leaklab.models.perception)")
+    frozen = [name for name, p in net.named_parameters() if not p.requires_grad]
+    if frozen:
+        raise ModelClassError(f"{where} has parameters that do not train ({frozen[0]}, requires_grad False): a "
+                              "client's update leaves them out, and the room attacks read every layer's gradient; "
+                              "let every parameter train")
     dtypes = sorted({str(p.dtype).removeprefix("torch.") for p in net.parameters()} - {"float32"})
     if dtypes:
         raise ModelClassError(f"{where} has {dtypes[0]} parameters; the room attacks work in float32, so build "
@@ -261,7 +266,8 @@ def check_forward(net: nn.Module, spec: PerceptionSpec, where: str) -> None:
     ``box.0`` takes the box, ``conv`` gives ``[B, F]`` flat features with F the conv part of
     ``head.0``'s inputs, and the output, ``[B, num_actions]``, is ``head(cat(conv(images), box(box)))``.
     Checked on one batch of two random states in eval mode, and on one state in train mode (as a client
-    computes its update), without touching the global generator or the network's state and modes."""
+    computes its update), whose output must reach every parameter (a parameter the forward leaves out has no
+    gradient for the update to hold), without touching the global generator or the network's state and modes."""
     if net.box[0].in_features != spec.box_dim or net.head[-1].out_features != spec.num_actions:
         raise ModelClassError(f"{where}: box.0 must take the {spec.box_dim}-d box and the last head layer give "
                               f"{spec.num_actions} outputs (got {net.box[0].in_features} and "
@@ -278,11 +284,18 @@ def check_forward(net: nn.Module, spec: PerceptionSpec, where: str) -> None:
             out = net(images, box)
             composed = net.head(torch.cat([features, net.box(box)], dim=1)) if features.ndim == 2 else None
             what = "of one state in train mode, as a client computes a single-sample update,"
-            net.train()(images[:1], box[:1])
+            with torch.enable_grad():
+                params = dict(net.named_parameters())
+                reached = torch.autograd.grad(net.train()(images[:1], box[:1]).sum(), list(params.values()),
+                                              allow_unused=True)
     except Exception as e:  # the user's forward fails on inputs of the spec's shapes
         raise ModelClassError(f"{where}: a forward pass {what} failed ({type(e).__name__}: {e})") from None
     finally:
         net.load_state_dict(state)
+    unused = [name for name, g in zip(params, reached) if g is None]
+    if unused:
+        raise ModelClassError(f"{where}: the output does not depend on {unused[0]}: a parameter the forward leaves "
+                              "out has no gradient for a client's update to hold; remove it from the class")
     if tuple(features.shape) != (2, conv_feature_count(net)):
         raise ModelClassError(f"{where}: conv gives features of shape {tuple(features.shape)} for two states; "
                               f"head.0 expects (2, {conv_feature_count(net)})")

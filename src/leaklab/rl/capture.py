@@ -34,6 +34,7 @@ from leaklab.fields import DefenseOption, Seed
 from leaklab.io import CAPTURE_JSON, ROOM_CAPTURE_FORMAT, atomic_dir, check_out, write_json
 from leaklab.metrics.vectors import update_cosine
 from leaklab.models import PerceptionNet, PerceptionSpec, build_perception_net
+from leaklab.models.perception import check_forward
 from leaklab.names import MAX_ENTROPY_WEIGHT, MAX_TRAIN_STEPS, POLICY_NAMES, RL_ALGORITHM_NAMES
 from leaklab.rl.agents import (DQNConfig, ReinforceConfig, epsilon_greedy, td_targets, train_dqn,
                                train_reinforce)
@@ -237,6 +238,8 @@ def partly_trained_net(algorithm: Literal[RL_ALGORITHM_NAMES], spec: PerceptionS
         net = train_reinforce(ReinforceConfig(spec=spec, layouts=lay, steps=steps, seed=seed), progress, net=own)[0]
     if on_step:  # the agents report at the ends of episodes; the last one may end after the budget
         on_step(steps)
+    if model_class:  # what the class computes may have moved with its weights (a trained output scale)
+        check_forward(net, spec, f"--model-class {model_class} after {steps} training steps")
     return net
 
 
