@@ -530,3 +530,22 @@ def test_a_case_whose_images_are_too_many_values_to_reconstruct_is_refused(tmp_p
     with pytest.raises(LeaklabError, match="1,073,741,824 values to reconstruct"):
         load_case(case(256, 512, 16))
     assert load_case(case(256, 224, 3)).updates  # ImageNet-sized photos in a batch of 256 still are
+
+
+def test_the_same_tensors_and_metadata_give_the_same_bytes_in_every_process(tmp_path):
+    """safetensors writes the metadata in a hash map's order, which changes with the process: a rerun's truth
+    file differed from the first run's (its tensors equal) until leaklab wrote the header's keys sorted."""
+    import subprocess
+    import sys
+
+    code = ("import sys, torch; from pathlib import Path; from leaklab.io import load_tensors, save_tensors; "
+            "save_tensors(Path(sys.argv[1]), {'b': torch.arange(3.0), 'a': torch.ones(2, dtype=torch.float64)}, "
+            "{k: k.upper() for k in 'zyxwvu'})")
+    files = [tmp_path / f"{i}.safetensors" for i in range(3)]
+    for path in files:
+        subprocess.run([sys.executable, "-c", code, str(path)], check=True)
+    assert len({path.read_bytes() for path in files}) == 1
+    from safetensors import safe_open
+
+    with safe_open(str(files[0]), "pt") as f:  # still a safetensors file, its metadata whole
+        assert f.metadata() == {k: k.upper() for k in "zyxwvu"} and f.get_tensor("a").dtype == torch.float64

@@ -219,9 +219,15 @@ def write_bytes(path: Path, data: bytes) -> None:
 
 def save_tensors(path: Path, tensors: dict[str, torch.Tensor],
                  metadata: dict[str, str] | None = None) -> str:
-    """Save ``tensors`` (contiguous CPU copies) to a safetensors file; returns its SHA-256."""
+    """Save ``tensors`` (contiguous CPU copies) to a safetensors file; returns its SHA-256. The same tensors and
+    metadata give the same bytes: the header's keys are written sorted (safetensors writes the metadata in a hash
+    map's order, which changes from one process to the next, so that a rerun's truth file differed)."""
     plain = {k: v.detach().to("cpu").contiguous().clone() for k, v in tensors.items()}
     data = _st_save(plain, metadata={k: str(v) for k, v in (metadata or {}).items()} or None)
+    (n,) = struct.unpack("<Q", data[:8])
+    header = json.dumps(json.loads(data[8:8 + n]), sort_keys=True, separators=(",", ":")).encode()
+    header += b" " * (-len(header) % 8)  # the data stays 8-byte aligned, as safetensors pads it
+    data = struct.pack("<Q", len(header)) + header + data[8 + n:]
     write_bytes(Path(path), data)
     return hashlib.sha256(data).hexdigest()
 
