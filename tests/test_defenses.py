@@ -39,6 +39,9 @@ def test_topk_keeps_the_largest_entries():
 def test_clip_bounds_the_global_norm():
     out = parse_defense("clip:1").apply(update(torch.full((100,), 1.0)), gen()).tensors["w"]
     assert math.isclose(float(out.norm()), 1.0, rel_tol=1e-5)
+    # a float16 update's squares overflow float16 (its norm was inf and the update came back all zeros)
+    half = parse_defense("clip:1").apply(update(torch.full((100,), 300.0, dtype=torch.float16)), gen()).tensors["w"]
+    assert half.dtype == torch.float16 and math.isclose(float(half.float().norm()), 1.0, rel_tol=1e-3)
 
 
 def test_chain_is_seeded_and_records_its_spec():

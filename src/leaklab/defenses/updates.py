@@ -107,7 +107,8 @@ def _flat(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
 
 @dataclass(frozen=True)
 class TopK(Defense):
-    """Magnitude pruning: the fraction ``p`` of entries with the smallest |value| is set to 0."""
+    """Magnitude pruning: the fraction ``p`` of entries with the smallest |value| is set to 0, and any entry
+    tied with the largest of them (a threshold on |value|: ties, rare but for exact zeros, go together)."""
 
     p: float
     name = "topk"
@@ -133,7 +134,9 @@ class Clip(Defense):
     name = "clip"
 
     def apply(self, tensors, generator=None):
-        norm = torch.sqrt(sum((t * t).sum() for t in tensors))
+        # summed in float32 at least: a float16 update's squares overflowed to inf and the factor zeroed it
+        wide = [t.to(torch.promote_types(t.dtype, torch.float32)) for t in tensors]
+        norm = torch.sqrt(sum((t * t).sum() for t in wide))
         factor = torch.clamp(self.c / (norm + 1e-12), max=1.0)
         return [t * factor for t in tensors]
 
