@@ -105,7 +105,14 @@ def test_a_users_class_is_checked_with_the_weights_it_is_given():
         model_with_state(spec, {**state, "scale": torch.tensor(3.0)}, cls)
 
 
-def test_device_option_is_checked():
+def test_device_option_is_checked(monkeypatch):
+    from leaklab.device import default_device
+
+    monkeypatch.setenv("LEAKLAB_DEVICE", "bogus")  # torch's RuntimeError, a traceback
+    with pytest.raises(LeaklabError, match="LEAKLAB_DEVICE 'bogus': choose cpu or cuda"):
+        default_device()
+    monkeypatch.setenv("LEAKLAB_DEVICE", "cpu")
+    assert default_device() == torch.device("cpu")
     with pytest.raises(ValueError, match="device"):
         room_attack.RoomRunConfig(device="gpu")
     assert room_attack.RoomRunConfig(device="cuda:1").device == "cuda:1"

@@ -23,30 +23,31 @@ def default_device() -> torch.device:
     """CUDA when a GPU is present (or ``LEAKLAB_DEVICE`` names one), else the CPU."""
     name = os.environ.get("LEAKLAB_DEVICE")
     if name:
+        require_device(name, "LEAKLAB_DEVICE")  # a bad name was a traceback from torch
         return torch.device(name)
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
 
 
-def require_device(name: str) -> None:
+def require_device(name: str, what: str = "--device") -> None:
     """Refuse, in one line and before any work, a device name other than ``cpu`` or ``cuda[:N]`` and a
     CUDA device this machine does not have. (The room attacks take their device from ``--device`` and
     default to the CPU: their single-sample optimisations are bound by kernel launches, and worker
     processes sharing one GPU ran slower than as many CPU cores; measured in docs/reproductions.md.)"""
     if not re.fullmatch(DEVICE_PATTERN, name):
-        raise LeaklabError(f"--device {name!r}: choose cpu or cuda[:N]")
+        raise LeaklabError(f"{what} {name!r}: choose cpu or cuda[:N]")
     if not name.startswith("cuda"):
         return
     # CUDA stays uninitialised in this process (the rooms' capture then starts ViZDoom's engines from it by
     # fork, which torch warns an initialised CUDA does not survive): NVML counts the GPUs, a child tries CUDA
     count = torch.cuda.device_count()
     if count == 0 or not _cuda_works():
-        raise LeaklabError(f"--device {name}: no CUDA GPU is available here (use --device cpu)")
+        raise LeaklabError(f"{what} {name}: no CUDA GPU is available here (use {what} cpu)")
     index = int(name.partition(":")[2] or 0)
     if index >= count:
         seen = "only cuda:0" if count == 1 else f"cuda:0 to cuda:{count - 1}"
-        raise LeaklabError(f"--device {name}: this process sees {count} CUDA GPU{'s' if count > 1 else ''} ({seen})")
+        raise LeaklabError(f"{what} {name}: this process sees {count} CUDA GPU{'s' if count > 1 else ''} ({seen})")
 
 
 def _cuda_works() -> bool:
