@@ -220,6 +220,18 @@ def test_knows_labels_flag(tmp_path):
     assert meta["updates"][0]["labels"] is not None
 
 
+def test_prior_options_change_the_priors_they_name_and_keep_the_others():
+    """--prior range=0.5 dropped the default TV prior, --tv a config file's range prior, silently."""
+    from leaklab.experiments.image_attack import inversion_config, parse_priors
+
+    assert inversion_config(priors=parse_priors(["range=0.5"])).priors == {"tv": 0.2, "range": 0.5}
+    base = {"priors": {"tv": 0.2, "range": 1.0}}
+    assert inversion_config(base, priors=parse_priors(None, 0.5)).priors == {"tv": 0.5, "range": 1.0}
+    assert inversion_config(base, priors=parse_priors(["tv=0"])).priors == {"range": 1.0}  # 0 removes one
+    assert inversion_config(base).priors == base["priors"]
+    assert inversion_config({"optimizer": "lbfgs"}, priors=parse_priors(["range=1"])).priors == {"range": 1.0}
+
+
 def test_yaml_config_file_with_override(case, tmp_path):
     cfg = tmp_path / "attack.yaml"
     cfg.write_text("objective: l1\noptimizer: adam\niterations: 5\nlr: 0.05\n")

@@ -139,8 +139,9 @@ def attack_inversion(
     schedule: Annotated[Optional[str], _attack_opt("--schedule", "the learning rate's", "schedule")] = None,
     tv: Annotated[Optional[float], _attack_opt("--tv", "total-variation prior weight, 0: off", "priors",
                                                "; lbfgs 0", key="tv")] = None,
-    prior: Annotated[Optional[list[str]], typer.Option("--prior", help="NAME=WEIGHT, repeatable "
-                                                       "(tv, range, l2)", rich_help_panel=ATTACK)] = None,
+    prior: Annotated[Optional[list[str]], typer.Option("--prior", help="NAME=WEIGHT, repeatable (tv, range, l2): "
+                                                       "sets the priors it names, keeps the others (0 removes one)",
+                                                       rich_help_panel=ATTACK)] = None,
     restarts: Annotated[Optional[int], _attack_opt("--restarts", "independent starts, the best kept",
                                                    "restarts")] = None,
     precision: Annotated[Optional[str], _attack_opt("--precision", "", "precision")] = None,

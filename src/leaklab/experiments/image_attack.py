@@ -43,14 +43,18 @@ _LBFGS_DEFAULTS = {"lr": 1.0, "priors": {}}
 
 def inversion_config(base: dict[str, Any] | None = None, **fields: Any) -> InversionConfig:
     """An :class:`InversionConfig` from ``base`` (e.g. a YAML file) overridden by ``fields``
-    (``None`` means "not given").
+    (``None`` means "not given"); ``priors`` prior by prior: the weights given replace those of ``base``, or the
+    defaults, of the priors they name (a weight of 0 removes one), the others stay (``--prior range=0.5`` had
+    dropped the default TV prior, ``--tv`` a file's range prior).
 
     With ``optimizer="lbfgs"`` the learning rate defaults to 1 and the priors to none (DLG), unless
     they are given.
     """
-    given = {**(base or {}), **{k: v for k, v in fields.items() if v is not None}}
+    given = {**(base or {}), **{k: v for k, v in fields.items() if v is not None and k != "priors"}}
     if given.get("optimizer") == "lbfgs":
         given = {**_LBFGS_DEFAULTS, **given}
+    if fields.get("priors") is not None:
+        given["priors"] = {**given.get("priors", InversionConfig().priors), **fields["priors"]}
     return InversionConfig(**given)
 
 
