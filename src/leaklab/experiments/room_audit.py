@@ -89,8 +89,8 @@ class AuditConfig(BaseModel):
     layouts: tuple[str, ...] | None = Field(default=None, description="None: the first `samples` layouts")
     iterations: int | None = Field(default=None, ge=1, description="image-stage iterations; None: the mode's")
     # σ = 1e-3 keeps a typical update's direction (cosine 0.87-1) and leaks the room; 3e-2 keeps a cosine of
-    # 0.06-0.34 and leaks the action and, in 1 update of 12, the room (docs/reproductions.md, "The levels in
-    # between")
+    # 0.06-0.34 and leaks the action and, in 6 updates of 12 (1 up to exact method version 11), the room
+    # (docs/reproductions.md, "The levels in between" and the default audit's table)
     gaussian_sigmas: tuple[PositiveFloat, ...] = Field(default=(1e-3, 3e-2), description="Gaussian noise std levels")
     dp_epsilons: tuple[PositiveFloat, ...] = Field(default=(8.0, 1.0), description="one DP-SGD step's ε levels")
     workers: int = Field(default=0, ge=0, description="attack processes; 0: one per CPU core")
