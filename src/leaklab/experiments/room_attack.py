@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from leaklab.attacks.rl import RoomAttackConfig, RoomReconstruction
 from leaklab.attacks.rl.config import METHOD_VERSION
@@ -41,7 +41,7 @@ from leaklab.models import PerceptionSpec
 from leaklab.models.perception import ArchName, architecture_digest
 from leaklab.names import DEFAULT_ARCH, MAX_ENTROPY_WEIGHT, MAX_TRAIN_STEPS, ROOM_ATTACK_NAMES, SETTING_NAMES
 from leaklab.rl.capture import RoomCaptureConfig, client_rounds, defended
-from leaklab.rl.envs.layouts import check_layouts
+from leaklab.rl.envs.layouts import LayoutNames
 from leaklab.threat import ClientUpdate
 
 SAMPLES_FILE = "samples.jsonl"
@@ -75,7 +75,7 @@ class RoomRunConfig(BaseModel):
     setting: Literal[SETTING_NAMES] = "S2"
     arch: ArchName = DEFAULT_ARCH
     samples: int = Field(default=48, ge=1, le=10_000)
-    layouts: tuple[str, ...] | None = Field(default=None, description="client rooms; None: all")
+    layouts: LayoutNames = Field(default=None, description="client rooms; None: all")
     batch_size: int = Field(default=1, ge=1, le=2)
     train_steps: int = Field(default=0, ge=0, le=MAX_TRAIN_STEPS, description="0: initialised network (seed 000 V)")
     defense: DefenseOption = Field(default=None, description="defense chain the clients apply")
@@ -86,11 +86,6 @@ class RoomRunConfig(BaseModel):
     device: str = Field(default="cpu", pattern=DEVICE_PATTERN,
                         description="where the attacks run: cpu, or cuda[:N] (the workers share the GPU)")
     seed: Seed = 0
-
-    @field_validator("layouts")
-    @classmethod
-    def _known_layouts(cls, value: tuple[str, ...] | None) -> tuple[str, ...] | None:
-        return check_layouts(value)
 
     @model_validator(mode="after")
     def _paper_rgi_reads_one_sample(self) -> "RoomRunConfig":

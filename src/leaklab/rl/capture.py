@@ -25,7 +25,7 @@ from typing import Literal
 
 import numpy as np
 import torch
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from leaklab.defenses import parse_defense
 from leaklab.device import one_thread
@@ -42,7 +42,7 @@ from leaklab.rl.agents.common import Rooms, observation_tensors
 from leaklab.rl.agents.reinforce import discounted_returns
 from leaklab.rl.cases import RoomCase, load_room_case, load_room_truth, write_room_case
 from leaklab.rl.envs.contact_sheet import Frame, frame_sheet
-from leaklab.rl.envs.layouts import check_layouts
+from leaklab.rl.envs.layouts import LayoutNames
 from leaklab.rl.losses import dqn_loss, reinforce_loss
 from leaklab.threat import ClientUpdate, UpdateMetadata
 
@@ -257,7 +257,7 @@ class RoomCaptureConfig(BaseModel):
 
     algorithm: Literal[RL_ALGORITHM_NAMES] = "dqn"
     spec: PerceptionSpec = PerceptionSpec(setting="S1")
-    layouts: tuple[str, ...] | None = Field(default=None, description="room layouts; None: all of them")
+    layouts: LayoutNames = Field(default=None, description="room layouts; None: all of them")
     samples: int = Field(default=4, ge=1, le=10_000, description="client updates, one case folder each")
     batch_size: int = Field(default=1, ge=1, le=MAX_BATCH)
     train_steps: int = Field(default=0, ge=0, le=MAX_TRAIN_STEPS,
@@ -273,12 +273,6 @@ class RoomCaptureConfig(BaseModel):
     model_class: str | None = Field(default=None, description="a user's own perception network "
                                                               "(package.module:Class); None: leaklab's")
     seed: Seed = 0
-
-    # both checked before any work (they failed only after the network's training)
-    @field_validator("layouts")
-    @classmethod
-    def _known_layouts(cls, value: tuple[str, ...] | None) -> tuple[str, ...] | None:
-        return check_layouts(value)
 
     @model_validator(mode="after")
     def _warmup_in_the_episode(self) -> "RoomCaptureConfig":

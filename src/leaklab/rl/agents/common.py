@@ -14,14 +14,14 @@ from typing import Any
 
 import numpy as np
 import torch
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field
 
 from leaklab.errors import LeaklabError
 from leaklab.fields import Seed
 from leaklab.names import MAX_TRAIN_STEPS
 from leaklab.models import PerceptionNet, PerceptionSpec, stack_images
 from leaklab.privacy.dpsgd import DPConfig
-from leaklab.rl.envs.layouts import LAYOUTS, check_layouts
+from leaklab.rl.envs.layouts import LAYOUTS, LayoutNames, check_layouts
 
 # progress(done_steps, total_steps, stats) after every episode; stats has "episode", "return", "layout"
 ProgressFn = Callable[[int, int, dict[str, Any]], None]
@@ -34,18 +34,13 @@ class AgentConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     spec: PerceptionSpec = PerceptionSpec()
-    layouts: tuple[str, ...] | None = Field(default=None, description="room layouts; None: all of them")
+    layouts: LayoutNames = Field(default=None, description="room layouts; None: all of them")
     steps: int = Field(default=2000, ge=1, le=MAX_TRAIN_STEPS, description="environment steps to train for")
     max_episode_steps: int = Field(default=50, ge=1, le=10_000)
     lr: float = Field(default=1e-4, gt=0)
     gamma: float = Field(default=0.99, ge=0, le=1)
     seed: Seed = 0
     privacy: DPConfig | None = Field(default=None, description="DP-SGD settings; None: ordinary training")
-
-    @field_validator("layouts")
-    @classmethod
-    def _known_layouts(cls, value: tuple[str, ...] | None) -> tuple[str, ...] | None:
-        return check_layouts(value)
 
 
 def check_net(net: PerceptionNet, spec: PerceptionSpec) -> PerceptionNet:

@@ -11,6 +11,9 @@ open enough to sample start poses that see it.
 
 import re
 from dataclasses import dataclass
+from typing import Annotated, Optional
+
+from pydantic import AfterValidator
 
 from leaklab.errors import LeaklabError
 
@@ -66,6 +69,10 @@ def check_layouts(names: tuple[str, ...] | None) -> tuple[str, ...] | None:
     if twice:
         raise LeaklabError(f"the layouts name {', '.join(twice)} more than once; name each room once")
     return names
+
+
+# a configuration's room layouts, checked by :func:`check_layouts`; None: every layout
+LayoutNames = Annotated[Optional[tuple[str, ...]], AfterValidator(check_layouts)]
 
 
 def layouts_arg(value: str | None) -> tuple[str, ...] | None:
