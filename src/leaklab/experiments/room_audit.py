@@ -58,6 +58,7 @@ from leaklab.metrics.vectors import median_of
 from leaklab.models.perception import ArchName
 from leaklab.names import DEFAULT_ARCH, ROOM_ATTACK_NAMES, ROOM_MODE_NAMES, SETTING_NAMES
 from leaklab.privacy.dpsgd import noise_multiplier_for
+from leaklab.rl.envs.layouts import LayoutNames
 from leaklab.words import plural
 
 
@@ -86,7 +87,7 @@ class AuditConfig(BaseModel):
     train_steps: int = Field(default=0, ge=0, description="environment steps of DQN / REINFORCE training before the "
                              "captured round; 0: the network as initialised (seed 000, V)")
     samples: int = Field(default=3, ge=1)
-    layouts: tuple[str, ...] | None = Field(default=None, description="None: the first `samples` layouts")
+    layouts: LayoutNames = Field(default=None, description="None: the first `samples` layouts")
     iterations: int | None = Field(default=None, ge=1, description="image-stage iterations; None: the mode's")
     # σ = 1e-3 keeps a typical update's direction (cosine 0.87-1) and leaks the room; 3e-2 keeps a cosine of
     # 0.06-0.34 and leaks the action and, in 6 updates of 12 (1 up to exact method version 11), the room
