@@ -81,6 +81,10 @@ def test_bad_selection_is_refused(tmp_path):
         t2.run(tmp_path, quick=True, defenses=["topk:0.5"])
     with pytest.raises(LeaklabError):
         t2.run(tmp_path, quick=True, images=0)
+    # seed 27 draws one photo both to tune the attacks on and to report: refused before any work
+    with pytest.raises(LeaklabError, match="--seed 27 draws a photos image both to tune the attacks and to report"):
+        t2.run(tmp_path / "seed27", datasets=["photos"], seed=27)
+    assert not (tmp_path / "seed27").exists()
 
 
 @pytest.mark.parametrize("noise", ["gaussian:0.1", "laplace:0.1"])

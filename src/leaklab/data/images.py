@@ -101,6 +101,11 @@ def _resize_all(images: np.ndarray, size: int) -> np.ndarray:
                      for img in images])
 
 
+def among(images: torch.Tensor, others: torch.Tensor) -> torch.Tensor:
+    """Which of ``images`` ``[N, C, H, W]`` are also in ``others`` (the same pixels), as ``[N]`` booleans."""
+    return (images[:, None] == others[None]).flatten(2).all(2).any(1)
+
+
 @lru_cache(maxsize=8)
 def _stats(dataset: str, size: int) -> tuple[tuple[float, ...], tuple[float, ...]]:
     if dataset == "photos":
@@ -116,7 +121,9 @@ def load_images(dataset: str, num_images: int, image_size: int = 32, seed: int =
                 offset: int = 0) -> ImageBatch:
     """``num_images`` distinct images of ``dataset`` chosen by ``seed`` (``offset`` skips the first).
 
-    The same (dataset, image_size, seed) always gives the same images.
+    The same (dataset, image_size, seed) always gives the same images. Two calls with other offsets or counts
+    draw disjoint images from the datasets (one seeded permutation), not always from ``photos``, whose crops
+    are drawn without replacement for each count anew: :func:`among` finds the images they share.
     """
     if dataset not in DATASET_NAMES:
         raise LeaklabError(f"unknown dataset {dataset!r}; choose one of {', '.join(DATASET_NAMES)}")

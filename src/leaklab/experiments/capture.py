@@ -16,7 +16,7 @@ from typing import Literal
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
-from leaklab.data import DATASET_NAMES, load_images
+from leaklab.data import DATASET_NAMES, among, load_images
 from leaklab.defenses import parse_defense
 from leaklab.errors import LeaklabError
 from leaklab.fields import DefenseOption, Seed
@@ -104,7 +104,8 @@ def capture(config: CaptureConfig) -> Capture:
                                f"{used}; lower --num-images or use --train-steps 0")
         pool = load_images(config.data, min(_TRAIN_POOL, available), config.image_size,
                            seed=config.image_seed, offset=used)
-        train_steps(model, pool.images, pool.labels, config.train_steps, seed=config.seed)
+        apart = ~among(pool.images, batch.images)  # photos' draws may share a client's image: never trained on
+        train_steps(model, pool.images[apart], pool.labels[apart], config.train_steps, seed=config.seed)
     model.eval()
 
     generator = torch.Generator().manual_seed(config.seed)
