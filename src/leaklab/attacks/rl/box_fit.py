@@ -18,9 +18,11 @@ untouched update too (version 18): there a REINFORCE sample with a zero return, 
 partner's, reads ``box.0``'s closed form with its partner's float32 rounding magnified as much. On 48 captured
 untouched batches its box came out up to 7.3e-3 off (an out-of-view target's zero box read as a box on 6); the
 fit, 10 ms a batch, brought that to 1.6e-3 (on 1), and on 48 DQN batches the worst coordinate from 5.9e-5 to
-5.0e-6 (docs/reproductions.md, "A batch of two (QGI, exact mode)"). A coordinate the closed form reads as exactly
-0, its weight gradient's column zero in every sample, stays 0: the fit to the other layers' rounding moved four
-such zero boxes up to 1.3e-4.
+5.0e-6 (docs/reproductions.md, "A batch of two (QGI, exact mode)"). On an untouched batch a coordinate the closed
+form reads as exactly 0, its weight gradient's column zero in every sample, stays 0: the fit to the other layers'
+rounding moved four such zero boxes up to 1.3e-4. Behind a defense a zero column is the defense's (``topk``
+drops ``box.0``'s small gradient whole): pinned, the box came out at IoU 0 to 0.58 behind ``topk:0.9`` where the
+fit to every layer reads it to 0.007.
 """
 
 from __future__ import annotations
@@ -65,18 +67,19 @@ def fitted_box(net: PerceptionNet, grads: dict[str, torch.Tensor], closed_form: 
     """The box ``[1, box_dim]`` (float64) whose Linear-layer inputs best explain the layers' weight
     gradients given their bias gradients (module docstring); ``closed_form`` ``[1, box_dim]`` is
     ``box.0``'s closed-form reading, one of the two starts."""
-    return _fit(net, _readings(net, grads), closed_form)
+    return _fit(net, _readings(net, grads), closed_form, pin_zeros=False)
 
 
-def fitted_batch_box(net: PerceptionNet, found: dict[str, tuple[torch.Tensor, float, torch.Tensor]]
-                     ) -> torch.Tensor:
+def fitted_batch_box(net: PerceptionNet, found: dict[str, tuple[torch.Tensor, float, torch.Tensor]],
+                     untouched: bool) -> torch.Tensor:
     """A batch's boxes ``[B, box_dim]`` (float64) fitted as :func:`fitted_box` fits one sample's, to every
     Linear layer the box feeds, from the separated readings ``found`` of
     :func:`~leaklab.attacks.rl.exact.separated_vectors` (per layer: the inputs ``Ĥ`` ``[B, in]`` read in
     closed form, their relative residual and the errors ``E`` ``[B, out]`` at the layer's output). With ``dW =
     E^T H + noise``, ``||dW − E^T H(x)||² = ||R (H(x) − Ĥ)||² + const`` for ``R^T R = E E^T``, so ``R`` weighs
     each layer's reading as ``||db||`` weighs one sample's (leaklab's; docs/reproductions.md, "A batch of
-    two behind noise"). The closed form where some layer's ``E E^T`` is too near singular to factor."""
+    two behind noise"). The closed form where some layer's ``E E^T`` is too near singular to factor. ``untouched``:
+    the batch's exact gradient, whose coordinates read as exactly 0 stay 0 (module docstring)."""
     count = conv_feature_count(net)
     readings = []
     for name in _fed(net):
@@ -85,18 +88,19 @@ def fitted_batch_box(net: PerceptionNet, found: dict[str, tuple[torch.Tensor, fl
         if int(info):
             return found["box.0"][0]
         readings.append((value[:, count:] if name == "head.0" else value, lower.T))
-    return _fit(net, readings, found["box.0"][0])
+    return _fit(net, readings, found["box.0"][0], pin_zeros=untouched)
 
 
-def _fit(net: PerceptionNet, readings: list[Reading], closed_form: torch.Tensor) -> torch.Tensor:
+def _fit(net: PerceptionNet, readings: list[Reading], closed_form: torch.Tensor, pin_zeros: bool) -> torch.Tensor:
     """Gauss–Newton on the boxes ``[B, box_dim]`` from ``closed_form`` and from 0, the better fit kept: the
-    residuals ``R (h(x) − ĥ)`` of every layer the box feeds (:func:`_readings`); a coordinate ``closed_form``
-    holds at exactly 0 stays 0 (module docstring)."""
+    residuals ``R (h(x) − ĥ)`` of every layer the box feeds (:func:`_readings`); with ``pin_zeros`` a coordinate
+    ``closed_form`` holds at exactly 0 stays 0 (module docstring)."""
     branch = copy.deepcopy(net.box).double().requires_grad_(False).eval()
     shape = closed_form.shape
 
     closed = closed_form.double().flatten()
-    place = torch.eye(len(closed), dtype=torch.float64)[:, closed != 0]  # the coordinates fitted; the rest stay 0
+    fitted = closed != 0 if pin_zeros else torch.ones_like(closed, dtype=torch.bool)
+    place = torch.eye(len(closed), dtype=torch.float64)[:, fitted]  # the coordinates fitted; the rest stay 0
 
     def residuals(free: torch.Tensor) -> torch.Tensor:
         parts, h = [], (place @ free).reshape(shape)
@@ -113,7 +117,7 @@ def _fit(net: PerceptionNet, readings: list[Reading], closed_form: torch.Tensor)
     best, best_loss = closed, float("inf")
     if not place.shape[1]:
         return closed_form.double()
-    for start in (closed[closed != 0], torch.zeros(place.shape[1], dtype=torch.float64)):
+    for start in (closed[fitted], torch.zeros(place.shape[1], dtype=torch.float64)):
         x = start.clone()
         for _ in range(STEPS):
             r = residuals(x)

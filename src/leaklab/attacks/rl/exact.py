@@ -300,7 +300,7 @@ def separated_vectors(net: PerceptionNet, grads: dict[str, torch.Tensor], deltas
         return None
     features, residual = fused[:, :count], found["head.0"][1]
     exact = residual <= UNTOUCHED
-    return ExactState(box=fitted_batch_box(net, found), features=features,
+    return ExactState(box=fitted_batch_box(net, found, bool(exact)), features=features,
                       last_input=found[linear_names(net)[-1]][0], feature_errors=errors[:, :count].float(),
                       untouched=exact, feature_noise=(0.0,) * batch if exact else _batch_noise_ratios(
                           features, head_errors, variance))
