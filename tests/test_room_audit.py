@@ -395,7 +395,8 @@ def test_audit_suggests_levels_from_its_verdicts_only_when_they_are_full_strengt
 def test_audit_refuses_conflicting_options(tmp_path):
     out = tmp_path / "a"
     assert_user_error(invoke("audit", "--quick", "--full", "--out", out), out, "--quick", "--full")
-    assert_user_error(invoke("audit", "--cases", tmp_path, "--out", out), out, "no room case")
+    (tmp_path / "empty").mkdir()
+    assert_user_error(invoke("audit", "--cases", tmp_path / "empty", "--out", out), out, "no room case")
     assert_user_error(invoke("audit", "--cases", tmp_path / "nothing", "--out", out), out, "does not exist")
     # a negative count ran; an empty selection started the whole 48-sample table
     assert_user_error(invoke("audit", "--cases", tmp_path, "--workers", "-3", "--out", out), out, "--workers")

@@ -58,6 +58,10 @@ def test_audit_attacks_saved_room_cases(tmp_path, monkeypatch):
     assert "data:image/png;base64," in (out / "report.html").read_text()
     result = invoke("audit", "--cases", cases, "--iterations", "3", "--workers", "1", "--out", cases)
     assert result.exit_code == 2 and "would replace the input" in result.stderr
+    # an audit inside the cases: capturing them again deleted it, with whatever the user kept beside it
+    inside = cases / "audit"
+    assert_user_error(invoke("audit", "--cases", cases, "--iterations", "3", "--workers", "1", "--out", inside),
+                      inside, "is inside the input", "choose a folder outside it")
     assert len([p for p in cases.iterdir() if p.is_dir()]) == 2
     # a case without its truth is attacked and pictured as the server reconstructs it, unscored
     (cases / "0001" / "truth.safetensors").unlink()

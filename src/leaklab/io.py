@@ -329,13 +329,17 @@ def output_formats(out: Path) -> set[str]:
 
 def check_out(out: Path, writes: str, inputs: Sequence[Path] = ()) -> Path:
     """Refuse an ``--out`` that exists and is not the earlier output of the same kind of command (its
-    marker's format is ``writes``): never clobber a user's files, nor another command's output; and
-    one that is or holds one of the command's ``inputs`` (replacing it would delete them)."""
+    marker's format is ``writes``): never clobber a user's files, nor another command's output; one
+    that is or holds one of the command's ``inputs`` (replacing it would delete them); and one inside an
+    input folder (replacing that input, e.g. capturing the cases again, deleted the audit kept inside it)."""
     out = Path(out)
     for given in inputs:  # resolved: `a/../b` and symlinks name the same folders
         given = Path(given).resolve()
         if given == out.resolve() or out.resolve() in given.parents:
             raise LeaklabError(f"--out {out} would replace the input {given}; choose another folder")
+        if given in out.resolve().parents:
+            raise LeaklabError(f"--out {out} is inside the input {given}, which a new capture there would replace "
+                               "with all it holds; choose a folder outside it")
     if not out.exists():
         return out
     if not out.is_dir():
