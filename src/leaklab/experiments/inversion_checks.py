@@ -123,6 +123,7 @@ def run(out: Path, quick: bool = False, checks: list[str] | None = None, images:
     results: dict = {"format": INVERSION_CHECKS_FORMAT, "format_version": 1, "targets": TARGETS, "quick": quick,
                      "checks": {}}
     make_out_dir(out)
+    write_json(out / RESULTS_FILE, results)  # no check yet: an earlier run's results would pass for this one's
     for i, name in enumerate(checks):
         if progress:
             progress(name, i, len(checks))
