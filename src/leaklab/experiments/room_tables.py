@@ -246,7 +246,7 @@ def table2(out: Path, samples: int = 48, layouts: tuple[str, ...] | None = None,
     table = {name: {k: r["summary"].get(k) for k in METRICS_TABLE1 + VECTORS +
                     ("rgb_psnr_baseline_mean", "depth_psnr_baseline_mean", "iterations", "samples")}
              for name, r in results.items()}
-    lines = [f"QGI, setting S1, `{arch}` network, {samples} samples per row, "
+    lines = [f"QGI, setting S1, `{arch}` network, {plural(samples, 'sample')} per row, "
              f"{table['error-direction']['iterations']} iterations. Ours (paper).", "",
              "| method | box IoU | ε(Q̂) % | ε(Q) % | action | RGB PSNR / SSIM | depth PSNR / SSIM |",
              "|---|---|---|---|---|---|---|"]
