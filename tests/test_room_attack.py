@@ -213,6 +213,33 @@ def test_summary_means_count_transitions_and_a_zero_q_value_is_counted_not_dropp
     assert s["iou_min"] == pytest.approx(2 / 3)
 
 
+def test_a_constant_true_image_scores_nothing_and_leaves_its_batch_mates_score_whole():
+    """A wall filling the depth frame: the constant baseline is the truth (300 dB), which sank the batch's mean gain
+    by some 120 dB, so that its partner's room never showed."""
+    import math
+    from types import SimpleNamespace
+
+    import torch
+
+    from leaklab.experiments.room_verdicts import image_gains
+    from leaklab.metrics.rooms import room_metrics
+
+    images = torch.rand(2, 1, 16, 16, generator=torch.Generator().manual_seed(0))
+    images[0] = 0.015625  # ViZDoom's nearest depth, everywhere
+    truth = {"images": images, "box": torch.zeros(2, 4), "action": torch.tensor([1, 2])}
+    rec = SimpleNamespace(images=(images + 0.01).clamp(0, 1), box=torch.zeros(2, 4), action=torch.tensor([1, 2]),
+                          q_pred=None, reward=None, action_identified=None, read=None)
+    m = room_metrics(rec, truth, "S2")
+    alone = room_metrics(SimpleNamespace(**{**vars(rec), "images": rec.images[1:], "box": rec.box[1:],
+                                           "action": rec.action[1:]}),
+                         {k: v[1:] for k, v in truth.items()}, "S2")
+    assert m["depth_paper_psnr"] == alone["depth_paper_psnr"] and m["depth_paper_psnr_baseline"] < 30
+    assert image_gains({"metrics": m})[0][0] > 20  # its partner's room shows
+    one = room_metrics(SimpleNamespace(**{**vars(rec), "images": rec.images[:1], "box": rec.box[:1],
+                                         "action": rec.action[:1]}), {k: v[:1] for k, v in truth.items()}, "S2")
+    assert math.isnan(one["depth_paper_psnr"]) and math.isnan(one["depth_paper_psnr_baseline"])
+
+
 def test_summary_counts_the_rows_whose_stage1_started_again():
     from leaklab.experiments.room_attack import summarise
 

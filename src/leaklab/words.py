@@ -13,6 +13,14 @@ def listing(items: list[str]) -> str:
     return ", ".join(items[:-1]) + " and " + items[-1] if len(items) > 1 else "".join(items)
 
 
+def db_text(value: float | None, signed: bool = False) -> str:
+    """A PSNR (or, ``signed``, a gain) in dB as the pictures caption it, one decimal; "–" where there is none
+    (None or NaN: a constant true image scores none)."""
+    if value is None or value != value:
+        return "–"
+    return f"{value:+.1f}" if signed else f"{value:.1f}"
+
+
 def cosine_text(value: float | None) -> str | None:
     """An update's cosine with the true one as leaklab prints it (three significant digits); None as is."""
     return None if value is None else f"{value:.3g}"

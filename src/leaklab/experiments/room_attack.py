@@ -43,6 +43,7 @@ from leaklab.names import DEFAULT_ARCH, MAX_ENTROPY_WEIGHT, MAX_TRAIN_STEPS, ROO
 from leaklab.rl.capture import RoomCaptureConfig, client_rounds, defended
 from leaklab.rl.envs.layouts import LayoutNames
 from leaklab.threat import ClientUpdate
+from leaklab.words import db_text
 
 SAMPLES_FILE = "samples.jsonl"
 PNG_FILE = "reconstructions.png"
@@ -285,7 +286,7 @@ def run(config: RoomRunConfig, out: Path, progress: ProgressFn | None = None) ->
                     if len(truths) < GRID_SAMPLES:
                         truths.append(sample.truth["images"][t:t + 1])
                         recs.append(rec.images[r:r + 1].detach().float().clamp(0, 1))
-                        captions.append(f"{each['depth_paper_psnr']:.1f} dB")
+                        captions.append(f"{db_text(each['depth_paper_psnr'])} dB")
 
         try:
             resumed = run_jobs(jobs, config.workers, on_result,

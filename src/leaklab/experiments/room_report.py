@@ -18,7 +18,7 @@ from leaklab.experiments import room_attack, room_verdicts
 from leaklab.io import REPORT_FILE
 from leaklab.metrics.rooms import matched
 from leaklab.metrics.vectors import median_of
-from leaklab.words import cosine_text, plural
+from leaklab.words import cosine_text, db_text, plural
 
 SHOWN_SAMPLES = 16  # the report pictures a cell's (or the cases') first samples; results.json has every row
 Picture = tuple[torch.Tensor, torch.Tensor]  # a pictured state: its images [1, C, H, W] and the target's box [4]
@@ -223,7 +223,8 @@ def _leakage_plot(results: dict[str, Any], labels: list[str], path: Path) -> byt
     kept, read = ([median_of(c["summary"].get(key) for c in results["cells"] if c["defense"] == label)
                    for label in labels] for key in ("update_cosine_median", "feature_cosine_median"))
     actions = [room_verdicts.qgi_actions([c for c in results["cells"] if c["defense"] == label]) for label in labels]
-    return bar_plot(labels, series, path, ylabel="PSNR over baseline (dB)", xlabel="defense (each family weakest first)",
+    return bar_plot(labels, series, path, ylabel="PSNR over baseline (dB)",
+                    xlabel="defense (each family weakest first)",
                     title="Leakage per defense: reconstruction PSNR minus the constant-image baseline",
                     threshold=(room_verdicts.IMAGE_LEAK_DB, f"the room shows from +{room_verdicts.IMAGE_LEAK_DB:g} dB"),
                     lines={"update kept (cosine; right axis)": kept,
@@ -322,8 +323,8 @@ def write_report(folder: Path, results: dict[str, Any], cells, defenses, truths,
                 rows.append((f"{image}, {label}", torch.cat([p[:, sl] for p, _ in pictures[(c, d)]])))
                 boxes.append([b for _, b in pictures[(c, d)]])
                 cell = by[(meta["algorithm"], meta["setting"], meta["mode"], label)]
-                captions.append([f"{m[f'{image}_paper_psnr']:.1f} dB "
-                                 f"({m[f'{image}_paper_psnr'] - m[f'{image}_paper_psnr_baseline']:+.1f})"
+                captions.append([f"{db_text(m[f'{image}_paper_psnr'])} dB "
+                                 f"({db_text(m[f'{image}_paper_psnr'] - m[f'{image}_paper_psnr_baseline'], True)})"
                                  for m in (r["metrics"] for r in cell["samples"][:SHOWN_SAMPLES])])
         title = f"{meta['algorithm'].upper()} {meta['setting']} ({meta['mode']} mode)"
         slug = f"{meta['algorithm']}-{meta['setting']}-{meta['mode']}"

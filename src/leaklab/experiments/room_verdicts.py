@@ -8,6 +8,7 @@ metrics). An update attacked in several modes (``--full``) counts once.
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections.abc import Hashable
 from typing import Any, NamedTuple
@@ -189,7 +190,7 @@ def verdicts(results: dict[str, Any]) -> list[GlanceRow]:
         modes = several_modes(cells)
         gains = [(s[f"{im}_psnr_mean"] - s[f"{im}_psnr_baseline_mean"], _where(c, im, modes))
                  for c in cells for im in ("rgb", "depth") if (s := c["summary"]).get(f"{im}_psnr_mean") is not None]
-        gain, where = max(gains)
+        gain, where = max(gains, default=(math.nan, NOT_MEASURED))  # none: every true image constant
         room = room_shown(_updates(cells), modes)
         iou = max(c["summary"]["iou_mean"] for c in cells)
         actions = qgi_actions(cells)

@@ -6,6 +6,7 @@
   the reconstructed RGB is scaled so that its brightest pixel is 1 (255) and the depth by the same
   factor. In S2 there is no RGB image and the paper states no rule; leaklab applies no scaling there,
   so S2 ``paper`` equals ``raw`` (a depth-only rescaling would need the true maximum depth).
+  An image whose truth is constant scores none (NaN): its baseline is the truth itself.
 * Box: IoU of ``(x1, y1, x2, y2)``; when the true box is degenerate (target not in view: all zeros)
   IoU is undefined and reported as 1 when the recovered box equals it to 1e-3 (under a tenth of a
   pixel at 150 px), else 0; a sample the attack did not read (``RoomReconstruction.read``), whose zero box
@@ -40,6 +41,11 @@ def paper_scale(images: torch.Tensor, setting: str) -> torch.Tensor:
 
 
 def _image_scores(rec: torch.Tensor, truth: torch.Tensor, channel: str, prefix: str) -> dict[str, float]:
+    """PSNR and SSIM beside the baseline's; none (NaN, left out of every mean) where the true image is constant:
+    the constant baseline is then the truth itself, whose 300 dB (a wall filling the depth frame, 1 transition
+    of 68) swamped a cell's baseline mean and sank its batch's gain, so that its partner's room never showed."""
+    if float(truth.amax()) == float(truth.amin()):
+        return {f"{prefix}_{key}": math.nan for key in ("psnr", "ssim", "psnr_baseline", "ssim_baseline")}
     return {f"{prefix}_{key}": float(value) for key, value in scores(rec, truth, channel).items()}
 
 
