@@ -81,7 +81,8 @@ def test_lbfgs_instances_are_independent():
     alone = invert(view, upd, cfg)[0]
     # (the final losses are evaluated for the four at once: equal to the last digits of a float32 sum)
     assert invert(view, upd, cfg.model_copy(update={"restarts": 4}))[0].loss <= alone.loss * (1 + 1e-4)
-    other = fedsgd_update(view.model, *(lambda b: (b.images, b.labels))(load_images("photos", 1, image_size=16, seed=5)))
+    photo = load_images("photos", 1, image_size=16, seed=5)
+    other = fedsgd_update(view.model, photo.images, photo.labels)
     first, _ = invert(view, [upd, other], cfg)
     assert torch.equal(first.images, alone.images)
 

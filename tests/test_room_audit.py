@@ -279,8 +279,8 @@ def test_audit_verdicts_in_words():
     assert conclusion(rows) == ("Every Gaussian level tested leaks: behind gaussian σ=0.001 (cosine 0.6 to 0.871) the "
                                 "update still leaks the room (1 of 4 updates show it; the best: QGI S2 depth +4.0 dB "
                                 "over its baseline), the target's box (IoU 0.60), the action (100%) and the reward "
-                                "(error 0.0011). DP-SGD ε=1 is the weakest DP-SGD level tested behind which, as behind "
-                                "every stronger one, nothing measured leaks, where an update keeps a cosine of "
+                                "(error 0.0011). DP-SGD ε=1 is the weakest DP-SGD level tested behind which, as "
+                                "behind every stronger one, nothing measured leaks, where an update keeps a cosine of "
                                 "0.000651 with the true one.")
     assert conclusion(rows[:2]).startswith("Every Gaussian level tested leaks: behind gaussian σ=0.001 (cosine 0.6 to "
                                            "0.871) the update still leaks")
