@@ -103,6 +103,9 @@ def test_a_users_class_is_checked_with_the_weights_it_is_given():
     assert model_with_state(spec, state, cls) is not None
     with pytest.raises(LeaklabError, match=r"with the case's weights: the output is not head\(cat"):
         model_with_state(spec, {**state, "scale": torch.tensor(3.0)}, cls)
+    # leaklab's Normalize inside a user's class is the class's own (an AttributeError's traceback for a while)
+    normalized = "tests.plugins.narrow_net:Normalized"
+    assert model_with_state(spec, build_perception_net(spec, seed=0, model_class=normalized).state_dict(), normalized)
 
 
 def test_device_option_is_checked(monkeypatch):
@@ -113,6 +116,12 @@ def test_device_option_is_checked(monkeypatch):
         default_device()
     monkeypatch.setenv("LEAKLAB_DEVICE", "cpu")
     assert default_device() == torch.device("cpu")
+    from leaklab import device
+
+    checks = []  # once a process: a CUDA name's check starts a child process, which every attack paid
+    monkeypatch.setattr(device, "require_device", lambda name, what: checks.append(name))
+    monkeypatch.setattr(device, "_ENV_DEVICES_CHECKED", set())
+    assert [default_device() for _ in range(3)] == [torch.device("cpu")] * 3 and checks == ["cpu"]
     with pytest.raises(ValueError, match="device"):
         room_attack.RoomRunConfig(device="gpu")
     assert room_attack.RoomRunConfig(device="cuda:1").device == "cuda:1"

@@ -238,6 +238,7 @@ def test_a_constant_true_image_scores_nothing_and_leaves_its_batch_mates_score_w
     one = room_metrics(SimpleNamespace(**{**vars(rec), "images": rec.images[:1], "box": rec.box[:1],
                                          "action": rec.action[:1]}), {k: v[:1] for k, v in truth.items()}, "S2")
     assert math.isnan(one["depth_paper_psnr"]) and math.isnan(one["depth_paper_psnr_baseline"])
+    assert image_gains({"metrics": one}) == []  # no gain, in memory (NaN) as once written (None)
 
 
 def test_summary_counts_the_rows_whose_stage1_started_again():

@@ -295,6 +295,10 @@ def test_audit_verdicts_in_words():
                                "the true one; behind gaussian σ=0.03 (cosine 0.6 to 0.871) the update still "
                                f"{rows[1].verdict} (nothing measured leaked behind the weaker gaussian σ=0.001, which "
                                "is therefore no safe level).")
+    # and where the strongest leaks too, the family has no safe level (it said every level leaks)
+    assert conclusion(odd[:3]).startswith("No Gaussian level tested is safe: behind gaussian σ=0.03 (cosine 0.6 to "
+                                          "0.871) the update still leaks") and conclusion(odd[:3]).endswith(
+        "(nothing measured leaked behind the weaker gaussian σ=0.001, which is therefore no safe level).")
     # results written before the cosine was measured: the column says so, the sentence leaves it out
     old = verdicts({"summary": {"defenses": ["none", dp]},
                     "cells": [cell("none", None, 40.0, 1.0, 1.0, [45.0, 35.0], kept=None),

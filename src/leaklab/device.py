@@ -19,11 +19,17 @@ from leaklab.errors import LeaklabError
 from leaklab.names import DEVICE_PATTERN, MAX_THREADS
 
 
+_ENV_DEVICES_CHECKED: set[str] = set()
+
+
 def default_device() -> torch.device:
     """CUDA when a GPU is present (or ``LEAKLAB_DEVICE`` names one), else the CPU."""
     name = os.environ.get("LEAKLAB_DEVICE")
     if name:
-        require_device(name, "LEAKLAB_DEVICE")  # a bad name was a traceback from torch
+        # a bad name was a traceback from torch; checked once a process (a CUDA check starts a child process)
+        if name not in _ENV_DEVICES_CHECKED:
+            require_device(name, "LEAKLAB_DEVICE")
+            _ENV_DEVICES_CHECKED.add(name)
         return torch.device(name)
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 

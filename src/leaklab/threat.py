@@ -195,8 +195,8 @@ def model_with_state(spec: ModelSpec | PerceptionSpec, state: dict[str, torch.Te
                                "the file is damaged")
     declared = Normalize(spec.mean, spec.std) if isinstance(spec, ModelSpec) else None
     for name, module in model.named_modules():  # the mean and std the view declares, not other ones
-        if isinstance(module, Normalize) and not (torch.equal(module.mean, declared.mean)
-                                                  and torch.equal(module.std, declared.std)):
+        if declared is not None and isinstance(module, Normalize) and not (
+                torch.equal(module.mean, declared.mean) and torch.equal(module.std, declared.std)):
             raise LeaklabError(f"model tensors {name}.mean/std are not the mean and std the view declares "
                                f"({list(spec.mean)}, {list(spec.std)}); the file is damaged")
     if model_class is not None:

@@ -85,6 +85,16 @@ class Unused(NarrowNet):
         self.aux = nn.Linear(64, 1)
 
 
+class Normalized(NarrowNet):
+    """NarrowNet whose conv stream starts with leaklab's Normalize layer."""
+
+    def __init__(self, spec):
+        super().__init__(spec)
+        from leaklab.models.layers import Normalize
+
+        self.conv = nn.Sequential(Normalize([0.5] * spec.in_channels, [0.25] * spec.in_channels), *self.conv)
+
+
 class OutScale(NarrowNet):
     """NarrowNet times a trained scale: head(cat(conv, box)) at its start (scale 1), not once it moves."""
 

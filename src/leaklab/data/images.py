@@ -102,8 +102,10 @@ def _resize_all(images: np.ndarray, size: int) -> np.ndarray:
 
 
 def among(images: torch.Tensor, others: torch.Tensor) -> torch.Tensor:
-    """Which of ``images`` ``[N, C, H, W]`` are also in ``others`` (the same pixels), as ``[N]`` booleans."""
-    return (images[:, None] == others[None]).flatten(2).all(2).any(1)
+    """Which of ``images`` ``[N, C, H, W]`` are also in ``others`` (the same pixels), as ``[N]`` booleans; by their
+    bytes, so that memory does not grow with ``N`` times ``len(others)`` (a 512-image capture's pool: 6 GB)."""
+    seen = {x.numpy().tobytes() for x in others.detach().cpu().contiguous()}
+    return torch.tensor([x.numpy().tobytes() in seen for x in images.detach().cpu().contiguous()], dtype=torch.bool)
 
 
 @lru_cache(maxsize=8)

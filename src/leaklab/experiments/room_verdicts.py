@@ -95,10 +95,12 @@ def _actions_read(actions: list[float]) -> str | None:
 
 
 def image_gains(row: dict[str, Any]) -> list[tuple[float, str]]:
-    """One attack's image gains over their constant baselines (dB), each with its image (``rgb``, ``depth``)."""
+    """One attack's image gains over their constant baselines (dB), each with its image (``rgb``, ``depth``); none
+    for an image without scores (None once written, NaN before: a constant true image's)."""
     m = row.get("metrics", {})
     return [(m[f"{im}_paper_psnr"] - m[f"{im}_paper_psnr_baseline"], im) for im in ("rgb", "depth")
-            if m.get(f"{im}_paper_psnr") is not None and m.get(f"{im}_paper_psnr_baseline") is not None]
+            if all(isinstance(v, (int, float)) and math.isfinite(v)
+                   for v in (m.get(f"{im}_paper_psnr"), m.get(f"{im}_paper_psnr_baseline")))]
 
 
 def chain_in_words(chain: str | None) -> str:
@@ -235,18 +237,17 @@ def _family_sentence(name: str, levels: list[GlanceRow]) -> str:
     k = len(levels)
     while k and levels[k - 1].verdict == NOTHING_LEAKS:
         k -= 1
+    lone = [r.defense for r in levels[:k - 1] if r.verdict == NOTHING_LEAKS]  # safe, yet a stronger level leaks
+    odd = f" (nothing measured leaked behind the weaker {listing(lone)}, which is therefore no safe level)" if lone \
+        else ""
     if k == len(levels):
-        return f"Every {name} level tested leaks: {_still_leaks(levels[-1])}."
+        return (f"{'Every' if not lone else 'No'} {name} level tested {'leaks' if not lone else 'is safe'}: "
+                f"{_still_leaks(levels[-1])}{odd}.")
     first = levels[k]
     kept = f", where an update keeps a cosine of {first.kept} with the true one" if first.kept != NOT_MEASURED else ""
     text = (f"{first.defense} is the weakest {name} level tested behind which, as behind every stronger one, "
             f"nothing measured leaks{kept}")
-    if k:
-        text += f"; {_still_leaks(levels[k - 1])}"
-        lone = [r.defense for r in levels[:k - 1] if r.verdict == NOTHING_LEAKS]
-        if lone:
-            text += f" (nothing measured leaked behind the weaker {listing(lone)}, which is therefore no safe level)"
-    return text + "."
+    return text + (f"; {_still_leaks(levels[k - 1])}{odd}." if k else ".")
 
 
 def verdict(room: RoomShown, iou: float, actions: list[float] | None, q_error: float | None = None,
