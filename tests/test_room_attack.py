@@ -209,7 +209,8 @@ def test_summary_means_count_transitions_and_a_zero_q_value_is_counted_not_dropp
                                                               box_iou=1.0, box_iou_min=1.0)}
     s = summarise([{"batch_size": 2, "layouts": ["a"], "metrics": m}, one], 1, 1.0)
     assert s["action_accuracy"] == pytest.approx(2 / 3)  # 2 of 3 transitions, not the mean of 0.5 and 1
-    assert s["q_target_err_mean"] == pytest.approx((2 * 100 + 1) / 3) and s["q_error_undefined"] == 1
+    # the batch's mean covers its one transition with a % error: weighed 1, not 2
+    assert s["q_target_err_mean"] == pytest.approx((100 + 1) / 2) and s["q_error_undefined"] == 1
     assert s["iou_min"] == pytest.approx(2 / 3)
 
 
@@ -234,6 +235,11 @@ def test_a_constant_true_image_scores_nothing_and_leaves_its_batch_mates_score_w
                                            "action": rec.action[1:]}),
                          {k: v[1:] for k, v in truth.items()}, "S2")
     assert m["depth_paper_psnr"] == alone["depth_paper_psnr"] and m["depth_paper_psnr_baseline"] < 30
+    assert m["depth_unscored"] == 1 and "depth_unscored" not in alone
+    from leaklab.experiments.room_attack import summarise
+
+    rows = [{"batch_size": 2, "layouts": ["a"], "metrics": m}, {"batch_size": 1, "layouts": ["b"], "metrics": alone}]
+    assert summarise(rows, 1, 1.0)["depth_psnr_mean"] == pytest.approx(alone["depth_paper_psnr"])  # 2 transitions
     assert image_gains({"metrics": m})[0][0] > 20  # its partner's room shows
     one = room_metrics(SimpleNamespace(**{**vars(rec), "images": rec.images[:1], "box": rec.box[:1],
                                          "action": rec.action[:1]}), {k: v[:1] for k, v in truth.items()}, "S2")

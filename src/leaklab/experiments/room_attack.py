@@ -35,7 +35,7 @@ from leaklab.experiments.attack_pool import Job, JobList, run_jobs, task_progres
 from leaklab.fields import DefenseOption, Seed
 from leaklab.io import (RECONSTRUCTIONS_FILE, RESULTS_FILE, ROOM_ATTACK_FORMAT, atomic_dir, check_out, json_line,
                         save_tensors, write_json)
-from leaklab.metrics.rooms import room_metrics, transition_metrics
+from leaklab.metrics.rooms import room_metrics, scored_transitions, transition_metrics
 from leaklab.metrics.vectors import finite_numbers, mean_of, median_of, update_cosine
 from leaklab.models import PerceptionSpec
 from leaklab.models.perception import ArchName, architecture_digest
@@ -157,8 +157,9 @@ def summarise(rows: list[dict[str, Any]], iterations: int, seconds: float) -> di
     for key, metric in SUMMARY_KEYS.items():
         scored = [r for r in rows if metric in r["metrics"]]
         values = [r["metrics"][metric] for r in scored]
-        if values:  # a row's metrics are its batch's means: weighed by its size, the means count transitions
-            summary[key] = min(values) if key.endswith("_min") else mean_of(values, [r["batch_size"] for r in scored])
+        if values:  # a row's metrics are its batch's means: weighed by the transitions they cover, means count those
+            summary[key] = min(values) if key.endswith("_min") else mean_of(
+                values, [scored_transitions(r["metrics"], metric, r["batch_size"]) for r in scored])
     for key, metric in SPREAD_KEYS.items():
         finite = finite_numbers([r["metrics"].get(metric) for r in rows])
         if finite:

@@ -61,14 +61,29 @@ def room_metrics(rec, truth: Mapping[str, torch.Tensor], setting: str) -> dict[s
     :func:`leaklab.rl.cases.truth_shapes` (``images``, ``box``, ``action``, ``q_pred``, ``q_target``,
     ``reward``); for a batch, the means of :func:`transition_metrics` over their finite values (a transition
     whose true Q-value is 0 has no % error; it does not erase the other's), with ``box_iou_min``, the least
-    box IoU of the update's transitions, and for QGI ``q_error_undefined``, how many have no % error."""
+    box IoU of the update's transitions, for QGI ``q_error_undefined``, how many have no % error, and where some
+    true image is constant ``rgb_unscored`` / ``depth_unscored``, how many have no image scores (a summary weighs a
+    row's means by the transitions they cover: :func:`scored_transitions`)."""
     per_transition = [metrics for _, metrics in transition_metrics(rec, truth, setting)]
     out = {key: _batch_mean([m[key] for m in per_transition]) for key in per_transition[0]}
     out["box_iou_min"] = min(m["box_iou"] for m in per_transition)
     if "q_target_error" in out:
         out["q_error_undefined"] = float(sum(not math.isfinite(m["q_pred_error"] + m["q_target_error"])
                                              for m in per_transition))
+    for image in ("rgb", "depth"):
+        unscored = sum(not math.isfinite(m.get(f"{image}_paper_psnr", 0.0)) for m in per_transition)
+        if unscored:
+            out[f"{image}_unscored"] = float(unscored)
     return out
+
+
+def scored_transitions(metrics: Mapping[str, float], metric: str, batch: int) -> float:
+    """How many of a row's ``batch`` transitions its mean of ``metric`` covers (:func:`room_metrics`): all but
+    those without a % error (the Q errors) or without image scores (``rgb_…``, ``depth_…``)."""
+    if metric in ("q_pred_error", "q_target_error"):
+        return batch - metrics.get("q_error_undefined", 0.0)
+    image = metric.split("_")[0]
+    return batch - metrics.get(f"{image}_unscored", 0.0) if image in ("rgb", "depth") else batch
 
 
 def _batch_mean(values: list[float]) -> float:
