@@ -160,15 +160,16 @@ def _check_state(own: dict[str, torch.Tensor], state: dict[str, torch.Tensor],
         allowed = FLOAT_DTYPES if own[k].is_floating_point() else (own[k].dtype,)
         if v.dtype not in allowed:
             raise LeaklabError(f"model tensor {k!r} has dtype {v.dtype}; it must be {_dtype_names(allowed)}")
-        if v.is_floating_point() and not torch.isfinite(v).all():
-            raise LeaklabError(f"model tensor {k!r} contains NaN or Inf values")
+        # finite as the model holds it: a float64 1e300 is infinite in float32
+        if v.is_floating_point() and not torch.isfinite(v.to(own[k].dtype)).all():
+            raise LeaklabError(f"model tensor {k!r} contains NaN or Inf values (as the model's {own[k].dtype})")
 
 
 def model_with_state(spec: ModelSpec | PerceptionSpec, state: dict[str, torch.Tensor],
                      model_class: str | None = None) -> nn.Module:
     """The model of ``spec`` (``model_class``: a user's own perception class) holding ``state``, strictly:
-    every tensor of its shape and kind (:func:`_check_state`), finite in the model's dtype too (a float64 1e300
-    is infinite in float32), no negative variance or counter, the input normalisation the spec declares, and a
+    every tensor of its shape and kind, finite in the model's dtype (:func:`_check_state`), no negative variance
+    or counter, the input normalisation the spec declares, and a
     user's class still computing what the room attacks invert with these weights (:func:`check_forward`: a
     trained parameter outside ``head(cat(conv, box))`` passed on the fresh network). Leaklab's
     networks are compared on the meta device before they are built, so that a spec cannot make leaklab
@@ -184,21 +185,17 @@ def model_with_state(spec: ModelSpec | PerceptionSpec, state: dict[str, torch.Te
     own = model.state_dict()
     _check_state(own, state, spec, model_class)
     loaded = {k: v.to(own[k].dtype) for k, v in state.items()}
-    for k, v in loaded.items():
-        if v.is_floating_point() and not torch.isfinite(v).all():
-            raise LeaklabError(f"model tensor {k!r} holds values past the range of the model's {own[k].dtype}; "
-                               "the file is damaged")
+    for name, module in model.named_modules() if isinstance(spec, ModelSpec) else ():
+        # the mean and std the view declares (the fresh model's, before loading), not other ones
+        if isinstance(module, Normalize) and not all(torch.equal(loaded[f"{name}.{b}"], getattr(module, b))
+                                                     for b in ("mean", "std")):
+            raise LeaklabError(f"model tensors {name}.mean/std are not the mean and std the view declares "
+                               f"({list(spec.mean)}, {list(spec.std)}); the file is damaged")
     model.load_state_dict(loaded)
     for k, v in model.named_buffers():
         if (k.endswith("running_var") or k.endswith("num_batches_tracked")) and (v < 0).any():
             raise LeaklabError(f"model tensor {k!r} holds negative values (a variance or a counter); "
                                "the file is damaged")
-    declared = Normalize(spec.mean, spec.std) if isinstance(spec, ModelSpec) else None
-    for name, module in model.named_modules():  # the mean and std the view declares, not other ones
-        if declared is not None and isinstance(module, Normalize) and not (
-                torch.equal(module.mean, declared.mean) and torch.equal(module.std, declared.std)):
-            raise LeaklabError(f"model tensors {name}.mean/std are not the mean and std the view declares "
-                               f"({list(spec.mean)}, {list(spec.std)}); the file is damaged")
     if model_class is not None:
         check_forward(model, spec, f"--model-class {model_class} with the case's weights")
     return model
