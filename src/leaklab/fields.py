@@ -11,6 +11,8 @@ from leaklab.names import DEFENSE_NAMES
 
 MAX_SEED = 2**32 - 1  # the widest range every generator leaklab seeds takes (ViZDoom's is 32-bit)
 Seed = Annotated[int, Field(ge=0, le=MAX_SEED, description=f"0 to {MAX_SEED}")]
+MAX_ENTROPY_WEIGHT = 1e6  # REINFORCE's α (eq. 4): 1e39 made a float32 update infinite, refused after the capture
+EntropyWeight = Annotated[float, Field(ge=0, le=MAX_ENTROPY_WEIGHT)]
 
 
 NOISES = ("gaussian", "laplace")

@@ -33,4 +33,3 @@ MECHANISM_ALIASES = {"rr": "randomized-response"}
 AUDIT_TEST_NAMES = ("split", "scan")  # how an audit picks its threshold (leaklab.privacy.audit)
 MAX_THREADS = 1024  # torch threads (--threads, LEAKLAB_THREADS): a million made its pool fail to map stacks, a segfault
 MAX_TRAIN_STEPS = 10_000_000  # an agent's most environment steps of training (AgentConfig, --train-steps, --steps)
-MAX_ENTROPY_WEIGHT = 1e6  # REINFORCE's α (eq. 4): 1e39 made a float32 update infinite, refused after the capture

@@ -22,7 +22,8 @@ from leaklab.errors import LeaklabError
 from leaklab.models import ModelSpec, PerceptionSpec, build_model, build_perception_net
 from leaklab.models.layers import Normalize
 from leaklab.models.perception import check_forward
-from leaklab.names import MAX_ENTROPY_WEIGHT, UPDATE_NAMES
+from leaklab.fields import EntropyWeight
+from leaklab.names import UPDATE_NAMES
 
 
 class Capabilities(BaseModel):
@@ -48,7 +49,7 @@ class UpdateMetadata(BaseModel):
     local_lr: float = Field(default=0.1, gt=0)
     local_batch_size: int | None = Field(default=None, ge=1)
     loss: Literal["cross_entropy", "dqn_mse", "reinforce"] = "cross_entropy"
-    entropy_weight: float = Field(default=0.0, ge=0, le=MAX_ENTROPY_WEIGHT)  # REINFORCE's alpha (seed 000 eq. 4)
+    entropy_weight: EntropyWeight = 0.0  # REINFORCE's alpha (seed 000 eq. 4)
     train_mode: bool = True
 
     @model_validator(mode="after")

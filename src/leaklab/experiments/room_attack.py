@@ -32,14 +32,14 @@ from leaklab.device import DEVICE_PATTERN, describe, require_device, versions
 from leaklab.experiments import ProgressFn
 from leaklab.experiments.attack_journal import journal_beside
 from leaklab.experiments.attack_pool import Job, JobList, run_jobs, task_progress
-from leaklab.fields import DefenseOption, Seed
+from leaklab.fields import DefenseOption, EntropyWeight, Seed
 from leaklab.io import (RECONSTRUCTIONS_FILE, RESULTS_FILE, ROOM_ATTACK_FORMAT, atomic_dir, check_out, json_line,
                         save_tensors, write_json)
 from leaklab.metrics.rooms import room_metrics, scored_transitions, transition_metrics
 from leaklab.metrics.vectors import finite_numbers, mean_of, median_of, update_cosine
 from leaklab.models import PerceptionSpec
 from leaklab.models.perception import ArchName, architecture_digest
-from leaklab.names import DEFAULT_ARCH, MAX_ENTROPY_WEIGHT, MAX_TRAIN_STEPS, ROOM_ATTACK_NAMES, SETTING_NAMES
+from leaklab.names import DEFAULT_ARCH, MAX_TRAIN_STEPS, ROOM_ATTACK_NAMES, SETTING_NAMES
 from leaklab.rl.capture import RoomCaptureConfig, client_rounds, defended
 from leaklab.rl.envs.layouts import LayoutNames
 from leaklab.threat import ClientUpdate
@@ -81,7 +81,7 @@ class RoomRunConfig(BaseModel):
     train_steps: int = Field(default=0, ge=0, le=MAX_TRAIN_STEPS, description="0: initialised network (seed 000 V)")
     defense: DefenseOption = Field(default=None, description="defense chain the clients apply")
     attack: RoomAttackConfig = RoomAttackConfig()
-    entropy_weight: float = Field(default=0.01, ge=0, le=MAX_ENTROPY_WEIGHT, description="alpha of eq. 4 (RGI clients)")
+    entropy_weight: EntropyWeight = Field(default=0.01, description="alpha of eq. 4 (RGI clients)")
     gamma: float = Field(default=0.99, ge=0, le=1)
     workers: int = Field(default=0, ge=0, description="attack processes; 0: one per CPU core")
     device: str = Field(default="cpu", pattern=DEVICE_PATTERN,

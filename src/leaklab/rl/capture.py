@@ -30,12 +30,12 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from leaklab.defenses import parse_defense
 from leaklab.device import one_thread
 from leaklab.errors import LeaklabError
-from leaklab.fields import DefenseOption, Seed
+from leaklab.fields import DefenseOption, EntropyWeight, Seed
 from leaklab.io import CAPTURE_JSON, ROOM_CAPTURE_FORMAT, atomic_dir, check_out, write_json
 from leaklab.metrics.vectors import update_cosine
 from leaklab.models import PerceptionNet, PerceptionSpec, build_perception_net
 from leaklab.models.perception import check_forward
-from leaklab.names import MAX_ENTROPY_WEIGHT, MAX_TRAIN_STEPS, POLICY_NAMES, RL_ALGORITHM_NAMES
+from leaklab.names import MAX_TRAIN_STEPS, POLICY_NAMES, RL_ALGORITHM_NAMES
 from leaklab.rl.agents import (DQNConfig, ReinforceConfig, epsilon_greedy, td_targets, train_dqn,
                                train_reinforce)
 from leaklab.rl.agents.common import Rooms, observation_tensors
@@ -268,7 +268,7 @@ class RoomCaptureConfig(BaseModel):
     warmup_steps: int = Field(default=0, ge=0)
     max_episode_steps: int = Field(default=50, ge=1)
     gamma: float = Field(default=0.99, ge=0, le=1)
-    entropy_weight: float = Field(default=0.01, ge=0, le=MAX_ENTROPY_WEIGHT, description="α of eq. 4 (REINFORCE)")
+    entropy_weight: EntropyWeight = Field(default=0.01, description="α of eq. 4 (REINFORCE)")
     defense: DefenseOption = Field(default=None, description="defense chain the clients apply")
     model_class: str | None = Field(default=None, description="a user's own perception network "
                                                               "(package.module:Class); None: leaklab's")

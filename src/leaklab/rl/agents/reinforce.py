@@ -17,8 +17,8 @@ import numpy as np
 import torch
 from pydantic import Field
 
+from leaklab.fields import EntropyWeight
 from leaklab.models import PerceptionNet, build_perception_net
-from leaklab.names import MAX_ENTROPY_WEIGHT
 from leaklab.rl.agents.common import (AgentConfig, ProgressFn, Rooms, TrainHistory, check_net,
                                       observation_tensors, released, reporter)
 from leaklab.rl.agents.private import make_private_agent
@@ -29,7 +29,7 @@ class ReinforceConfig(AgentConfig):
     """REINFORCE hyper-parameters; ``steps`` is a budget of environment steps, rounded up to whole
     episodes."""
 
-    entropy_weight: float = Field(default=0.01, ge=0, le=MAX_ENTROPY_WEIGHT, description="α of eq. 4")
+    entropy_weight: EntropyWeight = Field(default=0.01, description="α of eq. 4")
 
 
 def discounted_returns(rewards: Sequence[float], gamma: float) -> torch.Tensor:
