@@ -1,15 +1,17 @@
 """Exact mode on batches of two behind noise: whether the update's samples separate, and what they leak.
 
-Captures ``--samples`` updates of ``--batch-size`` transitions (default 2) as ``leaklab attack qgi|rgi
---batch-size 2`` does (same seed), puts each behind every defense chain of ``--defenses`` with the audit's draws
-and attacks it as the command would (exact mode, falling back to the paper's optimisation where exact mode cannot
-read the update; ``--mode paper``: the paper's method on every update, QGI only). Prints per update whether exact
-mode read it in closed form (``exact``), whether the attack read nothing (``no_signal``), the features' estimated
-cosine and their true one (the mean cosine of the features exact mode separates with the samples'), the largest
-image gain over the constant baseline (paper normalisation, as the audit's verdicts), the box IoU and the action's
-accuracy, the last three the means over the update's samples, and each true sample's gain and box IoU
-(``sample_gains_db``, ``sample_box_iou``); then per chain how many updates exact mode read, how many read nothing
-and the means (docs/reproductions.md, "A batch of two behind noise").
+Captures ``--samples`` updates of ``--batch-size`` transitions (default 2) as ``leaklab attack qgi|rgi --batch-size
+2`` does (same seed), puts each behind every defense chain of ``--defenses`` with the audit's draws and attacks it as
+the command would (exact mode, falling back to the paper's optimisation where exact mode cannot read the update;
+``--mode paper``: the paper's method on every update, QGI only). Prints per update whether exact mode read it in
+closed form (``exact``), whether it read one sample alone (``alone``; a blend of the two where not ``exact``,
+``leaklab.attacks.rl.exact.blended``), whether the attack read nothing (``no_signal``), the features' estimated cosine
+and their true one (the mean cosine of the features exact mode separates with the samples'), the largest image gain
+over the constant baseline (paper normalisation, as the audit's verdicts), the box IoU and the action's accuracy, the
+last three the means over the update's samples, and each true sample's gain and box IoU (``sample_gains_db``,
+``sample_box_iou``, RGI's ``sample_reward_error``); then per chain how many updates exact mode read, how many read
+nothing and the means (docs/reproductions.md, "A batch of two behind noise"). ``--iterations 2`` skips the image
+stage's work for the closed forms alone (the image columns are then the start's).
 
     .venv/bin/python analysis/batches_behind_noise.py --algorithm rgi --samples 6 --layouts 6 \\
         --defenses "gaussian:0.00001;gaussian:0.0001;gaussian:0.001;gaussian:0.01"
@@ -17,6 +19,7 @@ and the means (docs/reproductions.md, "A batch of two behind noise").
 
 from __future__ import annotations
 
+import argparse
 import json
 import statistics
 import sys
@@ -59,13 +62,20 @@ def _true_cosine(config: room_attack.RoomRunConfig, state: dict, sample: room_at
     return float(F.cosine_similarity(st.features[:, None], true[None], dim=-1).max(1).values.mean())
 
 
+def _options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--mode", default="exact", choices=("exact", "paper"))
+    parser.add_argument("--iterations", type=int, default=None,
+                        help="image-stage steps (default the attack's; 2 reads the closed forms alone)")
+
+
 def main() -> None:
     if "--batch-size" not in sys.argv:
         sys.argv += ["--batch-size", "2"]
     args, config, state, samples = captures(
         __doc__.splitlines()[0], ("qgi", "rgi"), "gaussian:0.00001;gaussian:0.0001;gaussian:0.001;gaussian:0.01",
-        lambda parser: parser.add_argument("--mode", default="exact", choices=("exact", "paper")))
-    config = config.model_copy(update={"attack": RoomAttackConfig(mode=args.mode)})
+        _options)
+    attack = RoomAttackConfig(mode=args.mode, **({} if args.iterations is None else {"iterations": args.iterations}))
+    config = config.model_copy(update={"attack": attack})
     for chain in args.defenses.split(";"):
         rows = []
         for sample in samples:
@@ -73,15 +83,19 @@ def main() -> None:
             metrics = room_attack.score(sample, rec, config.setting)["metrics"]
             each = [m for _, m in transition_metrics(rec, sample.truth, config.setting)]
             rows.append({"defense": chain, "sample": sample.index, "exact": "features" in rec.exact,
-                         "no_signal": rec.no_signal, "feature_cosine": rec.feature_cosine,
+                         "alone": rec.read is not None and not rec.no_signal, "no_signal": rec.no_signal,
+                         "feature_cosine": rec.feature_cosine,
                          "true_feature_cosine": _true_cosine(config, state, sample, chain),
                          "gain_db": round(max(image_gains({"metrics": metrics}))[0], 2),
                          "box_iou": round(metrics["box_iou"], 4), "action": metrics["action"],
                          "sample_gains_db": [round(max(image_gains({"metrics": m}))[0], 2) for m in each],
-                         "sample_box_iou": [round(m["box_iou"], 4) for m in each]})
+                         "sample_box_iou": [round(m["box_iou"], 4) for m in each],
+                         "sample_reward_error": [round(m["reward_error"], 4) for m in each if "reward_error" in m]})
             print(json.dumps(rows[-1]), flush=True)
         print(json.dumps({"algorithm": args.algorithm, "setting": args.setting, "arch": args.arch, "defense": chain,
                           "updates": len(rows), "exact": sum(r["exact"] for r in rows),
+                          "alone": sum(r["alone"] for r in rows),
+                          "blends": sum(r["alone"] and not r["exact"] for r in rows),
                           "no_signal": sum(r["no_signal"] for r in rows),
                           "shown": sum(r["gain_db"] >= SHOWN_DB for r in rows),
                           **{f"{k}_mean": round(statistics.mean(r[k] for r in rows), 3)

@@ -359,6 +359,26 @@ def test_rgi_reads_the_sample_a_batch_shows_behind_noise_under_the_last_layers_t
     assert rec.action.tolist()[0] == 3 and float(rec.reward[0]) == pytest.approx(13.0, rel=1e-3)
 
 
+def test_a_batch_read_as_one_sample_claims_nothing_exact_where_the_other_shows():
+    """A batch of two strong samples read as one behind noise reads a blend of the two (returns 1.3 and −0.8
+    behind σ = 1e-3: one reward of 1.43; one action, 1.3 and 0.3 behind 1e-4: 1.6): nothing of it is claimed
+    exact (the last layer's and head.0's second singular values stand over the noise's edge), where a zero
+    return's partner, whose own part is only its entropy term, still reads box, features and reward exactly."""
+    for actions, returns, sigma in (((3, 5), (1.3, -0.8), 1e-3), ((3, 3), (1.3, 0.3), 1e-4)):
+        view, update, truth = client(loss="reinforce", batch=2, actions=actions, returns=returns)
+        noised = defended(update, f"gaussian:{sigma}", 0, 0)
+        assert exact_module.dominant_sample(view.model, noised.tensors)
+        assert exact_module.blended(view.model, noised.tensors)
+        rec = rgi(view, noised, RoomAttackConfig(iterations=2))
+        assert not rec.no_signal and rec.exact == ()
+        assert abs(float(rec.reward[0]) - returns[0]) > 0.1  # the blend's
+    view, update, truth = client(loss="reinforce", batch=2, returns=(1.3, 0.0))
+    for sigma in (1e-7, 1e-5, 1e-3):
+        noised = defended(update, f"gaussian:{sigma}", 0, 0)
+        assert not exact_module.blended(view.model, noised.tensors)
+        assert {"box", "features", "reward"} <= set(rgi(view, noised, RoomAttackConfig(iterations=2)).exact)
+
+
 def test_qgi_reads_the_sample_a_batch_shows_when_the_others_td_error_is_under_the_noise():
     """A DQN batch of two whose second TD error (1e-4) is under the noise: the last layer does not separate the
     samples, so the first is read alone (action, box, target Q) and the other left at the no-information start

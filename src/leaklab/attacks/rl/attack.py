@@ -33,8 +33,8 @@ from dataclasses import fields, replace
 import torch
 
 from leaklab.attacks.rl.config import RoomAttackConfig, RoomReconstruction
-from leaklab.attacks.rl.exact import (ExactState, dominant_sample, exact_images, exact_vectors, reinforce_batch_errors,
-                                      separated_vectors, update_feature_cosine)
+from leaklab.attacks.rl.exact import (ExactState, blended, dominant_sample, exact_images, exact_vectors,
+                                      reinforce_batch_errors, separated_vectors, update_feature_cosine)
 from leaklab.attacks.rl.image_convs import attack_network
 from leaklab.attacks.rl.images import gaussian_start
 from leaklab.attacks.rl.network import trace
@@ -90,19 +90,20 @@ def _outputs(net: PerceptionNet, last_input: torch.Tensor) -> torch.Tensor:
 
 
 def _exact_read(net: PerceptionNet, grads: dict[str, torch.Tensor], errors: torch.Tensor | None, batch: int,
-                hidden: torch.Tensor | None = None) -> tuple[ExactState | None, int]:
-    """Exact mode's closed forms of an update and how many of its samples they read: one sample's
+                hidden: torch.Tensor | None = None) -> tuple[ExactState | None, int, bool]:
+    """Exact mode's closed forms of an update, how many of its samples they read and whether they read a blend of
+    two (then nothing is claimed exact, :func:`~leaklab.attacks.rl.exact.blended`): one sample's
     (:func:`~leaklab.attacks.rl.exact.exact_vectors`); a batch's, separated by its samples' ``errors`` at the
     output, or ``hidden`` at the last hidden layer's output where the output's do not separate them
     (:func:`~leaklab.attacks.rl.exact.separated_vectors`); else, where one sample's gradient stands
     above the noise and the other's is under it (:func:`~leaklab.attacks.rl.exact.dominant_sample`), that
-    one's alone; ``(None, batch)`` where none (the paper's stages then run)."""
+    one's alone; ``(None, batch, False)`` where none (the paper's stages then run)."""
     if batch == 1:
-        return exact_vectors(net, grads), 1
+        return exact_vectors(net, grads), 1, False
     st = None if errors is None else separated_vectors(net, grads, errors, hidden)
     if st is None and dominant_sample(net, grads):
-        return exact_vectors(net, grads), 1
-    return st, batch
+        return exact_vectors(net, grads), 1, blended(net, grads)
+    return st, batch, False
 
 
 def _images_and_state(net, grads, errors, actions, cfg, progress, batch, st):
@@ -163,7 +164,8 @@ def _qgi(net: PerceptionNet, grads: dict[str, torch.Tensor], batch: int, cfg: Ro
     else:
         taken = dqn_actions(gb, batch)
         errors, hidden = error_directions(gb, taken), None
-    state, read_batch = _exact_read(net, grads, errors, batch, hidden) if cfg.mode == "exact" else (None, batch)
+    state, read_batch, blend = (_exact_read(net, grads, errors, batch, hidden) if cfg.mode == "exact"
+                                else (None, batch, False))
     actions = taken[:read_batch]
     if read_batch < batch or errors is None:  # the largest entry's read alone, or the paper's stages read eq. 7's
         errors = error_directions(gb, actions)
@@ -185,8 +187,8 @@ def _qgi(net: PerceptionNet, grads: dict[str, torch.Tensor], batch: int, cfg: Ro
         exact += ("action",) if cfg.action == "rule" else ()
     rec = RoomReconstruction(images=images.clamp(0, 1), box=box.float(), action=actions,
                              iterations=iterations, seconds=time.perf_counter() - start,
-                             q_pred=q_pred, q_target=q_target, exact=exact, stage1_starts=_starts(st),
-                             feature_cosine=read)
+                             q_pred=q_pred, q_target=q_target, exact=() if blend else exact,
+                             stage1_starts=_starts(st), feature_cosine=read)
     if read_batch == batch:
         return rec
     # the other sample's action still by eq. 7: the next entry of the bias gradient (a guess under the noise)
@@ -214,7 +216,8 @@ def _rgi(net: PerceptionNet, grads: dict[str, torch.Tensor], batch: int, cfg: Ro
     if float(gb.abs().max()) == 0.0:
         raise NoSignal("the last bias gradient is all zero; no action or reward can be read")
     errors = gb.unsqueeze(0) if batch == 1 else reinforce_batch_errors(net, grads)
-    state, read_batch = _exact_read(net, grads, errors, batch) if cfg.mode == "exact" else (None, batch)
+    state, read_batch, blend = (_exact_read(net, grads, errors, batch) if cfg.mode == "exact"
+                                else (None, batch, False))
     if read_batch < batch:  # the other sample is under the noise: this one read alone
         errors = gb.unsqueeze(0)
     elif errors is None:
@@ -236,7 +239,7 @@ def _rgi(net: PerceptionNet, grads: dict[str, torch.Tensor], batch: int, cfg: Ro
                   + (("action",) if bool(identified.all()) and read_batch == batch else ()))
     rec = RoomReconstruction(images=images.clamp(0, 1), box=box.float(), action=action,
                              iterations=iterations, seconds=time.perf_counter() - start,
-                             probs=probs, reward=reward, action_identified=identified, exact=exact,
+                             probs=probs, reward=reward, action_identified=identified, exact=() if blend else exact,
                              stage1_starts=_starts(st), feature_cosine=read)
     return rec if read_batch == batch else _with_unread(rec, _nothing(net, batch - read_batch, cfg, "rgi"))
 

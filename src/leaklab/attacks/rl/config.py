@@ -67,7 +67,8 @@ EXACT_ONLY = ("tv_final", "feature_weight", "gradient_weight", "layerwise")  # f
 # ``exact``), only such batches' results changed; 21: such a batch behind noise, whose second action by eq. 7 is an
 # entry of the noise, separated by a parallelogram fitted to those rows, ``same_action._fitted_points``, and such an
 # entry read as no sample's error where they do not separate, ``same_action.exact_dqn_errors``, only such batches'
-# results changed); paper mode's 2:
+# results changed; 22: a batch read as one sample whose last layer or head.0 shows the other's part over the noise
+# claims nothing exact (a blend), ``exact.blended``, every reconstruction unchanged); paper mode's 2:
 # stage 1 starts again when its match ends under a cosine of 0.999; 3: the image convolutions as exact mode's 8;
 # 4: a single sample's update read for the features it lets through, ``exact.update_feature_cosine``, as exact
 # mode reads it, the reconstruction unchanged to the bit).
@@ -75,7 +76,7 @@ EXACT_ONLY = ("tv_final", "feature_weight", "gradient_weight", "layerwise")  # f
 # images' gradient does not depend on how the loss's terms are grouped.
 # The bordered factor kept in blocks (session 12) solves in another order: its float64 activations
 # move by ~1e-14 and came out the same in float32, so all 16 rows of 8 S1 and 8 S2 QGI attacks did.
-METHOD_VERSION = {"exact": 21, "paper": 4}
+METHOD_VERSION = {"exact": 22, "paper": 4}
 
 
 class RoomAttackConfig(BaseModel):
