@@ -203,15 +203,42 @@ def test_summary_means_count_transitions_and_a_zero_q_value_is_counted_not_dropp
                           action=torch.tensor([1, 0]), q_pred=truth["q_pred"].clone(),
                           q_target=torch.tensor([1e-7, 0.4]), reward=None, action_identified=None, read=None)
     m = room_metrics(rec, truth, "S2")
-    assert m["q_target_error"] == pytest.approx(100.0) and m["q_error_undefined"] == 1.0
+    assert m["q_target_error"] == pytest.approx(100.0) and m["q_target_error_undefined"] == 1.0
+    assert m["q_pred_error_undefined"] == 0.0  # its predicted Q-value has a % error: both transitions count
     assert m["box_iou"] == pytest.approx((1 + 2 / 3) / 2) and m["box_iou_min"] == pytest.approx(2 / 3)
-    one = {"batch_size": 1, "layouts": ["b"], "metrics": dict(m, action=1.0, q_target_error=1.0, q_error_undefined=0.0,
-                                                              box_iou=1.0, box_iou_min=1.0)}
+    one = {"batch_size": 1, "layouts": ["b"], "metrics": dict(m, action=1.0, q_target_error=1.0,
+                                                              q_target_error_undefined=0.0, box_iou=1.0, box_iou_min=1.0)}
     s = summarise([{"batch_size": 2, "layouts": ["a"], "metrics": m}, one], 1, 1.0)
     assert s["action_accuracy"] == pytest.approx(2 / 3)  # 2 of 3 transitions, not the mean of 0.5 and 1
     # the batch's mean covers its one transition with a % error: weighed 1, not 2
-    assert s["q_target_err_mean"] == pytest.approx((100 + 1) / 2) and s["q_error_undefined"] == 1
+    assert s["q_target_err_mean"] == pytest.approx((100 + 1) / 2) and s["q_target_error_undefined"] == 1
+    assert s["q_pred_error_undefined"] == 0
     assert s["iou_min"] == pytest.approx(2 / 3)
+    # a true target of 0 on every row: the predicted Q's error still counts (until session 52 it weighed 0: a traceback)
+    alone = room_metrics(SimpleNamespace(**{**vars(rec), "q_pred": rec.q_pred[:1] * 1.1, "q_target": rec.q_target[:1],
+                                           "images": images[:1], "box": boxes[:1], "action": rec.action[:1]}),
+                         {k: v[:1] for k, v in truth.items()}, "S2")
+    s = summarise([{"batch_size": 1, "layouts": ["a"], "metrics": alone}], 1, 1.0)
+    assert s["q_pred_err_mean"] == pytest.approx(10.0) and s["q_target_error_undefined"] == 1
+
+
+def test_an_rgb_frame_of_one_colour_per_channel_scores_nothing():
+    """A flat frame of a colour that is no grey is constant in each channel, as the constant baseline (each
+    channel's mean) is: it reproduced the frame (150 dB) where one test over all channels let it through."""
+    import math
+    from types import SimpleNamespace
+
+    import torch
+
+    from leaklab.metrics.rooms import room_metrics
+
+    images = torch.rand(1, 4, 16, 16, generator=torch.Generator().manual_seed(0))
+    images[0, :3] = torch.tensor([0.2, 0.5, 0.8])[:, None, None]
+    rec = SimpleNamespace(images=torch.rand(1, 4, 16, 16), box=torch.zeros(1, 4), action=torch.tensor([1]),
+                          q_pred=None, reward=None, action_identified=None, read=None)
+    m = room_metrics(rec, {"images": images, "box": torch.zeros(1, 4), "action": torch.tensor([1])}, "S1")
+    assert math.isnan(m["rgb_paper_psnr_baseline"]) and m["rgb_unscored"] == 1
+    assert math.isfinite(m["depth_paper_psnr"])
 
 
 def test_a_constant_true_image_scores_nothing_and_leaves_its_batch_mates_score_whole():

@@ -86,6 +86,11 @@ def _percent(value: float | None) -> str:
     return "none" if value is None else f"{value:.3g}%"
 
 
+def _left_out(undefined: int) -> str:
+    """What a Q error's mean leaves out: the transitions whose true value is 0 (no % error)."""
+    return f" ({plural(undefined, 'transition')} with a true value of 0 left out)" if undefined else ""
+
+
 def _room_summary_line(s: dict[str, Any], defended: bool) -> str:
     """What a room-attack summary says leaked: the images against their baselines, box, action, and
     the Q-value or reward errors (``defended``: of updates behind a defense)."""
@@ -97,11 +102,10 @@ def _room_summary_line(s: dict[str, Any], defended: bool) -> str:
             parts.append(f"{image} PSNR {s[f'{image}_psnr_mean']:.2f} dB (baseline "
                          f"{s[f'{image}_psnr_baseline_mean']:.2f}), SSIM {s[f'{image}_ssim_mean']:.3f}")
     parts.append(f"box IoU {s['iou_mean']:.4f}, action {room_attack.action_share(s, defended)}")
-    if s.get("q_target_err_mean") is not None or s.get("q_error_undefined"):
-        undefined = s.get("q_error_undefined")
-        parts.append(f"predicted-Q error {_percent(s.get('q_pred_err_mean'))}, target-Q error "
-                     f"{_percent(s.get('q_target_err_mean'))}"
-                     + (f" ({undefined} transitions with a true Q-value of 0 left out)" if undefined else ""))
+    if "q_target_error_undefined" in s:  # QGI
+        parts.append(", ".join(f"{name} error {_percent(s.get(f'{key}_err_mean'))}"
+                               f"{_left_out(s[f'{key}_error_undefined'])}"
+                               for name, key in (("predicted-Q", "q_pred"), ("target-Q", "q_target"))))
     if s.get("reward_abs_err_mean") is not None:
         parts.append(f"reward error {s['reward_abs_err_mean']:.3g}")
     if defended and s.get("update_cosine_median") is not None:  # absent where no saved truth records it

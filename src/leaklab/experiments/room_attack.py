@@ -178,9 +178,10 @@ def summarise(rows: list[dict[str, Any]], iterations: int, seconds: float) -> di
         correct = sum(b * r["metrics"]["action_informative_correct"] for b, r in zip(sizes, rgi))
         summary["action_accuracy_nonzero_return"] = correct / informative if informative else None
         summary["zero_return_samples"] = round(sum(sizes) - informative)
-    undefined = [r["metrics"]["q_error_undefined"] for r in rows if "q_error_undefined" in r["metrics"]]
-    if undefined:  # transitions whose true Q-value is 0: no % error, left out of the Q errors' means
-        summary["q_error_undefined"] = round(sum(undefined))
+    for metric in ("q_pred_error", "q_target_error"):  # transitions whose true value is 0: no % error, left out
+        undefined = [r["metrics"][f"{metric}_undefined"] for r in rows if f"{metric}_undefined" in r["metrics"]]
+        if undefined:
+            summary[f"{metric}_undefined"] = round(sum(undefined))
     if any("stage1_starts" in r for r in rows):
         summary["stage1_restarted"] = sum(r.get("stage1_starts", 1) > 1 for r in rows)
     summary["samples"] = len(rows)  # client updates, each of its row's batch_size transitions

@@ -41,10 +41,12 @@ def paper_scale(images: torch.Tensor, setting: str) -> torch.Tensor:
 
 
 def _image_scores(rec: torch.Tensor, truth: torch.Tensor, channel: str, prefix: str) -> dict[str, float]:
-    """PSNR and SSIM beside the baseline's; none (NaN, left out of every mean) where the true image is constant:
-    the constant baseline is then the truth itself, whose 300 dB (a wall filling the depth frame, 1 transition
-    of 68) swamped a cell's baseline mean and sank its batch's gain, so that its partner's room never showed."""
-    if float(truth.amax()) == float(truth.amin()):
+    """PSNR and SSIM beside the baseline's; none (NaN, left out of every mean) where each channel of the true image
+    is constant: the constant baseline (each channel's mean) is then the truth itself, whose 300 dB (a wall filling
+    the depth frame, 1 transition of 68) swamped a cell's baseline mean and sank its batch's gain, so that its
+    partner's room never showed."""
+    channels = truth.flatten(2)
+    if bool((channels.amax(-1) == channels.amin(-1)).all()):
         return {f"{prefix}_{key}": math.nan for key in ("psnr", "ssim", "psnr_baseline", "ssim_baseline")}
     return {f"{prefix}_{key}": float(value) for key, value in scores(rec, truth, channel).items()}
 
@@ -61,15 +63,16 @@ def room_metrics(rec, truth: Mapping[str, torch.Tensor], setting: str) -> dict[s
     :func:`leaklab.rl.cases.truth_shapes` (``images``, ``box``, ``action``, ``q_pred``, ``q_target``,
     ``reward``); for a batch, the means of :func:`transition_metrics` over their finite values (a transition
     whose true Q-value is 0 has no % error; it does not erase the other's), with ``box_iou_min``, the least
-    box IoU of the update's transitions, for QGI ``q_error_undefined``, how many have no % error, and where some
+    box IoU of the update's transitions, for QGI ``q_pred_error_undefined`` and ``q_target_error_undefined``, how
+    many have no such % error (a true value of 0), and where some
     true image is constant ``rgb_unscored`` / ``depth_unscored``, how many have no image scores (a summary weighs a
     row's means by the transitions they cover: :func:`scored_transitions`)."""
     per_transition = [metrics for _, metrics in transition_metrics(rec, truth, setting)]
     out = {key: _batch_mean([m[key] for m in per_transition]) for key in per_transition[0]}
     out["box_iou_min"] = min(m["box_iou"] for m in per_transition)
-    if "q_target_error" in out:
-        out["q_error_undefined"] = float(sum(not math.isfinite(m["q_pred_error"] + m["q_target_error"])
-                                             for m in per_transition))
+    for metric in ("q_pred_error", "q_target_error"):
+        if metric in out:
+            out[f"{metric}_undefined"] = float(sum(not math.isfinite(m[metric]) for m in per_transition))
     for image in ("rgb", "depth"):
         unscored = sum(not math.isfinite(m.get(f"{image}_paper_psnr", 0.0)) for m in per_transition)
         if unscored:
@@ -79,9 +82,9 @@ def room_metrics(rec, truth: Mapping[str, torch.Tensor], setting: str) -> dict[s
 
 def scored_transitions(metrics: Mapping[str, float], metric: str, batch: int) -> float:
     """How many of a row's ``batch`` transitions its mean of ``metric`` covers (:func:`room_metrics`): all but
-    those without a % error (the Q errors) or without image scores (``rgb_…``, ``depth_…``)."""
+    those without that % error (the Q errors) or without image scores (``rgb_…``, ``depth_…``)."""
     if metric in ("q_pred_error", "q_target_error"):
-        return batch - metrics.get("q_error_undefined", 0.0)
+        return batch - metrics.get(f"{metric}_undefined", 0.0)
     image = metric.split("_")[0]
     return batch - metrics.get(f"{image}_unscored", 0.0) if image in ("rgb", "depth") else batch
 

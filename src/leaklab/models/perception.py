@@ -58,7 +58,7 @@ class PerceptionSpec(BaseModel):
     arch: ArchName = DEFAULT_ARCH
     num_actions: int = Field(default=7, gt=1, le=1024)
     image_size: int = Field(default=150, ge=36, le=512)  # small/nature/stacked: 36 -> 8 -> 3 -> 1
-    box_dim: int = Field(default=4, gt=0, le=64)
+    box_dim: Literal[4] = 4  # the target box (x1, y1, x2, y2), scored by IoU (seed 000 V)
 
     @property
     def in_channels(self) -> int:
