@@ -142,6 +142,21 @@ def test_audit_dpsgd_options_belong_to_dpsgd():
                       "--sigma")
     assert_user_error(invoke("mechanisms", "audit", "--mechanism", "laplace", "--epsilon", "1", "--q", "0.1"), None,
                       "--q", "dpsgd")
+    assert_user_error(invoke("mechanisms", "audit", "--mechanism", "laplace", "--epsilon", "1", "--accountant",
+                             "rdp"), None, "--accountant", "dpsgd")
+
+
+def test_audit_dpsgd_takes_the_accountant_its_error_names():
+    """Under sigma 0.05 the default prv accountant refuses and names rdp, which `mechanisms audit` now takes."""
+    from leaklab.privacy.accounting import dpsgd_epsilon
+
+    small = [*AUDIT_DPSGD[:7], "0.01", *AUDIT_DPSGD[8:]]
+    assert_user_error(invoke(*small), None, "rdp")
+    result = invoke(*small, "--accountant", "rdp", "--json")
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert data["accountant"] == "rdp" and data["claimed_epsilon"] == pytest.approx(dpsgd_epsilon(1.0, 0.01, 5, 1e-5,
+                                                                                                  "rdp"))
 
 
 def test_running_out_of_memory_is_one_line(monkeypatch):

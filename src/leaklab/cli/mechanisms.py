@@ -97,6 +97,8 @@ def mechanisms_audit(
     steps: Annotated[Optional[int], typer.Option("--steps", help="dpsgd training steps")] = None,
     canaries: Annotated[Optional[int], typer.Option("--canaries", help="dpsgd gradient canaries per "
                                                     "training run (even; default 1000)")] = None,
+    accountant: Annotated[Optional[str], _choice("--accountant", ACCOUNTANT_NAMES,
+                                                 "dpsgd: the claim's accountant (default prv)")] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Empirical lower bound on epsilon (Clopper-Pearson) from runs on two neighbouring inputs.
@@ -104,20 +106,20 @@ def mechanisms_audit(
     dpsgd: from gradient canaries in opacus DP-SGD trainings."""
     from leaklab.privacy.audit import audit, audit_case, audit_dpsgd
 
-    dpsgd = {"--q": q, "--sigma": sigma, "--steps": steps, "--canaries": canaries}
+    dpsgd = {"--q": q, "--sigma": sigma, "--steps": steps, "--canaries": canaries, "--accountant": accountant}
     if mechanism == "dpsgd":
         others = {"--epsilon": epsilon, "--k": k, "--eta": eta, "--eta-bar": eta_bar, "--b": b, "--w": w}
         if any(v is not None for v in others.values()):
             given = ", ".join(o for o, v in others.items() if v is not None)
             raise LeaklabError(f"--mechanism dpsgd takes no {given}: its epsilon follows from --q, --sigma, "
                                "--steps and --delta")
-        missing = [o for o, v in dpsgd.items() if v is None and o != "--canaries"]
+        missing = [o for o, v in dpsgd.items() if v is None and o not in ("--canaries", "--accountant")]
         if missing:
             raise LeaklabError(f"--mechanism dpsgd needs {', '.join(missing)}")
         result = audit_dpsgd(q, sigma, steps, 1e-5 if delta is None else delta,
                              canaries=1000 if canaries is None else canaries,
                              runs=10 if runs is None else runs, seed=seed, confidence=confidence, test=test,
-                             broken=broken)
+                             broken=broken, accountant=accountant)
     else:
         if any(v is not None for v in dpsgd.values()):
             raise LeaklabError(f"{', '.join(o for o, v in dpsgd.items() if v is not None)}: only for "
