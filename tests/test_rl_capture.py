@@ -177,6 +177,30 @@ def test_initialised_and_partly_trained_networks():
         partly_trained_net("ppo", spec, 5)
 
 
+def test_a_few_training_steps_train_with_the_rounds_settings():
+    """DQN's batch of 32 took its first update after 32 steps: 5 steps left the network as initialised; and
+    REINFORCE trained with its default α whatever the capture's."""
+    spec = PerceptionSpec(setting="S2", image_size=64)
+    init = build_perception_net(spec, seed=3).state_dict()
+    few = partly_trained_net("dqn", spec, 5, layouts=ROOMS[:1], seed=3).state_dict()
+    assert any(not torch.equal(init[k], few[k]) for k in init)
+    default = partly_trained_net("reinforce", spec, 20, layouts=ROOMS[:1], seed=3).state_dict()
+    strong = partly_trained_net("reinforce", spec, 20, layouts=ROOMS[:1], seed=3, entropy_weight=5.0).state_dict()
+    assert any(not torch.equal(default[k], strong[k]) for k in default)
+
+
+def test_a_capture_refuses_a_network_the_rooms_cannot_drive():
+    """The rooms take 7 actions: a network of 9 failed only after its training, on an action the rooms lack."""
+    from pydantic import ValidationError
+
+    from leaklab.rl.agents import DQNConfig
+    from leaklab.rl.capture import RoomCaptureConfig
+
+    for config in (RoomCaptureConfig, DQNConfig):
+        with pytest.raises(ValidationError, match="the rooms take 7 actions"):
+            config(spec=PerceptionSpec(num_actions=9))
+
+
 def test_capture_rooms_writes_one_case_per_update(tmp_path, monkeypatch):
     from leaklab.rl import capture as capture_module
     from leaklab.rl.capture import RoomCaptureConfig, capture_rooms

@@ -13,6 +13,7 @@ MAX_SEED = 2**32 - 1  # the widest range every generator leaklab seeds takes (Vi
 Seed = Annotated[int, Field(ge=0, le=MAX_SEED, description=f"0 to {MAX_SEED}")]
 MAX_ENTROPY_WEIGHT = 1e6  # REINFORCE's α (eq. 4): 1e39 made a float32 update infinite, refused after the capture
 EntropyWeight = Annotated[float, Field(ge=0, le=MAX_ENTROPY_WEIGHT)]
+EpisodeSteps = Annotated[int, Field(ge=1, le=10_000)]  # an episode's most environment steps (training, capture)
 
 
 NOISES = ("gaussian", "laplace")

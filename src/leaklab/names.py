@@ -32,4 +32,6 @@ MECHANISM_NAMES = ("laplace", "gaussian", "exponential", "randomized-response", 
 MECHANISM_ALIASES = {"rr": "randomized-response"}
 AUDIT_TEST_NAMES = ("split", "scan")  # how an audit picks its threshold (leaklab.privacy.audit)
 MAX_THREADS = 1024  # torch threads (--threads, LEAKLAB_THREADS): a million made its pool fail to map stacks, a segfault
+# the active-perception rooms' movements (seed 000, section III)
+ROOM_ACTION_NAMES = ("forward", "backward", "strafe_left", "strafe_right", "turn_left", "turn_right", "stay")
 MAX_TRAIN_STEPS = 10_000_000  # an agent's most environment steps of training (AgentConfig, --train-steps, --steps)

@@ -30,7 +30,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from leaklab.defenses import parse_defense
 from leaklab.device import one_thread
 from leaklab.errors import LeaklabError
-from leaklab.fields import DefenseOption, EntropyWeight, Seed
+from leaklab.fields import DefenseOption, EntropyWeight, EpisodeSteps, Seed
 from leaklab.io import CAPTURE_JSON, ROOM_CAPTURE_FORMAT, atomic_dir, check_out, write_json
 from leaklab.metrics.vectors import update_cosine
 from leaklab.models import PerceptionNet, PerceptionSpec, build_perception_net
@@ -38,7 +38,7 @@ from leaklab.models.perception import check_forward
 from leaklab.names import MAX_TRAIN_STEPS, POLICY_NAMES, RL_ALGORITHM_NAMES
 from leaklab.rl.agents import (DQNConfig, ReinforceConfig, epsilon_greedy, td_targets, train_dqn,
                                train_reinforce)
-from leaklab.rl.agents.common import Rooms, observation_tensors
+from leaklab.rl.agents.common import Rooms, RoomSpec, observation_tensors
 from leaklab.rl.agents.reinforce import discounted_returns
 from leaklab.rl.cases import RoomCase, load_room_case, load_room_truth, write_room_case
 from leaklab.rl.envs.contact_sheet import Frame, frame_sheet
@@ -215,11 +215,17 @@ def reinforce_client_update(net: PerceptionNet, transitions: Sequence[Transition
 def partly_trained_net(algorithm: Literal[RL_ALGORITHM_NAMES], spec: PerceptionSpec, steps: int,
                        layouts: Sequence[str] | None = None, seed: int = 0,
                        model_class: str | None = None,
-                       on_step: Callable[[int], None] | None = None) -> PerceptionNet:
+                       on_step: Callable[[int], None] | None = None, *,
+                       gamma: float = ReinforceConfig.model_fields["gamma"].default,
+                       max_episode_steps: int = ReinforceConfig.model_fields["max_episode_steps"].default,
+                       entropy_weight: float = ReinforceConfig.model_fields["entropy_weight"].default,
+                       ) -> PerceptionNet:
     """The network a capture attacks: initialised with ``seed`` (``steps=0``), or partly trained by a
     short :func:`train_dqn` / :func:`train_reinforce` run of ``steps`` environment steps (``on_step(n)``
-    hears how many are done); ``model_class`` ("module:Class"): a user's own perception network instead
-    of leaklab's."""
+    hears how many are done) with the round's discount ``gamma``, episode length and (REINFORCE) entropy weight
+    (until session 52 the agents' defaults, whatever the capture's); ``model_class`` ("module:Class"): a user's
+    own perception network instead of leaklab's. DQN's batch is at most ``steps`` transitions: with its 32 the
+    first update came after 32 steps, and 1 to 31 steps left the network as initialised."""
     if steps < 0:
         raise LeaklabError(f"steps must be >= 0 (got {steps})")
     if algorithm not in RL_ALGORITHM_NAMES:
@@ -228,14 +234,15 @@ def partly_trained_net(algorithm: Literal[RL_ALGORITHM_NAMES], spec: PerceptionS
         return build_perception_net(spec, seed=seed, model_class=model_class)
     # the agents build leaklab's network themselves (from the same seed); a user's class is built here
     own = build_perception_net(spec, seed=seed, model_class=model_class) if model_class else None
-    lay = tuple(layouts) if layouts is not None else None
+    common = dict(spec=spec, layouts=tuple(layouts) if layouts is not None else None, steps=steps, seed=seed,
+                  gamma=gamma, max_episode_steps=max_episode_steps)
     progress = (lambda done, total, stats: on_step(done)) if on_step else None  # noqa: E731
     if algorithm == "dqn":
-        config = DQNConfig(spec=spec, layouts=lay, steps=steps, seed=seed,
+        config = DQNConfig(**common, batch_size=min(DQNConfig.model_fields["batch_size"].default, steps),
                            learning_starts=min(200, steps // 4), eps_decay_steps=max(1, steps // 2))
         net = train_dqn(config, progress, net=own)[0]
     else:
-        net = train_reinforce(ReinforceConfig(spec=spec, layouts=lay, steps=steps, seed=seed), progress, net=own)[0]
+        net = train_reinforce(ReinforceConfig(**common, entropy_weight=entropy_weight), progress, net=own)[0]
     if on_step:  # the agents report at the ends of episodes; the last one may end after the budget
         on_step(steps)
     if model_class:  # what the class computes may have moved with its weights (a trained output scale)
@@ -256,7 +263,7 @@ class RoomCaptureConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     algorithm: Literal[RL_ALGORITHM_NAMES] = "dqn"
-    spec: PerceptionSpec = PerceptionSpec(setting="S1")
+    spec: RoomSpec = PerceptionSpec(setting="S1")
     layouts: LayoutNames = Field(default=None, description="room layouts; None: all of them")
     samples: int = Field(default=4, ge=1, le=10_000, description="client updates, one case folder each")
     batch_size: int = Field(default=1, ge=1, le=MAX_BATCH)
@@ -266,7 +273,7 @@ class RoomCaptureConfig(BaseModel):
                                                                            "episodes (agent: ε-greedy)")
     epsilon: float = Field(default=0.1, ge=0, le=1)
     warmup_steps: int = Field(default=0, ge=0)
-    max_episode_steps: int = Field(default=50, ge=1)
+    max_episode_steps: EpisodeSteps = 50
     gamma: float = Field(default=0.99, ge=0, le=1)
     entropy_weight: EntropyWeight = Field(default=0.01, description="α of eq. 4 (REINFORCE)")
     defense: DefenseOption = Field(default=None, description="defense chain the clients apply")
@@ -320,7 +327,8 @@ def client_rounds(config: RoomCaptureConfig, on_episode: Callable[[int], None] |
     config gives the same updates bit for bit whatever thread count the caller set."""
     spec = config.spec
     net = partly_trained_net(config.algorithm, spec, config.train_steps, config.layouts, config.seed,
-                             config.model_class, on_train_step)
+                             config.model_class, on_train_step, gamma=config.gamma,
+                             max_episode_steps=config.max_episode_steps, entropy_weight=config.entropy_weight)
     transitions = collect_transitions(config.layouts, config.samples * config.batch_size, spec,
                                       seed=config.seed, policy=net if config.policy == "agent" else None,
                                       epsilon=config.epsilon, warmup_steps=config.warmup_steps,

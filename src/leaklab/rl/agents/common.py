@@ -10,15 +10,15 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Annotated, Any
 
 import numpy as np
 import torch
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from leaklab.errors import LeaklabError
-from leaklab.fields import Seed
-from leaklab.names import MAX_TRAIN_STEPS
+from leaklab.fields import EpisodeSteps, Seed
+from leaklab.names import MAX_TRAIN_STEPS, ROOM_ACTION_NAMES
 from leaklab.models import PerceptionNet, PerceptionSpec, stack_images
 from leaklab.privacy.dpsgd import DPConfig
 from leaklab.rl.envs.layouts import LAYOUTS, LayoutNames, check_layouts
@@ -27,16 +27,25 @@ from leaklab.rl.envs.layouts import LAYOUTS, LayoutNames, check_layouts
 ProgressFn = Callable[[int, int, dict[str, Any]], None]
 
 
+def _fits_the_rooms(spec: PerceptionSpec) -> PerceptionSpec:
+    if spec.num_actions != len(ROOM_ACTION_NAMES):
+        raise ValueError(f"the rooms take {len(ROOM_ACTION_NAMES)} actions; the network gives {spec.num_actions}")
+    return spec
+
+
+RoomSpec = Annotated[PerceptionSpec, AfterValidator(_fits_the_rooms)]  # a network that acts in the rooms
+
+
 class AgentConfig(BaseModel):
     """Settings every agent shares: network, rooms, budget of environment steps, optimiser, seed, and
     optionally DP-SGD (``privacy``; :mod:`leaklab.rl.agents.private`)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
-    spec: PerceptionSpec = PerceptionSpec()
+    spec: RoomSpec = PerceptionSpec()
     layouts: LayoutNames = Field(default=None, description="room layouts; None: all of them")
     steps: int = Field(default=2000, ge=1, le=MAX_TRAIN_STEPS, description="environment steps to train for")
-    max_episode_steps: int = Field(default=50, ge=1, le=10_000)
+    max_episode_steps: EpisodeSteps = 50
     lr: float = Field(default=1e-4, gt=0)
     gamma: float = Field(default=0.99, ge=0, le=1)
     seed: Seed = 0

@@ -47,10 +47,11 @@ import vizdoom as vzd
 from gymnasium import spaces
 
 from leaklab.errors import LeaklabError
+from leaklab.names import ROOM_ACTION_NAMES
 from leaklab.rl.envs.engine import VIZDOOM, check_own, close_game, start_game
 from leaklab.rl.envs.layouts import LAYOUTS, Layout, check_layouts
 
-ACTIONS = ("forward", "backward", "strafe_left", "strafe_right", "turn_left", "turn_right", "stay")
+ACTIONS = ROOM_ACTION_NAMES
 
 TICS_PER_STEP = 4
 TURN_DEGREES = 15.0
