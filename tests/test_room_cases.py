@@ -3,11 +3,13 @@ not, their checks before any attack, and what the report says of updates the att
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import warnings
 
 import pytest
+import torch
 
 from cli_helpers import ROOM_FAST, Interrupt, assert_user_error, interrupt_after, invoke
 from leaklab.models import PerceptionSpec
@@ -386,9 +388,13 @@ def test_a_batch_update_pictures_and_lists_each_transition_against_its_own_recon
     capture_rooms(RoomCaptureConfig(spec=PerceptionSpec(setting="S2"), samples=1, batch_size=2,
                                     layouts=("e1m1-stalactite", "e1m3-column")), cases)
     monkeypatch.setattr(room_audit, "matched", lambda rec, truth: [1, 0])  # the second reconstruction first
+    run_jobs = room_audit.attack_pool.run_jobs  # the attack read its first sample alone (RoomReconstruction.read)
+    monkeypatch.setattr(room_audit.attack_pool, "run_jobs", lambda jobs, workers, on_result, *rest: run_jobs(
+        jobs, workers, lambda i, rec: on_result(i, dataclasses.replace(rec, read=torch.tensor([True, False]))), *rest))
     results = room_audit.run_cases(tmp_path / "audit", cases, RoomAttackConfig(iterations=3), workers=1)
     row, = results["cases"]
     recovered = load_tensors(tmp_path / "audit" / "reconstructions.safetensors", "reconstructions")[0]
     name = row["case"]
     assert row["action"] == recovered[f"{name}/action"].flip(0).tolist()  # the rows follow the match given
     assert row["box"] == recovered[f"{name}/box"].flip(0).tolist()
+    assert row["read"] == [False, True]  # in the truth's order too

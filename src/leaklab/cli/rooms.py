@@ -87,8 +87,9 @@ def _percent(value: float | None) -> str:
 
 
 def _left_out(undefined: int) -> str:
-    """What a Q error's mean leaves out: the transitions whose true value is 0 (no % error)."""
-    return f" ({plural(undefined, 'transition')} with a true value of 0 left out)" if undefined else ""
+    """What an error's mean leaves out: the transitions the attack did not read or, for a Q error, whose true
+    value is 0 (no % error)."""
+    return f" ({plural(undefined, 'transition')} without one left out)" if undefined else ""
 
 
 def _room_summary_line(s: dict[str, Any], defended: bool) -> str:
@@ -106,8 +107,10 @@ def _room_summary_line(s: dict[str, Any], defended: bool) -> str:
         parts.append(", ".join(f"{name} error {_percent(s.get(f'{key}_err_mean'))}"
                                f"{_left_out(s[f'{key}_error_undefined'])}"
                                for name, key in (("predicted-Q", "q_pred"), ("target-Q", "q_target"))))
-    if s.get("reward_abs_err_mean") is not None:
-        parts.append(f"reward error {s['reward_abs_err_mean']:.3g}")
+    if "reward_error_undefined" in s:  # RGI
+        mean = s.get("reward_abs_err_mean")
+        parts.append(f"reward error {'none' if mean is None else f'{mean:.3g}'}"
+                     f"{_left_out(s['reward_error_undefined'])}")
     if defended and s.get("update_cosine_median") is not None:  # absent where no saved truth records it
         parts.append(f"update kept (cosine with the true one) {cosine_text(s['update_cosine_median'])}")
     if defended and s.get("feature_cosine_median") is not None:  # read off the updates alone

@@ -35,7 +35,7 @@ from leaklab.experiments.attack_pool import Job, JobList, run_jobs, task_progres
 from leaklab.fields import DefenseOption, EntropyWeight, Seed
 from leaklab.io import (RECONSTRUCTIONS_FILE, RESULTS_FILE, ROOM_ATTACK_FORMAT, atomic_dir, check_out, json_line,
                         save_tensors, write_json)
-from leaklab.metrics.rooms import room_metrics, scored_transitions, transition_metrics
+from leaklab.metrics.rooms import UNDEFINED_ERRORS, room_metrics, scored_transitions, transition_metrics
 from leaklab.metrics.vectors import finite_numbers, mean_of, median_of, update_cosine
 from leaklab.models import PerceptionSpec
 from leaklab.models.perception import ArchName, architecture_digest
@@ -178,7 +178,7 @@ def summarise(rows: list[dict[str, Any]], iterations: int, seconds: float) -> di
         correct = sum(b * r["metrics"]["action_informative_correct"] for b, r in zip(sizes, rgi))
         summary["action_accuracy_nonzero_return"] = correct / informative if informative else None
         summary["zero_return_samples"] = round(sum(sizes) - informative)
-    for metric in ("q_pred_error", "q_target_error"):  # transitions whose true value is 0: no % error, left out
+    for metric in UNDEFINED_ERRORS:  # transitions not read or whose true Q-value is 0: no error, left out
         undefined = [r["metrics"][f"{metric}_undefined"] for r in rows if f"{metric}_undefined" in r["metrics"]]
         if undefined:
             summary[f"{metric}_undefined"] = round(sum(undefined))

@@ -414,7 +414,7 @@ def run_cases(out: Path, cases_dir: Path, attack: RoomAttackConfig, workers: int
             scored = room_attack.score(sample, rec, case.view.spec.setting, kept[0] if kept else None)
             row.update(metrics=scored["metrics"], layouts=scored["layouts"], batch_size=scored["batch_size"])
             order = matched(rec.images, truth["images"])  # a batch's transitions in the truth's order, as its layouts
-            row.update({key: [row[key][r] for r in order] for key in ("action", "box", "action_identified")
+            row.update({key: [row[key][r] for r in order] for key in ("action", "box", "action_identified", "read")
                         if key in row})
             if len(truths) < room_report.SHOWN_SAMPLES:  # every channel: S1 (RGB, depth), S2 (depth)
                 truths.append(room_report.true_picture(truth))

@@ -95,12 +95,17 @@ def _actions_read(actions: list[float]) -> str | None:
 
 
 def image_gains(row: dict[str, Any]) -> list[tuple[float, str]]:
-    """One attack's image gains over their constant baselines (dB), each with its image (``rgb``, ``depth``); none
-    for an image without scores (None once written, NaN before: a constant true image's)."""
+    """One attack's image gains over their constant baselines (dB), each with its image (``rgb``, ``depth``): a
+    batch's largest transition's (``…_gain_max``; rows written before session 52 hold their batch's mean gain
+    alone); none for an image without scores (None once written, NaN before: a constant true image's)."""
     m = row.get("metrics", {})
-    return [(m[f"{im}_paper_psnr"] - m[f"{im}_paper_psnr_baseline"], im) for im in ("rgb", "depth")
-            if all(isinstance(v, (int, float)) and math.isfinite(v)
-                   for v in (m.get(f"{im}_paper_psnr"), m.get(f"{im}_paper_psnr_baseline")))]
+    gains = [(m.get(f"{im}_gain_max", _difference(m.get(f"{im}_paper_psnr"), m.get(f"{im}_paper_psnr_baseline"))),
+              im) for im in ("rgb", "depth")]
+    return [(gain, im) for gain, im in gains if isinstance(gain, (int, float)) and math.isfinite(gain)]
+
+
+def _difference(score: Any, baseline: Any) -> float | None:
+    return score - baseline if all(isinstance(v, (int, float)) for v in (score, baseline)) else None
 
 
 def chain_in_words(chain: str | None) -> str:

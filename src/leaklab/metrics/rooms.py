@@ -58,32 +58,42 @@ def _box_scores(rec: torch.Tensor, truth: torch.Tensor) -> dict[str, float]:
     return {"box_iou": iou, "box_error": err}
 
 
+UNDEFINED_ERRORS = ("q_pred_error", "q_target_error", "reward_error")  # none where the attack read nothing
+
+
 def room_metrics(rec, truth: Mapping[str, torch.Tensor], setting: str) -> dict[str, float]:
     """All section V metrics of a :class:`RoomReconstruction` against the truth tensors of
     :func:`leaklab.rl.cases.truth_shapes` (``images``, ``box``, ``action``, ``q_pred``, ``q_target``,
     ``reward``); for a batch, the means of :func:`transition_metrics` over their finite values (a transition
     whose true Q-value is 0 has no % error; it does not erase the other's), with ``box_iou_min``, the least
-    box IoU of the update's transitions, for QGI ``q_pred_error_undefined`` and ``q_target_error_undefined``, how
-    many have no such % error (a true value of 0), and where some
-    true image is constant ``rgb_unscored`` / ``depth_unscored``, how many have no image scores (a summary weighs a
-    row's means by the transitions they cover: :func:`scored_transitions`)."""
+    box IoU of the update's transitions, ``q_pred_error_undefined`` and ``q_target_error_undefined`` (QGI) or
+    ``reward_error_undefined`` (RGI), how many have no such error (a sample the attack did not read, or a true
+    Q-value of 0: no % error), ``rgb_gain_max`` / ``depth_gain_max``, the largest of the transitions' image gains
+    over their constant baselines (paper normalisation: whether an update shows its room; a mean over a batch hid
+    one image read well beside its unread mate), and where some true image is constant ``rgb_unscored`` /
+    ``depth_unscored``, how many have no image scores (a summary weighs a row's means by the transitions they
+    cover: :func:`scored_transitions`)."""
     per_transition = [metrics for _, metrics in transition_metrics(rec, truth, setting)]
     out = {key: _batch_mean([m[key] for m in per_transition]) for key in per_transition[0]}
     out["box_iou_min"] = min(m["box_iou"] for m in per_transition)
-    for metric in ("q_pred_error", "q_target_error"):
+    for metric in UNDEFINED_ERRORS:
         if metric in out:
             out[f"{metric}_undefined"] = float(sum(not math.isfinite(m[metric]) for m in per_transition))
     for image in ("rgb", "depth"):
         unscored = sum(not math.isfinite(m.get(f"{image}_paper_psnr", 0.0)) for m in per_transition)
         if unscored:
             out[f"{image}_unscored"] = float(unscored)
+        gains = [m[f"{image}_paper_psnr"] - m[f"{image}_paper_psnr_baseline"] for m in per_transition
+                 if f"{image}_paper_psnr" in m]
+        if any(math.isfinite(g) for g in gains):
+            out[f"{image}_gain_max"] = max(g for g in gains if math.isfinite(g))
     return out
 
 
 def scored_transitions(metrics: Mapping[str, float], metric: str, batch: int) -> float:
     """How many of a row's ``batch`` transitions its mean of ``metric`` covers (:func:`room_metrics`): all but
-    those without that % error (the Q errors) or without image scores (``rgb_…``, ``depth_…``)."""
-    if metric in ("q_pred_error", "q_target_error"):
+    those without that error (the Q errors and the reward's) or without image scores (``rgb_…``, ``depth_…``)."""
+    if metric in UNDEFINED_ERRORS:
         return batch - metrics.get(f"{metric}_undefined", 0.0)
     image = metric.split("_")[0]
     return batch - metrics.get(f"{image}_unscored", 0.0) if image in ("rgb", "depth") else batch
@@ -120,8 +130,9 @@ def _sample_metrics(rec, r: int, truth: Mapping[str, torch.Tensor], t: int, sett
             out.update(_image_scores(x[:, :3], target[:, :3], "y", f"rgb_{norm}"))
         out.update(_image_scores(x[:, -1:], target[:, -1:], "rgb", f"depth_{norm}"))
     out.update(_box_scores(rec.box[r], truth["box"][t]))
-    if getattr(rec, "read", None) is not None and not bool(rec.read[r]):
-        out["box_iou"] = 0.0  # the no-information start's zero box is no box read (RoomReconstruction.read)
+    unread = getattr(rec, "read", None) is not None and not bool(rec.read[r])  # RoomReconstruction.read
+    if unread:
+        out["box_iou"] = 0.0  # the no-information start's zero box is no box read
     out["action"] = float(int(rec.action[r]) == int(truth["action"][t]))
     if rec.q_pred is not None and "q_pred" in truth:
         out["q_pred_error"] = float(percent_error(rec.q_pred[ri], truth["q_pred"][ti]))
@@ -133,4 +144,6 @@ def _sample_metrics(rec, r: int, truth: Mapping[str, torch.Tensor], t: int, sett
         out["action_informative_correct"] = out["action"] * out["action_informative"]
     if rec.action_identified is not None:
         out["action_identified"] = float(bool(rec.action_identified[r]))
+    if unread:  # its zero Q-values or reward are no reading: against a true 0 they scored an error of 0, a leak
+        out.update({key: math.nan for key in UNDEFINED_ERRORS if key in out})
     return out
