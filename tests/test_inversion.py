@@ -45,6 +45,23 @@ def test_sign_method_names_only_present_labels_and_all_of_them_when_their_rows_a
     assert recover_labels(view.model, upd, 4).tolist() == sorted(batch.labels.tolist())
 
 
+def test_a_batchs_labels_are_the_classes_whose_rows_hold_a_negative_entry():
+    """Seed 004's rule: class 5 of this LeNet batch has a row sum of +11 (another sample's large probability on
+    it, times its features, outweighs its own sample), and the sign of the sum named class 1 twice; its row holds
+    negative entries, as only a present class's can. A label twice (seed 2) fills its slot from the classes found,
+    and a FedAvg delta reads the same with its sign flipped."""
+    for seed, labels in ((0, [0, 1, 5, 6]), (2, [1, 1, 2, 5])):
+        view, upd, batch = case(n=4, seed=seed)
+        assert sorted(batch.labels.tolist()) == labels
+        assert recover_labels(view.model, upd, 4).tolist() == labels
+    batch = load_images("photos", 4, image_size=16, seed=0)
+    spec = ModelSpec(name="lenet", num_classes=batch.num_classes, in_channels=3, image_size=16, mean=batch.mean,
+                     std=batch.std)
+    net = build_model(spec, seed=0)
+    delta = fedavg_update(net, batch.images, batch.labels, local_lr=0.1, local_steps=1)
+    assert recover_labels(net, delta, 4).tolist() == [0, 1, 5, 6]
+
+
 def test_analytic_recovery_is_exact_on_an_mlp():
     view, upd, batch = case(model="mlp", size=16)
     assert float(psnr(recover_input(view, upd).float(), batch.images)) > 100
@@ -193,6 +210,16 @@ def test_bayes_objective_needs_the_defense_and_its_density():
     hidden = make_view(view.spec, view.model.state_dict(), upd.metadata, Capabilities(knows_defense=False))
     with pytest.raises(LeaklabError, match="knows_defense"):
         invert(hidden, upd, InversionConfig(objective="bayes", iterations=1))
+
+
+def test_bayes_behind_tiny_gaussian_noise_is_the_l2_attack():
+    """Behind Gaussian noise the Bayes objective is L2 over 2σ² (seed 001): behind σ = 1e-10 its float32
+    gradient entries reach 3e19, whose squares overflowed the relative TV weight's norm, and the attack
+    "diverged"; its reconstruction is L2's."""
+    view, upd, _ = case(model="lenet", defense="gaussian:1e-10", seed=1)
+    cfg = InversionConfig(objective="bayes", iterations=3, priors={"tv": 0.1})
+    bayes = invert(view, upd, cfg)[0].images
+    assert torch.allclose(bayes, invert(view, upd, cfg.model_copy(update={"objective": "l2"}))[0].images, atol=1e-5)
 
 
 def test_bayes_with_monte_carlo_ball_runs_and_improves():

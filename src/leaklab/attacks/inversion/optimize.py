@@ -28,6 +28,15 @@ from leaklab.attacks.inversion.simulate import UpdateSimulator
 Progress = Callable[[int, float], None]
 
 
+def _norms(grad: torch.Tensor) -> torch.Tensor:
+    """Each instance's gradient norm, in the gradient's dtype; in float64 where that overflows (the Bayes
+    objective behind Gaussian noise of σ = 1e-10 has float32 entries of 3e19, whose squares made the norm, the
+    prior's weight and the loss inf, and the attack "diverged"). Only then: float64 norms round otherwise, and an
+    image attack's first weight moved its 60-step PSNR by 0.2 dB."""
+    norms = grad.flatten(1).norm(dim=1)
+    return norms if bool(torch.isfinite(norms).all()) else grad.flatten(1).double().norm(dim=1).to(grad.dtype)
+
+
 @dataclass
 class OptimisationResult:
     images: torch.Tensor  # (R, B, C, H, W), pixels
@@ -106,9 +115,9 @@ class InversionLoop:
             return
         x = x.detach().requires_grad_()
         data, priors = self._terms(x)
-        g_data = torch.autograd.grad(data.sum(), x, retain_graph=True)[0].flatten(1).norm(dim=1)
+        g_data = _norms(torch.autograd.grad(data.sum(), x, retain_graph=True)[0])
         for name, value in priors.items():
-            g_prior = torch.autograd.grad(value.sum(), x, retain_graph=True)[0].flatten(1).norm(dim=1)
+            g_prior = _norms(torch.autograd.grad(value.sum(), x, retain_graph=True)[0])
             if name == "range":
                 g_prior = torch.where(g_prior > 0, g_prior, 1.0)
             scale = torch.where(g_prior > 0, g_data / g_prior.clamp_min(torch.finfo(g_prior.dtype).tiny), 0.0)
