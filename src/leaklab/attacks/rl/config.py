@@ -68,7 +68,10 @@ EXACT_ONLY = ("tv_final", "feature_weight", "gradient_weight", "layerwise")  # f
 # entry of the noise, separated by a parallelogram fitted to those rows, ``same_action._fitted_points``, and such an
 # entry read as no sample's error where they do not separate, ``same_action.exact_dqn_errors``, only such batches'
 # results changed; 22: a batch read as one sample whose last layer or head.0 shows the other's part over the noise
-# claims nothing exact (a blend), ``exact.blended``, every reconstruction unchanged); paper mode's 2:
+# claims nothing exact (a blend), ``exact.blended``, every reconstruction unchanged, and a batch whose split leaves
+# head.0 a residual far over its trailing part where the last layer shows no noise is not read in closed form
+# (RGI's line past a sample whose ReLU support nests in the other's: a wrong split), ``exact._trailing_part``, the
+# captured batches unchanged); paper mode's 2:
 # stage 1 starts again when its match ends under a cosine of 0.999; 3: the image convolutions as exact mode's 8;
 # 4: a single sample's update read for the features it lets through, ``exact.update_feature_cosine``, as exact
 # mode reads it, the reconstruction unchanged to the bit).
