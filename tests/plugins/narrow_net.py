@@ -21,6 +21,27 @@ class NarrowNet(nn.Module):
         return self.head(torch.cat([self.conv(images), self.box(box)], dim=1))
 
 
+class SamePad(NarrowNet):
+    """NarrowNet whose last convolution pads "same" (a string, which conv2d_weight does not take)."""
+
+    def __init__(self, spec):
+        super().__init__(spec)
+        self.conv = nn.Sequential(nn.Conv2d(spec.in_channels, 8, 8, stride=4), nn.ReLU(),
+                                  nn.Conv2d(8, 8, 3, padding="same"), nn.ReLU(), nn.Flatten())
+        self.head[0] = nn.Linear(8 * 36 * 36 + 16, 64)
+
+
+class Reflect(NarrowNet):
+    """NarrowNet whose last convolution pads by reflection (no zeros at the border)."""
+
+    def __init__(self, spec):
+        super().__init__(spec)
+        self.conv = nn.Sequential(nn.Conv2d(spec.in_channels, 8, 8, stride=4), nn.ReLU(),
+                                  nn.Conv2d(8, 8, 4, stride=2, padding=1, padding_mode="reflect"), nn.ReLU(),
+                                  nn.Flatten())
+        self.head[0] = nn.Linear(8 * 18 * 18 + 16, 64)
+
+
 class Bare(NarrowNet):
     """NarrowNet without a ``spec`` attribute (the contract does not ask for one)."""
 

@@ -641,9 +641,16 @@ def _feature_match(out: torch.Tensor, target: torch.Tensor, f_norm: torch.Tensor
 
 
 def weight_gradient(conv: nn.Conv2d, inputs: torch.Tensor, error: torch.Tensor) -> torch.Tensor:
-    """``conv``'s weight gradient of ``error^T conv(inputs)``, differentiable in ``inputs``."""
-    return conv2d_weight(inputs, conv.weight.shape, error, stride=conv.stride, padding=conv.padding,
-                         dilation=conv.dilation, groups=conv.groups)
+    """``conv``'s weight gradient of ``error^T conv(inputs)``, differentiable in ``inputs``: in closed form
+    (``conv2d_weight``) for zero padding given in pixels, as leaklab's convolutions have; through the convolution
+    itself for a user's other padding (``"same"`` or ``"valid"``: a traceback until session 52; a padding mode
+    such as ``"reflect"``: the closed form's zeros matched a gradient 17 % off at the true images)."""
+    if conv.padding_mode == "zeros" and not isinstance(conv.padding, str):
+        return conv2d_weight(inputs, conv.weight.shape, error, stride=conv.stride, padding=conv.padding,
+                             dilation=conv.dilation, groups=conv.groups)
+    weight = conv.weight.detach().requires_grad_()
+    out = torch.func.functional_call(conv, {"weight": weight}, (inputs,))
+    return torch.autograd.grad((error * out).sum(), weight, create_graph=True)[0]
 
 
 def _feature_terms(s: Stream, x: torch.Tensor, f: torch.Tensor, f_norm: torch.Tensor, error: torch.Tensor,
