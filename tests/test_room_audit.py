@@ -34,6 +34,7 @@ def test_quick_room_audit_writes_report_with_defenses(tmp_path):
     result = invoke("audit", "--quick", "--out", out)
     assert result.exit_code == 0, result.output
     assert "2 attacks resumed from an interrupted run" in result.output
+    assert "warning: these attacks ran 3 image iterations" in result.stderr  # its verdicts understate the leaks
     assert json.loads((out / "results.json").read_text())["summary"]["resumed_attacks"] == 2
     assert "attacks resumed from an interrupted run" in (out / "report.html").read_text()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["audit"]  # the journal went with its run

@@ -27,6 +27,7 @@ def test_audit_attacks_saved_room_cases(tmp_path, monkeypatch):
     monkeypatch.setattr("leaklab.experiments.room_report.SHOWN_SAMPLES", 1)  # the report pictures 1 of the 2
     result = invoke("audit", "--cases", cases, "--iterations", "3", "--workers", "1", "--out", out)
     assert result.exit_code == 0, result.output
+    assert "warning: these attacks ran 3 image iterations" in result.stderr  # as the report says
     html = (out / "report.html").read_text()
     assert "the first 1 of 2 scored cases; results.json has every one" in html
     assert "At a glance" in html and "fewer than the 2000" in html and "--quick" not in html

@@ -312,6 +312,8 @@ def audit(
             if caveat := room_verdicts.noise_caveat([attack.mode], [r["defense"] for r in results["cases"]],
                                                     cases=results["cases"]):
                 typer.echo(caveat)
+            if short := room_report.effort_notice(attack.iterations):
+                typer.echo(f"warning: {short}", err=True)
             return
         if model_class is not None:
             raise LeaklabError("--model-class belongs to --cases (your saved updates of your network)")
@@ -344,6 +346,9 @@ def audit(
     for advice in (caveat, room_verdicts.levels_text(results["summary"])):
         if advice:
             typer.echo(advice)
+    if config.iterations is not None and (short := room_report.effort_notice(
+            config.iterations, " Rerun without --quick or --iterations for the audit's verdicts.")):
+        typer.echo(f"warning: {short}", err=True)
 
 
 def _image_audit(out: Path, quick: bool, seed: int, progress: Callable[..., None]) -> None:
