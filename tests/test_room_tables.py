@@ -66,9 +66,12 @@ def test_a_stopped_table_resumes_its_cell_from_the_journal(tmp_path):
     with pytest.raises(Interrupt):
         room_tables.table1(out, progress=interrupt_after(1), **args)
     assert [p.name for p in (out / "cells").iterdir()] == [".leaklab-resume"]  # the first sample's attack, kept
-    room_tables.table1(out, **args)  # was refused: the journal read as another reproduction's cell
+    tasks = set()
+    room_tables.table1(out, progress=lambda task, done, total: tasks.add(task), **args)  # was refused: the
+    # journal read as another reproduction's cell
     cell = json.loads((out / "cells" / "qgi-S2" / "results.json").read_text())
     assert cell["summary"]["resumed_samples"] == 1 and cell["summary"]["samples"] == 2
+    assert tasks and all(t.endswith(" (cell 1/1 qgi-S2)") for t in tasks)  # every row's tasks were "qgi S1"
 
 
 def saved_cell(config):

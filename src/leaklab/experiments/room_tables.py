@@ -137,10 +137,16 @@ def _run_cells(out: Path, experiment: str, names: tuple[str, ...], cells: dict[s
             if _same_cell(previous, config):
                 results[name] = previous
                 continue
-        if progress:
-            progress(f"cell {i + 1}/{len(cells)}: {name}", 0, config.samples)
-        results[name] = room_attack.run(config, folder, progress=progress)
+        results[name] = room_attack.run(config, folder, progress=_labelled(progress, f"cell {i + 1}/{len(cells)} "
+                                                                                     f"{name}"))
     return results
+
+
+def _labelled(progress: ProgressFn | None, label: str) -> ProgressFn | None:
+    """``progress`` with each task named after its cell (the cells' tasks share names: every row's ``qgi S1``)."""
+    if progress is None:
+        return None
+    return lambda task, done, total: progress(f"{task} ({label})", done, total)
 
 
 def _fmt(value: Any, digits: int = 2) -> str:
