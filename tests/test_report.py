@@ -69,6 +69,21 @@ def test_bar_plot_with_baselines_and_gaps():
     assert data.startswith(PNG)
 
 
+def test_bar_plot_gives_every_series_its_own_colour(monkeypatch):
+    """--full's leakage plot has 12 series: matplotlib's 10 colours gave two pairs of them one colour each."""
+    from leaklab.report import plots
+
+    colours, real = [], plots._to_png
+
+    def keep(fig):
+        colours.extend({tuple(bar.get_facecolor()) for bar in container} for container in fig.axes[0].containers)
+        return real(fig)
+
+    monkeypatch.setattr(plots, "_to_png", keep)
+    bar_plot(["none", "noise"], {f"series {i}": [float(i), 1.0] for i in range(12)})
+    assert all(len(c) == 1 for c in colours) and len({c.pop() for c in colours}) == 12
+
+
 def test_bar_plot_draws_a_line_on_its_own_axis(monkeypatch):
     """The room audit's leakage plot: bars in dB; the cosine an update keeps and the action accuracy per
     defense as lines on a [0, 1] axis."""
@@ -89,7 +104,7 @@ def test_bar_plot_draws_a_line_on_its_own_axis(monkeypatch):
     assert data.startswith(PNG)
     assert shown["line"][0][:2] == [1.0, 0.9] and math.isnan(shown["line"][0][2])
     assert shown["line"][1] == [1.0, 0.67, 0.17]
-    assert shown["right"] == (-0.05, 1.05) and shown["left"][0] < -12 and shown["left"][1] > 30
+    assert shown["right"] == (-0.05, 1.3) and shown["left"][0] < -12 and shown["left"][1] > 30  # 1 under the values
     assert shown["legend"] == ["depth", "kept", "action"]
 
 

@@ -29,7 +29,7 @@ def test_audit_attacks_saved_room_cases(tmp_path, monkeypatch):
     assert result.exit_code == 0, result.output
     assert "warning: these attacks ran 3 image iterations" in result.stderr  # as the report says
     html = (out / "report.html").read_text()
-    assert "the first 1 of 2 scored cases; results.json has every one" in html
+    assert "true box above, the recovered one below. The first 1 of 2 scored cases; results.json has every one" in html
     assert "At a glance" in html and "fewer than the 2000" in html and "--quick" not in html
     assert "could not read" not in result.output + html  # exact mode read both updates in closed form
     assert html.count(">yes</td>") + html.count(">no</td>") == 2  # each case's action judged

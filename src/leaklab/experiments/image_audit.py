@@ -143,7 +143,7 @@ def _write_report(path: Path, results: dict[str, Any], chosen: list[Scenario],
     kept = [median_of(by[(sc.key, d)]["summary"].get("update_cosine_median") for sc in chosen) for d in defenses]
     bars = bar_plot(list(defenses), series, path.parent / "figures" / "psnr_per_defense.png",
                     title="Mean PSNR of the reconstructions per defense", baselines=baselines,
-                    lines={"update kept (cosine; right axis)": kept}, lines_label="cosine")
+                    lines={"update kept (cosine, median over the scenarios; right axis)": kept}, lines_label="cosine")
 
     sections = []
     for sc in chosen:

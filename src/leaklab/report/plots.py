@@ -129,11 +129,13 @@ def bar_plot(groups: Sequence[str], series: dict[str, Sequence[float | None]],
     ``baselines`` maps a series name to a reference value, drawn as a dashed line in its colour;
     ``threshold`` ``(value, label)`` is one grey dotted line for all; ``lines`` maps a label to one value
     per group (None leaves a gap), e.g. a share or a cosine, each drawn as a line on one axis at the
-    right (``lines_label``), from -0.05 to 1.05 (a cosine near 0 may be slightly negative). The figure is
+    right (``lines_label``), from -0.05 to 1.3 (a cosine near 0 may be slightly negative; 1 stays under the values
+    written at the tallest bars' ends). Bars take tab10's colours, tab20's beyond 10 series. The figure is
     at most 11 inches wide, so that a report page shows its text at a readable size.
     """
     k = max(1, len(series))
     width = 0.8 / k
+    palette = plt.get_cmap("tab10" if k <= 10 else "tab20")  # 12 series (--full) shared tab10's colours
     inches = min(11.0, max(6.0 if lines else 4.0, 1.4 * len(groups) * max(1, k / 2) + 1.5))
     fig, ax = plt.subplots(figsize=(inches, 3.2 if k <= 3 else 4.2), dpi=100)
     if threshold is not None:
@@ -141,7 +143,8 @@ def bar_plot(groups: Sequence[str], series: dict[str, Sequence[float | None]],
     for j, (name, values) in enumerate(series.items()):
         xs = [g + (j - (k - 1) / 2) * width for g in range(len(groups))]
         heights = [float("nan") if v is None else float(v) for v in values]
-        bars = ax.bar(xs, [0 if math.isnan(h) else h for h in heights], width, label=_plain(name))
+        bars = ax.bar(xs, [0 if math.isnan(h) else h for h in heights], width, label=_plain(name),
+                      color=palette(j % palette.N))
         ref = (baselines or {}).get(name)
         if ref is not None:
             ax.axhline(float(ref), color=bars.patches[0].get_facecolor() if bars.patches else None,
@@ -168,7 +171,7 @@ def bar_plot(groups: Sequence[str], series: dict[str, Sequence[float | None]],
             handles += right.plot(range(len(groups)), ys, color="black", linewidth=1.2, markersize=4,
                                   label=_plain(label), **style)
             labels.append(_plain(label))
-        right.set_ylim(-0.05, 1.05)
+        right.set_ylim(-0.05, 1.3)  # a cosine of 1 below the values at the tallest bars' ends
         right.set_ylabel(_plain(lines_label), fontsize=8)
         right.spines[["top"]].set_visible(False)
     if len(series) > 1 or baselines or threshold or lines:  # with lines the legend goes above the axes,

@@ -1,5 +1,6 @@
-"""Adam with cosine annealing to 0, the optimiser of both stages (seed 000 IV-A uses Adam; a constant
-step size stalls on a grainy floor, annealing removes it)."""
+"""Adam with cosine annealing to 0, the optimiser of both stages (seed 000 IV-A says gradient descent and gives
+no optimiser, step size or schedule: Adam, its learning rates and the annealing are leaklab's; a constant step
+size stalls on a grainy floor, annealing removes it)."""
 
 from __future__ import annotations
 
