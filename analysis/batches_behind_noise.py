@@ -7,11 +7,12 @@ the command would (exact mode, falling back to the paper's optimisation where ex
 closed form (``exact``), whether it read one sample alone (``alone``; a blend of the two where not ``exact``,
 ``leaklab.attacks.rl.exact.blended``), whether the attack read nothing (``no_signal``), the features' estimated cosine
 and their true one (the mean cosine of the features exact mode separates with the samples'), the largest image gain
-over the constant baseline (paper normalisation, as the audit's verdicts), the box IoU and the action's accuracy, the
-last three the means over the update's samples, and each true sample's gain and box IoU (``sample_gains_db``,
-``sample_box_iou``, RGI's ``sample_reward_error``); then per chain how many updates exact mode read, how many read
-nothing and the means (docs/reproductions.md, "A batch of two behind noise"). ``--iterations 2`` skips the image
-stage's work for the closed forms alone (the image columns are then the start's).
+over the constant baseline of the update's best transition (paper normalisation, as the audit's verdicts:
+``…_gain_max``; until session 52 the mean over its samples), the box IoU and the action's accuracy, the means over its
+samples, and each true sample's gain and box IoU (``sample_gains_db``, ``sample_box_iou``, RGI's
+``sample_reward_error``); then per chain how many updates exact mode read, how many read nothing and the means
+(docs/reproductions.md, "A batch of two behind noise"). ``--iterations 2`` skips the image stage's work for the closed
+forms alone (the image columns are then the start's).
 
     .venv/bin/python analysis/batches_behind_noise.py --algorithm rgi --samples 6 --layouts 6 \\
         --defenses "gaussian:0.00001;gaussian:0.0001;gaussian:0.001;gaussian:0.01"

@@ -98,7 +98,7 @@ def mechanisms_audit(
     canaries: Annotated[Optional[int], typer.Option("--canaries", help="dpsgd gradient canaries per "
                                                     "training run (even; default 1000)")] = None,
     accountant: Annotated[Optional[str], _choice("--accountant", ACCOUNTANT_NAMES,
-                                                 "dpsgd: the claim's accountant (default prv)")] = None,
+                                                 "(dpsgd) the claim's accountant; default prv")] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Empirical lower bound on epsilon (Clopper-Pearson) from runs on two neighbouring inputs.
@@ -112,7 +112,7 @@ def mechanisms_audit(
         if any(v is not None for v in others.values()):
             given = ", ".join(o for o, v in others.items() if v is not None)
             raise LeaklabError(f"--mechanism dpsgd takes no {given}: its epsilon follows from --q, --sigma, "
-                               "--steps and --delta")
+                               "--steps, --delta and --accountant")
         missing = [o for o, v in dpsgd.items() if v is None and o not in ("--canaries", "--accountant")]
         if missing:
             raise LeaklabError(f"--mechanism dpsgd needs {', '.join(missing)}")

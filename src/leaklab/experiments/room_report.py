@@ -244,7 +244,7 @@ def _sentences(parts: tuple[str, ...]) -> str:
 
 def effort_notice(iterations: int, after: str = "") -> str:
     """The warning (ending in ``after``) when the attacks ran fewer image iterations than their default:
-    the reports', and the room attack command's."""
+    the reports', and the ``leaklab attack`` and ``leaklab audit`` commands' ``warning:`` lines."""
     full = RoomAttackConfig.model_fields["iterations"].default
     return (f"these attacks ran {iterations} image iterations, fewer than the {full} they take by default: the "
             f"reconstructions and their scores understate what the updates leak.{after}"

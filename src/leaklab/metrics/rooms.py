@@ -6,7 +6,7 @@
   the reconstructed RGB is scaled so that its brightest pixel is 1 (255) and the depth by the same
   factor. In S2 there is no RGB image and the paper states no rule; leaklab applies no scaling there,
   so S2 ``paper`` equals ``raw`` (a depth-only rescaling would need the true maximum depth).
-  An image whose truth is constant scores none (NaN): its baseline is the truth itself.
+  An image whose truth is constant in each channel scores none (NaN): its baseline is the truth itself.
 * Box: IoU of ``(x1, y1, x2, y2)``; when the true box is degenerate (target not in view: all zeros)
   IoU is undefined and reported as 1 when the recovered box equals it to 1e-3 (under a tenth of a
   pixel at 150 px), else 0; a sample the attack did not read (``RoomReconstruction.read``), whose zero box
@@ -15,7 +15,8 @@
   the REINFORCE gradient is the entropy term alone, which does not depend on the action
   (``action_informative_correct``: 1.0 when the return is not 0 and the action right, so that a
   batch's means still count samples). Q-values: percentage errors ``ε(x) = 100 |x_rec − x| / |x|`` of the
-  predicted and target Q-values (QGI). Reward: absolute error (RGI; the return weighting log π).
+  predicted and target Q-values (QGI). Reward: absolute error (RGI; the return weighting log π). A sample the
+  attack did not read scores neither (NaN): its zero Q-values or reward are no reading.
 * Batches (``B > 1``) have no order: each true sample is matched to a reconstructed one by image
   PSNR (Hungarian assignment, :func:`match_order`), and an update's metrics are the means over its
   samples.

@@ -161,7 +161,7 @@ def architecture_digest(spec: PerceptionSpec) -> str:
 def check_contract(net: nn.Module, where: str) -> nn.Module:
     """Raise :class:`~leaklab.errors.ModelClassError` unless ``net`` has the module layout this module's docstring
     describes (a ``conv`` module, ``box`` starting with a Linear layer with bias, ``head`` of Linear
-    layers ending in one with bias): the layers the room attacks read."""
+    layers whose first and last have a bias): the layers the room attacks read."""
     def linear(m: nn.Module) -> bool:
         return isinstance(m, nn.Linear) and m.bias is not None
 
@@ -172,7 +172,7 @@ def check_contract(net: nn.Module, where: str) -> nn.Module:
     if not ok:
         raise ModelClassError(f"{where} does not follow the perception-network contract (modules conv "
                               "from images to flat features, box starting with a Linear with bias, head of "
-                              "Linear layers ending in one with bias; see leaklab.models.perception)")
+                              "Linear layers whose first and last have a bias; see leaklab.models.perception)")
     frozen = [name for name, p in net.named_parameters() if not p.requires_grad]
     if frozen:
         raise ModelClassError(f"{where} has parameters that do not train ({frozen[0]}, requires_grad False): a "

@@ -2,8 +2,9 @@
 
 The attack reads only the server's view and the client updates. Labels come from the view when the
 capability ``knows_labels`` grants them, otherwise from the last layer's update (iDLG for one image,
-the sign method for batches). Several updates of the same round are reconstructed together, each
-with ``config.restarts`` random starts; the start with the lowest final loss is kept.
+for a batch the classes whose last-layer row holds a negative entry: :mod:`.labels`). Several updates of the
+same round are reconstructed together, each with ``config.restarts`` random starts; the start with the lowest
+final loss is kept.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Label recovery from the last linear layer's update (the label step the attacks of seed 001 take
-from the literature it cites: iDLG, Zhao et al. 2020; seed 004, "label recovery", eq. 5).
+from the literature it cites: iDLG, Zhao et al. 2020; seed 004, section 4.2, eq. 5).
 
 For cross-entropy the gradient of the last layer's weight row ``i`` is ``sum_n (p_ni - y_ni) h_n``
 and of its bias ``sum_n (p_ni - y_ni)``. With non-negative features ``h`` (after ReLU or sigmoid) only

@@ -14,13 +14,16 @@ What each mode recovers exactly (``RoomReconstruction.exact``):
   from the paper's two stages (a second action within the noise is read as no sample's,
   :func:`~leaklab.attacks.rl.same_action.exact_dqn_errors`). Where one sample's TD error is under a defense's
   noise, the other is read as a single sample (:func:`~leaklab.attacks.rl.exact.dominant_sample`), the hidden
-  one left at the no-information start.
+  one left at the no-information start, nothing claimed exact where the other still shows in the last layer or
+  ``head.0`` (a blend of the two, :func:`~leaklab.attacks.rl.exact.blended`).
 * exact, batch 2 (RGI): both samples' errors at the output from the last layer alone
   (:func:`~leaklab.attacks.rl.exact.reinforce_batch_errors`), then as QGI's batch 2: box, features,
   probabilities exact; each sample's action and reward by IV-D's rules on its own error. Where one
   sample's gradient is under a defense's noise (a zero return sends only its small entropy term) and
   the last layer does not separate them, the other sample as a single one
-  (:func:`~leaklab.attacks.rl.exact.dominant_sample`).
+  (:func:`~leaklab.attacks.rl.exact.dominant_sample`; nothing claimed exact for a blend, as QGI's). An untouched
+  split whose ``head.0`` fit leaves more than :data:`~leaklab.attacks.rl.exact.SPLIT_SLACK` times its best
+  rank-2 fit's residual (a wrong split) goes to the paper's stages.
 * paper: the actions (eq. 7); everything else by optimisation and the rules of IV-C/IV-D (RGI: one
   sample).
 """

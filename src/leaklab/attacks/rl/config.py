@@ -137,16 +137,18 @@ class RoomReconstruction:
     ``[B, A]``, ``reward`` and ``action_identified`` (False where the update has no policy-gradient
     part, a zero return, so holds no trace of the action: ``action`` is then a guess; on a noised
     update the noise passes for such a part). ``exact`` names what the mode recovered in
-    closed form. ``no_signal``: the attack read nothing off the update (an all-zero bias gradient, e.g.
-    after pruning, or a batch of two the last layer does not separate), so the reconstruction is the
-    attack's no-information start.
+    closed form (none for a batch read as one sample whose other still shows: a blend,
+    :func:`~leaklab.attacks.rl.exact.blended`). ``no_signal``: the attack read nothing off the update (an
+    all-zero bias gradient, e.g. after pruning, or a batch of two the last layer does not separate), so the
+    reconstruction is the attack's no-information start.
     ``feature_cosine``: the estimate, from the update alone, of the cosine between the conv features read
     off it in closed form and the client's (:func:`~leaklab.attacks.rl.exact.feature_cosine`; 1 on an
     untouched update; in paper mode too, :func:`~leaklab.attacks.rl.exact.update_feature_cosine`; a batch's:
     the mean of its samples'); None where it was not read (a batch of two in paper mode, no signal).
     ``read`` ``[B]`` (bool): which samples the attack read, None where it read all; an unread sample (no signal,
     or the one a noised batch hides, :func:`~leaklab.attacks.rl.exact.dominant_sample`) is the no-information
-    start, whose zero box is no box read, and scores box IoU 0 even where its target is out of view.
+    start, whose zero box is no box read, and scores box IoU 0 even where its target is out of view, and no Q or
+    reward error (NaN).
     """
 
     images: torch.Tensor
