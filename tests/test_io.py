@@ -486,13 +486,33 @@ def test_truth_with_a_bad_provenance_or_out_of_range_values_is_refused(case_dir,
             ({"images": images, "labels": labels}, "[1, 2]", "not a JSON object"),
             ({"images": images * 255, "labels": labels}, "{}", r"outside \[0, 1\]"),
             ({"images": images, "labels": labels + 1000}, "{}", "labels outside"),
-            ({"images": images, "labels": labels.float()}, "{}", "integer labels"),
+            ({"images": images, "labels": labels.float()}, "{}", "int64 labels"),
+            # float8 images and unsigned labels passed this test and had no isfinite/min: a traceback
+            ({"images": images.to(torch.float8_e4m3fn), "labels": labels}, "{}", "float8_e4m3fn"),
+            ({"images": images, "labels": labels.to(torch.uint32)}, "{}", "uint32"),
             ({"images": images, "labels": labels}, '{"update_cosine": [0.5]}', "must list 2 number"),
             ({"images": images, "labels": labels}, '{"update_cosine": [0.5, 2]}', r"in \[-1, 1\]"),
             ({"images": images, "labels": labels}, '{"x": ' + "9" * 5000 + "}", "not valid JSON")):
         save_tensors(case_dir / "truth.safetensors", tensors, {"format": "leaklab.truth", "provenance": provenance})
         with pytest.raises(LeaklabError, match=match):
             load_truth(case_dir, case)
+
+
+def test_an_out_link_to_nothing_and_links_that_loop_are_one_line_errors(tmp_path):
+    """A link to a folder not yet there was taken for no --out: the run went to its end and lost its output in
+    a traceback; a link that loops raised Python's RuntimeError wherever it was resolved."""
+    from leaklab.cases import member_file
+    from leaklab.io import check_out
+
+    (tmp_path / "dangling").symlink_to(tmp_path / "missing")
+    (tmp_path / "loop").symlink_to(tmp_path / "loop")
+    for name in ("dangling", "loop"):
+        with pytest.raises(LeaklabError, match="does not exist"):
+            check_out(tmp_path / name, AUDIT_FORMAT)
+    with pytest.raises(LeaklabError, match="loops"):
+        check_out(tmp_path / "out", AUDIT_FORMAT, inputs=[tmp_path / "loop"])
+    with pytest.raises(LeaklabError, match="loops"):
+        member_file(tmp_path, "loop", "x", tmp_path)
 
 
 def test_an_image_case_with_an_rl_loss_is_refused(case_dir):

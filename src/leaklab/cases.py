@@ -22,10 +22,10 @@ from pydantic import ValidationError
 
 from leaklab.errors import LeaklabError, ModelClassError, validation_message
 from leaklab.io import (FORMAT_VERSION, MODEL_FILE, PERCEPTION_MODEL_TYPE, TRUTH_FILE, UPDATE_FILE, UPDATE_JSON,
-                        VIEW_FILE, VIEW_FORMAT, check_finite, dumps_json, load_tensors, read_json, save_tensors,
-                        write_json)
+                        VIEW_FILE, VIEW_FORMAT, check_finite, dumps_json, load_tensors, read_json, resolved,
+                        save_tensors, write_json)
 from leaklab.models import ModelSpec, PerceptionSpec
-from leaklab.threat import Capabilities, ClientUpdate, ServerView, UpdateMetadata, make_view
+from leaklab.threat import FLOAT_DTYPES, Capabilities, ClientUpdate, ServerView, UpdateMetadata, make_view
 from leaklab.words import plural
 
 
@@ -130,7 +130,7 @@ def member_file(folder: Path, name: Any, default: str, where: Path) -> Path:
     if not isinstance(name, str) or not name or name in (".", "..") or any(c in name for c in "/\\\0"):
         raise LeaklabError(f"{where}: file names must be plain names inside the case folder, not {name!r}")
     path = Path(folder) / name
-    if path.is_symlink() and Path(folder).resolve() not in path.resolve().parents:
+    if path.is_symlink() and resolved(folder) not in resolved(path).parents:
         raise LeaklabError(f"{where}: {name} is a link to a file outside the case folder; copy the file in")
     return path
 
@@ -317,6 +317,9 @@ def check_update_cosines(provenance: dict[str, Any], count: int, path: Path) -> 
                            "re-capture the case or leave it out")
 
 
+LABEL_DTYPES = (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64)  # what a truth's labels may hold
+
+
 def load_truth(folder: Path, case: Case) -> tuple[torch.Tensor, torch.Tensor, dict[str, Any]] | None:
     """The client's truth of ``case`` (images, labels, provenance), or None when the file is absent;
     checked against the case: one image per batch slot of every update."""
@@ -328,8 +331,10 @@ def load_truth(folder: Path, case: Case) -> tuple[torch.Tensor, torch.Tensor, di
     if images is None or labels is None:
         raise LeaklabError(f"truth file {path} needs tensors 'images' and 'labels'")
     provenance = truth_provenance(meta, path)
-    if not images.is_floating_point() or labels.is_floating_point() or labels.dtype == torch.bool:
-        raise LeaklabError(f"truth file {path} needs floating-point images and integer labels")
+    if images.dtype not in FLOAT_DTYPES or labels.dtype not in LABEL_DTYPES:  # float8 and uint16-64 passed and
+        # then had no isfinite/min: a traceback after the attack
+        raise LeaklabError(f"truth file {path} needs float16/bfloat16/float32/float64 images and uint8/int8/int16/"
+                           f"int32/int64 labels (holds {images.dtype} and {labels.dtype})")
     spec = case.view.spec
     n = len(case.updates) * case.view.metadata.batch_size
     expected = (n, spec.in_channels, spec.image_size, spec.image_size)

@@ -327,17 +327,29 @@ def output_formats(out: Path) -> set[str]:
     return found
 
 
+def resolved(path: Path) -> Path:
+    """``path`` with its links followed (``Path.resolve``); a link that loops is a one-line error (Python's
+    ``RuntimeError`` was a traceback)."""
+    try:
+        return Path(path).resolve()
+    except RuntimeError:
+        raise LeaklabError(f"{path} is a symbolic link that loops; point it at a file or folder") from None
+
+
 def check_out(out: Path, writes: str, inputs: Sequence[Path] = ()) -> Path:
     """Refuse an ``--out`` that exists and is not the earlier output of the same kind of command (its
     marker's format is ``writes``): never clobber a user's files, nor another command's output; one
     that is or holds one of the command's ``inputs`` (replacing it would delete them); and one inside an
     input folder (replacing that input, e.g. capturing the cases again, deleted the audit kept inside it)."""
     out = Path(out)
+    if out.is_symlink() and not out.exists():  # a run to its end, then its output lost on the link
+        raise LeaklabError(f"--out {out} is a link to {os.readlink(out)}, which does not exist (or loops); create "
+                           "it or choose another folder")
     for given in inputs:  # resolved: `a/../b` and symlinks name the same folders
-        given = Path(given).resolve()
-        if given == out.resolve() or out.resolve() in given.parents:
+        given = resolved(given)
+        if given == resolved(out) or resolved(out) in given.parents:
             raise LeaklabError(f"--out {out} would replace the input {given}; choose another folder")
-        if given in out.resolve().parents:
+        if given in resolved(out).parents:
             raise LeaklabError(f"--out {out} is inside the input {given}, which a new capture there would replace "
                                "with all it holds; choose a folder outside it")
     if not out.exists():

@@ -216,11 +216,11 @@ def _unique_runs(recons: list[Reconstruction]) -> list[Reconstruction]:
 def _attack_and_write(case: Case, case_ref: str, out: Path, method: Method,
                       config: InversionConfig | None, progress: ProgressFn | None,
                       capture_config: dict | None = None) -> dict[str, Any]:
+    truth = load_truth(case.folder, case)  # checked before the attack (a bad file fails in seconds), never handed to it
     device = default_device() if method == "inversion" else torch.device("cpu")
     start = time.perf_counter()
     recons = attack(case, method, config, progress=progress, device=device)
     wall = time.perf_counter() - start
-    truth = load_truth(case.folder, case)  # read only after the attack
     summary, samples, images, labels = evaluate(case, recons, truth)
     summary["wall_seconds"] = wall
     provenance = truth[2] if truth is not None else {}

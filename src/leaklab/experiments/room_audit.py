@@ -52,7 +52,7 @@ from leaklab.experiments.attack_journal import journal_beside
 from leaklab.experiments.audit_levels import leaks_stop, next_levels
 from leaklab.fields import Seed, defense_steps
 from leaklab.io import (AUDIT_FORMAT, CAPTURE_JSON, RECONSTRUCTIONS_FILE, RESULTS_FILE, TRUTH_FILE, VIEW_FILE,
-                        atomic_dir, check_out, read_json, save_tensors, write_json)
+                        atomic_dir, check_out, read_json, resolved, save_tensors, write_json)
 from leaklab.metrics.rooms import matched
 from leaklab.metrics.vectors import median_of
 from leaklab.models.perception import ArchName
@@ -486,7 +486,7 @@ def _case_folders(cases_dir: Path) -> list[Path]:
         raise LeaklabError(f"--cases {cases_dir}: case {lost[0]} of its {CAPTURE_JSON} has no {VIEW_FILE}{more}; "
                            "restore it or capture again")
     subs = sorted(p for p in cases_dir.iterdir() if p.is_dir() and not p.name.startswith("."))
-    outside = [p.name for p in subs if p.is_symlink() and cases_dir.resolve() not in p.resolve().parents]
+    outside = [p.name for p in subs if p.is_symlink() and resolved(cases_dir) not in resolved(p).parents]
     if outside:  # as a case's files: nothing a --cases folder names is read from outside it
         raise LeaklabError(f"--cases {cases_dir}: {outside[0]} is a link to a folder outside it; copy the case in")
     skipped = [p.name for p in subs if not (p / VIEW_FILE).is_file()]
