@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 
+import math
+
 import pytest
 
 from cli_helpers import PNG, ROOM_FAST, assert_user_error, invoke
@@ -266,6 +268,24 @@ def test_a_batch_shows_its_room_by_its_best_image_not_its_mean():
     m = room_metrics(rec, {"images": images, "box": torch.zeros(2, 4), "action": torch.tensor([1, 2])}, "S2")
     assert m["depth_paper_psnr"] - m["depth_paper_psnr_baseline"] < IMAGE_LEAK_DB  # the mean's gain
     assert image_gains({"metrics": m})[0][0] == m["depth_gain_max"] > 9
+
+
+def test_a_summary_of_reconstructions_that_came_back_nan_has_no_image_means():
+    """Paper mode behind clip:1e-11 returns NaN images: each row's finite baseline then covers no transition, and
+    the summary raised StatisticsError (zero weights) after every attack had run."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from leaklab.experiments.room_attack import summarise
+    from leaklab.metrics.rooms import room_metrics
+
+    images = torch.rand(1, 1, 16, 16, generator=torch.Generator().manual_seed(0))
+    rec = SimpleNamespace(images=torch.full_like(images, math.nan), box=torch.zeros(1, 4), action=torch.tensor([1]),
+                          q_pred=None, reward=None, action_identified=None, read=None)
+    m = room_metrics(rec, {"images": images, "box": torch.zeros(1, 4), "action": torch.tensor([1])}, "S2")
+    s = summarise([{"batch_size": 1, "layouts": ["a"], "metrics": m}], 1, 1.0)
+    assert s.get("depth_psnr_mean") is None and s.get("depth_psnr_baseline_mean") is None
 
 
 def test_an_rgb_frame_of_one_colour_per_channel_scores_nothing():

@@ -66,8 +66,9 @@ def finite_numbers(values: Iterable[float | None]) -> list[float]:
 
 
 def mean_of(values: Iterable[float | None], weights: Iterable[float] | None = None) -> float | None:
-    """The mean of :func:`finite_numbers` of ``values`` (None where there are none), each weighed by its
-    entry of ``weights`` (default: equally), e.g. a batch update's means by its number of transitions."""
+    """The mean of :func:`finite_numbers` of ``values`` (None where there are none, or none weighs anything), each
+    weighed by its entry of ``weights`` (default: equally), e.g. a batch update's means by its number of
+    transitions (a NaN reconstruction's finite baseline covers none: every row such raised StatisticsError)."""
     pairs = [(v, w) for v, w in zip(values, itertools.repeat(1.0) if weights is None else weights)
-             if v is not None and math.isfinite(v)]
+             if v is not None and math.isfinite(v) and w > 0]
     return statistics.fmean([v for v, _ in pairs], [w for _, w in pairs]) if pairs else None
