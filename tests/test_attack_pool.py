@@ -3,6 +3,7 @@ Ctrl-C in a pool, a dying worker, memory, and what names a saved attack."""
 
 from __future__ import annotations
 
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -136,7 +137,10 @@ def test_run_jobs_takes_what_the_journal_holds_and_attacks_the_rest(tmp_path, wo
     assert reread.held() == {0, 1, 2} and reread.load(1) is None and reread.load(0) is not None
     # nor one whose other tensors, actions or closed forms' names are not the job's (a tampered folder)
     for wrong in (dict(probs=first[1].probs[:, :3]), dict(reward=torch.zeros(5)), dict(action=torch.tensor([7])),
-                  dict(action=torch.tensor([2.5])), dict(exact=(["box"],)), dict(exact=([[[]]],))):
+                  dict(action=torch.tensor([2.5])), dict(exact=(["box"],)), dict(exact=([[[]]],)),
+                  # an entry edited by hand that keeps its job went into the results as it was
+                  dict(images=(first[1].images * 255).long()), dict(images=first[1].images + 2),
+                  dict(read=torch.ones(1)), dict(seconds=-1e308), dict(seconds=math.nan), dict(iterations=-5)):
         journal.add(1, replace(first[1], **wrong))
         assert AttackJournal(tmp_path, jobs).load(1) is None, wrong
     path = tmp_path / ".leaklab-resume" / f"{journal.digests[1]}.safetensors"

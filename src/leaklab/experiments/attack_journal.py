@@ -22,6 +22,7 @@ import contextlib
 import hashlib
 import inspect
 import json
+import math
 import os
 import sys
 import warnings
@@ -42,6 +43,7 @@ from leaklab.words import plural
 RESUME_DIR = ".leaklab-resume"
 _TENSORS = tuple(f.name for f in fields(RoomReconstruction) if f.name not in
                  ("iterations", "seconds", "exact", "no_signal", "stage1_starts", "feature_cosine"))
+_FLAGS = ("action_identified", "read")  # the bool tensors of a saved reconstruction
 
 
 def _hash_tensors(h: Any, tensors: dict[str, torch.Tensor]) -> None:
@@ -140,11 +142,17 @@ class AttackJournal:
 
     def _whole(self, index: int, tensors: dict[str, torch.Tensor], rec: RoomReconstruction) -> bool:
         """Whether a saved reconstruction is one of job ``index``'s: every tensor of its shape (a field
-        RoomReconstruction lacks, or a missing one, failed before), its actions among the network's, the
-        names of what it read in closed form strings."""
-        actions = rec.action
+        RoomReconstruction lacks, or a missing one, failed before) and kind (numbers floating-point, flags
+        bool), its pixels in [0, 1] (NaN where an attack returned it), its actions among the network's, its
+        iterations and seconds not negative, the names of what it read in closed form strings. An entry edited
+        by hand but keeping its job went into the results as it was (images of int64, seconds of -1e308)."""
+        actions, pixels = rec.action, rec.images[~torch.isnan(rec.images)] if rec.images.is_floating_point() else None
         return (all(tuple(t.shape) == self._shapes[index][name] for name, t in tensors.items())
+                and all(t.dtype == torch.bool if name in _FLAGS else name == "action" or t.is_floating_point()
+                        for name, t in tensors.items())
+                and pixels is not None and bool(((pixels >= 0) & (pixels <= 1)).all())
                 and actions.dtype == torch.int64 and bool(((actions >= 0) & (actions < self._actions[index])).all())
+                and rec.iterations >= 0 and math.isfinite(rec.seconds) and rec.seconds >= 0
                 and all(isinstance(name, str) for name in rec.exact))
 
     def add(self, index: int, rec: RoomReconstruction) -> None:
