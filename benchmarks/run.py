@@ -21,12 +21,15 @@ photo crops, untrained network, BatchNorm on the client's running statistics -- 
 ``room_speed``: QGI in exact mode (issue 4's speed acceptance) on the default perception network (``--arch``),
 initialised, single-sample DQN updates from the ViZDoom rooms: samples per minute in settings S2
 (depth + box) and S1 (RGB + depth + box), attacked the way ``leaklab attack qgi`` does it (one
-process of one torch thread per core), wall clock of the attack phase.
+process of one torch thread per core), wall clock of the attack phase: the pool's start-up included (spawning
+the workers, their imports and first calls; 4.4 s of S2's 23.3 s on 8 samples in session 49), so fewer samples
+give a lower rate.
 
-Rates use the optimisation loop's own clock (``Reconstruction.seconds``: after set-up and the prior
-calibration), after a short warm-up run that pays oneDNN's one-time kernel creation. No speed is
+``inversion_speed``'s rates use the optimisation loop's own clock (``Reconstruction.seconds``: after set-up and
+the prior calibration), after a short warm-up run that pays oneDNN's one-time kernel creation. No speed is
 asserted anywhere: the numbers depend on the machine and on what else runs on it, so the file
-records the thread count and the load average before and after.
+records the thread count and the load average before and after. Each file says ``"complete": true`` only once its
+run has ended: ``inversion_speed.json`` is written after each precision with ``false``.
 """
 
 from __future__ import annotations
@@ -104,6 +107,8 @@ def _peak_flops(dtype: torch.dtype, size: int, device) -> float:
     b = torch.randn(size, size, dtype=dtype, device=device)
     for _ in range(3):
         a @ b
+    if device.type == "cuda":  # the warm-up's queued kernels are not the timed ones
+        torch.cuda.synchronize()
     repeats, start = 10, time.perf_counter()
     for _ in range(repeats):
         a @ b
@@ -177,8 +182,8 @@ def inversion_speed(out: Path, quick: bool, precisions: list[str], iterations: i
             "speedup": together / apart}
         log(f"batched {precision}: {together:.2f} vs one after another {apart:.2f} "
             f"instance-it/s ({together / apart:.2f}x)")
-        write_json(out / "inversion_speed.json", {**result, "load_average_after": _load()})
-    result["load_average_after"] = _load()
+        write_json(out / "inversion_speed.json", {**result, "complete": False})  # a stopped run's is partial
+    result.update(load_average_after=_load(), complete=True)
     write_json(out / "inversion_speed.json", result)
     return result
 
@@ -210,30 +215,45 @@ def room_speed(out: Path, quick: bool, samples: int, log, arch: str = DEFAULT_AR
             "attack_seconds_per_sample": sum(seconds) / len(seconds)}
         log(f"rooms {setting}: {60 * samples / wall:.2f} samples/min ({workers} processes; "
             f"{sum(seconds) / len(seconds):.1f} s per sample in the attack loop)")
-    result["load_average_after"] = _load()
+    result.update(load_average_after=_load(), complete=True)
     write_json(out / "room_speed.json", result)
     return result
+
+
+def _positive(text: str) -> int:
+    """An argparse type: a whole number of at least 1 (0 read as the default, -1 a traceback)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1 (got {value})")
+    return value
+
+
+def _given(value: int | None, default: int) -> int:
+    return default if value is None else value
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     parser.add_argument("--quick", action="store_true", help="seconds-long smoke run (small network)")
-    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
-    parser.add_argument("--precisions", default="fp32,bf16")
-    parser.add_argument("--iterations", type=int, default=None, help="single-attack iterations")
-    parser.add_argument("--batched-iterations", type=int, default=None)
-    parser.add_argument("--instances", type=int, default=None)
+    parser.add_argument("--threads", type=_positive, default=None, help="torch threads (default: torch's; inversion)")
+    parser.add_argument("--precisions", default="fp32,bf16", help="inversion")
+    parser.add_argument("--iterations", type=_positive, default=None, help="single-attack iterations (inversion)")
+    parser.add_argument("--batched-iterations", type=_positive, default=None, help="inversion")
+    parser.add_argument("--instances", type=_positive, default=None, help="inversion")
     parser.add_argument("--only", default="inversion,rooms", help="benchmarks to run: inversion, rooms")
-    parser.add_argument("--room-samples", type=int, default=None, help="samples per setting (rooms)")
+    parser.add_argument("--room-samples", type=_positive, default=None, help="samples per setting (rooms)")
     parser.add_argument("--arch", default=DEFAULT_ARCH, choices=ARCH_NAMES, help="perception network (rooms)")
     args = parser.parse_args(argv)
     only = [b for b in args.only.split(",") if b]
-    if set(only) - {"inversion", "rooms"}:
-        print(f"unknown benchmark {sorted(set(only) - {'inversion', 'rooms'})[0]!r}; choose from inversion, "
-              "rooms", file=sys.stderr)
+    if not only or set(only) - {"inversion", "rooms"}:
+        print(f"unknown benchmark {(sorted(set(only) - {'inversion', 'rooms'}) or [args.only])[0]!r}; choose from "
+              "inversion, rooms", file=sys.stderr)
         return 2
-    if args.threads:
+    if args.threads is not None:
         torch.set_num_threads(args.threads)
     precisions = [p for p in args.precisions.split(",") if p]
     bad = [p for p in precisions if p not in ("fp32", "bf16")]
@@ -252,11 +272,11 @@ def main(argv: list[str] | None = None) -> int:
 
     if "inversion" in only:
         inversion_speed(args.out, args.quick, precisions,
-                        iterations=args.iterations or (3 if args.quick else 60),
-                        batched_iterations=args.batched_iterations or (2 if args.quick else 15),
-                        instances=args.instances or (3 if args.quick else 16), log=log)
+                        iterations=_given(args.iterations, 3 if args.quick else 60),
+                        batched_iterations=_given(args.batched_iterations, 2 if args.quick else 15),
+                        instances=_given(args.instances, 3 if args.quick else 16), log=log)
     if "rooms" in only:
-        room_speed(args.out, args.quick, args.room_samples or (2 if args.quick else 8), log, args.arch)
+        room_speed(args.out, args.quick, _given(args.room_samples, 2 if args.quick else 8), log, args.arch)
     return 0
 
 

@@ -4,6 +4,7 @@ import importlib.util
 import json
 from pathlib import Path
 
+import pytest
 import torch
 
 from leaklab.names import DEFAULT_ARCH
@@ -30,7 +31,7 @@ def test_quick_benchmark_writes_its_json(tmp_path):
     for key in ("benchmark", "timestamp", "device", "torch", "threads", "case", "simulator", "targets",
                 "single", "single_loop_simulator", "batched", "load_average_before", "load_average_after"):
         assert key in data
-    assert data["threads"] == 1 and data["quick"] is True
+    assert data["threads"] == 1 and data["quick"] is True and data["complete"] is True
     for precision in ("fp32", "bf16"):
         assert data["single"][precision]["iterations_per_second"] > 0
         assert data["single_loop_simulator"][precision]["iterations_per_second"] > 0
@@ -51,7 +52,36 @@ def test_quick_room_benchmark_writes_its_json(tmp_path):
     for setting in ("S1", "S2"):
         assert data["settings"][setting]["samples_per_minute"] > 0
         assert data["settings"][setting]["samples"] == 1
-    assert not (tmp_path / "inversion_speed.json").exists()
+    assert data["complete"] is True and not (tmp_path / "inversion_speed.json").exists()
+
+
+def test_a_stopped_benchmark_leaves_a_file_that_says_so(tmp_path, monkeypatch):
+    """A run of fp32 and bf16 stopped during bf16 left a file shaped as a finished fp32-only run."""
+    bench = _bench()
+    rate = bench._rate
+
+    def stop_in_bf16(view, updates, config, device):
+        if config.precision == "bf16":
+            raise KeyboardInterrupt
+        return rate(view, updates, config, device)
+
+    monkeypatch.setattr(bench, "_rate", stop_in_bf16)
+    threads = torch.get_num_threads()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            bench.main(["--out", str(tmp_path), "--quick", "--threads", "1", "--only", "inversion",
+                        "--iterations", "2", "--instances", "2"])
+    finally:
+        torch.set_num_threads(threads)
+    data = json.loads((tmp_path / "inversion_speed.json").read_text())
+    assert data["complete"] is False and "load_average_after" not in data and list(data["single"]) == ["fp32"]
+
+
+@pytest.mark.parametrize("option", ["--room-samples", "--threads", "--iterations"])
+def test_a_count_under_one_is_refused(tmp_path, option):
+    with pytest.raises(SystemExit) as stop:  # argparse's one-line usage error (0 was read as the default)
+        _bench().main(["--out", str(tmp_path), "--quick", option, "0"])
+    assert stop.value.code == 2 and not list(tmp_path.iterdir())
 
 
 def test_unknown_benchmark_is_refused(tmp_path, capsys):
