@@ -13,6 +13,12 @@ def listing(items: list[str]) -> str:
     return ", ".join(items[:-1]) + " and " + items[-1] if len(items) > 1 else "".join(items)
 
 
+def sentences(parts: tuple[str, ...]) -> str:
+    """A report's notice from its non-empty ``parts``, each begun with a capital (the caveats begin in lowercase,
+    as the commands' ``warning:`` lines print them)."""
+    return " ".join(part[:1].upper() + part[1:] for part in parts if part)
+
+
 def db_text(value: float | None, signed: bool = False) -> str:
     """A PSNR (or, ``signed``, a gain) in dB as the pictures caption it, one decimal; "–" where there is none
     (None or NaN: a constant true image scores none)."""

@@ -146,11 +146,11 @@ class AttackJournal:
         bool), its pixels in [0, 1] (NaN where an attack returned it), its actions among the network's, its
         iterations and seconds not negative, the names of what it read in closed form strings. An entry edited
         by hand but keeping its job went into the results as it was (images of int64, seconds of -1e308)."""
-        actions, pixels = rec.action, rec.images[~torch.isnan(rec.images)] if rec.images.is_floating_point() else None
+        actions, pixels = rec.action, rec.images[~torch.isnan(rec.images)]
         return (all(tuple(t.shape) == self._shapes[index][name] for name, t in tensors.items())
                 and all(t.dtype == torch.bool if name in _FLAGS else name == "action" or t.is_floating_point()
                         for name, t in tensors.items())
-                and pixels is not None and bool(((pixels >= 0) & (pixels <= 1)).all())
+                and bool(((pixels >= 0) & (pixels <= 1)).all())
                 and actions.dtype == torch.int64 and bool(((actions >= 0) & (actions < self._actions[index])).all())
                 and rec.iterations >= 0 and math.isfinite(rec.seconds) and rec.seconds >= 0
                 and all(isinstance(name, str) for name in rec.exact))

@@ -29,7 +29,7 @@ from leaklab.experiments.image_attack import attack, evaluate, inversion_config
 from leaklab.cases import load_case, load_truth
 from leaklab.io import AUDIT_FORMAT, REPORT_FILE, RESULTS_FILE, atomic_dir, write_json
 from leaklab.metrics.vectors import median_of
-from leaklab.words import cosine_text, plural
+from leaklab.words import cosine_text, plural, sentences
 
 DEFENSES = ("none", "gaussian:0.01", "prune:0.5,gaussian:0.01")
 
@@ -197,5 +197,5 @@ def _write_report(path: Path, results: dict[str, Any], chosen: list[Scenario],
                                   "of each scenario (no information beyond the mean colour); black line: the "
                                   "cosine an update keeps with the true one (right axis)")],
                   sections=sections,
-                  notice=("a --quick run: each attack ran a few iterations, so these numbers show that the "
-                          "audit works, not how much the updates leak") if results["quick"] else "")
+                  notice=sentences(("a --quick run: each attack ran a few iterations, so these numbers show that "
+                                    "the audit works, not how much the updates leak",) if results["quick"] else ()))

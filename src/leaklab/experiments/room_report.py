@@ -18,7 +18,7 @@ from leaklab.experiments import room_attack, room_verdicts
 from leaklab.io import REPORT_FILE
 from leaklab.metrics.rooms import matched
 from leaklab.metrics.vectors import median_of
-from leaklab.words import cosine_text, db_text, plural
+from leaklab.words import cosine_text, db_text, plural, sentences
 
 SHOWN_SAMPLES = 16  # the report pictures a cell's (or the cases') first samples; results.json has every row
 Picture = tuple[torch.Tensor, torch.Tensor]  # a pictured state: its images [1, C, H, W] and the target's box [4]
@@ -95,12 +95,12 @@ def write_cases_report(folder: Path, results: dict[str, Any], truths: list[Pictu
     if truths:
         figures += _case_figures(folder, [("original", truths), ("reconstructed", pictures)], names["scored"],
                                  "cases", "Originals and reconstructions",
-                                 _sentences(("green: the target's true box above, the recovered one below.",
+                                 sentences(("green: the target's true box above, the recovered one below.",
                                              _shown(len(truths), s["scored"], "scored case"))))
     if unscored:
         figures += _case_figures(folder, [("reconstructed", unscored)], names["unscored"], "unscored",
                                  "Reconstructions of the cases without their truth",
-                                 _sentences(("green: the recovered box.",
+                                 sentences(("green: the recovered box.",
                                              _shown(len(unscored), s["cases"] - s["scored"], "unscored case"))))
 
     def right(row: dict[str, Any]) -> str | None:
@@ -136,7 +136,7 @@ def write_cases_report(folder: Path, results: dict[str, Any], truths: list[Pictu
                ("torch", results["versions"]["torch"]), ("wall-clock seconds", s["seconds"]),
                ("attacks resumed from an interrupted run", s["resumed_attacks"])]
     render_report(folder / REPORT_FILE, "leaklab audit of saved room updates", summary=summary,
-                  notice=_sentences((fallback_caveat(results), no_signal_caveat(results["cases"]),
+                  notice=sentences((fallback_caveat(results), no_signal_caveat(results["cases"]),
                                      effort_notice(attack["iterations"]),
                                      room_verdicts.noise_caveat([attack["mode"]],
                                                                 [r["defense"] for r in results["cases"]],
@@ -234,12 +234,6 @@ def _leakage_plot(results: dict[str, Any], labels: list[str], path: Path) -> byt
                               if any(r is not None for r in read) else {}),  # none: paper mode's batches of two
                            "QGI action accuracy (right axis)": [statistics.fmean(a) if a else None for a in actions]},
                     lines_label="cosine kept or read; action accuracy (chance 1/7)")
-
-
-def _sentences(parts: tuple[str, ...]) -> str:
-    """A report's notice: the non-empty ``parts``, each begun with a capital (the caveats begin in lowercase, as the
-    command's ``warning:`` lines print them)."""
-    return " ".join(part[:1].upper() + part[1:] for part in parts if part)
 
 
 def effort_notice(iterations: int, after: str = "") -> str:
@@ -361,7 +355,7 @@ def write_report(folder: Path, results: dict[str, Any], cells, defenses, truths,
                ("rooms", ", ".join(rooms)),
                ("wall-clock seconds", results["summary"]["seconds"]),
                ("attacks resumed from an interrupted run", results["summary"]["resumed_attacks"])]
-    notice = _sentences((effort_notice(iterations[0], " Rerun without --quick or --iterations for the audit's "
+    notice = sentences((effort_notice(iterations[0], " Rerun without --quick or --iterations for the audit's "
                                                       "verdicts."),
                          room_verdicts.noise_caveat(config["modes"], [chain for _, chain in defenses])))
     intro = ("Can an honest-but-curious federated-learning server (one that follows the protocol but studies "
