@@ -56,8 +56,8 @@ def test_capture_then_attack_round_trip(case, tmp_path):
     result = invoke("attack", "inversion", "--case", case, *FAST, "--out", out)
     assert result.exit_code == 0, result.output
     assert "PSNR" in result.stdout
-    assert sorted(p.name for p in out.iterdir()) == ["reconstructions.png", "reconstructions.safetensors",
-                                                     "results.json"]
+    assert sorted(p.name for p in out.iterdir()) == [".leaklab-entries.json", "reconstructions.png",
+                                                     "reconstructions.safetensors", "results.json"]
     res = json.loads((out / "results.json").read_text())
     for key in ("psnr_mean", "ssim_mean", "psnr_baseline_mean", "label_accuracy", "seconds", "iterations"):
         assert key in res["summary"]

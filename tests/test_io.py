@@ -12,7 +12,7 @@ import torch
 from leaklab.errors import LeaklabError
 from leaklab.experiments.capture import CaptureConfig, capture, write
 from leaklab.cases import load_case, load_truth
-from leaklab.io import (AUDIT_FORMAT, BAYES_TABLE2_FORMAT, REPRODUCTION_FORMAT, ROOM_ATTACK_FORMAT, UPDATE_FILE,
+from leaklab.io import (AUDIT_FORMAT, BAYES_TABLE2_FORMAT, ENTRIES_FILE, REPRODUCTION_FORMAT, ROOM_ATTACK_FORMAT, UPDATE_FILE,
                         UPDATE_JSON, VIEW_FILE, VIEW_FORMAT, atomic_dir, check_out, json_line, load_tensors,
                         make_out_dir, new_run_dir, read_config, read_json, save_tensors, tensor_file_metadata,
                         write_json)
@@ -198,6 +198,35 @@ def test_atomic_dir_replaces_only_the_same_commands_output(tmp_path):
     (mine / "results.json").write_text("[" * 100_000 + "]" * 100_000)  # too deep to parse: not leaklab's
     with pytest.raises(LeaklabError, match="leaklab did not write"):
         check_out(mine, ROOM_ATTACK_FORMAT)
+
+
+def test_a_rerun_never_deletes_what_leaklab_did_not_write_in_its_earlier_output(tmp_path):
+    """A user's note or a nested run inside an earlier --out went with it when the command ran again there."""
+    out = tmp_path / "out"
+    with atomic_dir(out, ROOM_ATTACK_FORMAT) as tmp:
+        _results(tmp, ROOM_ATTACK_FORMAT)
+        (tmp / "cells" / "a").mkdir(parents=True)
+        (tmp / "cells" / "a" / "grid.png").write_bytes(b"x")
+    assert json.loads((out / ENTRIES_FILE).read_text())["entries"] == ["cells", "cells/a", "cells/a/grid.png",
+                                                                     "results.json"]
+    for extra in (out / "notes.txt", out / "cells" / "a" / "mine.txt", out / "nested"):
+        if extra.name == "nested":
+            extra.mkdir()
+        else:
+            extra.write_text("precious")
+        ran = []
+        with pytest.raises(LeaklabError, match=f"holds what leaklab did not write there \\({extra.relative_to(out)}\\)"):
+            with atomic_dir(out, ROOM_ATTACK_FORMAT):
+                ran.append(True)
+        assert not ran and extra.exists() and (out / "results.json").exists()
+        extra.rmdir() if extra.is_dir() else extra.unlink()
+    with atomic_dir(out, ROOM_ATTACK_FORMAT) as tmp:  # nothing but its own: replaced
+        _results(tmp, ROOM_ATTACK_FORMAT, second=1)
+    assert sorted(p.name for p in out.iterdir()) == [ENTRIES_FILE, "results.json"]
+    # an earlier output that lists nothing (edited, or written before the list) is refused, not replaced
+    (out / ENTRIES_FILE).unlink()
+    with pytest.raises(LeaklabError, match="does not list what it holds"):
+        check_out(out, ROOM_ATTACK_FORMAT)
 
 
 def test_an_out_that_cannot_be_created_is_one_error(tmp_path):

@@ -229,7 +229,8 @@ def test_capture_rooms_writes_one_case_per_update(tmp_path, monkeypatch):
     again = capture_rooms(config.model_copy(update={"samples": 1}), tmp_path / "cap")
     assert _same(load_room_case(again[0]).update.tensors, load_room_case(folders[0]).update.tensors)
     # an earlier capture is replaced whole: no stale case of it is left to be attacked
-    assert sorted(p.name for p in (tmp_path / "cap").iterdir()) == ["0000", "capture.json", "capture.png"]
+    assert sorted(p.name for p in (tmp_path / "cap").iterdir()) == [".leaklab-entries.json", "0000", "capture.json",
+                                                                      "capture.png"]
     (tmp_path / "mine").mkdir()
     (tmp_path / "mine" / "notes.txt").write_text("x")
     with pytest.raises(LeaklabError, match="leaklab did not write"):

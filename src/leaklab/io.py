@@ -54,6 +54,10 @@ PERCEPTION_MODEL_TYPE = "perception"  # view.json's model_type of a room case (l
 CASE_SUBDIR = "case"  # where a one-shot attack (capture and attack in one command) keeps its case
 
 CAPTURE_JSON = "capture.json"
+# what an output folder written whole (:func:`atomic_dir`) holds, listed in it: a rerun replaces it only when it holds
+# nothing else (a user's note or nested run in it went with it)
+ENTRIES_FILE = ".leaklab-entries.json"
+ENTRIES_FORMAT = "leaklab.entries"
 
 # The JSON files whose ``format`` says which command wrote a folder (a case's view, a results file, a
 # room capture's index), and the folder of an interrupted reproduction's finished cells: a command
@@ -77,6 +81,8 @@ _WRITTEN_BY = {AUDIT_FORMAT: "leaklab audit", REPRODUCTION_FORMAT: "leaklab repr
                IMAGE_ATTACK_FORMAT: "leaklab attack inversion|analytic", VIEW_FORMAT: "leaklab capture",
                DP_VS_INVERSION_FORMAT: "leaklab reproduce dp-vs-inversion",
                INVERSION_CHECKS_FORMAT: "leaklab reproduce inversion-checks"}
+# the commands that write into their --out in place (finished cells, checks) instead of replacing it whole
+_IN_PLACE = frozenset({REPRODUCTION_FORMAT, BAYES_TABLE2_FORMAT, INVERSION_CHECKS_FORMAT})
 
 
 # --------------------------------------------------------------------------------------------
@@ -367,7 +373,42 @@ def check_out(out: Path, writes: str, inputs: Sequence[Path] = ()) -> Path:
         held = listing(sorted(f"`{_WRITTEN_BY.get(f, f)}`" for f in formats))
         raise LeaklabError(f"--out {out} holds another command's output (of {held}); choose a new folder or "
                            "remove that one first")
+    if writes not in _IN_PLACE:
+        _check_only_ours(out)
     return out
+
+
+def _entries(folder: Path) -> list[str]:
+    """Every file and folder under ``folder`` (links not followed), as sorted relative POSIX paths."""
+    found = []
+    for root, dirs, files in os.walk(folder, onerror=_raise):
+        rel = Path(root).relative_to(folder)
+        found += [(rel / name).as_posix() for name in (*dirs, *files)]
+    return sorted(found)
+
+
+def _raise(error: OSError) -> None:
+    raise error
+
+
+def _check_only_ours(out: Path) -> None:
+    """Refuse to replace an earlier output whole when it holds anything its :data:`ENTRIES_FILE` does not list
+    (a user's note, a nested run) or lists nothing (written before leaklab listed its outputs' entries)."""
+    data = read_json(out / ENTRIES_FILE, "output entries") if (out / ENTRIES_FILE).is_file() else None
+    listed = data.get("entries") if isinstance(data, dict) and data.get("format") == ENTRIES_FORMAT else None
+    if not isinstance(listed, list):
+        raise LeaklabError(f"--out {out} is an earlier output that does not list what it holds (leaklab replaces "
+                           "only what it wrote); move out what you keep there and remove it, or choose a new folder")
+    ours = {*map(str, listed), ENTRIES_FILE}
+    try:
+        foreign = [e for e in _entries(out) if e not in ours]
+    except OSError as e:
+        raise LeaklabError(f"--out {out} cannot be read ({e.strerror or _first_line(e)}); choose another "
+                           "folder") from None
+    if foreign:
+        shown = listing(foreign[:3]) + (f" and {len(foreign) - 3} more" if len(foreign) > 3 else "")
+        raise LeaklabError(f"--out {out} holds what leaklab did not write there ({shown}), which replacing it "
+                           "would delete; move that out or choose a new folder")
 
 
 def make_out_parent(out: Path) -> None:
@@ -425,7 +466,8 @@ def atomic_dir(out: Path, writes: str, inputs: Sequence[Path] = ()) -> Iterator[
 
     On any error (or Ctrl-C) the temporary folder is removed and ``out`` is left as it was. An
     existing ``out`` is replaced only when it is empty or holds the earlier output of the same kind
-    (``writes``, the format of the results this command writes), and never when it is or holds one
+    (``writes``, the format of the results this command writes) and nothing that output's
+    :data:`ENTRIES_FILE` (written here, last) does not list, and never when it is or holds one
     of ``inputs`` (:func:`check_out`).
     """
     out = check_out(Path(out), writes, inputs).absolute()
@@ -439,6 +481,8 @@ def atomic_dir(out: Path, writes: str, inputs: Sequence[Path] = ()) -> Iterator[
     os.chmod(tmp, 0o777 & ~_UMASK)
     try:
         yield tmp
+        write_json(tmp / ENTRIES_FILE, {"format": ENTRIES_FORMAT, "format_version": FORMAT_VERSION,
+                                        "entries": _entries(tmp)})
         check_out(out, writes)
         if out.exists():
             _replace_aside(out, lambda aside: os.replace(tmp, out))
