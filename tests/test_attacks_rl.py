@@ -39,7 +39,7 @@ def smooth_images(batch, channels, seed):
 
 def client(setting="S2", arch="small", loss="dqn_mse", batch=1, actions=(3, 5), seed=0,
            returns=(1.3, -0.8), targets=(0.7, -0.4), boxes=((-0.3, -0.2, 0.4, 0.5), (0.1, -0.6, 0.7, 0.2)),
-           num_actions=7, model_class=None):
+           num_actions=7, model_class=None, alpha=0.01):
     spec = PerceptionSpec(setting=setting, arch=arch, num_actions=num_actions)
     net = build_perception_net(spec, seed=seed, model_class=model_class)
     x = smooth_images(batch, spec.in_channels, seed + 10)
@@ -54,9 +54,9 @@ def client(setting="S2", arch="small", loss="dqn_mse", batch=1, actions=(3, 5), 
         meta = UpdateMetadata(batch_size=batch, loss="dqn_mse")
     else:
         r = torch.tensor(returns)[:batch]
-        value = reinforce_loss(out, a, r, 0.01)
+        value = reinforce_loss(out, a, r, alpha)
         truth.update(reward=r, probs=torch.softmax(out.detach(), 1))
-        meta = UpdateMetadata(batch_size=batch, loss="reinforce", entropy_weight=0.01)
+        meta = UpdateMetadata(batch_size=batch, loss="reinforce", entropy_weight=alpha)
     grads = torch.autograd.grad(value, list(net.parameters()))
     update = ClientUpdate(metadata=meta, tensors={n: g for (n, _), g in zip(net.named_parameters(), grads)})
     return make_view(spec, net.state_dict(), meta, model_class=model_class), update, truth
@@ -97,6 +97,28 @@ def test_rgi_says_when_the_action_is_not_in_the_update():
     assert "action" not in rec.exact and {"probs", "reward"} <= set(rec.exact)
     m = room_metrics(rec, truth, "S2")
     assert m["action_identified"] == 0.0 and m["action_informative"] == 0.0 and m["reward_error"] < 1e-6
+
+
+@pytest.mark.parametrize("batch", [1, 2])
+def test_behind_clipping_rgi_fits_the_scale_and_qgi_claims_no_target(batch):
+    """A clipped update is the gradient times an unknown factor: RGI read the reward that much off (1.0 for 1.3)
+    and claimed it exact; the known entropy part gives the factor, to within its float32 rounding (claimed exact
+    only within 1e-4). QGI's target cannot be read there."""
+    for loss, attack in (("reinforce", rgi), ("dqn_mse", qgi)):
+        view, update, truth = client(loss=loss, batch=batch)
+        norm = math.sqrt(sum(float(t.double().square().sum()) for t in update.tensors.values()))
+        for bound, scaled in ((norm / 1.3, True), (norm * 2, False)):
+            rec = attack(view, defended(update, f"clip:{bound:.9g}", 0, 0), RoomAttackConfig(iterations=2))
+            m = room_metrics(rec, truth, "S2")
+            if loss == "reinforce":
+                assert m["reward_error"] < 1e-3 * 1.3 and ("reward" in rec.exact or scaled)
+                assert m["reward_error"] < 1e-4 * 1.3 or "reward" not in rec.exact
+            else:
+                assert (m["q_target_error"] > 10) == scaled and ("q_target" in rec.exact) != scaled
+                assert m["q_pred_error"] < 1e-3 and "q_pred" in rec.exact
+    view, update, _ = client(loss="reinforce", batch=batch, alpha=0.0)  # no entropy part to tell the scale
+    rec = rgi(view, defended(update, "clip:0.01", 0, 0), RoomAttackConfig(iterations=2))
+    assert "reward" not in rec.exact and "box" in rec.exact
 
 
 @pytest.mark.parametrize("mode", ["exact", "paper"])

@@ -24,12 +24,17 @@ What each mode recovers exactly (``RoomReconstruction.exact``):
   (:func:`~leaklab.attacks.rl.exact.dominant_sample`; nothing claimed exact for a blend, as QGI's). An untouched
   split whose ``head.0`` fit leaves more than :data:`~leaklab.attacks.rl.exact.SPLIT_SLACK` times its best
   rank-2 fit's residual (a wrong split) goes to the paper's stages.
+* exact, behind clipping alone that scaled the update (:func:`_clipped`): every ratio of the gradient as before;
+  RGI's reward with the scale fitted to the known entropy part (:func:`~leaklab.attacks.rl.rules.clipped_scale`;
+  claimed where the fit's uncertainty is under :data:`~leaklab.attacks.rl.rules.SCALE_EXACT`, never where α = 0),
+  QGI's target not claimed (its size is lost).
 * paper: the actions (eq. 7); everything else by optimisation and the rules of IV-C/IV-D (RGI: one
   sample).
 """
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import fields, replace
 
@@ -43,9 +48,10 @@ from leaklab.attacks.rl.images import gaussian_start
 from leaklab.attacks.rl.network import trace
 from leaklab.attacks.rl.optim import Progress
 from leaklab.attacks.rl.paper import PaperState, last_layer_input, last_layer_norm_ratio, paper_state
-from leaklab.attacks.rl.rules import (dqn_actions, dqn_target_exact, dqn_target_paper,
-                                      error_directions, reinforce_action_reward)
+from leaklab.attacks.rl.rules import (SCALE_EXACT, clipped_scale, dqn_actions, dqn_target_exact,
+                                      dqn_target_paper, error_directions, reinforce_action_reward)
 from leaklab.attacks.rl.same_action import exact_dqn_errors
+from leaklab.defenses.updates import Clip, parse_defense
 from leaklab.errors import LeaklabError, NoSignal
 from leaklab.models.perception import PerceptionNet, PerceptionSpec
 from leaklab.threat import ClientUpdate, ServerView
@@ -81,6 +87,21 @@ def _check(view: ServerView, update: ClientUpdate, loss: str, cfg: RoomAttackCon
     device = next(view.model.parameters()).device
     grads = {k: v.detach().float().to(device) for k, v in update.tensors.items()}
     return attack_network(view.model), grads, meta.batch_size  # a copy: the caller's model stays as it was
+
+
+CLIP_BOUND = 1e-5  # an update's norm within this fraction under its clipping bound is taken as clipped
+
+
+def _clipped(update: ClientUpdate) -> bool:
+    """Whether the clipping the update declares scaled it by a factor the server does not know (leaklab's): its
+    defense is clipping alone and its norm the smallest bound. Every ratio of the gradient survives that, its size
+    does not: QGI's target, read off the error's size, is then not exact, and RGI's reward is read with the factor
+    fitted (:func:`~leaklab.attacks.rl.rules.clipped_scale`)."""
+    steps = parse_defense(update.defense).steps
+    if not steps or not all(isinstance(step, Clip) for step in steps):
+        return False
+    norm = math.sqrt(sum(float(t.double().square().sum()) for t in update.tensors.values()))
+    return norm >= min(step.c for step in steps) * (1 - CLIP_BOUND)
 
 
 def _last_bias(net: PerceptionNet, grads: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -153,12 +174,12 @@ def qgi(view: ServerView, update: ClientUpdate, config: RoomAttackConfig | None 
     cfg = config or RoomAttackConfig()
     net, grads, batch = _check(view, update, "dqn_mse", cfg)
     try:
-        return _qgi(net, grads, batch, cfg, progress)
+        return _qgi(net, grads, batch, cfg, _clipped(update), progress)
     except NoSignal:
         return _nothing(net, batch, cfg, "qgi")
 
 
-def _qgi(net: PerceptionNet, grads: dict[str, torch.Tensor], batch: int, cfg: RoomAttackConfig,
+def _qgi(net: PerceptionNet, grads: dict[str, torch.Tensor], batch: int, cfg: RoomAttackConfig, clipped: bool,
          progress: Progress | None) -> RoomReconstruction:
     start = time.perf_counter()
     gb = _last_bias(net, grads)
@@ -177,7 +198,7 @@ def _qgi(net: PerceptionNet, grads: dict[str, torch.Tensor], batch: int, cfg: Ro
     if "features" in exact:  # the last layer's input is exact too
         q_pred = _outputs(net, last_input).gather(1, actions.view(-1, 1)).squeeze(1)
         q_target = dqn_target_exact(q_pred, errors.gather(1, actions.view(-1, 1)).squeeze(1), batch)
-        exact += (("action",) if read_batch == batch else ()) + ("q_pred", "q_target")
+        exact += (("action",) if read_batch == batch else ()) + ("q_pred",) + (() if clipped else ("q_target",))
     else:
         if st is not None and cfg.objective != "error_direction":
             actions = st.actions
@@ -207,13 +228,13 @@ def rgi(view: ServerView, update: ClientUpdate, config: RoomAttackConfig | None 
     cfg = config or RoomAttackConfig()
     net, grads, batch = _check(view, update, "reinforce", cfg)
     try:
-        return _rgi(net, grads, batch, cfg, update.metadata.entropy_weight, progress)
+        return _rgi(net, grads, batch, cfg, update.metadata.entropy_weight, _clipped(update), progress)
     except NoSignal:
         return _nothing(net, batch, cfg, "rgi")
 
 
 def _rgi(net: PerceptionNet, grads: dict[str, torch.Tensor], batch: int, cfg: RoomAttackConfig,
-         entropy_weight: float, progress: Progress | None) -> RoomReconstruction:
+         entropy_weight: float, clipped: bool, progress: Progress | None) -> RoomReconstruction:
     start = time.perf_counter()
     gb = _last_bias(net, grads)
     if float(gb.abs().max()) == 0.0:
@@ -231,14 +252,18 @@ def _rgi(net: PerceptionNet, grads: dict[str, torch.Tensor], batch: int, cfg: Ro
     if cfg.mode == "paper":  # IV-D step 1: the probabilities from the last layer alone
         last_input = last_layer_input(net, grads, errors, cfg)
     probs = torch.softmax(_outputs(net, last_input), 1)
-    # each sample's own bias gradient (the batch's is the mean) through eq. 8 and 9
+    # each sample's own bias gradient (the batch's is the mean) through eq. 8 and 9, a clipped one's rescaled
     own = batch * errors
+    fits = [clipped_scale(own[b], probs[b], entropy_weight) if clipped and cfg.mode == "exact" else (1.0, 0.0)
+            for b in range(read_batch)]
+    own = own / own.new_tensor([fit[0] if fit else 1.0 for fit in fits]).unsqueeze(1)
     scale = float(own.norm(dim=1).max())
     action, reward, identified = (torch.cat(parts) for parts in zip(
         *(reinforce_action_reward(own[b], probs[b], entropy_weight, scale) for b in range(read_batch))))
     if "features" in exact:  # the action only where the update has a policy-gradient part, the reward unless
         # two actions leave it open (:func:`reinforce_action_reward`)
-        exact += (("probs",) + (("reward",) if net.spec.num_actions > 2 else ())
+        scaled = all(fit and fit[1] <= SCALE_EXACT for fit in fits)
+        exact += (("probs",) + (("reward",) if net.spec.num_actions > 2 and scaled else ())
                   + (("action",) if bool(identified.all()) and read_batch == batch else ()))
     rec = RoomReconstruction(images=images.clamp(0, 1), box=box.float(), action=action,
                              iterations=iterations, seconds=time.perf_counter() - start,

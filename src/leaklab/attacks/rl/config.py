@@ -71,7 +71,9 @@ EXACT_ONLY = ("tv_final", "feature_weight", "gradient_weight", "layerwise")  # f
 # claims nothing exact (a blend), ``exact.blended``, every reconstruction unchanged, and a batch whose split leaves
 # head.0 a residual far over its trailing part where the last layer shows no noise is not read in closed form
 # (RGI's line past a sample whose ReLU support nests in the other's: a wrong split), ``exact._trailing_part``, the
-# captured batches unchanged); paper mode's 2:
+# captured batches unchanged; 23: behind a clipping defense that scaled the update (its declared chain clipping
+# alone, its norm at the bound) RGI reads the reward with the factor fitted, ``rules.clipped_scale``, and QGI claims
+# no exact target, ``attack._clipped``, every other update's results unchanged); paper mode's 2:
 # stage 1 starts again when its match ends under a cosine of 0.999; 3: the image convolutions as exact mode's 8;
 # 4: a single sample's update read for the features it lets through, ``exact.update_feature_cosine``, as exact
 # mode reads it, the reconstruction unchanged to the bit).
@@ -79,7 +81,7 @@ EXACT_ONLY = ("tv_final", "feature_weight", "gradient_weight", "layerwise")  # f
 # images' gradient does not depend on how the loss's terms are grouped.
 # The bordered factor kept in blocks (session 12) solves in another order: its float64 activations
 # move by ~1e-14 and came out the same in float32, so all 16 rows of 8 S1 and 8 S2 QGI attacks did.
-METHOD_VERSION = {"exact": 22, "paper": 4}
+METHOD_VERSION = {"exact": 23, "paper": 4}
 
 
 class RoomAttackConfig(BaseModel):
