@@ -121,6 +121,22 @@ def test_behind_clipping_rgi_fits_the_scale_and_qgi_claims_no_target(batch):
     assert "reward" not in rec.exact and "box" in rec.exact
 
 
+def test_an_untouched_rgi_batch_of_one_state_claims_no_reward():
+    """Two transitions from one state (a user's consecutive frames where the robot did not move): head.0 holds one
+    sample's form, the bias gradient both errors summed; the reward read off it (1.42 for 1.3 and −0.8) was
+    claimed exact. The state is both samples', read exactly."""
+    spec = PerceptionSpec(setting="S2", arch="small")
+    net = build_perception_net(spec, seed=0)
+    x, box = smooth_images(1, 1, 10).repeat(2, 1, 1, 1), torch.tensor([[-0.3, -0.2, 0.4, 0.5]]).repeat(2, 1)
+    meta = UpdateMetadata(batch_size=2, loss="reinforce", entropy_weight=0.01)
+    value = reinforce_loss(net(x, box), torch.tensor([3, 5]), torch.tensor([1.3, -0.8]), 0.01)
+    grads = torch.autograd.grad(value, list(net.parameters()))
+    update = ClientUpdate(metadata=meta, tensors={n: g for (n, _), g in zip(net.named_parameters(), grads)})
+    rec = rgi(make_view(spec, net.state_dict(), meta), update, RoomAttackConfig(iterations=1))
+    assert {"box", "features", "probs"} <= set(rec.exact) and "reward" not in rec.exact
+    assert torch.allclose(rec.box[0], box[0], atol=1e-5)
+
+
 @pytest.mark.parametrize("mode", ["exact", "paper"])
 def test_rgi_with_two_actions_claims_neither_the_action_nor_the_reward(mode):
     """Two actions: ``p − e_0 = −(p − e_1)``, so action 1's update fits action 0 with another return."""
