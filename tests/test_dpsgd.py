@@ -131,3 +131,18 @@ def test_target_epsilon_is_reached_and_not_exceeded():
         DPSGDConfig(target_epsilon=3.0, noise_multiplier=1.0)
     with pytest.raises(ValidationError, match="accountant"):
         DPSGDConfig(noise_multiplier=1.0, accountant="gdp")
+
+
+def test_a_noise_the_accountant_cannot_account_is_refused_before_the_training():
+    """σ under prv's grid: the training ran to its end, then failed in the accounting, its network lost."""
+    batch, spec = _digits()
+    model = build_model(spec, seed=0)
+    before = [p.detach().clone() for p in model.parameters()]
+    for sigma in (0.01, 1e-7):
+        with pytest.raises(LeaklabError, match="sigma"):
+            train_private(model, batch.images, batch.labels,
+                          DPSGDConfig(noise_multiplier=sigma, batch_size=16, steps=3, accountant="prv"))
+    assert all(torch.equal(p, b) for p, b in zip(model.parameters(), before))  # refused before any step
+    report = train_private(model, batch.images, batch.labels,
+                           DPSGDConfig(noise_multiplier=0.01, batch_size=16, steps=1, accountant="rdp"))
+    assert math.isfinite(report["epsilon"])

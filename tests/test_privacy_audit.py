@@ -3,6 +3,8 @@ useful (Laplace at eps = 1 reaches >= 0.6), and catches a mechanism whose noise 
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 from scipy import stats
@@ -121,3 +123,9 @@ def test_dpsgd_audit_claims_the_rate_the_trainings_realise_and_checks_confidence
     assert result.claimed_epsilon == pytest.approx(audit_dpsgd(0.5, 2.0, 1, canaries=20, runs=1).claimed_epsilon)
     with pytest.raises(LeaklabError, match="confidence"):
         audit_dpsgd(1.0, 2.0, 1, canaries=20, runs=1, confidence=1.5)
+
+
+def test_randomized_response_audit_refuses_a_k_that_is_no_count():
+    for k in (math.nan, math.inf, 1e19, 2.5):
+        with pytest.raises(LeaklabError, match="whole number of categories"):
+            audit_case("randomized-response", 1.0, k=k)

@@ -63,6 +63,9 @@ def test_randomized_response_keeps_with_the_right_probability():
     np.testing.assert_allclose(np.delete(freq, 2), (1 - keep) / 3, atol=0.004)
     with pytest.raises(LeaklabError):
         m.sample(np.int64(4), np.random.default_rng(0))
+    for k in (math.nan, math.inf, 1e19, 1, 2.5):  # nan, inf and 1e19 were tracebacks (int(), int64 draws)
+        with pytest.raises(LeaklabError, match="whole number of categories"):
+            M.RandomizedResponse(1.0, k=k)
 
 
 # ---------------------------------------------------------------- Dirichlet (seed 003 ch. 1)

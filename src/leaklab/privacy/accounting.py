@@ -110,14 +110,22 @@ def compose(events: Iterable[dpa.DpEvent], delta: float, accountant: str = "pld"
     return float(acc.get_epsilon(delta))
 
 
-def dpsgd_epsilon(q: float, sigma: float, steps: int, delta: float, accountant: str = DEFAULT_ACCOUNTANT) -> float:
-    """Epsilon of DP-SGD with sampling rate ``q``, noise multiplier ``sigma`` (noise std / clipping
-    norm) after ``steps`` steps, at ``delta``, by the named accountant (module docstring)."""
+def check_accountable(q: float, sigma: float, steps: int, delta: float, accountant: str = DEFAULT_ACCOUNTANT) -> str:
+    """The accountant's name, or a :class:`LeaklabError` where it cannot give DP-SGD's epsilon at these settings:
+    what :func:`dpsgd_epsilon` checks before its work, which a training checks before it starts (it failed after
+    its last step, its network lost)."""
     check_dpsgd_args(q, sigma, steps, delta)
     name = _check_accountant(accountant)
     if name != "rdp" and sigma < GRID_MIN_SIGMA:
         raise LeaklabError(f"the {name} accountant's grid grows as sigma shrinks: below {GRID_MIN_SIGMA:g} it runs "
                            f"out of memory or time (got sigma {sigma:g}); use the rdp accountant")
+    return name
+
+
+def dpsgd_epsilon(q: float, sigma: float, steps: int, delta: float, accountant: str = DEFAULT_ACCOUNTANT) -> float:
+    """Epsilon of DP-SGD with sampling rate ``q``, noise multiplier ``sigma`` (noise std / clipping
+    norm) after ``steps`` steps, at ``delta``, by the named accountant (module docstring)."""
+    name = check_accountable(q, sigma, steps, delta, accountant)
     if name == "pld":
         return compose([subsampled_gaussian(q, sigma, steps)], delta, "pld")
     from opacus.accountants import create_accountant

@@ -224,8 +224,9 @@ def _exponential(epsilon: float, broken: bool, candidates: int = 10) -> AuditCas
 
 
 def _randomized_response(epsilon: float, broken: bool, k: float = 4) -> AuditCase:
-    if int(k) != k:
-        raise LeaklabError(f"--k for randomized-response is a whole number of categories (got {k})")
+    if not math.isfinite(k) or int(k) != k or not 2 <= k <= mech.MAX_CATEGORIES:
+        raise LeaklabError(f"--k for randomized-response is a whole number of categories from 2 to "
+                           f"{mech.MAX_CATEGORIES:,} (got {k:g})")
     k = int(k)
     m = mech.RandomizedResponse(epsilon, k)
     real = mech.RandomizedResponse(2 * epsilon, k) if broken else m

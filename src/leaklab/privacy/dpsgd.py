@@ -38,7 +38,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from leaklab.defenses import Clip, Gaussian
 from leaklab.errors import LeaklabError
 from leaklab.names import ACCOUNTANT_NAMES
-from leaklab.privacy.accounting import DEFAULT_ACCOUNTANT, dpsgd_epsilon, dpsgd_sigma
+from leaklab.privacy.accounting import DEFAULT_ACCOUNTANT, check_accountable, dpsgd_epsilon, dpsgd_sigma
 from leaklab.privacy.mechanisms import analytic_gaussian_epsilon, analytic_gaussian_sigma
 
 
@@ -266,8 +266,12 @@ class DPConfig(BaseModel):
 
     def noise_for(self, q: float, steps: int) -> float:
         """``noise_multiplier``, or the one that spends ``target_epsilon`` in ``steps`` steps at
-        sampling rate ``q`` (:func:`noise_multiplier_for`)."""
+        sampling rate ``q`` (:func:`noise_multiplier_for`); a given one the accountant cannot account at ``q`` is
+        refused here, before the training (:func:`~leaklab.privacy.accounting.check_accountable`; ``q`` = 1 takes
+        any, :func:`spent_epsilon`)."""
         if self.noise_multiplier is not None:
+            if self.noise_multiplier > 0 and q < 1:
+                check_accountable(q, self.noise_multiplier, max(steps, 1), self.delta, self.accountant)
             return self.noise_multiplier
         return noise_multiplier_for(self.target_epsilon, self.delta, steps, q, self.accountant)
 

@@ -204,6 +204,9 @@ class ExponentialMechanism(_PureMechanism):
         return int(out) if size is None else out
 
 
+MAX_CATEGORIES = 2 ** 62  # randomized response draws the other category as an int64
+
+
 @dataclass
 class RandomizedResponse:
     """k-ary randomized response: keep the true category with probability e^eps / (e^eps + k - 1),
@@ -216,8 +219,9 @@ class RandomizedResponse:
 
     def __post_init__(self) -> None:
         check_positive("epsilon", self.epsilon)
-        if int(self.k) != self.k or self.k < 2:
-            raise LeaklabError(f"randomized response needs k >= 2 categories (got {self.k!r})")
+        if not math.isfinite(self.k) or int(self.k) != self.k or not 2 <= self.k <= MAX_CATEGORIES:
+            raise LeaklabError(f"randomized response needs a whole number of categories k from 2 to "
+                               f"{MAX_CATEGORIES:,} (got {self.k!r})")
         self.k = int(self.k)
 
     @property
