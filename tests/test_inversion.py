@@ -216,10 +216,15 @@ def test_bayes_behind_tiny_gaussian_noise_is_the_l2_attack():
     """Behind Gaussian noise the Bayes objective is L2 over 2σ² (seed 001): behind σ = 1e-10 its float32
     gradient entries reach 3e19, whose squares overflowed the relative TV weight's norm, and the attack
     "diverged"; its reconstruction is L2's."""
-    view, upd, _ = case(model="lenet", defense="gaussian:1e-10", seed=1)
-    cfg = InversionConfig(objective="bayes", iterations=3, priors={"tv": 0.1})
-    bayes = invert(view, upd, cfg)[0].images
-    assert torch.allclose(bayes, invert(view, upd, cfg.model_copy(update={"objective": "l2"}))[0].images, atol=1e-5)
+    for sigma in (1e-10, 1e-12):  # behind 1e-12 Adam's second moment overflowed: every step 0, the start kept
+        view, upd, _ = case(model="lenet", defense=f"gaussian:{sigma:g}", seed=1)
+        cfg = InversionConfig(objective="bayes", iterations=3, priors={"tv": 0.1})
+        bayes = invert(view, upd, cfg)[0].images
+        l2 = invert(view, upd, cfg.model_copy(update={"objective": "l2"}))[0].images
+        assert torch.allclose(bayes, l2, atol=1e-5)
+    view, upd, _ = case(model="lenet", defense="gaussian:1e-20", seed=1)  # 1/σ² itself overflows
+    with pytest.raises(LeaklabError, match="overflows float32; attack with --objective l2"):
+        invert(view, upd, InversionConfig(objective="bayes", iterations=3))
 
 
 def test_bayes_with_monte_carlo_ball_runs_and_improves():

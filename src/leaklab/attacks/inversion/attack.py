@@ -24,6 +24,7 @@ from leaklab.errors import LeaklabError
 from leaklab.threat import ClientUpdate, ServerView
 
 MAX_BATCH = 256
+TINY_NOISE = 1e-15  # a defense's noise scale under which a diverged Bayes attack is told its objective overflowed
 
 
 @dataclass
@@ -88,6 +89,12 @@ def invert(view: ServerView, updates: ClientUpdate | list[ClientUpdate], config:
         best = i * restarts + int(torch.argmin(torch.nan_to_num(losses, nan=float("inf"))))
         if not torch.isfinite(result.images[best]).all():
             largest = max(float(t.abs().max()) for t in updates[i].tensors.values())
+            noise = defense.noise
+            scale = None if noise is None else getattr(noise, "sigma", None) or getattr(noise, "b", None)
+            if scale is not None and scale < TINY_NOISE:  # the likelihood's 1/σ² overflows float32, whatever the lr
+                raise LeaklabError(f"the attack diverged: behind noise of scale {scale:g} the Bayes objective "
+                                   "overflows float32; attack with --objective l2 (l1 behind Laplace noise), the same "
+                                   "objective there up to its scale")
             raise LeaklabError(f"the attack diverged: its reconstruction is not finite (the update's largest entry "
                                f"is {largest:.3g}); lower --lr, or check how the update was made")
         out.append(Reconstruction(images=result.images[best].clamp(0, 1), labels=labels[i].cpu(),

@@ -83,6 +83,19 @@ def _ball_points(x: torch.Tensor, k: int, radius: float, generator: torch.Genera
     return points.reshape(k * r, *x.shape[1:])
 
 
+ADAM_GRADIENT_CEILING = 2.0 ** 40  # a first gradient entry over this: Adam's gradients scaled down (_adam_unit)
+
+
+def _adam_unit(grad: torch.Tensor) -> float:
+    """The power of two Adam's gradients are multiplied by, from the first one: 1 unless its largest entry passes
+    :data:`ADAM_GRADIENT_CEILING`, then the power that brings it near 1. Behind Gaussian noise of std 3e-11 or less
+    the Bayes objective's gradient (``1/σ²`` times the residual) reached 1e24, its square overflowed float32 in
+    Adam's second moment and every step was 0: the attack stayed at its start. Adam's step does not depend on the
+    gradient's scale (but through its ``eps``), and a power of two changes none of its digits."""
+    top = float(grad.abs().max())
+    return 2.0 ** -math.floor(math.log2(top)) if math.isfinite(top) and top > ADAM_GRADIENT_CEILING else 1.0
+
+
 class InversionLoop:
     """Minimises ``objective(simulate(x)) + sum_j w_j prior_j(x)`` over candidate images ``x``."""
 
@@ -193,7 +206,8 @@ class InversionLoop:
                 value = self.loss(points).sum()
                 grad = torch.autograd.grad(value, x)[0]
                 value = value.detach()
-                x.grad = grad.sign() if cfg.signed_gradients else grad
+                unit = _adam_unit(grad) if it == 0 else unit
+                x.grad = grad.sign() if cfg.signed_gradients else grad if unit == 1 else grad * unit
                 optimiser.step()
                 scheduler.step()
                 evaluations += 1
