@@ -121,6 +121,10 @@ def test_audit_dpsgd_json_and_text():
     assert text.exit_code == 0, text.output
     assert text.stdout.startswith("dpsgd (broken): claimed epsilon 11.")
     assert "from 400 canary scores per side (4 training runs of 200 canaries)" in text.stdout
+    args = list(AUDIT_DPSGD)  # q = 0.7 of 200 canaries trains at 0.5: the line says so beside the claim
+    args[args.index("--q") + 1] = "0.7"
+    text = invoke(*args)
+    assert text.stdout.startswith("dpsgd at sampling rate 0.5 (asked 0.7; 200 canaries): claimed epsilon"), text.stdout
 
 
 @pytest.mark.parametrize("extra,word", [

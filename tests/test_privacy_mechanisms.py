@@ -122,6 +122,11 @@ def test_dirichlet_rejects_bad_settings():
     with pytest.raises(LeaklabError):
         D.DirichletMechanism(k=6.7, eta=0.15, eta_bar=0.15, b=0.1, w=3).sample(np.array([0.5, 0.5, 0.0]),
                                                                               np.random.default_rng(0))
+    with pytest.raises(LeaklabError, match="4 entries or more"):  # |W| = 3 protected entries and the rest
+        D.DirichletMechanism(k=6.7, eta=0.15, eta_bar=0.15, b=0.1, w=3).sample(np.array([0.5, 0.5]),
+                                                                              np.random.default_rng(0))
+    with pytest.raises(LeaklabError, match="no gamma of 1e-12 or more reaches delta = 1e-11"):
+        D.dirichlet_gamma(0.15, 0.15, 6.7, 3, 1e-11)
 
 
 # ---------------------------------------------------------------- exact discrete samplers

@@ -163,7 +163,8 @@ def dirichlet_gamma(eta: float, eta_bar: float, k: float, w: int, delta: float) 
         return hi
     lo = 1e-12
     if dirichlet_delta(eta, eta_bar, k, w, lo) > delta:
-        raise LeaklabError(f"no gamma reaches delta = {delta}: the mechanism is not (eps, {delta})-DP here")
+        raise LeaklabError(f"no gamma of {lo:g} or more reaches delta = {delta} (the search stops there, where "
+                           "epsilon is already large); choose a larger delta")
     log_g = brentq(lambda x: dirichlet_delta(eta, eta_bar, k, w, math.exp(x)) - delta,
                    math.log(lo), math.log(hi), xtol=1e-7)
     gamma = math.exp(log_g)
@@ -211,6 +212,9 @@ class DirichletMechanism:
         p = np.asarray(value, dtype=float)
         if p.ndim != 1 or np.any(p <= 0) or abs(p.sum() - 1) > 1e-9:
             raise LeaklabError("the Dirichlet mechanism takes one vector with positive entries summing to 1")
+        if p.size < self.w + 1:  # Def. 1.1: |W| protected entries and the rest
+            raise LeaklabError(f"the Dirichlet mechanism for |W| = {self.w} takes vectors of {self.w + 1} entries or "
+                               f"more (got {p.size})")
         return rng.dirichlet(self.concentration * p, size=size)
 
 
