@@ -86,6 +86,10 @@ def test_ledger_composes_mechanisms():
     (lambda: acc.compose([acc.gaussian(1.0)], DELTA, "prv"), "accountant"),
     (lambda: acc.dpsgd_sigma(0.1, 10, -1.0, DELTA), "epsilon"),
     (lambda: acc.Ledger().spend(object()), "Laplace"),
+    # the events' builders: read as q = 1 and 2 releases, or a ZeroDivisionError and a bare ValueError
+    (lambda: acc.subsampled_gaussian(1.5, 1.0), "sampling rate"), (lambda: acc.gaussian(1.0, count=2.7), "count"),
+    (lambda: acc.gaussian(1.0, count=0), "count"), (lambda: acc.gaussian(float("nan")), "noise multiplier"),
+    (lambda: acc.laplace(0.0), "noise multiplier"),
 ])
 def test_user_errors(call, word):
     with pytest.raises(LeaklabError, match=word):

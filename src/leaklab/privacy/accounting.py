@@ -72,8 +72,20 @@ def _check_accountant(accountant: str, allowed: tuple[str, ...] = ACCOUNTANT_NAM
     return name
 
 
+def _check_event(q: float, noise_multiplier: float, count: int) -> None:
+    """Refuse an event's settings that its accountant would read as others (q = 1.5 as 1, 2.7 releases as 2) or
+    fail on (a count of 0 divided by zero, a NaN noise)."""
+    if not 0 < q <= 1:
+        raise LeaklabError(f"the sampling rate q must lie in (0, 1] (got {q!r})")
+    if not (noise_multiplier > 0 and math.isfinite(noise_multiplier)):
+        raise LeaklabError(f"the noise multiplier must be a positive number (got {noise_multiplier!r})")
+    if int(count) != count or count < 1:
+        raise LeaklabError(f"the count of releases must be a whole number >= 1 (got {count!r})")
+
+
 def subsampled_gaussian(q: float, noise_multiplier: float, count: int = 1) -> dpa.DpEvent:
     """``count`` steps of DP-SGD: Poisson sampling with rate q, then the Gaussian mechanism."""
+    _check_event(q, noise_multiplier, count)
     event: dpa.DpEvent = dpa.GaussianDpEvent(noise_multiplier)
     if q < 1:
         event = dpa.PoissonSampledDpEvent(q, event)
@@ -87,6 +99,7 @@ def gaussian(noise_multiplier: float, count: int = 1) -> dpa.DpEvent:
 
 def laplace(noise_multiplier: float, count: int = 1) -> dpa.DpEvent:
     """``count`` releases with Laplace noise of scale noise_multiplier * l1-sensitivity."""
+    _check_event(1.0, noise_multiplier, count)
     event = dpa.LaplaceDpEvent(noise_multiplier)
     return dpa.SelfComposedDpEvent(event, int(count)) if count != 1 else event
 

@@ -8,7 +8,9 @@ null record that adds no gradient (the "zero-out" relation, Kairouz et al., ICML
 replay buffer and the episodes keep their slots, so every batch differs in at most that record, whose
 clipped gradient moves the sum by at most ``clip``: the subsampled Gaussian mechanism that the
 add/remove accountants bound. The agent collects its data with its noisy network, so the updates
-compose adaptively.
+compose adaptively. A record is not an environment step: one reward enters the return ``R_t`` of every earlier
+step of its episode, and one observation is the next state of one DQN transition and the state of the next, so an
+environment step's protection is group privacy over up to ``max_episode_steps`` records (REINFORCE) or two (DQN).
 
 * DQN: every update takes a Poisson sample of the replay buffer, each stored transition independently
   with probability ``q = batch_size / buffer_size`` (expected batch ``batch_size`` once the buffer is
