@@ -259,3 +259,12 @@ def test_simulator_replays_the_update_exactly_at_the_truth(train_mode):
     replay = UpdateSimulator(net, upd.metadata)(batch.images[None], batch.labels[None])
     for mine, theirs in zip(replay, upd.ordered(net)):
         assert torch.allclose(mine[0], theirs, atol=1e-6)
+
+
+def test_settings_the_attack_would_record_but_not_apply_are_refused():
+    """A Bayes objective's layer weighting and L-BFGS's clamping were recorded in results.json and ignored."""
+    with pytest.raises(ValueError, match="layer_weighting applies to l2, l1 and cosine"):
+        InversionConfig(objective="bayes", layer_weighting="exp")
+    with pytest.raises(ValueError, match="L-BFGS runs unclamped"):
+        InversionConfig(optimizer="lbfgs", clamp=True)
+    assert InversionConfig(optimizer="lbfgs").clamp is False and InversionConfig().clamp is True

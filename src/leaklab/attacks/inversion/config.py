@@ -51,6 +51,21 @@ class InversionConfig(BaseModel):
             raise ValueError("Algorithm 1's Monte-Carlo points (mc_samples, mc_radius) need the adam optimizer")
         return self
 
+    @model_validator(mode="after")
+    def _settings_that_apply(self) -> "InversionConfig":
+        """Refuse a setting the attack would record but not apply: a layer weighting of the Bayes objective (the
+        likelihood weighs every entry), clamping L-BFGS's iterates (only Adam's are clamped; both reconstructions
+        are clipped to [0, 1] at the end); L-BFGS's default ``clamp`` is taken as False."""
+        if self.objective == "bayes" and self.layer_weighting != "none":
+            raise ValueError("the bayes objective weighs every entry by the defense's likelihood: layer_weighting "
+                             "applies to l2, l1 and cosine")
+        if self.optimizer == "lbfgs" and self.clamp:
+            if "clamp" in self.model_fields_set:
+                raise ValueError("clamp applies to adam's iterates: L-BFGS runs unclamped (its reconstruction is "
+                                 "clipped to [0, 1] at the end); give clamp false")
+            self.clamp = False
+        return self
+
     @field_validator("priors")
     @classmethod
     def _known_priors(cls, value: dict[str, float]) -> dict[str, float]:
