@@ -59,3 +59,20 @@ def test_mean_of_leaves_out_missing_and_non_finite_values():
     assert finite_numbers(values) == [1.0, 3.0]
     assert mean_of(values) == 2.0
     assert mean_of([None, math.inf]) is None
+
+
+def test_an_exact_copy_of_a_dark_frame_shows_its_room():
+    """The paper's normalisation scales the brightest RGB pixel to 1 (depth by the same factor): a dark frame's exact
+    copy scored a few dB over the constant baseline and counted as not showing its room."""
+    from leaklab.attacks.rl.config import RoomReconstruction
+    from leaklab.metrics.rooms import room_metrics
+
+    g = torch.Generator().manual_seed(0)
+    images = 0.6 * torch.rand(1, 4, 150, 150, generator=g)  # S1, brightest pixel 0.6
+    truth = {"images": images, "box": torch.tensor([[-0.5, -0.5, 0.5, 0.5]]), "action": torch.tensor([2]),
+             "q_pred": torch.tensor([0.3]), "q_target": torch.tensor([0.5])}
+    rec = RoomReconstruction(images=images.clone(), box=truth["box"].clone(), action=truth["action"].clone(),
+                             iterations=0, seconds=0.0, q_pred=truth["q_pred"].clone(), q_target=torch.tensor([0.5]))
+    m = room_metrics(rec, truth, "S1")
+    assert m["rgb_paper_psnr"] - m["rgb_paper_psnr_baseline"] < 3  # the normalisation's error alone
+    assert m["rgb_gain_max"] > 100 and m["depth_gain_max"] > 100

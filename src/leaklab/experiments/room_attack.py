@@ -288,7 +288,7 @@ def run(config: RoomRunConfig, out: Path, progress: ProgressFn | None = None) ->
                     if len(truths) < GRID_SAMPLES:
                         truths.append(sample.truth["images"][t:t + 1])
                         recs.append(rec.images[r:r + 1].detach().float().clamp(0, 1))
-                        captions.append(f"{db_text(each['depth_paper_psnr'])} dB")
+                        captions.append(f"{db_text(each['depth_raw_psnr'])} dB")  # the image as drawn
 
         try:
             resumed = run_jobs(jobs, config.workers, on_result,

@@ -282,7 +282,8 @@ def _cell_table(meta: dict[str, str], images: tuple[str, ...], labels: list[str]
                          "image's constant already scores a high SSIM). PSNR and SSIM on "
                          "the Y channel (RGB) and on depth, with the paper's normalisation (the reconstruction's "
                          "brightest RGB pixel scaled to white). Means over the samples; the picture above gives "
-                         "each one's PSNR and, in brackets, its gain over its own baseline. Features read: the "
+                         "each one's PSNR as drawn (raw) and, in brackets, its gain over its own baseline. Features "
+                         "read: the "
                          "cosine of the conv features read off the update in closed form with the client's, as "
                          "the server estimates it from the update alone (a median).")
 
@@ -325,8 +326,8 @@ def write_report(folder: Path, results: dict[str, Any], cells, defenses, truths,
                 rows.append((f"{image}, {label}", torch.cat([p[:, sl] for p, _ in pictures[(c, d)]])))
                 boxes.append([b for _, b in pictures[(c, d)]])
                 cell = by[(meta["algorithm"], meta["setting"], meta["mode"], label)]
-                captions.append([f"{db_text(m[f'{image}_paper_psnr'])} dB "
-                                 f"({db_text(m[f'{image}_paper_psnr'] - m[f'{image}_paper_psnr_baseline'], True)})"
+                captions.append([f"{db_text(m[f'{image}_raw_psnr'])} dB "
+                                 f"({db_text(m[f'{image}_raw_psnr'] - m[f'{image}_raw_psnr_baseline'], True)})"
                                  for m in (r["metrics"] for r in cell["samples"][:SHOWN_SAMPLES])])
         title = f"{meta['algorithm'].upper()} {meta['setting']} ({meta['mode']} mode)"
         slug = f"{meta['algorithm']}-{meta['setting']}-{meta['mode']}"
