@@ -287,11 +287,13 @@ def test_audit_verdicts_in_words():
                                            "0.871) the update still leaks")
     assert conclusion(rows[:1]).startswith("No defense was tested; undefended, the update leaks the room")
     assert conclusion(rows[2:]) == "Nothing measured leaks behind any defense tested, DP-SGD ε=1 included."
+    quiet = [rows[2]._replace(defense="none")]  # nothing leaks undefended: it said "…, none included."
+    assert conclusion(quiet) == "Nothing measured leaks, undefended or behind any defense tested."
     # a level that showed nothing under a stronger one that leaks is no safe level: the conclusion named the weak
     # σ = 0.001 safe while σ = 0.03 leaked (behind strong noise each level guesses the action from the same draws)
     odd = [rows[0], rows[2]._replace(defense="gaussian σ=0.001"), rows[1]._replace(defense="gaussian σ=0.03"),
            rows[2]._replace(defense="gaussian σ=0.1", kept="0.0001")]
-    assert conclusion(odd) == ("gaussian σ=0.1 is the weakest Gaussian level tested behind which, as behind every "
+    assert conclusion(odd) == ("Gaussian σ=0.1 is the weakest Gaussian level tested behind which, as behind every "
                                "stronger one, nothing measured leaks, where an update keeps a cosine of 0.0001 with "
                                "the true one; behind gaussian σ=0.03 (cosine 0.6 to 0.871) the update still "
                                f"{rows[1].verdict} (nothing measured leaked behind the weaker gaussian σ=0.001, which "

@@ -225,7 +225,7 @@ def _action(t: dict[str, Any]) -> str:
     text = f"{_fmt(100 * t['action_accuracy'], 0)}%"
     if t.get("action_accuracy_nonzero_return") is not None:
         informative = t["samples"] - t["zero_return_samples"]
-        text += f" ({_fmt(100 * t['action_accuracy_nonzero_return'], 0)}% of {informative} non-zero returns)"
+        text += f" ({_fmt(100 * t['action_accuracy_nonzero_return'], 0)}% of {plural(informative, 'non-zero return')})"
     return text
 
 
@@ -282,7 +282,7 @@ def fig4(results: dict[str, dict[str, Any]], path: Path, samples: int) -> bytes:
               for label, metric in FIG4_PANELS.items()}
     log = [label for label, metric in FIG4_PANELS.items() if metric.startswith("q_")]
     return spread_panels(panels, path, log=log,
-                         title=f"Fig. 4: joint vs separate optimisation (QGI S1, {samples} samples)")
+                         title=f"Fig. 4: joint vs separate optimisation (QGI S1, {plural(samples, 'sample')})")
 
 
 def _finish(out: Path, name: str, mode: str, arch: str, table: dict, paper: dict, markdown: str,

@@ -20,7 +20,7 @@ from leaklab.experiments.audit_levels import leaks_stop_text, next_levels_text
 from leaklab.fields import defense_steps
 from leaklab.names import NOISE_DEFENSE_NAMES
 from leaklab.rl.envs.active_perception import ACTIONS
-from leaklab.words import cosine_text, listing, plural
+from leaklab.words import cosine_text, listing, plural, sentences
 
 IMAGE_LEAK_DB = 3.0  # verdict: images leak when their PSNR beats the no-information baseline by this
 BOX_LEAK_IOU = 0.5  # verdict: the target's box leaks at this mean IoU (the usual detection threshold)
@@ -219,15 +219,16 @@ def conclusion(rows: list[GlanceRow]) -> str:
     """The audit in a sentence per defense family (:data:`FAMILIES`; levels of different families are not
     ranked against each other), from :func:`verdicts`' rows (weakest level first), with the cosine an update keeps
     behind the levels it names; the undefended update's verdict where no family's level leaks."""
-    if all(r.verdict == NOTHING_LEAKS for r in rows):
-        return f"Nothing measured leaks behind any defense tested, {rows[0].defense} included."
+    if all(r.verdict == NOTHING_LEAKS for r in rows):  # the weakest row is the undefended update where it ran
+        return ("Nothing measured leaks, undefended or behind any defense tested." if rows[0].defense == "none"
+                else f"Nothing measured leaks behind any defense tested, {rows[0].defense} included.")
     families = [(name, levels) for prefix, name in FAMILIES
                 if (levels := [r for r in rows if r.defense.startswith(prefix)])]
-    sentences = [_family_sentence(name, levels) for name, levels in families]
+    parts = [_family_sentence(name, levels) for name, levels in families]
     if all(r.verdict == NOTHING_LEAKS for _, levels in families for r in levels):
-        sentences.append(f"{'Undefended' if families else 'No defense was tested; undefended'}, the update "
-                         f"{rows[0].verdict}.")
-    return " ".join(sentences)
+        parts.append(f"{'Undefended' if families else 'No defense was tested; undefended'}, the update "
+                     f"{rows[0].verdict}.")
+    return sentences(tuple(parts))  # a sentence may begin with a level's label, in lowercase (gaussian σ=…)
 
 
 def _still_leaks(row: GlanceRow) -> str:
@@ -282,7 +283,7 @@ def glance_caption() -> str:
     """The at-a-glance table's caption (the audit's and ``--cases``'): the verdicts' rules in words."""
     return (f"Image gain: reconstruction PSNR minus the constant-image baseline (a mean over the samples). An "
             f"attacked update shows its room when one of its images is {IMAGE_LEAK_DB:g} dB or more above its own "
-            "baseline, and the room leaks when any update shows it (a mean over rooms can hide one). The box "
+            "baseline (raw or with the paper's normalisation, whichever is higher), and the room leaks when any update shows it (a mean over rooms can hide one). The box "
             f"leaks at a mean IoU of {BOX_LEAK_IOU:g} or more (a target out of view, whose box is all zeros, "
             f"counts 1 only when the attack read a box within 1e-3 of it), the action when guessing one of the 7 "
             f"would name as many right only with a probability under {ACTION_CHANCE_P:g} (3 of 6 updates; a "
