@@ -202,6 +202,29 @@ def test_audit_of_cases_checks_every_truth_before_attacking(tmp_path):
                           out, "provenance")
 
 
+def test_an_update_beyond_float32s_range_is_refused_before_attacking(tmp_path):
+    """A float64 entry of 1e300 is finite as stored and infinite as the attacks read it: found in the worker, after
+    the other cases' attacks, in a message that named no file."""
+    from safetensors.torch import load_file, save_file
+
+    cases = tmp_path / "cases"
+    capture_rooms(RoomCaptureConfig(algorithm="dqn", spec=PerceptionSpec(setting="S2"), samples=2,
+                                    layouts=("e1m1-stalactite",)), cases)
+    last = sorted(p for p in cases.iterdir() if p.is_dir())[-1]
+    tensors = load_file(str(last / "update.safetensors"))
+    name = next(k for k in tensors if k.endswith("head.2.weight"))
+    tensors[name] = tensors[name].double()
+    tensors[name][0, 0] = 1e300
+    save_file(tensors, str(last / "update.safetensors"))
+    meta = json.loads((last / "update.json").read_text())
+    meta.pop("sha256", None)
+    (last / "update.json").write_text(json.dumps(meta))
+    out = tmp_path / "audit"
+    assert_user_error(invoke("audit", "--cases", cases, "--iterations", "3", "--workers", "1", "--out", out), out,
+                      "update.safetensors: update tensor 'head.2.weight' holds values beyond float32's range")
+    assert not (tmp_path / ".leaklab-resume").exists()
+
+
 def test_audit_of_cases_refuses_batches_the_attack_cannot_read_before_attacking(tmp_path):
     out = tmp_path / "audit"
     for algorithm, batch, mode, limit in (("dqn", 3, "exact", 2), ("reinforce", 2, "paper", 1)):

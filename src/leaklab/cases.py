@@ -183,7 +183,12 @@ class CaseFiles:
             update.validate_against(self.view.model)
         except LeaklabError as e:
             raise LeaklabError(f"{where}: {e}") from None
-        return update.with_tensors({k: v.float() for k, v in tensors.items()}, self.defense)
+        read = {k: v.float() for k, v in tensors.items()}
+        wide = next((k for k, v in read.items() if not torch.isfinite(v).all()), None)
+        if wide is not None:  # a float64 entry over float32's range: the attack found it infinite, case by case
+            raise LeaklabError(f"{where}: update tensor {wide!r} holds values beyond float32's range, in which the "
+                               "attacks read it; rescale the update or save it as float32")
+        return update.with_tensors(read, self.defense)
 
 
 def read_case_files(folder: Path, room: bool, model_class: str | None = None) -> CaseFiles:
