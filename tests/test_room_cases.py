@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import shutil
 import warnings
 
 import pytest
@@ -223,6 +224,17 @@ def test_an_update_beyond_float32s_range_is_refused_before_attacking(tmp_path):
     assert_user_error(invoke("audit", "--cases", cases, "--iterations", "3", "--workers", "1", "--out", out), out,
                       "update.safetensors: update tensor 'head.2.weight' holds values beyond float32's range")
     assert not (tmp_path / ".leaklab-resume").exists()
+
+
+def test_a_case_whose_name_is_not_utf8_is_refused_before_attacking(tmp_path):
+    """The reconstructions' tensor names and the report carry the case's name: a traceback after every attack."""
+    cases = tmp_path / "cases"
+    capture_rooms(RoomCaptureConfig(algorithm="dqn", spec=PerceptionSpec(setting="S2"), samples=2,
+                                    layouts=("e1m1-stalactite",)), cases)
+    shutil.copytree(os.fsencode(cases / "0001"), os.fsencode(cases) + b"/caf\xe9")  # a user's case beside them
+    out = tmp_path / "audit"
+    assert_user_error(invoke("audit", "--cases", cases, "--iterations", "3", "--workers", "1", "--out", out), out,
+                      "caf\\xe9: its name is not valid UTF-8")
 
 
 def test_audit_of_cases_refuses_batches_the_attack_cannot_read_before_attacking(tmp_path):

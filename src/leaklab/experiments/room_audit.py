@@ -469,12 +469,23 @@ def _network_words(model_class: str | None) -> str:
     return f"--model-class {model_class}" if model_class else "a network of leaklab"
 
 
+def _utf8(folder: Path) -> None:
+    try:
+        str(folder).encode("utf-8")
+    except UnicodeEncodeError:
+        shown = str(folder).encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+        raise LeaklabError(f"--cases {shown}: its name is not valid UTF-8, which the report and the reconstructions "
+                           "file name cases in; rename it") from None
+
+
 def _case_folders(cases_dir: Path) -> list[Path]:
     """The case folders under ``cases_dir`` (or ``cases_dir`` itself when it is one). A case that its
     capture's ``capture.json`` lists but that lacks its view is an error; another sub-folder without
-    a view is skipped with a warning naming it."""
-    if (cases_dir / VIEW_FILE).is_file():
-        return [cases_dir]
+    a view is skipped with a warning naming it. A folder whose name is not UTF-8 is refused: the report and the
+    reconstructions' tensor names carry it (they failed after every attack)."""
+    _utf8(cases_dir)
+    if (cases_dir / VIEW_FILE).is_file():  # `.` or `..` named the case '' or '..': its own name
+        return [cases_dir if cases_dir.name not in ("", "..") else resolved(cases_dir)]
     if not cases_dir.is_dir():
         raise LeaklabError(f"--cases {cases_dir} {'is not a folder' if cases_dir.exists() else 'does not exist'}; "
                            "give a folder that `leaklab env capture` wrote")
@@ -486,6 +497,8 @@ def _case_folders(cases_dir: Path) -> list[Path]:
         raise LeaklabError(f"--cases {cases_dir}: case {lost[0]} of its {CAPTURE_JSON} has no {VIEW_FILE}{more}; "
                            "restore it or capture again")
     subs = sorted(p for p in cases_dir.iterdir() if p.is_dir() and not p.name.startswith("."))
+    for sub in subs:
+        _utf8(sub)
     outside = [p.name for p in subs if p.is_symlink() and resolved(cases_dir) not in resolved(p).parents]
     if outside:  # as a case's files: nothing a --cases folder names is read from outside it
         raise LeaklabError(f"--cases {cases_dir}: {outside[0]} is a link to a folder outside it; copy the case in")
