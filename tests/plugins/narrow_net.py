@@ -90,6 +90,14 @@ class DeepHead(NarrowNet):
                                   nn.Linear(128, 64), nn.ReLU(inplace=True), nn.Linear(64, spec.num_actions))
 
 
+class SpecLie(NarrowNet):
+    """NarrowNet that keeps a spec of its own: the attacks read net.spec (100 px images against 150 px truths)."""
+
+    def __init__(self, spec):
+        super().__init__(spec)
+        self.spec = spec.model_copy(update={"image_size": 100})
+
+
 class Frozen(NarrowNet):
     """NarrowNet whose box branch does not train: a client's update leaves its gradients out."""
 

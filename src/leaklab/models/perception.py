@@ -231,7 +231,8 @@ def build_perception_net(spec: PerceptionSpec, seed: int | None = None,
                          model_class: str | None = None) -> nn.Module:
     """Instantiate the network of ``spec`` (PyTorch's default initialisation; ``seed`` fixes it),
     or ``model_class(spec)`` for a user's own class (:func:`perception_class`), given the attribute
-    ``spec`` when it lacks one (as leaklab's network has it: the agents and the capture read it)."""
+    ``spec`` when it lacks one (as leaklab's network has it: the agents and the capture read it); one that sets
+    another is refused."""
     if seed is not None:
         torch.manual_seed(seed)
     if model_class is None:
@@ -245,8 +246,11 @@ def build_perception_net(spec: PerceptionSpec, seed: int | None = None,
     check_contract(net, model_class)
     check_forward(net, spec, f"{model_class} (for {spec.setting}, {spec.in_channels} channels of "
                              f"{spec.image_size} px)")
-    if getattr(net, "spec", None) is None:
-        net.spec = spec
+    own = getattr(net, "spec", None)
+    if own is not None and own != spec:  # the attacks read net.spec: 100 px images against 150 px truths
+        raise ModelClassError(f"--model-class {model_class!r}: {cls.__name__}(spec) sets its own spec ({own!r}), not "
+                              "the one it was built from; keep the spec it is given, or set none")
+    net.spec = spec
     return net
 
 
