@@ -53,6 +53,10 @@ def test_tensors_round_trip(tmp_path):
     assert torch.equal(back["a"], t["a"]) and torch.equal(back["b"], t["b"])
     assert meta["note"] == "hi"
     assert sha == hashlib.sha256((tmp_path / "x.safetensors").read_bytes()).hexdigest()
+    assert torch.equal(load_tensors(tmp_path / "x.safetensors", "test", sha.upper())[0]["a"], t["a"])  # was "corrupt"
+    for recorded in (5, "sha256:" + sha, sha[:-1]):  # read as a corrupt file
+        with pytest.raises(LeaklabError, match="is not 64 hexadecimal digits"):
+            load_tensors(tmp_path / "x.safetensors", "test", recorded)
 
 
 def test_truncated_and_garbage_tensor_files(tmp_path):

@@ -264,9 +264,13 @@ def load_tensors(path: Path, what: str, sha256: str | None = None,
                  ) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
     """Read a safetensors file (tensors and its string metadata) without unpickling anything.
 
-    ``sha256``, when given, must match the file's digest: a flipped byte anywhere is detected.
+    ``sha256``, when given, must match the file's digest: a flipped byte anywhere is detected. It is 64 hexadecimal
+    digits, of either case (another value read as a corrupt file, an uppercase digest of an intact one too).
     """
     path = Path(path)
+    if sha256 is not None and not (isinstance(sha256, str) and re.fullmatch(r"[0-9a-fA-F]{64}", sha256)):
+        raise LeaklabError(f"the SHA-256 recorded for {what} file {path} is not 64 hexadecimal digits "
+                           f"({str(sha256)[:80]!r}); record the file's digest, or none")
     try:
         if path.exists():  # a missing file is the FileNotFoundError below
             if not path.is_file():
@@ -286,7 +290,7 @@ def load_tensors(path: Path, what: str, sha256: str | None = None,
     except (SafetensorError, ValueError, struct.error, UnicodeDecodeError, RuntimeError) as e:
         raise LeaklabError(f"{what} file {path} is truncated or corrupt ({_first_line(e)}); "
                            f"{fix}") from None
-    if sha256 is not None and hashlib.sha256(data).hexdigest() != sha256:
+    if sha256 is not None and hashlib.sha256(data).hexdigest() != sha256.lower():
         raise LeaklabError(f"{what} file {path} is truncated or corrupt (its SHA-256 differs from "
                            f"the one recorded beside it); {fix}")
     return tensors, metadata
