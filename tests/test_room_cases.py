@@ -361,6 +361,10 @@ def test_cases_without_the_gradient_the_attack_reads_are_named_and_kept_out_of_t
     report = (out / "report.html").read_text()
     assert "none read (nothing the attack reads)" in report and "holds an update off which the attacks read" in report
     assert ">action</th>" in report and "% of 1 case" not in report  # no case holds the action
+    # nothing read is no features read: the median and the lead left such cases out (a whole read where 5 of 6
+    # cases read nothing)
+    assert json.loads((out / "results.json").read_text())["summary"]["feature_cosine_median"] == 0.0
+    assert "Over 1 scored case (1 of them with nothing to read)" in report
 
 
 @pytest.mark.parametrize("cls, words", [

@@ -434,7 +434,7 @@ def run_cases(out: Path, cases_dir: Path, attack: RoomAttackConfig, workers: int
         if scored:
             summary.update(room_attack.summarise(scored, max(r["iterations"] for r in scored),
                                                  sum(r["seconds"] for r in scored)))
-        read = median_of(r.get("feature_cosine") for r in rows)  # over every case, scored or not
+        read = median_of(room_report.features_read(r) for r in rows)  # over every case, scored or not
         if read is not None:
             summary["feature_cosine_median"] = read
         results = {"format": AUDIT_FORMAT, "format_version": 2, "kind": "room-cases",

@@ -55,9 +55,16 @@ def _case_figures(folder: Path, rows: list[tuple[str, list[Picture]]], names: li
     return figures
 
 
+def features_read(row: dict[str, Any]) -> float | None:
+    """The features a case's attack read off its update (``feature_cosine``): 0 where it read nothing (no signal:
+    the median and the counts left such a case out, and named a whole read where 5 of 6 read nothing); None where
+    it was not estimated (paper mode's batches of two)."""
+    return 0.0 if row.get("no_signal") else row.get("feature_cosine")
+
+
 def blind_features(cases: list[dict[str, Any]]) -> list[float]:
-    """The features read (``feature_cosine``) off the updates of the cases without their truth."""
-    return [r["feature_cosine"] for r in cases if "metrics" not in r and "feature_cosine" in r]
+    """The features read (:func:`features_read`) off the updates of the cases without their truth."""
+    return [read for r in cases if "metrics" not in r and (read := features_read(r)) is not None]
 
 
 def write_cases_report(folder: Path, results: dict[str, Any], truths: list[Picture], pictures: list[Picture],
@@ -79,7 +86,9 @@ def write_cases_report(folder: Path, results: dict[str, Any], truths: list[Pictu
         room = room_verdicts.room_shown({r["case"]: [(r, r)] for r in results["cases"]}, modes=False)
         verdict = room_verdicts.verdict(room, s["iou_mean"], held, s.get("q_target_err_mean"),
                                         s.get("reward_abs_err_mean"))
-        lead = (f"Over {plural(s['scored'], 'scored case')}, the saved updates give away "
+        empty = sum(1 for r in results["cases"] if "metrics" in r and r.get("no_signal"))  # their errors undefined
+        read = f" ({empty} of them with nothing to read)" if empty else ""
+        lead = (f"Over {plural(s['scored'], 'scored case')}{read}, the saved updates give away "
                 f"{'nothing measured' if verdict == room_verdicts.NOTHING_LEAKS else verdict.removeprefix('leaks ')}.")
         glance = Table(columns=["largest mean image gain (dB)", "where", "cases showing their room", "box IoU (mean)",
                                 "action", "verdict"],
