@@ -98,6 +98,13 @@ class SpecLie(NarrowNet):
         self.spec = spec.model_copy(update={"image_size": 100})
 
 
+class Pair(NarrowNet):
+    """NarrowNet whose forward returns its output with its features, a tuple."""
+
+    def forward(self, images, box):
+        return super().forward(images, box), self.conv(images)
+
+
 class Frozen(NarrowNet):
     """NarrowNet whose box branch does not train: a client's update leaves its gradients out."""
 

@@ -286,6 +286,9 @@ def check_forward(net: nn.Module, spec: PerceptionSpec, where: str) -> None:
             net.eval()
             features = net.conv(images)
             out = net(images, box)
+            if not isinstance(out, torch.Tensor):  # "'tuple' object has no attribute 'sum'" said it in train mode
+                raise TypeError(f"forward returned a {type(out).__name__}; it must return one tensor, "
+                                f"[B, {spec.num_actions}]")
             composed = net.head(torch.cat([features, net.box(box)], dim=1)) if features.ndim == 2 else None
             what = "of one state in train mode, as a client computes a single-sample update,"
             with torch.enable_grad():
