@@ -45,10 +45,11 @@ class InversionConfig(BaseModel):
     def _monte_carlo_needs_a_ball(self) -> "InversionConfig":
         # Algorithm 1's k points are drawn in the delta-ball around the iterate, in the Adam loop
         if self.mc_samples > 1 and self.mc_radius == 0:
-            raise ValueError("mc_samples > 1 draws points in the ball of radius mc_radius: give mc_radius > 0 "
-                             "(with 0 the points coincide)")
+            raise ValueError("mc_samples (--mc-samples) > 1 draws points in the ball of radius mc_radius "
+                             "(--mc-radius): give mc_radius > 0 (with 0 the points coincide)")
         if self.optimizer == "lbfgs" and (self.mc_samples > 1 or self.mc_radius > 0):
-            raise ValueError("Algorithm 1's Monte-Carlo points (mc_samples, mc_radius) need the adam optimizer")
+            raise ValueError("Algorithm 1's Monte-Carlo points (mc_samples, mc_radius: --mc-samples, --mc-radius) "
+                             "need the adam optimizer")
         return self
 
     @model_validator(mode="after")
