@@ -20,7 +20,7 @@ from leaklab.attacks.rl.images import modality_tv
 from leaklab.attacks.rl.layerwise import penultimate_activations
 from leaklab.attacks.rl.network import GradientStats, cosine_loss, trace
 from leaklab.attacks.rl.same_action import exact_dqn_errors, same_action_errors
-from leaklab.attacks.rl.rules import (dqn_actions, entropy_bias_gradient, error_directions,
+from leaklab.attacks.rl.rules import (clipped_scale, dqn_actions, entropy_bias_gradient, error_directions,
                                      reinforce_action_reward)
 from leaklab.errors import LeaklabError
 from leaklab.metrics import constant_baseline, psnr
@@ -119,6 +119,29 @@ def test_behind_clipping_rgi_fits_the_scale_and_qgi_claims_no_target(batch):
     view, update, _ = client(loss="reinforce", batch=batch, alpha=0.0)  # no entropy part to tell the scale
     rec = rgi(view, defended(update, "clip:0.01", 0, 0), RoomAttackConfig(iterations=2))
     assert "reward" not in rec.exact and "box" in rec.exact
+
+
+def test_behind_clipping_among_other_steps_or_in_half_precision_nothing_scaled_is_claimed():
+    """A review's cases: DP-SGD's clip then noise, clip then top-k, a float16 update whose rounding leaves its norm
+    under the bound, and three actions (every action fits the scale): a target or reward off by the clip's factor
+    (or a wrong action) was claimed exact."""
+    for chain in ("clip:{c},gaussian:1e-6", "clip:{c},topk:0.5"):
+        for loss, attack, claim in (("dqn_mse", qgi, "q_target"), ("reinforce", rgi, "reward")):
+            view, update, _ = client(loss=loss)
+            norm = math.sqrt(sum(float(t.double().square().sum()) for t in update.tensors.values()))
+            rec = attack(view, defended(update, chain.format(c=f"{norm / 2:.9g}"), 0, 0), RoomAttackConfig(iterations=1))
+            assert claim not in rec.exact, (chain, loss)
+    for loss, attack, claim, dtype in (("reinforce", rgi, "reward", torch.float16),
+                                       ("dqn_mse", qgi, "q_target", torch.bfloat16)):
+        view, update, _ = client(loss=loss)
+        half = ClientUpdate(metadata=update.metadata, tensors={k: v.to(dtype) for k, v in update.tensors.items()})
+        rec = attack(view, defended(half, "clip:0.5", 0, 0), RoomAttackConfig(iterations=1))
+        assert claim not in rec.exact, dtype  # a reward 0.75 to 1.24 off, a target 70 % off, were claimed
+    view, update, truth = client(loss="reinforce", num_actions=3, actions=(1,), returns=(1.3227,), seed=1, alpha=0.05)
+    rec = rgi(view, defended(update, "clip:0.5", 0, 0), RoomAttackConfig(iterations=1))
+    assert "reward" not in rec.exact  # read as action 0's, return 0 (the truth: action 1, 1.32)
+    assert clipped_scale(torch.tensor([0.1, -0.2, 0.1], dtype=torch.float64),
+                         torch.tensor([0.2, 0.3, 0.5], dtype=torch.float64), 0.05) is None
 
 
 def test_an_untouched_rgi_batch_of_one_state_claims_no_reward():

@@ -25,10 +25,11 @@ What each mode recovers exactly (``RoomReconstruction.exact``):
   the update is untouched: two samples of one state, their errors summed in one sample's form). An untouched
   split whose ``head.0`` fit leaves more than :data:`~leaklab.attacks.rl.exact.SPLIT_SLACK` times its best
   rank-2 fit's residual (a wrong split) goes to the paper's stages.
-* exact, behind clipping alone that scaled the update (:func:`_clipped`): every ratio of the gradient as before;
-  RGI's reward with the scale fitted to the known entropy part (:func:`~leaklab.attacks.rl.rules.clipped_scale`;
-  claimed where the fit's uncertainty is under :data:`~leaklab.attacks.rl.rules.SCALE_EXACT`, never where α = 0),
-  QGI's target not claimed (its size is lost).
+* exact, behind clipping that may have scaled the update (:func:`_clipping`): every ratio of the gradient as
+  before; QGI's target not claimed (its size is lost); RGI's reward, behind clipping alone, with the scale fitted
+  to the known entropy part (:func:`~leaklab.attacks.rl.rules.clipped_scale`; claimed where the fit's uncertainty
+  is under :data:`~leaklab.attacks.rl.rules.SCALE_EXACT`, never where α = 0 or with fewer than 5 actions), behind
+  clipping among other steps not claimed.
 * paper: the actions (eq. 7); everything else by optimisation and the rules of IV-C/IV-D (RGI: one
   sample).
 """
@@ -91,18 +92,26 @@ def _check(view: ServerView, update: ClientUpdate, loss: str, cfg: RoomAttackCon
 
 
 CLIP_BOUND = 1e-5  # an update's norm within this fraction under its clipping bound is taken as clipped
+CLIP_ALONE, CLIP_AMONG = "alone", "among other steps"  # _clipping's answers
 
 
-def _clipped(update: ClientUpdate) -> bool:
-    """Whether the clipping the update declares scaled it by a factor the server does not know (leaklab's): its
-    defense is clipping alone and its norm the smallest bound. Every ratio of the gradient survives that, its size
-    does not: QGI's target, read off the error's size, is then not exact, and RGI's reward is read with the factor
-    fitted (:func:`~leaklab.attacks.rl.rules.clipped_scale`)."""
+def _clipping(update: ClientUpdate) -> str | None:
+    """How a clipping the update declares may have scaled it by a factor the server does not know (leaklab's):
+    :data:`CLIP_ALONE` where its defense is clipping alone and its norm the smallest bound (within ``CLIP_BOUND``,
+    or 16 rounding steps of its least precise dtype: float16's rounding left a clipped norm 8.5e-4 under it);
+    :data:`CLIP_AMONG` where other steps (noise, pruning) go with it, so that whether it bound cannot be told;
+    None where it declares none, or clipping alone that did not bind. Every ratio of the gradient survives the
+    factor, its size does not: QGI's target, read off the error's size, is not exact behind either, and RGI's
+    reward is read with the factor fitted behind clipping alone (:func:`~leaklab.attacks.rl.rules.clipped_scale`),
+    not claimed behind clipping among other steps."""
     steps = parse_defense(update.defense).steps
-    if not steps or not all(isinstance(step, Clip) for step in steps):
-        return False
+    if not any(isinstance(step, Clip) for step in steps):
+        return None
+    if not all(isinstance(step, Clip) for step in steps):
+        return CLIP_AMONG
+    slack = max(CLIP_BOUND, *(16 * torch.finfo(t.dtype).eps for t in update.tensors.values()))
     norm = math.sqrt(sum(float(t.double().square().sum()) for t in update.tensors.values()))
-    return norm >= min(step.c for step in steps) * (1 - CLIP_BOUND)
+    return CLIP_ALONE if norm >= min(step.c for step in steps) * (1 - slack) else None
 
 
 def _last_bias(net: PerceptionNet, grads: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -175,7 +184,7 @@ def qgi(view: ServerView, update: ClientUpdate, config: RoomAttackConfig | None 
     cfg = config or RoomAttackConfig()
     net, grads, batch = _check(view, update, "dqn_mse", cfg)
     try:
-        return _qgi(net, grads, batch, cfg, _clipped(update), progress)
+        return _qgi(net, grads, batch, cfg, _clipping(update) is not None, progress)
     except NoSignal:
         return _nothing(net, batch, cfg, "qgi")
 
@@ -229,13 +238,13 @@ def rgi(view: ServerView, update: ClientUpdate, config: RoomAttackConfig | None 
     cfg = config or RoomAttackConfig()
     net, grads, batch = _check(view, update, "reinforce", cfg)
     try:
-        return _rgi(net, grads, batch, cfg, update.metadata.entropy_weight, _clipped(update), progress)
+        return _rgi(net, grads, batch, cfg, update.metadata.entropy_weight, _clipping(update), progress)
     except NoSignal:
         return _nothing(net, batch, cfg, "rgi")
 
 
 def _rgi(net: PerceptionNet, grads: dict[str, torch.Tensor], batch: int, cfg: RoomAttackConfig,
-         entropy_weight: float, clipped: bool, progress: Progress | None) -> RoomReconstruction:
+         entropy_weight: float, clipping: str | None, progress: Progress | None) -> RoomReconstruction:
     start = time.perf_counter()
     gb = _last_bias(net, grads)
     if float(gb.abs().max()) == 0.0:
@@ -255,8 +264,8 @@ def _rgi(net: PerceptionNet, grads: dict[str, torch.Tensor], batch: int, cfg: Ro
     probs = torch.softmax(_outputs(net, last_input), 1)
     # each sample's own bias gradient (the batch's is the mean) through eq. 8 and 9, a clipped one's rescaled
     own = batch * errors
-    fits = [clipped_scale(own[b], probs[b], entropy_weight) if clipped and cfg.mode == "exact" else (1.0, 0.0)
-            for b in range(read_batch)]
+    fits = [clipped_scale(own[b], probs[b], entropy_weight) if clipping == CLIP_ALONE and cfg.mode == "exact"
+            else (1.0, 0.0 if clipping is None else math.inf) for b in range(read_batch)]
     own = own / own.new_tensor([fit[0] if fit else 1.0 for fit in fits]).unsqueeze(1)
     scale = float(own.norm(dim=1).max())
     action, reward, identified = (torch.cat(parts) for parts in zip(

@@ -71,10 +71,10 @@ EXACT_ONLY = ("tv_final", "feature_weight", "gradient_weight", "layerwise")  # f
 # claims nothing exact (a blend), ``exact.blended``, every reconstruction unchanged, and a batch whose split leaves
 # head.0 a residual far over its trailing part where the last layer shows no noise is not read in closed form
 # (RGI's line past a sample whose ReLU support nests in the other's: a wrong split), ``exact._trailing_part``, the
-# captured batches unchanged; 23: behind a clipping defense that scaled the update (its declared chain clipping
-# alone, its norm at the bound) RGI reads the reward with the factor fitted, ``rules.clipped_scale``, and QGI claims
-# no exact target, ``attack._clipped``, and an untouched RGI batch read as one sample (two of one state) claims no
-# reward, every other update's results unchanged); paper mode's 2:
+# captured batches unchanged; 23: behind a clipping defense that may have scaled the update QGI claims no exact
+# target, and behind clipping alone at its bound RGI reads the reward with the factor fitted, ``rules.clipped_scale``,
+# behind clipping among other steps claims none, ``attack._clipping``, and an untouched RGI batch read as one sample
+# (two of one state) claims no reward, every other update's results unchanged); paper mode's 2:
 # stage 1 starts again when its match ends under a cosine of 0.999; 3: the image convolutions as exact mode's 8;
 # 4: a single sample's update read for the features it lets through, ``exact.update_feature_cosine``, as exact
 # mode reads it, the reconstruction unchanged to the bit).

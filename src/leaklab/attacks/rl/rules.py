@@ -6,6 +6,8 @@ All rules read the last layer's bias gradient ``g_b`` (``[A]``; the batch mean o
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from leaklab.errors import NoSignal
@@ -113,8 +115,12 @@ def clipped_scale(grad_b: torch.Tensor, probs: torch.Tensor, alpha: float) -> tu
     a few thousandths of a return's part. On 5 clipped REINFORCE updates of captured rooms (S2, ``small``, clip
     1e-3) the rewards came 1e-6 to 1.1e-3 off relatively, the bound 1.1e-4 to 6.7e-3; on the tests' synthetic
     ones 1e-5 to 7e-5 off, the bound 1.4e-4 to 3.1e-4. None where ``e`` does not
-    tell the scale apart: α = 0 (``e`` is 0), two actions (``e`` and ``p − e_a`` are parallel), or a factor that
-    is not positive."""
+    tell the scale apart: α = 0 (``e`` is 0), three actions or fewer (``e`` and every ``p − e_a`` lie in the plane
+    of entries summing to 0: every action fits, with factors 7434, 0.37 and −2532), or a factor that is not
+    positive. With four actions one entry is left over the fit, too few for its bound: the bound is then infinite
+    (a review's claim within 1e-4 came 3e-4 off)."""
+    if probs.numel() <= 3:
+        return None
     entropy = entropy_bias_gradient(probs, alpha)
     eye = torch.eye(probs.numel(), dtype=probs.dtype, device=probs.device)
     best = None
@@ -128,4 +134,6 @@ def clipped_scale(grad_b: torch.Tensor, probs: torch.Tensor, alpha: float) -> tu
         if best is None or left < best[0]:
             best = (left, float(coef[1]), float(singular[1]))
     left, factor, smallest = best
-    return (factor, left / (smallest * factor)) if factor > 0 else None
+    if factor <= 0:
+        return None
+    return factor, (left / (smallest * factor) if probs.numel() > 4 else math.inf)
