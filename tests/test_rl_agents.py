@@ -56,6 +56,17 @@ def test_dqn_target_is_the_bellman_backup(transitions):
     torch.testing.assert_close(truth["q_pred"][0], q_pred)
 
 
+def test_client_updates_refuse_a_discount_or_entropy_weight_out_of_range(transitions):
+    """γ = NaN gave an update of NaN gradients, γ = 5 was taken; α = NaN failed after the gradient, in pydantic."""
+    net = build_perception_net(PerceptionSpec(setting="S1", image_size=64), seed=0)
+    for gamma in (float("nan"), 5.0, -0.1):
+        with pytest.raises(LeaklabError, match="gamma must lie in"):
+            dqn_client_update(net, target_copy(net), transitions[:1], gamma=gamma)
+    for alpha in (float("nan"), float("inf"), -1.0):
+        with pytest.raises(LeaklabError, match="entropy_weight must be a finite number"):
+            reinforce_client_update(net, transitions[:1], entropy_weight=alpha)
+
+
 @pytest.mark.parametrize("alpha", [0.0, 0.3])
 def test_reinforce_bias_gradient_is_analytic(transitions, alpha):
     net = build_perception_net(PerceptionSpec(setting="S1", image_size=64), seed=2)

@@ -18,6 +18,7 @@ network", section V); batch 2 is the other size its rule-based action recovery c
 from __future__ import annotations
 
 import copy
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -175,6 +176,8 @@ def dqn_client_update(net: PerceptionNet, target_net: PerceptionNet, transitions
     """The FedSGD gradient of :func:`dqn_loss` on ``transitions`` with the target
     ``Q = r + γ (1 − done) max_a' Q_target(s', a')``, and the truth: the state (``images``, ``rgb``
     in S1, ``depth``, ``box``), ``action``, ``reward``, ``q_pred`` ``Q̂(s, a)`` and ``q_target``."""
+    if not 0 <= gamma <= 1:  # NaN too: an update of NaN gradients
+        raise LeaklabError(f"gamma must lie in [0, 1] (got {gamma})")
     spec = net.spec
     batch = _batch(spec, transitions)
     q_target = td_targets(target_net, batch["reward"], batch["next_images"], batch["next_box"],
@@ -201,8 +204,8 @@ def reinforce_client_update(net: PerceptionNet, transitions: Sequence[Transition
     returns = torch.as_tensor(returns, dtype=torch.float32).reshape(-1)
     if len(returns) != len(transitions) or not torch.isfinite(returns).all():
         raise LeaklabError(f"returns must hold one finite value per transition ({len(transitions)})")
-    if entropy_weight < 0:
-        raise LeaklabError(f"entropy_weight must be >= 0 (got {entropy_weight})")
+    if not (entropy_weight >= 0 and math.isfinite(entropy_weight)):  # NaN failed after the gradient, in pydantic
+        raise LeaklabError(f"entropy_weight must be a finite number >= 0 (got {entropy_weight})")
     logits = net(batch["images"], batch["box"])
     grads = _gradient(net, reinforce_loss(logits, batch["action"], returns, entropy_weight))
     meta = UpdateMetadata(kind="fedsgd", batch_size=len(transitions), loss="reinforce",
