@@ -200,13 +200,14 @@ class InversionLoop:
                        for it in range(max(map(len, curves)))]
         else:
             optimiser = torch.optim.Adam([x], lr=cfg.lr)
-            scheduler = _schedule(cfg, optimiser)
+            scheduler, unit = _schedule(cfg, optimiser), 1.0
             for it in range(cfg.iterations):
                 points = _ball_points(x, cfg.mc_samples, cfg.mc_radius, g)
                 value = self.loss(points).sum()
                 grad = torch.autograd.grad(value, x)[0]
                 value = value.detach()
-                unit = _adam_unit(grad) if it == 0 else unit
+                if it == 0:
+                    unit = _adam_unit(grad)
                 x.grad = grad.sign() if cfg.signed_gradients else grad if unit == 1 else grad * unit
                 optimiser.step()
                 scheduler.step()
