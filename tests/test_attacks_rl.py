@@ -129,7 +129,8 @@ def test_behind_clipping_among_other_steps_or_in_half_precision_nothing_scaled_i
         for loss, attack, claim in (("dqn_mse", qgi, "q_target"), ("reinforce", rgi, "reward")):
             view, update, _ = client(loss=loss)
             norm = math.sqrt(sum(float(t.double().square().sum()) for t in update.tensors.values()))
-            rec = attack(view, defended(update, chain.format(c=f"{norm / 2:.9g}"), 0, 0), RoomAttackConfig(iterations=1))
+            defense = chain.format(c=f"{norm / 2:.9g}")
+            rec = attack(view, defended(update, defense, 0, 0), RoomAttackConfig(iterations=1))
             assert claim not in rec.exact, (chain, loss)
     for loss, attack, claim, dtype in (("reinforce", rgi, "reward", torch.float16),
                                        ("dqn_mse", qgi, "q_target", torch.bfloat16)):

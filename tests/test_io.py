@@ -12,8 +12,8 @@ import torch
 from leaklab.errors import LeaklabError
 from leaklab.experiments.capture import CaptureConfig, capture, write
 from leaklab.cases import load_case, load_truth
-from leaklab.io import (AUDIT_FORMAT, BAYES_TABLE2_FORMAT, ENTRIES_FILE, REPRODUCTION_FORMAT, ROOM_ATTACK_FORMAT, UPDATE_FILE,
-                        UPDATE_JSON, VIEW_FILE, VIEW_FORMAT, atomic_dir, check_out, json_line, load_tensors,
+from leaklab.io import (AUDIT_FORMAT, BAYES_TABLE2_FORMAT, ENTRIES_FILE, REPRODUCTION_FORMAT, ROOM_ATTACK_FORMAT,
+                        UPDATE_FILE, UPDATE_JSON, VIEW_FILE, VIEW_FORMAT, atomic_dir, check_out, json_line, load_tensors,
                         make_out_dir, new_run_dir, read_config, read_json, save_tensors, tensor_file_metadata,
                         write_json)
 
@@ -219,7 +219,8 @@ def test_a_rerun_never_deletes_what_leaklab_did_not_write_in_its_earlier_output(
         else:
             extra.write_text("precious")
         ran = []
-        with pytest.raises(LeaklabError, match=f"holds what leaklab did not write there \\({extra.relative_to(out)}\\)"):
+        shown = extra.relative_to(out)
+        with pytest.raises(LeaklabError, match=f"holds what leaklab did not write there \\({shown}\\)"):
             with atomic_dir(out, ROOM_ATTACK_FORMAT):
                 ran.append(True)
         assert not ran and extra.exists() and (out / "results.json").exists()
