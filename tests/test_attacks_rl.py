@@ -28,7 +28,7 @@ from leaklab.metrics.rooms import matched, room_metrics, transition_metrics
 from leaklab.rl.capture import defended
 from leaklab.models.perception import PerceptionSpec, build_perception_net
 from leaklab.rl.losses import dqn_loss, reinforce_loss
-from leaklab.threat import ClientUpdate, UpdateMetadata, make_view
+from leaklab.threat import Capabilities, ClientUpdate, UpdateMetadata, make_view
 
 
 def smooth_images(batch, channels, seed):
@@ -143,6 +143,15 @@ def test_behind_clipping_among_other_steps_or_in_half_precision_nothing_scaled_i
     assert "reward" not in rec.exact  # read as action 0's, return 0 (the truth: action 1, 1.32)
     assert clipped_scale(torch.tensor([0.1, -0.2, 0.1], dtype=torch.float64),
                          torch.tensor([0.2, 0.3, 0.5], dtype=torch.float64), 0.05) is None
+
+
+def test_the_room_attacks_need_the_batch_size_granted():
+    """QGI and RGI read the batch the view withholds (a view.json with knows_batch_size false)."""
+    for loss, attack in (("dqn_mse", qgi), ("reinforce", rgi)):
+        view, update, _ = client(loss=loss)
+        hidden = make_view(view.spec, view.model.state_dict(), update.metadata, Capabilities(knows_batch_size=False))
+        with pytest.raises(LeaklabError, match="knows_batch_size"):
+            attack(hidden, update, RoomAttackConfig(iterations=1))
 
 
 def test_an_untouched_rgi_batch_of_one_state_claims_no_reward():

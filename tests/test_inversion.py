@@ -65,6 +65,9 @@ def test_a_batchs_labels_are_the_classes_whose_rows_hold_a_negative_entry():
 def test_analytic_recovery_is_exact_on_an_mlp():
     view, upd, batch = case(model="mlp", size=16)
     assert float(psnr(recover_input(view, upd).float(), batch.images)) > 100
+    hidden = make_view(view.spec, view.model.state_dict(), upd.metadata, Capabilities(knows_batch_size=False))
+    with pytest.raises(LeaklabError, match="knows_batch_size"):  # it read the withheld batch size (186 dB)
+        recover_input(hidden, upd)
 
 
 def test_analytic_recovery_refuses_batches_and_conv_models():

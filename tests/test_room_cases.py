@@ -237,6 +237,25 @@ def test_a_case_whose_name_is_not_utf8_is_refused_before_attacking(tmp_path):
                       "caf\\xe9: its name is not valid UTF-8")
 
 
+def test_a_case_that_withholds_its_defense_or_batch_size_keeps_them_from_the_attacks(tmp_path):
+    """The room attacks read the defense off the update, which a case gave whatever its view granted (the claims
+    moved with it), and the workers' views dropped a case's capabilities (its withheld batch size was read)."""
+    from leaklab.rl.cases import load_room_case
+
+    cases = tmp_path / "cases"
+    capture_rooms(RoomCaptureConfig(algorithm="dqn", spec=PerceptionSpec(setting="S2"), samples=1,
+                                    layouts=("e1m1-stalactite",), defense="clip:0.001"), cases)
+    view_file = cases / "0000" / "view.json"
+    view = json.loads(view_file.read_text())
+    assert load_room_case(cases / "0000").update.defense == "clip:0.001"
+    view_file.write_text(json.dumps({**view, "capabilities": {"knows_defense": False}}))
+    assert load_room_case(cases / "0000").update.defense is None
+    view_file.write_text(json.dumps({**view, "capabilities": {"knows_batch_size": False}}))
+    out = tmp_path / "audit"
+    assert_user_error(invoke("audit", "--cases", cases, "--iterations", "3", "--workers", "1", "--out", out), out,
+                      "0000: this attack needs the capability 'knows_batch_size'")
+
+
 def test_audit_of_cases_refuses_batches_the_attack_cannot_read_before_attacking(tmp_path):
     out = tmp_path / "audit"
     for algorithm, batch, mode, limit in (("dqn", 3, "exact", 2), ("reinforce", 2, "paper", 1)):

@@ -178,7 +178,9 @@ class CaseFiles:
         """One update of ``tensors`` (named by parameter), validated against the view's model
         (:meth:`ClientUpdate.validate_against`: names, shapes, dtypes, finite) and then in float32, as
         the attacks read it (an error names ``where``)."""
-        update = ClientUpdate(metadata=self.view.metadata, tensors=tensors, defense=self.defense)
+        # the defense as the server knows it: none where the view withholds it (the room attacks read the update's)
+        known = self.defense if self.view.capabilities.knows_defense else None
+        update = ClientUpdate(metadata=self.view.metadata, tensors=tensors, defense=known)
         try:
             update.validate_against(self.view.model)
         except LeaklabError as e:
@@ -188,7 +190,7 @@ class CaseFiles:
         if wide is not None:  # a float64 entry over float32's range: the attack found it infinite, case by case
             raise LeaklabError(f"{where}: update tensor {wide!r} holds values beyond float32's range, in which the "
                                "attacks read it; rescale the update or save it as float32")
-        return update.with_tensors(read, self.defense)
+        return update.with_tensors(read, known)
 
 
 def read_case_files(folder: Path, room: bool, model_class: str | None = None) -> CaseFiles:

@@ -371,6 +371,10 @@ def run_cases(out: Path, cases_dir: Path, attack: RoomAttackConfig, workers: int
         warnings.warn(f"--cases {cases_dir} were captured with {_network_words(recorded)}, and are attacked as "
                       f"updates of {_network_words(model_class)}", UserWarning, stacklevel=2)
     for c in cases:  # before any attack runs, as the truths below
+        try:  # the workers attack a view rebuilt with leaklab's capabilities: a case's own are checked here
+            c.view.batch_size
+        except LeaklabError as e:
+            raise LeaklabError(f"--cases: {c.folder.name}: {e}") from None
         if c.update.metadata.kind != "fedsgd":
             raise LeaklabError(f"--cases: {c.folder.name} is a {c.update.metadata.kind} update; the room attacks "
                                "read FedSGD updates (one gradient)")

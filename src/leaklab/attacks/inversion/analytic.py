@@ -51,7 +51,7 @@ def first_linear_on_input(model: nn.Module) -> tuple[str, nn.Linear, Normalize |
 def recover_input(view: ServerView, update: ClientUpdate) -> torch.Tensor:
     """The client's image, exactly, from the first linear layer's update; shape (1, C, H, W), [0, 1]."""
     meta = update.metadata
-    if meta.batch_size != 1 or (meta.kind == "fedavg" and meta.local_steps != 1):
+    if view.batch_size != 1 or (meta.kind == "fedavg" and meta.local_steps != 1):
         raise LeaklabError(f"analytic recovery is exact for one image and one step; this update has "
                            f"batch size {meta.batch_size} and {meta.local_steps} step(s)")
     name, layer, normalize = first_linear_on_input(view.model)

@@ -80,7 +80,7 @@ def _check(view: ServerView, update: ClientUpdate, loss: str, cfg: RoomAttackCon
     if meta.loss != loss:
         raise LeaklabError(f"this attack reads an update of the {loss!r} loss; the update's loss is {meta.loss!r} "
                            f"(use {'rgi' if loss == 'dqn_mse' else 'qgi'}?)")
-    if meta.batch_size > max_batch(loss, cfg.mode):
+    if view.batch_size > max_batch(loss, cfg.mode):  # the capability to know it, checked
         raise LeaklabError(f"batch size {meta.batch_size} is not supported; this attack handles at most "
                            f"{max_batch(loss, cfg.mode)}")
     if cfg.objective != "error_direction" and loss != "dqn_mse":
