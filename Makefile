@@ -29,5 +29,5 @@ audit: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python benchmarks/run.py --out benchmarks/results
 
-clean:
+clean:  # the venv and caches, and runs/: every audit and reproduction written there, with their resume journals
 	rm -rf $(VENV) .cache .pytest_cache runs

@@ -128,6 +128,13 @@ def test_version():
     assert result.exit_code == 0 and result.output == f"leaklab {leaklab.__version__}\n"
 
 
+def test_a_mistyped_command_is_suggested_once():
+    """click and typer each suggested the command: "Did you mean 'attack'? Did you mean 'attack'?"."""
+    for args, name in ((("atack",), "'attack'"), (("reproduce", "room-table"), "'room-table1'")):
+        result = invoke(*args)
+        assert result.exit_code == 2 and result.stderr.count(name) == 1, result.stderr
+
+
 def test_help_version_and_bad_names_do_not_load_torch(tmp_path):
     """`leaklab --help` took 2.6 s here while torch loaded, 0.5 s without it; a mistyped name
     (`--setting S3`) was refused only after the imports, 6-9 s, and a negative seed was a traceback in

@@ -45,18 +45,23 @@ class _OneLineErrors(TyperGroup):
 
 
 app = typer.Typer(name="leaklab", cls=_OneLineErrors, no_args_is_help=True, add_completion=False,
-                  pretty_exceptions_show_locals=False,
+                  pretty_exceptions_show_locals=False, suggest_commands=False,
                   help="A laboratory for privacy leakage in federated learning: capture client updates, "
                        "attack them, and report how much they leak.")
 
-attack_app = typer.Typer(no_args_is_help=True, help="Attack captured client updates.")
-reproduce_app = typer.Typer(no_args_is_help=True, help="Reproduce published tables.")
-env_app = typer.Typer(no_args_is_help=True, help="The reinforcement-learning environments.")
-mechanisms_app = typer.Typer(no_args_is_help=True, help="Differential-privacy mechanisms: their epsilon, "
-                                                        "DP-SGD accounting, and empirical audits.")
-mechanisms_epsilon_app = typer.Typer(no_args_is_help=True, help="The (epsilon, delta) a mechanism claims.")
-mechanisms_account_app = typer.Typer(no_args_is_help=True, help="Privacy accounting of repeated mechanism "
-                                                                "uses (opacus, dp-accounting).")
+
+def _group(text: str) -> typer.Typer:
+    """A command group: its help when run without a command, and click's suggestion for a mistyped one (typer's
+    own repeated it)."""
+    return typer.Typer(no_args_is_help=True, suggest_commands=False, help=text)
+
+
+attack_app = _group("Attack captured client updates.")
+reproduce_app = _group("Reproduce published tables.")
+env_app = _group("The reinforcement-learning environments.")
+mechanisms_app = _group("Differential-privacy mechanisms: their epsilon, DP-SGD accounting, and empirical audits.")
+mechanisms_epsilon_app = _group("The (epsilon, delta) a mechanism claims.")
+mechanisms_account_app = _group("Privacy accounting of repeated mechanism uses (opacus, dp-accounting).")
 app.add_typer(attack_app, name="attack")
 app.add_typer(reproduce_app, name="reproduce")
 app.add_typer(env_app, name="env")
