@@ -32,6 +32,7 @@ def test_room_table1_runs_and_updates_a_docs_section(tmp_path):
     result = invoke("reproduce", "room-table1", "--mode", "exact", "--samples", "1", "--layouts", "1",
                     *ROOM_FAST, "--out", out)
     assert result.exit_code == 0, result.output
+    assert "understate what the updates leak" in result.stderr  # a short run's table said nothing of it
     res = json.loads((out / "results.json").read_text())
     assert set(res["table"]) == {"qgi-S1", "qgi-S2", "rgi-S1", "rgi-S2"}
     assert "(26.46)" in (out / "table.md").read_text()  # the paper's QGI S2 depth PSNR beside ours

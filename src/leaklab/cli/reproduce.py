@@ -79,9 +79,9 @@ def _published_command(argv: list[str], arch: str) -> str:
     return "leaklab " + " ".join(shlex.quote(a) for a in args)
 
 
-def _room_table(name: str, out: Path | None, update_docs: bool, samples: int,
+def _room_table(name: str, out: Path | None, update_docs: bool, samples: int, iterations: int | None,
                 run: Callable[[Path, Any], dict]) -> None:
-    from leaklab.experiments import room_tables
+    from leaklab.experiments import room_report, room_tables
     from leaklab.io import new_run_dir
 
     if update_docs and samples < PUBLISHED_SAMPLES:
@@ -95,6 +95,8 @@ def _room_table(name: str, out: Path | None, update_docs: bool, samples: int,
         result = run(out, progress)
     typer.echo(result["markdown"])
     typer.echo(f"wrote {out / 'results.json'} and {out / 'table.md'}")
+    if iterations is not None and (short := room_report.effort_notice(iterations)):  # as the attacks and audit
+        typer.echo(f"warning: {short}", err=True)
     if update_docs:
         command = _published_command(sys.argv[1:], result["arch"])
         typer.echo(f"updated {room_tables.update_docs(result['section'], result['markdown'], command)}")
@@ -125,7 +127,7 @@ def reproduce_room_table1(
     from leaklab.rl.envs.layouts import layouts_arg
 
     chosen = layouts_arg(layouts)
-    _room_table("room-table1", out, update_docs, samples, lambda o, p: room_tables.table1(
+    _room_table("room-table1", out, update_docs, samples, iterations, lambda o, p: room_tables.table1(
         o, mode=mode, samples=samples, layouts=chosen, iterations=iterations, arch=arch, seed=seed,
         workers=workers, device=device, progress=p,
         **({"cells": tuple(_split([cells]))} if cells else {})))
@@ -148,7 +150,7 @@ def reproduce_room_table2(
     from leaklab.rl.envs.layouts import layouts_arg
 
     chosen = layouts_arg(layouts)
-    _room_table("room-table2", out, update_docs, samples, lambda o, p: room_tables.table2(
+    _room_table("room-table2", out, update_docs, samples, iterations, lambda o, p: room_tables.table2(
         o, samples=samples, layouts=chosen, iterations=iterations, arch=arch, seed=seed, workers=workers,
         device=device, progress=p))
 
