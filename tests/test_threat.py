@@ -130,3 +130,17 @@ def test_a_model_file_is_checked_in_the_models_dtype_and_against_the_views_norma
         model_with_state(spec, {**state, "normalize.std": -state["normalize.std"]})
     with pytest.raises(LeaklabError, match=r"'fc.bias' contains NaN or Inf values \(as the model's torch.float32\)"):
         model_with_state(spec, {**state, "fc.bias": state["fc.bias"].double() + 1e300})
+
+
+def test_metadata_that_does_not_fit_its_update_kind_or_loss_is_refused():
+    """A FedSGD case declaring local steps and a local batch, or an entropy weight on a DQN loss, was read."""
+    from pydantic import ValidationError
+
+    from leaklab.threat import UpdateMetadata
+
+    for fields in ({"local_steps": 5}, {"local_batch_size": 1}, {"loss": "dqn_mse", "entropy_weight": 0.5},
+                   {"entropy_weight": 0.5}):
+        with pytest.raises(ValidationError, match="FedSGD update is one gradient|entropy_weight is REINFORCE"):
+            UpdateMetadata(batch_size=2, **fields)
+    assert UpdateMetadata(kind="fedavg", batch_size=2, local_steps=5, local_batch_size=1).minibatch_size == 1
+    assert UpdateMetadata(loss="reinforce", entropy_weight=0.5).entropy_weight == 0.5

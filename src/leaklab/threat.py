@@ -57,6 +57,11 @@ class UpdateMetadata(BaseModel):
         if self.kind == "fedavg" and self.local_batch_size is not None and \
                 self.local_batch_size > self.batch_size:
             raise ValueError("local_batch_size cannot exceed batch_size")
+        if self.kind == "fedsgd" and (self.local_steps != 1 or self.local_batch_size is not None):
+            raise ValueError("a FedSGD update is one gradient of the whole batch: local_steps 1 and no "
+                             "local_batch_size (they are FedAvg's; a FedSGD case declaring them was read)")
+        if self.loss != "reinforce" and self.entropy_weight != 0:
+            raise ValueError("entropy_weight is REINFORCE's alpha (loss 'reinforce'); 0 for the other losses")
         return self
 
     @property
