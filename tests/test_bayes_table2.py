@@ -133,3 +133,16 @@ def test_acceptance_verdict_from_a_table():
     partial = table({})
     del partial["photos"]["prune+gaussian"]
     assert verdict(partial)["evaluated"] is False and verdict(partial)["holds"] is None
+
+
+def test_a_rerun_with_other_images_tunes_a_trained_cell_again(tmp_path):
+    """The reported images leave the step > 0 network's training pool: with seed 141 two photos take one of its
+    crops that one does not, so the network differs, and a rerun into the same folder reused the first search."""
+    from leaklab.experiments import bayes_table2 as bt
+
+    log = tmp_path / "cells" / "photos__gaussian__step1__l2.tune.jsonl"
+    lines = []
+    for n in (1, 2):
+        bt.run(tmp_path, quick=True, datasets=["photos"], defenses=["gaussian"], steps=[1], images=n, seed=141)
+        lines.append(len(log.read_text().splitlines()))
+    assert lines[1] == 2 * lines[0]  # searched again, on the network the new images leave

@@ -465,7 +465,6 @@ def run(out: Path, quick: bool = False, datasets: list[str] | None = None,
             progress(text, min(done, total), total)
 
     settings = {k: v for k, v in asdict(scale).items()}
-    tune_settings = {k: v for k, v in settings.items() if k != "images"}
     cases: dict[tuple[str, int], _Case] = {}
     results: dict[tuple, dict] = {}
     for ds, d, st, attack in cells:
@@ -498,8 +497,9 @@ def run(out: Path, quick: bool = False, datasets: list[str] | None = None,
             report(label)
 
         tuner = _Tuner(out / CELLS_DIR / f"{key}.tune.jsonl",
-                       _fingerprint({"settings": {k: v for k, v in tune_settings.items()
-                                                  if st > 0 or k not in TRAIN_FIELDS},
+                       # the reported images leave the step > 0 network's training pool: their count keys it too
+                       _fingerprint({"settings": {k: v for k, v in settings.items()
+                                                  if st > 0 or k not in (*TRAIN_FIELDS, "images")},
                                      "seed": seed, "cell": [ds, d, st, attack]}),
                        lambda cfg: _attack(case, tune_updates, case.tune[1], case.tune[0], d, cfg), tick)
         best = _search(attack, scale, attack_seed, tuner)
