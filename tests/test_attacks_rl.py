@@ -189,6 +189,21 @@ def test_paper_mode_rules_recover_the_action():
     assert rgi(rview, rupdate, cfg).action.tolist() == [2]
 
 
+def test_an_untouched_dqn_batch_reads_a_second_action_however_small_its_error():
+    """Eq. 7: every non-zero entry is a taken action; a second TD error 3e-7 of the first was dropped (the same
+    action read twice, claimed). Behind noise the second entry must still pass 1e-6 of the first."""
+    assert dqn_actions(torch.tensor([0, 0, 0, -0.7447, 0, -2.999e-7, 0]), 2).tolist() == [3, 5]
+    assert dqn_actions(torch.tensor([0, 0, 0, -0.7447, 0, 0, 0]), 2).tolist() == [3, 3]
+    noisy = torch.tensor([1e-9, 2e-9, 0, -0.7447, 3e-9, -2.999e-7, 1e-9])
+    assert dqn_actions(noisy, 2).tolist() == [3, 3]
+    view, update, truth = client(batch=2)
+    q_second = float(truth["q_pred"][1])
+    view, update, truth = client(batch=2, targets=(0.7, q_second + 3e-7))
+    for mode in ("exact", "paper"):
+        rec = qgi(view, update, RoomAttackConfig(mode=mode, iterations=1, stage1_iterations=1))
+        assert sorted(rec.action.tolist()) == [3, 5], mode
+
+
 @pytest.mark.parametrize("ends,restarts,kept", [([0.5, 1e-7], 2, 1), ([0.5, 0.2, 0.3], 2, 1), ([0.5], 0, 0),
                                                  ([1e-7], 2, 0)])
 def test_paper_stage1_starts_again_until_its_match_converges(monkeypatch, ends, restarts, kept):

@@ -74,15 +74,17 @@ EXACT_ONLY = ("tv_final", "feature_weight", "gradient_weight", "layerwise")  # f
 # captured batches unchanged; 23: behind a clipping defense that may have scaled the update QGI claims no exact
 # target, and behind clipping alone at its bound RGI reads the reward with the factor fitted, ``rules.clipped_scale``,
 # behind clipping among other steps claims none, ``attack._clipping``, and an untouched RGI batch read as one sample
-# (two of one state) claims no reward, every other update's results unchanged); paper mode's 2:
+# (two of one state) claims no reward, and an untouched DQN batch reads a second action however small its error
+# (eq. 7, ``rules.dqn_actions``), every other update's results unchanged); paper mode's 2:
 # stage 1 starts again when its match ends under a cosine of 0.999; 3: the image convolutions as exact mode's 8;
 # 4: a single sample's update read for the features it lets through, ``exact.update_feature_cosine``, as exact
-# mode reads it, the reconstruction unchanged to the bit).
+# mode reads it, the reconstruction unchanged to the bit; 5: an untouched DQN batch of two reads a second action
+# however small its error, as exact mode's 23, every other update's results unchanged).
 # Summing stage 1's feature match stream by stream (session 10) left every result bit-identical: the
 # images' gradient does not depend on how the loss's terms are grouped.
 # The bordered factor kept in blocks (session 12) solves in another order: its float64 activations
 # move by ~1e-14 and came out the same in float32, so all 16 rows of 8 S1 and 8 S2 QGI attacks did.
-METHOD_VERSION = {"exact": 23, "paper": 4}
+METHOD_VERSION = {"exact": 23, "paper": 5}
 
 
 class RoomAttackConfig(BaseModel):

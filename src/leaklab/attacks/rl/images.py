@@ -111,6 +111,7 @@ def modality_tv(x: torch.Tensor, scale: torch.Tensor | None = None) -> torch.Ten
 
 
 def gaussian_start(shape: tuple[int, ...], seed: int) -> torch.Tensor:
-    """IV-A's Gaussian initialisation, centred in the pixel range: ``clip(0.5 + 0.25 N(0, 1), 0, 1)``."""
+    """IV-A's Gaussian initialisation, centred in the pixel range: ``clip(0.5 + 0.25 N(0, 1), 0, 1)`` (the text
+    gives no mean or std: these are leaklab's)."""
     g = torch.Generator().manual_seed(seed)
     return (0.5 + 0.25 * torch.randn(shape, generator=g)).clamp(0, 1)

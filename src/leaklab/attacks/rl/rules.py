@@ -16,7 +16,9 @@ from leaklab.errors import NoSignal
 def dqn_actions(grad_b: torch.Tensor, batch: int) -> torch.Tensor:
     """Eq. 7: the taken actions are the non-zero entries of ``g_b`` (DQN's error is one-hot per
     sample). Batch 1: the largest entry; batch 2: the two largest when both are non-zero (a set: the
-    order of the samples is not identifiable), else the same action twice."""
+    order of the samples is not identifiable), else the same action twice. Non-zero is exact where every other
+    entry is exactly 0 (an untouched update: a second error 3e-7 of the first was dropped, the action still
+    claimed); where they are not (noise), the second entry must pass 1e-6 of the first."""
     mag = grad_b.abs()
     if float(mag.max()) == 0.0:
         raise NoSignal("the last bias gradient is all zero (predicted Q equals the target); "
@@ -24,7 +26,8 @@ def dqn_actions(grad_b: torch.Tensor, batch: int) -> torch.Tensor:
     top = torch.topk(mag, 2).indices
     if batch == 1:
         return top[:1]
-    distinct = float(mag[top[1]]) > 1e-6 * float(mag[top[0]])
+    untouched = int((mag > 0).sum()) <= 2
+    distinct = float(mag[top[1]]) > (0.0 if untouched else 1e-6 * float(mag[top[0]]))
     return top if distinct else top[:1].repeat(2)
 
 
