@@ -14,8 +14,8 @@ generalises), each measured on real images and written beside its target.
   so brightness and contrast of the input are nearly unidentifiable; that harder case is reported by
   ``ig_batch_stats``.
 
-Every image metric is printed beside the no-information baseline (a constant image at the true
-per-channel mean).
+Every image metric is recorded beside the no-information baseline (a constant image at the true
+per-channel mean) in results.json, per image; the command's summary line prints it for IG.
 """
 
 from __future__ import annotations
