@@ -189,6 +189,13 @@ def test_audit_takes_the_defense_levels_a_user_asks_for(tmp_path):
 
     with pytest.raises(ValueError, match="each level once"):
         room_audit.AuditConfig(dp_epsilons=(8.0, 8.0))
+    with pytest.raises(ValueError, match="no DP-SGD noise calibrates"):  # an OverflowError's traceback
+        room_audit.AuditConfig(dp_epsilons=(1.7e308,))
+    from leaklab.experiments.audit_levels import next_levels
+
+    # suggestions past what an audit takes: 1e308's overflowed after every attack, σ over 1e6 was refused next time
+    assert next_levels({}, {1e308: False}) == next_levels({1e6: True}, {}) == {"gaussian_sigmas": [],
+                                                                               "dp_epsilons": []}
     with pytest.raises(ValueError, match="each level once"):  # both applied as gaussian:0.001, twice the same rows
         room_audit.AuditConfig(gaussian_sigmas=(1e-3, 1.0000001e-3))
     # an earlier audit that wrote the defaults out (iterations, layouts) is the same audit
@@ -200,6 +207,18 @@ def test_audit_takes_the_defense_levels_a_user_asks_for(tmp_path):
     result = invoke("audit", "--quick", "--sigmas", "1e-3", "--earlier", out, "--out", again)
     assert result.exit_code == 0, result.output
     assert json.loads((again / "results.json").read_text())["summary"]["earlier_audits"] == [str(out)]
+    # a chain: naming its last audit counts the ones that one counted (their verdicts were lost), each once
+    third = tmp_path / "third"
+    result = invoke("audit", "--quick", "--sigmas", "3e-3", "--earlier", again, "--earlier", out, "--out", third)
+    assert result.exit_code == 0, result.output
+    assert json.loads((third / "results.json").read_text())["summary"]["earlier_audits"] == [str(again), str(out)]
+    # an audit whose attacks are of another method version (or unrecorded: before session 53) does not carry over
+    older = tmp_path / "older"
+    older.mkdir()
+    (older / "results.json").write_text(json.dumps({**json.loads((out / "results.json").read_text()),
+                                                    "method_version": {"exact": 1}}))
+    assert_user_error(invoke("audit", "--quick", "--earlier", older, "--out", tmp_path / "bad"), tmp_path / "bad",
+                      "attacks of method version {'exact': 1} where this audit's are")
     for args, words in [(("--arch", "deep"), ("--earlier", f"arch {DEFAULT_ARCH} where this audit has deep")),
                         (("--seed", "1"), ("seed 0", "do not carry over"))]:
         assert_user_error(invoke("audit", "--quick", "--earlier", out, *args, "--out", tmp_path / "bad"),

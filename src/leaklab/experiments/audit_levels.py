@@ -21,13 +21,15 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
+from leaklab.fields import MAX_NOISE_SCALE
+
 ROUND_MANTISSAS = (1, 2, 3, 5)
 
 
 def _round_level(x: float) -> float:
     """The nearest (on a log scale) of 1, 2, 3 or 5 times a power of ten."""
     k = math.floor(math.log10(x))
-    candidates = [m * 10.0 ** e for e in (k, k + 1) for m in ROUND_MANTISSAS]
+    candidates = [m * float(f"1e{e}") for e in (k, k + 1) for m in ROUND_MANTISSAS]  # 1e309: inf, not OverflowError
     return float(f"{min(candidates, key=lambda c: abs(math.log(c / x))):.1g}")
 
 
@@ -53,21 +55,22 @@ def _next_strengths(tested: dict[float, bool]) -> tuple[list[float], tuple[float
     return [lo ** (2 / 3) * hi ** (1 / 3), lo ** (1 / 3) * hi ** (2 / 3)], (lo, hi)
 
 
-def _suggest(tested: dict[float, bool], strength: Callable[[float], float]) -> list[float]:
+def _suggest(tested: dict[float, bool], strength: Callable[[float], float], largest: float) -> list[float]:
     """Round levels to audit next for one family; ``strength`` maps a level to its strength and back
-    (an involution: σ -> σ, ε -> 1/ε)."""
+    (an involution: σ -> σ, ε -> 1/ε); none over ``largest``, the largest level an audit takes (σ's cap; 1e300
+    for ε: beyond the tested ones, 1e308's suggestion overflowed, after every attack)."""
     if not tested:
         return []
     strengths, (lo, hi) = _next_strengths({strength(level): leaks for level, leaks in tested.items()})
-    levels = {_round_level(strength(s)) for s in strengths}
+    levels = {_round_level(level) for s in strengths if 0 < (level := strength(s)) <= largest}
     return sorted(level for level in levels if level not in tested and lo < strength(level) < hi)
 
 
 def next_levels(gaussian: dict[float, bool], dpsgd: dict[float, bool]) -> dict[str, list[float]]:
     """The Gaussian σ and DP-SGD ε levels to audit next, from each tested level's verdict (level ->
     leaks); both empty lists when the family was not tested."""
-    return {"gaussian_sigmas": _suggest(gaussian, lambda s: s),
-            "dp_epsilons": _suggest(dpsgd, lambda e: 1 / e)}
+    return {"gaussian_sigmas": _suggest(gaussian, lambda s: s, MAX_NOISE_SCALE),
+            "dp_epsilons": _suggest(dpsgd, lambda e: 1 / e, 1e300)}
 
 
 def leaks_stop(gaussian: dict[float, bool], dpsgd: dict[float, bool]) -> dict[str, list[float]]:

@@ -44,6 +44,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, field_validator
 
 from leaklab.attacks.rl import RoomAttackConfig, max_batch
+from leaklab.attacks.rl.config import METHOD_VERSION
 from leaklab.cases import member_file
 from leaklab.device import DEVICE_PATTERN, describe, require_device, versions
 from leaklab.errors import LeaklabError, ModelClassError
@@ -113,6 +114,16 @@ class AuditConfig(BaseModel):
             defense_steps(f"gaussian:{sigma:g}")
         return sigmas
 
+    @field_validator("dp_epsilons")
+    @classmethod
+    def _calibrated(cls, epsilons: tuple[float, ...]) -> tuple[float, ...]:
+        for epsilon in epsilons:  # its noise calibrated before any capture: 1.7e308 was an OverflowError
+            try:
+                dpsgd_defense(epsilon)
+            except (ArithmeticError, LeaklabError) as e:
+                raise ValueError(f"no DP-SGD noise calibrates to ε = {epsilon:g} ({e})") from None
+        return epsilons
+
     def defenses(self) -> list[tuple[str, str | None]]:
         """(label, defense chain): none, then each family's levels from the weakest to the strongest (Gaussian
         noise, then one DP-SGD step: the families are not ranked against each other)."""
@@ -155,31 +166,56 @@ def _verdicts_by_level(config: AuditConfig, results: dict[str, Any]) -> tuple[bo
                            {e: leaks[dpsgd_label(e)] for e in config.dp_epsilons})
 
 
-def earlier_verdicts(folders: Sequence[Path], config: AuditConfig) -> Levels:
-    """The levels' verdicts of earlier audits (their folders) of the rooms, network and attacks
-    ``config`` audits (:data:`COMPARED_FIELDS`); one plain error when a folder holds no room audit
-    or audited something else."""
+def method_versions(config: AuditConfig) -> dict[str, int]:
+    """The attacks' method versions an audit's verdicts come from (``results.json`` ``method_version``), by mode."""
+    return {mode: METHOD_VERSION[mode] for mode in config.modes}
+
+
+def earlier_verdicts(folders: Sequence[Path], config: AuditConfig) -> tuple[Levels, list[Path]]:
+    """The levels' verdicts of earlier audits (their folders) of the rooms, network and attacks ``config`` audits
+    (:data:`COMPARED_FIELDS`, and the attacks' method versions), with the folders counted. An audit run with
+    ``--earlier`` counts its own earlier ones, which a later one counts in turn (naming only the last audit of a
+    chain lost the verdicts before it), each once, an audit's verdicts over those it counted; one plain error when
+    a folder holds no room audit, audited something else, or counted one that is gone."""
     gaussian: dict[float, bool] = {}
     dpsgd: dict[float, bool] = {}
-    for folder in folders:
-        results = read_json(Path(folder) / RESULTS_FILE, "--earlier results")
+    counted: list[Path] = []
+
+    def count(folder: Path, named: str) -> None:
+        if folder in counted:
+            return
+        counted.append(folder)  # before its own earlier ones: a loop of folders ends here
+        results = read_json(folder / RESULTS_FILE, "--earlier results")
         if not isinstance(results, dict) or results.get("format") != AUDIT_FORMAT or results.get("kind") != "rooms":
-            raise LeaklabError(f"--earlier {folder}: not a room audit's folder (`leaklab audit --out` writes one)")
+            raise LeaklabError(f"--earlier {named}: not a room audit's folder (`leaklab audit --out` writes one)")
         try:
             earlier = AuditConfig.model_validate(results["config"])
             _, (g, d) = _verdicts_by_level(earlier, results)
+            before = results["summary"].get("earlier_audits", [])
+            before = [Path(str(b)) for b in before] if isinstance(before, list) else [Path(str(before))]
         except (KeyError, TypeError, ValueError, AttributeError, StopIteration) as e:  # a field of another type
-            raise LeaklabError(f"--earlier {folder}: its {RESULTS_FILE} is not a whole room audit "
+            raise LeaklabError(f"--earlier {named}: its {RESULTS_FILE} is not a whole room audit "
                                f"({type(e).__name__}); run that audit again") from None
         theirs, ours = _compared(earlier), _compared(config)
         differ = [f"{name} {theirs[name]} where this audit has {ours[name]}" for name in COMPARED_FIELDS
                   if theirs[name] != ours[name]]
+        if results.get("method_version") != method_versions(config):
+            differ.append(f"attacks of method version {results.get('method_version') or 'unrecorded (before 2026-11-29)'}"
+                          f" where this audit's are {method_versions(config)}")
         if differ:
-            raise LeaklabError(f"--earlier {folder}: it audited {'; '.join(differ)}, so its verdicts do not "
+            raise LeaklabError(f"--earlier {named}: it audited {'; '.join(differ)}, so its verdicts do not "
                                "carry over")
+        for path in before:
+            if not (path / RESULTS_FILE).is_file():
+                raise LeaklabError(f"--earlier {named} counted the earlier audit {path}, which is not there; name "
+                                   "the audits you have with --earlier, without it")
+            count(resolved(path), f"{path} (counted by {named})")
         gaussian.update(g)
         dpsgd.update(d)
-    return gaussian, dpsgd
+
+    for folder in folders:
+        count(resolved(Path(folder)), str(folder))
+    return (gaussian, dpsgd), counted
 
 
 def _levels_summary(config: AuditConfig, results: dict[str, Any], earlier: Levels) -> dict[str, Any]:
@@ -269,7 +305,7 @@ def run(out: Path, config: AuditConfig, progress: ProgressFn | None = None,
     ``earlier``: folders of earlier audits of the same rooms, network and attacks whose verdicts count
     in where the leaks stop and which levels to audit next (:func:`earlier_verdicts`)."""
     check_out(out, AUDIT_FORMAT, inputs=earlier)
-    judged = earlier_verdicts(earlier, config)  # before minutes of work: a wrong folder is refused at once
+    judged, counted = earlier_verdicts(earlier, config)  # before minutes of work: a wrong folder is refused at once
     require_device(config.device)
     start = time.perf_counter()
     defenses = config.defenses()
@@ -322,13 +358,13 @@ def run(out: Path, config: AuditConfig, progress: ProgressFn | None = None,
                                       "summary": room_attack.summarise(cell_rows, iterations, seconds[(c, d)]),
                                       "samples": cell_rows})
         results = {"format": AUDIT_FORMAT, "format_version": 2, "kind": "rooms",
-                   "config": config.model_dump(mode="json"),
+                   "config": config.model_dump(mode="json"), "method_version": method_versions(config),
                    "summary": {"seconds": time.perf_counter() - start, "samples_attacked": len(jobs),
                                "resumed_attacks": resumed, "defenses": [label for label, _ in defenses]},
                    "cells": results_cells, "versions": versions(), "device": describe(torch.device(config.device))}
         results["summary"].update(_levels_summary(config, results, judged))
-        if earlier:
-            results["summary"]["earlier_audits"] = [str(folder) for folder in earlier]
+        if counted:  # every audit counted, a chain's included, each once, as absolute paths
+            results["summary"]["earlier_audits"] = [str(folder) for folder in counted]
         write_json(tmp / RESULTS_FILE, results)
         room_report.write_report(tmp, results, cells, defenses, truths, pictures)
     return results
