@@ -200,8 +200,8 @@ def earlier_verdicts(folders: Sequence[Path], config: AuditConfig) -> tuple[Leve
         differ = [f"{name} {theirs[name]} where this audit has {ours[name]}" for name in COMPARED_FIELDS
                   if theirs[name] != ours[name]]
         if results.get("method_version") != method_versions(config):
-            differ.append(f"attacks of method version {results.get('method_version') or 'unrecorded (before 2026-11-29)'}"
-                          f" where this audit's are {method_versions(config)}")
+            recorded = results.get("method_version") or "unrecorded (before 2026-11-29)"
+            differ.append(f"attacks of method version {recorded} where this audit's are {method_versions(config)}")
         if differ:
             raise LeaklabError(f"--earlier {named}: it audited {'; '.join(differ)}, so its verdicts do not "
                                "carry over")
