@@ -160,10 +160,11 @@ def test_render_report_embeds_figures_and_escapes(tmp_path):
     html = render_report(tmp_path / "r.html", "Audit <1>", summary=[("seconds", 1.23456), ("ok", True)],
                          figures=[Figure("bars", png)],
                          sections=[Section("S & T", "text <b>", [Figure("grid", png, "cap")],
-                                           [Table(["name", "psnr"], [["x<y", 12.345], ["z", None]])])])
+                                           [Table(["name", "psnr"], [["x<y", 12.345], ["z", None],
+                                                                     ["w", float("nan")]])])])
     assert (tmp_path / "r.html").read_text() == html
     assert "Audit &lt;1&gt;" in html and "S &amp; T" in html and "x&lt;y" in html
-    assert "12.35" in html and "1.23" in html and "yes" in html
+    assert "12.35" in html and "1.23" in html and "yes" in html and "nan" not in html
     uris = re.findall(r'src="data:image/png;base64,([^"]+)"', html)
     assert len(uris) == 2 and base64.b64decode(uris[0]).startswith(PNG)
 

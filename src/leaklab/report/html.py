@@ -54,8 +54,9 @@ class Section:
 
 
 def _fmt(value: Any) -> str:
-    """Numbers to short strings: floats with 2 decimals (None as an en dash), booleans as yes/no."""
-    if value is None:
+    """Numbers to short strings: floats with 2 decimals (None and NaN, no value, as an en dash: the glance's gain
+    read "nan" where no image was scored), booleans as yes/no."""
+    if value is None or (isinstance(value, float) and value != value):
         return "\u2013"
     if isinstance(value, bool):
         return "yes" if value else "no"
