@@ -70,6 +70,9 @@ def test_episodes_truncate_at_max_steps_and_never_terminate():
     finally:
         env.close()
     assert flags == [(False, False), (False, False), (False, True)]
+    for after_close in (lambda: env.reset(seed=0), lambda: env.step(0)):  # ViZDoom's own exception said it
+        with pytest.raises(LeaklabError, match="engine is closed"):
+            after_close()
 
 
 def test_every_layout_starts_bright_distinct_and_seeing_its_target():
@@ -149,9 +152,11 @@ def test_bad_arguments_raise_leaklab_errors(env):
     for taken in (np.array(2), np.int64(2)):  # what the action space holds (np.asarray of a policy's output)
         env.reset(seed=0)
         assert env.action_space.contains(taken) and env.step(taken)[4]["step"] == 1
-    for refused in (np.array([2]), np.array(2.0), 2.0):
+    for refused in (np.array([2]), np.array(2.0), 2.0, True):  # a bool is an int to isinstance
         with pytest.raises(LeaklabError, match="action"):
             env.step(refused)
+    with pytest.raises(LeaklabError, match="max_steps"):
+        ActivePerceptionEnv(layout=LAYOUT, max_steps=True)
 
 
 def test_contact_sheet_writes_a_png_grid(tmp_path):

@@ -175,7 +175,7 @@ class ActivePerceptionEnv(gym.Env):
         check_layouts((layout,))
         if not isinstance(image_size, int) or not 32 <= image_size <= 480:
             raise LeaklabError(f"image_size must be an integer in [32, 480], got {image_size!r}")
-        if not isinstance(max_steps, int) or max_steps < 1:
+        if not isinstance(max_steps, int) or isinstance(max_steps, bool) or max_steps < 1:
             raise LeaklabError(f"max_steps must be a positive integer, got {max_steps!r}")
         self.layout = LAYOUTS[layout]
         self.image_size = image_size
@@ -285,7 +285,7 @@ class ActivePerceptionEnv(gym.Env):
             raise LeaklabError("step() called before reset(); call env.reset(seed=...) first")
         if isinstance(action, np.ndarray) and action.shape == () and np.issubdtype(action.dtype, np.integer):
             action = action[()]  # a 0-d integer array, which the action space contains too
-        if not isinstance(action, (int, np.integer)) or not 0 <= action < len(ACTIONS):
+        if not isinstance(action, (int, np.integer)) or isinstance(action, bool) or not 0 <= action < len(ACTIONS):
             raise LeaklabError(f"action must be an integer in range({len(ACTIONS)}), got {action!r}")
         check_own(self._game)
         self._game.make_action(_ACTION_INPUTS[int(action)], TICS_PER_STEP)

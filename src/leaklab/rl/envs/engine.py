@@ -170,11 +170,14 @@ def close_game(game: vzd.DoomGame) -> None:
 
 def check_own(game: vzd.DoomGame) -> None:
     """Raise a :class:`LeaklabError` where ``game`` came with a fork from the process that started it: the
-    engine answers that process, and a child driving it too would break both."""
+    engine answers that process, and a child driving it too would break both; or where it is closed (ViZDoom's
+    own exception said so in its words)."""
     owner = _OPEN_GAMES.get(game)
     if owner is not None and owner != os.getpid():
         raise LeaklabError(f"this room's ViZDoom engine belongs to process {owner}, from which this one was "
                            "forked: make a new environment in this process")
+    if not game.is_running():
+        raise LeaklabError("this room's ViZDoom engine is closed (env.close()): make a new environment")
 
 
 @functools.cache
