@@ -283,7 +283,7 @@ def load_tensors(path: Path, what: str, sha256: str | None = None,
         raise _missing(what, path) from None
     except OSError as e:
         raise LeaklabError(f"{what} file {path} cannot be read ({_first_line(e)})") from None
-    fix = "re-capture it (or copy it again)"
+    fix = "write it again with the command that made it (or copy it again)"  # a case, a model, an agent
     try:
         tensors = _st_load(data)
         metadata = _header_metadata(data)
