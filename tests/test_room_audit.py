@@ -414,7 +414,8 @@ def test_audit_suggests_levels_from_its_verdicts_only_when_they_are_full_strengt
     text = levels_text({**both, "earlier_audits": ["runs/a"]})
     assert "The leaks stop between Gaussian noise σ = 0.03 (leaks) and σ = 0.3 (nothing leaks)" in text
     assert "one DP-SGD step at ε = 30 (leaks) and ε = 20" in text and "`--sigmas 0.05,0.1`" in text
-    assert text.endswith("(From the verdicts of this audit and 1 earlier audit.)")
+    assert text.endswith("(From the verdicts of this audit and 1 earlier audit; the conclusion counts this audit's "
+                         "levels alone.)")
     assert levels_text(levels([15.0] * 4)) == ""  # nothing leaks at all: nothing to say
 
 

@@ -159,7 +159,9 @@ def levels_text(summary: dict[str, Any]) -> str:
     how many earlier audits' verdicts they count); "" when it names neither."""
     text = " ".join(filter(None, (leaks_stop_text(summary["leaks_stop"]), next_levels_text(summary["next_levels"]))))
     earlier = len(summary.get("earlier_audits", []))
-    return f"{text} (From the verdicts of this audit and {plural(earlier, 'earlier audit')}.)" if text and earlier \
+    # the conclusion before it names this audit's levels alone: a level it calls safe may leak in an earlier one
+    return f"{text} (From the verdicts of this audit and {plural(earlier, 'earlier audit')}; the conclusion counts " \
+        "this audit's levels alone.)" if text and earlier \
         else text
 
 
