@@ -14,8 +14,8 @@ from leaklab.experiments.capture import CaptureConfig, capture, write
 from leaklab.cases import load_case, load_truth
 from leaklab.io import (AUDIT_FORMAT, BAYES_TABLE2_FORMAT, ENTRIES_FILE, REPRODUCTION_FORMAT, ROOM_ATTACK_FORMAT,
                         UPDATE_FILE, UPDATE_JSON, VIEW_FILE, VIEW_FORMAT, atomic_dir, check_out, json_line,
-                        load_tensors, make_out_dir, new_run_dir, read_config, read_json, save_tensors, tensor_file_metadata,
-                        write_json)
+                        load_tensors, make_out_dir, new_run_dir, read_config, read_json, save_tensors,
+                        tensor_file_metadata, write_json)
 
 torch.set_num_threads(1)
 
