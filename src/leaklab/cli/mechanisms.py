@@ -138,9 +138,9 @@ def _audit_line(result: Any, payload: dict[str, Any]) -> str:
     d = result.details
     source = (f"{result.runs} canary scores per side ({plural(d['training_runs'], 'training run')} of "
               f"{d['canaries']} canaries)") if result.mechanism == "dpsgd" else f"{result.runs} runs per input"
-    broken = " (broken)" if payload["broken"] else ""
+    qualifier = " (broken)" if payload["broken"] else ""
     if result.mechanism == "dpsgd" and d["sample_rate"] != d["q"]:  # the claim is at the rate the trainings realise
-        broken += f" at sampling rate {d['sample_rate']:.4g} (asked {d['q']:g}; {d['canaries']} canaries)"
-    return (f"{result.mechanism}{broken}: claimed epsilon {result.claimed_epsilon:.4g} "
+        qualifier += f" at sampling rate {d['sample_rate']:.4g} (asked {d['q']:g}; {d['canaries']} canaries)"
+    return (f"{result.mechanism}{qualifier}: claimed epsilon {result.claimed_epsilon:.4g} "
             f"(delta {result.claimed_delta:g}); audited lower bound {result.epsilon_lower_bound:.4f} "
             f"at confidence {result.confidence:g} from {source}: {verdict}")

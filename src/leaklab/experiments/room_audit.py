@@ -192,7 +192,9 @@ def earlier_verdicts(folders: Sequence[Path], config: AuditConfig) -> tuple[Leve
             earlier = AuditConfig.model_validate(results["config"])
             _, (g, d) = _verdicts_by_level(earlier, results)
             before = results["summary"].get("earlier_audits", [])
-            before = [Path(str(b)) for b in before] if isinstance(before, list) else [Path(str(before))]
+            if not isinstance(before, list):
+                raise TypeError("earlier_audits is not a list")
+            before = [Path(b) for b in before]  # an entry that is no string: TypeError, refused too
         except (KeyError, TypeError, ValueError, AttributeError, StopIteration) as e:  # a field of another type
             raise LeaklabError(f"--earlier {named}: its {RESULTS_FILE} is not a whole room audit "
                                f"({type(e).__name__}); run that audit again") from None
@@ -408,7 +410,7 @@ def run_cases(out: Path, cases_dir: Path, attack: RoomAttackConfig, workers: int
                       f"updates of {_network_words(model_class)}", UserWarning, stacklevel=2)
     for c in cases:  # before any attack runs, as the truths below
         try:  # the workers attack a view rebuilt with leaklab's capabilities: a case's own are checked here
-            c.view.batch_size
+            c.view.require("knows_batch_size", "the room attacks read the update's transitions")
         except LeaklabError as e:
             raise LeaklabError(f"--cases: {c.folder.name}: {e}") from None
         if c.update.metadata.kind != "fedsgd":

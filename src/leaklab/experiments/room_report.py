@@ -292,8 +292,7 @@ def _cell_table(meta: dict[str, str], images: tuple[str, ...], labels: list[str]
                          "the Y channel (RGB) and on depth, with the paper's normalisation (the reconstruction's "
                          "brightest RGB pixel scaled to white). Means over the samples; the picture above gives "
                          "each one's PSNR as drawn (raw) and, in brackets, its gain over its own baseline. Features "
-                         "read: the "
-                         "cosine of the conv features read off the update in closed form with the client's, as "
+                         "read: the cosine of the conv features read off the update in closed form with the client's, as "
                          "the server estimates it from the update alone (a median).")
 
 

@@ -103,7 +103,6 @@ def reinforce_action_reward(grad_b: torch.Tensor, probs: torch.Tensor, alpha: fl
             torch.tensor([identified], device=probs.device))
 
 
-
 # relative uncertainty of a fitted clipping factor under which the reward read with it is claimed exact (the
 # target's 0.01 % of exact mode)
 SCALE_EXACT = 1e-4
