@@ -56,6 +56,11 @@ class Gaussian(Defense):
     sigma: float
     name = "gaussian"
 
+    @property
+    def scale(self) -> float:
+        """The noise's scale, its std (as :attr:`Laplace.scale`)."""
+        return self.sigma
+
     def apply(self, tensors, generator):
         return [t + self.sigma * torch.randn(t.shape, generator=generator, dtype=t.dtype).to(t.device)
                 for t in tensors]
@@ -71,6 +76,11 @@ class Laplace(Defense):
 
     b: float
     name = "laplace"
+
+    @property
+    def scale(self) -> float:
+        """The noise's scale ``b`` (as :attr:`Gaussian.scale`)."""
+        return self.b
 
     def apply(self, tensors, generator):
         out = []
@@ -209,7 +219,8 @@ class DefenseChain:
         return noise is not None and all(isinstance(s, _DETERMINISTIC) for s in det)
 
     @property
-    def noise(self) -> Defense | None:
+    def noise(self) -> Gaussian | Laplace | None:
+        """The chain's final noise step, if it ends in one."""
         return self._parts()[2]
 
     def log_prob(self, observed: Sequence[torch.Tensor], clean: Sequence[torch.Tensor]) -> torch.Tensor:
@@ -221,8 +232,7 @@ class DefenseChain:
         for step in det:
             clean = step.apply(list(clean))
         o, c = _flat(observed), _flat(clean)
-        laplace = isinstance(noise, Laplace)
-        scale = noise.b if laplace else noise.sigma
+        laplace, scale = isinstance(noise, Laplace), noise.scale
         if prune is not None and prune.p > 0:
             return -_MixtureNLL.apply(o, c, prune.p, scale, laplace)
         n = o.numel()

@@ -89,8 +89,7 @@ def invert(view: ServerView, updates: ClientUpdate | list[ClientUpdate], config:
         best = i * restarts + int(torch.argmin(torch.nan_to_num(losses, nan=float("inf"))))
         if not torch.isfinite(result.images[best]).all():
             largest = max(float(t.abs().max()) for t in updates[i].tensors.values())
-            noise = defense.noise
-            scale = None if noise is None else getattr(noise, "sigma", None) or getattr(noise, "b", None)
+            scale = None if defense.noise is None else defense.noise.scale
             if scale is not None and scale < TINY_NOISE:  # the likelihood's 1/σ² overflows float32, whatever the lr
                 raise LeaklabError(f"the attack diverged: behind noise of scale {scale:g} the Bayes objective "
                                    "overflows float32; attack with --objective l2 (l1 behind Laplace noise), the same "
