@@ -242,6 +242,15 @@ def test_audit_takes_the_defense_levels_a_user_asks_for(tmp_path):
                       tmp_path / "bad", "--earlier")
 
 
+def test_a_glance_iou_reads_on_its_side_of_the_box_line():
+    """The glance printed a best IoU of 0.49998 as 0.50 beside a verdict that the box does not leak (under 0.5)."""
+    from leaklab.words import beside_line
+
+    assert [beside_line(v, 0.5) for v in (0.49998, 0.5, 0.504, 0.999996, 0.0)] == ["0.49998", "0.50", "0.50",
+                                                                                   "1.00", "0.00"]
+    assert beside_line(0.4999999999999999, 0.5) == "0.4999999999999999"
+
+
 def test_audit_verdicts_in_words():
     from leaklab.experiments.room_verdicts import conclusion, verdicts
 
@@ -268,6 +277,7 @@ def test_audit_verdicts_in_words():
     # what each defense costs: the cosine an update keeps, the attacks' range where they differ
     assert [r.kept for r in rows] == ["1", "0.6 to 0.871", "0.000651"]
     assert [r.shown for r in rows] == ["2 of 2", "1 of 4", "0 of 4"]
+    assert [r.iou for r in rows] == ["1.00", "0.60", "0.00"]
     assert rows[0].verdict == ("leaks the room (2 of 2 updates show it; the best: QGI S2 depth +30.0 dB over its "
                           "baseline), the target's box (IoU 1.00), the action (100%) and the target Q-value (error "
                           "1.2e-06%)")

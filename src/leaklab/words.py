@@ -30,3 +30,13 @@ def db_text(value: float | None, signed: bool = False) -> str:
 def cosine_text(value: float | None) -> str | None:
     """An update's cosine with the true one as leaklab prints it (three significant digits); None as is."""
     return None if value is None else f"{value:.3g}"
+
+
+def beside_line(value: float, line: float, decimals: int = 2) -> str:
+    """``value`` with ``decimals`` decimals, or as many more as keep it on its side of the verdicts' ``line``
+    (an IoU of 0.49998, under the box's 0.5, reads 0.49998, not 0.50)."""
+    text = f"{value:.{decimals}f}"
+    while (float(text) >= line) != (value >= line) and decimals < 17:
+        decimals += 1
+        text = f"{value:.{decimals}f}"
+    return text

@@ -20,7 +20,7 @@ from leaklab.experiments.audit_levels import leaks_stop_text, next_levels_text
 from leaklab.fields import defense_steps
 from leaklab.names import NOISE_DEFENSE_NAMES
 from leaklab.rl.envs.active_perception import ACTIONS
-from leaklab.words import cosine_text, listing, plural, sentences
+from leaklab.words import beside_line, cosine_text, listing, plural, sentences
 
 IMAGE_LEAK_DB = 3.0  # verdict: images leak when their PSNR beats the no-information baseline by this
 BOX_LEAK_IOU = 0.5  # verdict: the target's box leaks at this mean IoU (the usual detection threshold)
@@ -175,7 +175,7 @@ class GlanceRow(NamedTuple):
     gain: float  # the largest mean image gain over the constant baseline (dB)
     where: str
     shown: str  # "K of N" updates showing their room
-    iou: float  # the best mean box IoU
+    iou: str  # the best mean box IoU, on its side of :data:`BOX_LEAK_IOU` (:func:`~leaklab.words.beside_line`)
     action: str | None  # QGI's action accuracy over its updates
     verdict: str
 
@@ -207,7 +207,8 @@ def verdicts(results: dict[str, Any]) -> list[GlanceRow]:
                                  for key in ("q_target_err_mean", "reward_abs_err_mean"))
         rows.append(GlanceRow(label, chain_in_words(cells[0].get("defense_chain")), _cosine_range(cells),
                               _cosine_range(cells, "feature_cosine_median"), gain, where,
-                              f"{room.shown} of {room.updates}", iou, _actions_read(actions),
+                              f"{room.shown} of {room.updates}", beside_line(iou, BOX_LEAK_IOU),
+                              _actions_read(actions),
                               verdict(room, iou, actions, q_error, reward_error)))
     return rows
 
