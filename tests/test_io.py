@@ -524,6 +524,8 @@ def test_truth_with_a_bad_provenance_or_out_of_range_values_is_refused(case_dir,
             # float8 images and unsigned labels passed this test and had no isfinite/min: a traceback
             ({"images": images.to(torch.float8_e4m3fn), "labels": labels}, "{}", "float8_e4m3fn"),
             ({"images": images, "labels": labels.to(torch.uint32)}, "{}", "uint32"),
+            # a tensor besides the two was left unread (a room case's truth refused one)
+            ({"images": images, "labels": labels, "lables": labels}, "{}", "alone .holds also 'lables'"),
             ({"images": images, "labels": labels}, '{"update_cosine": [0.5]}', "must list 2 number"),
             ({"images": images, "labels": labels}, '{"update_cosine": [0.5, 2]}', r"in \[-1, 1\]"),
             ({"images": images, "labels": labels}, '{"x": ' + "9" * 5000 + "}", "not valid JSON")):

@@ -335,8 +335,10 @@ def load_truth(folder: Path, case: Case) -> tuple[torch.Tensor, torch.Tensor, di
         return None
     tensors, meta = load_tensors(path, "truth")
     images, labels = tensors.get("images"), tensors.get("labels")
-    if images is None or labels is None:
-        raise LeaklabError(f"truth file {path} needs tensors 'images' and 'labels'")
+    extra = sorted(set(tensors) - {"images", "labels"})
+    if images is None or labels is None or extra:  # as a room case's truth: a misnamed tensor was left unread
+        raise LeaklabError(f"truth file {path} needs tensors 'images' and 'labels'"
+                           + (f" alone (holds also {', '.join(map(repr, extra))})" if extra else ""))
     provenance = truth_provenance(meta, path)
     if images.dtype not in FLOAT_DTYPES or labels.dtype not in LABEL_DTYPES:  # float8 and uint16-64 passed and
         # then had no isfinite/min: a traceback after the attack
