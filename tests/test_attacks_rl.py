@@ -154,20 +154,25 @@ def test_the_room_attacks_need_the_batch_size_granted():
             attack(hidden, update, RoomAttackConfig(iterations=1))
 
 
-def test_an_untouched_rgi_batch_of_one_state_claims_no_reward():
+@pytest.mark.parametrize("actions, defense", [((3, 5), None), ((3, 3), "gaussian:1e-5")])
+def test_an_rgi_batch_of_one_state_claims_no_reward(actions, defense):
     """Two transitions from one state (a user's consecutive frames where the robot did not move): head.0 holds one
-    sample's form, the bias gradient both errors summed; the reward read off it (1.42 for 1.3 and −0.8) was
+    sample's form, the bias gradient both errors summed; the reward read off it (1.42 for 1.3 and −0.8, untouched;
+    0.5 for 1.3 and −0.8 of one action behind noise, where it reads as one sample beside a zero return) was
     claimed exact. The state is both samples', read exactly."""
     spec = PerceptionSpec(setting="S2", arch="small")
     net = build_perception_net(spec, seed=0)
     x, box = smooth_images(1, 1, 10).repeat(2, 1, 1, 1), torch.tensor([[-0.3, -0.2, 0.4, 0.5]]).repeat(2, 1)
     meta = UpdateMetadata(batch_size=2, loss="reinforce", entropy_weight=0.01)
-    value = reinforce_loss(net(x, box), torch.tensor([3, 5]), torch.tensor([1.3, -0.8]), 0.01)
+    value = reinforce_loss(net(x, box), torch.tensor(actions), torch.tensor([1.3, -0.8]), 0.01)
     grads = torch.autograd.grad(value, list(net.parameters()))
     update = ClientUpdate(metadata=meta, tensors={n: g for (n, _), g in zip(net.named_parameters(), grads)})
+    if defense:
+        update = defended(update, defense, 0, 0)
     rec = rgi(make_view(spec, net.state_dict(), meta), update, RoomAttackConfig(iterations=1))
     assert {"box", "features", "probs"} <= set(rec.exact) and "reward" not in rec.exact
-    assert torch.allclose(rec.box[0], box[0], atol=1e-5)
+    assert torch.allclose(rec.box[0], box[0], atol=1e-3)
+    assert min(abs(float(rec.reward[0]) - r) for r in (1.3, -0.8)) > 0.1  # neither sample's reward
 
 
 @pytest.mark.parametrize("mode", ["exact", "paper"])
@@ -474,7 +479,8 @@ def test_a_batch_read_as_one_sample_claims_nothing_exact_where_the_other_shows()
     """A batch of two strong samples read as one behind noise reads a blend of the two (returns 1.3 and −0.8
     behind σ = 1e-3: one reward of 1.43; one action, 1.3 and 0.3 behind 1e-4: 1.6): nothing of it is claimed
     exact (the last layer's and head.0's second singular values stand over the noise's edge), where a zero
-    return's partner, whose own part is only its entropy term, still reads box, features and reward exactly."""
+    return's partner, whose own part is only its entropy term, still reads box and features exactly, and its reward
+    within the noise (not claimed: two of one state and one action read so too)."""
     for actions, returns, sigma in (((3, 5), (1.3, -0.8), 1e-3), ((3, 3), (1.3, 0.3), 1e-4)):
         view, update, truth = client(loss="reinforce", batch=2, actions=actions, returns=returns)
         noised = defended(update, f"gaussian:{sigma}", 0, 0)
@@ -487,7 +493,9 @@ def test_a_batch_read_as_one_sample_claims_nothing_exact_where_the_other_shows()
     for sigma in (1e-7, 1e-5, 1e-3):
         noised = defended(update, f"gaussian:{sigma}", 0, 0)
         assert not exact_module.blended(view.model, noised.tensors)
-        assert {"box", "features", "reward"} <= set(rgi(view, noised, RoomAttackConfig(iterations=2)).exact)
+        rec = rgi(view, noised, RoomAttackConfig(iterations=2))
+        assert {"box", "features"} <= set(rec.exact) and "reward" not in rec.exact
+        assert abs(float(rec.reward[0]) - 1.3) < 1e-4 + 5 * sigma  # claimed until version 24: 3.3e-3 off at 1e-3
 
 
 def test_qgi_reads_the_sample_a_batch_shows_when_the_others_td_error_is_under_the_noise():

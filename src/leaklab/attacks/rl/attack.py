@@ -21,8 +21,9 @@ What each mode recovers exactly (``RoomReconstruction.exact``):
   probabilities exact; each sample's action and reward by IV-D's rules on its own error. Where one
   sample's gradient is under a defense's noise (a zero return sends only its small entropy term) and
   the last layer does not separate them, the other sample as a single one
-  (:func:`~leaklab.attacks.rl.exact.dominant_sample`; nothing claimed exact for a blend, as QGI's; no reward where
-  the update is untouched: two samples of one state, their errors summed in one sample's form). An untouched
+  (:func:`~leaklab.attacks.rl.exact.dominant_sample`; nothing claimed exact for a blend, as QGI's; no reward: two
+  samples of one state send their errors summed in one sample's form, and behind noise the sum of two of one
+  action reads as one sample's beside a zero return's entropy term). An untouched
   split whose ``head.0`` fit leaves more than :data:`~leaklab.attacks.rl.exact.SPLIT_SLACK` times its best
   rank-2 fit's residual (a wrong split) goes to the paper's stages.
 * exact, behind clipping that may have scaled the update (:func:`_clipping`): every ratio of the gradient as
@@ -272,10 +273,10 @@ def _rgi(net: PerceptionNet, grads: dict[str, torch.Tensor], batch: int, cfg: Ro
         *(reinforce_action_reward(own[b], probs[b], entropy_weight, scale) for b in range(read_batch))))
     if "features" in exact:  # the action only where the update has a policy-gradient part, the reward unless
         # two actions leave it open (:func:`reinforce_action_reward`)
-        # an untouched batch read as one sample is two of one state, their errors summed (not a reward of either)
-        alone = read_batch == batch or not state.untouched
+        # a batch read as one sample may be two of one state, their errors summed (not a reward of either): behind
+        # noise that reads as one sample beside a zero return's entropy term alike
         scaled = all(fit and fit[1] <= SCALE_EXACT for fit in fits)
-        exact += (("probs",) + (("reward",) if net.spec.num_actions > 2 and scaled and alone else ())
+        exact += (("probs",) + (("reward",) if net.spec.num_actions > 2 and scaled and read_batch == batch else ())
                   + (("action",) if bool(identified.all()) and read_batch == batch else ()))
     rec = RoomReconstruction(images=images.clamp(0, 1), box=box.float(), action=action,
                              iterations=iterations, seconds=time.perf_counter() - start,

@@ -75,7 +75,8 @@ EXACT_ONLY = ("tv_final", "feature_weight", "gradient_weight", "layerwise")  # f
 # target, and behind clipping alone at its bound RGI reads the reward with the factor fitted, ``rules.clipped_scale``,
 # behind clipping among other steps claims none, ``attack._clipping``, and an untouched RGI batch read as one sample
 # (two of one state) claims no reward, and an untouched DQN batch reads a second action however small its error
-# (eq. 7, ``rules.dqn_actions``), every other update's results unchanged); paper mode's 2:
+# (eq. 7, ``rules.dqn_actions``), every other update's results unchanged; 24: an RGI batch read as one sample claims
+# no reward (behind noise two of one state and one action read so), every reconstruction unchanged); paper mode's 2:
 # stage 1 starts again when its match ends under a cosine of 0.999; 3: the image convolutions as exact mode's 8;
 # 4: a single sample's update read for the features it lets through, ``exact.update_feature_cosine``, as exact
 # mode reads it, the reconstruction unchanged to the bit; 5: an untouched DQN batch of two reads a second action
@@ -84,7 +85,7 @@ EXACT_ONLY = ("tv_final", "feature_weight", "gradient_weight", "layerwise")  # f
 # images' gradient does not depend on how the loss's terms are grouped.
 # The bordered factor kept in blocks (session 12) solves in another order: its float64 activations
 # move by ~1e-14 and came out the same in float32, so all 16 rows of 8 S1 and 8 S2 QGI attacks did.
-METHOD_VERSION = {"exact": 23, "paper": 5}
+METHOD_VERSION = {"exact": 24, "paper": 5}
 
 
 class RoomAttackConfig(BaseModel):
