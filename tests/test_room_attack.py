@@ -15,6 +15,23 @@ from leaklab.experiments.room_attack import SUMMARY_KEYS
 from leaklab.rl.envs.layouts import layouts_arg
 
 
+def test_the_attacks_pictures_carry_each_images_psnr_and_gain(monkeypatch):
+    """reconstructions.png captioned only the depth row, with its PSNR alone (9.7 dB under a 23.8 dB baseline
+    read as a score); now every reconstructed row, with the gain over the image's own baseline."""
+    import torch
+    from leaklab.experiments import room_attack
+    from leaklab.report import plots
+
+    seen = []
+    monkeypatch.setattr(plots, "image_grid", lambda rows, path, captions, **kw: seen.append(captions))
+    scores = [{"rgb_raw_psnr": 14.0, "rgb_raw_psnr_baseline": 16.0, "depth_raw_psnr": 9.7,
+               "depth_raw_psnr_baseline": 23.8}]
+    image = [torch.rand(1, 4, 8, 8)]
+    room_attack.image_grid_png("S1", image, image, "t", None, scores)
+    room_attack.image_grid_png("S2", image, image, "t", None, scores)
+    assert seen == [[None, ["14.0 dB (-2.0)"], None, ["9.7 dB (-14.1)"]], [None, ["9.7 dB (-14.1)"]]]
+
+
 def test_attack_qgi_writes_the_results_contract(tmp_path):
     out = tmp_path / "qgi"
     result = invoke("attack", "qgi", "--setting", "S1", "--samples", "2", "--layouts", "2", *ROOM_FAST, "--out", out)
@@ -26,6 +43,9 @@ def test_attack_qgi_writes_the_results_contract(tmp_path):
                 "action_accuracy", "q_pred_err_mean", "q_target_err_mean", "iterations", "seconds_per_sample"):
         assert s[key] is not None, key
     assert "reward_abs_err_mean" not in s and s["update_cosine_median"] == 1.0  # no defense: the update as it is
+    # every image score beside its constant-image baseline (SSIM printed alone until session 54)
+    assert (f"SSIM {s['depth_ssim_mean']:.3f} (baseline {s['depth_ssim_baseline_mean']:.3f})" in result.output
+            and f"SSIM {s['rgb_ssim_mean']:.3f} (baseline {s['rgb_ssim_baseline_mean']:.3f})" in result.output)
     assert s["feature_cosine_median"] == 1.0 and all(r["feature_cosine"] == 1.0 for r in res["samples"])
     assert s["samples"] == 2 and s["layouts"] == 2 and len(res["samples"]) == 2
     # the exact recovery of the vector parts holds even with 3 image iterations

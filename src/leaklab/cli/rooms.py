@@ -101,7 +101,8 @@ def _room_summary_line(s: dict[str, Any], defended: bool) -> str:
     for image in ("rgb", "depth"):
         if s.get(f"{image}_psnr_mean") is not None:
             parts.append(f"{image} PSNR {s[f'{image}_psnr_mean']:.2f} dB (baseline "
-                         f"{s[f'{image}_psnr_baseline_mean']:.2f}), SSIM {s[f'{image}_ssim_mean']:.3f}")
+                         f"{s[f'{image}_psnr_baseline_mean']:.2f}), SSIM {s[f'{image}_ssim_mean']:.3f} (baseline "
+                         f"{s[f'{image}_ssim_baseline_mean']:.3f})")
     parts.append(f"box IoU {s['iou_mean']:.4f}, action {room_attack.action_share(s, defended)}")
     if "q_target_error_undefined" in s:  # QGI
         parts.append(", ".join(f"{name} error {_percent(s.get(f'{key}_err_mean'))}"

@@ -231,15 +231,23 @@ def _grid_rows(setting: str, truths: list[torch.Tensor], recs: list[torch.Tensor
     return rows
 
 
+def picture_caption(metrics: dict[str, Any], image: str) -> str:
+    """A reconstruction's caption under its picture: its PSNR as drawn (raw) and, in brackets, its gain over its
+    own constant-image baseline (on a dark frame the baseline alone scores about 20 dB)."""
+    raw = metrics[f"{image}_raw_psnr"]
+    return f"{db_text(raw)} dB ({db_text(raw - metrics[f'{image}_raw_psnr_baseline'], True)})"
+
+
 def image_grid_png(setting: str, truths: list[torch.Tensor], recs: list[torch.Tensor], title: str,
-                   path: Path | None = None, captions: list[str] | None = None) -> bytes:
-    """Originals above reconstructions (RGB rows in S1, then depth), one ``[1, C, H, W]`` per column."""
+                   path: Path | None = None, scores: list[dict[str, Any]] | None = None) -> bytes:
+    """Originals above reconstructions (RGB rows in S1, then depth), one ``[1, C, H, W]`` per column, each
+    reconstruction captioned from its transition's ``scores`` (:func:`picture_caption`)."""
     from leaklab.report.plots import image_grid
 
     rows = _grid_rows(setting, truths, recs)
-    caps = [None] * len(rows)
-    if captions:
-        caps[-1] = captions
+    caps = [None if name.endswith("original") or not scores
+            else [picture_caption(m, "rgb" if name.startswith("RGB") else "depth") for m in scores]
+            for name, _ in rows]
     return image_grid(rows, path, captions=caps, max_cols=GRID_SAMPLES, title=title)
 
 
@@ -269,7 +277,7 @@ def run(config: RoomRunConfig, out: Path, progress: ProgressFn | None = None) ->
                                                  config.train_steps) if config.train_steps else None)
     jobs, kept = jobs_and_cosines(len(clean), lambda i: (clean[i], attack_job(config, state, clean[i], config.defense)))
     rows: list[dict[str, Any]] = []
-    truths, recs, captions = [], [], []
+    truths, recs, scores = [], [], []
     recovered: list[RoomReconstruction] = []
     seconds_attacking = [0.0]
     with journal_beside(out, jobs) as journal, atomic_dir(out, ROOM_ATTACK_FORMAT) as tmp:
@@ -288,7 +296,7 @@ def run(config: RoomRunConfig, out: Path, progress: ProgressFn | None = None) ->
                     if len(truths) < GRID_SAMPLES:
                         truths.append(sample.truth["images"][t:t + 1])
                         recs.append(rec.images[r:r + 1].detach().float().clamp(0, 1))
-                        captions.append(f"{db_text(each['depth_raw_psnr'])} dB")  # the image as drawn
+                        scores.append(each)
 
         try:
             resumed = run_jobs(jobs, config.workers, on_result,
@@ -309,5 +317,5 @@ def run(config: RoomRunConfig, out: Path, progress: ProgressFn | None = None) ->
                      {"format": "leaklab.room_reconstructions"})
         title = (f"{config.algorithm.upper()} {config.setting}, {config.attack.mode} mode, "
                  f"{config.arch} network" + (f", defense {config.defense}" if config.defense else ""))
-        image_grid_png(config.setting, truths, recs, title, tmp / PNG_FILE, captions)
+        image_grid_png(config.setting, truths, recs, title, tmp / PNG_FILE, scores)
     return results

@@ -18,7 +18,7 @@ from leaklab.experiments import room_attack, room_verdicts
 from leaklab.io import REPORT_FILE
 from leaklab.metrics.rooms import matched
 from leaklab.metrics.vectors import median_of
-from leaklab.words import cosine_text, db_text, plural, sentences
+from leaklab.words import cosine_text, plural, sentences
 
 SHOWN_SAMPLES = 16  # the report pictures a cell's (or the cases') first samples; results.json has every row
 Picture = tuple[torch.Tensor, torch.Tensor]  # a pictured state: its images [1, C, H, W] and the target's box [4]
@@ -285,15 +285,17 @@ def _cell_table(meta: dict[str, str], images: tuple[str, ...], labels: list[str]
                 cosine_text(s.get("update_cosine_median")), cosine_text(s.get("feature_cosine_median")),
                 s.get("seconds_per_sample")]
         rows.append(row)
+    normalised = ("the Y channel (RGB) and on depth, with the paper's normalisation (the reconstruction's "
+                  "brightest RGB pixel scaled to white, its depth by the same factor)" if "rgb" in images else
+                  "depth (S2 has no RGB image, so the paper's normalisation leaves it as it is)")
     return Table(columns=columns, rows=rows,
                  caption="Baseline: a constant image at the true mean, what an attacker gets with no information; "
                          "a PSNR well above it means the update shows the room (SSIM too, though a smooth depth "
-                         "image's constant already scores a high SSIM). PSNR and SSIM on "
-                         "the Y channel (RGB) and on depth, with the paper's normalisation (the reconstruction's "
-                         "brightest RGB pixel scaled to white). Means over the samples; the picture above gives "
+                         f"image's constant already scores a high SSIM). PSNR and SSIM on {normalised}. Means over "
+                         "the samples but for the two cosines, medians; the picture above gives "
                          "each one's PSNR as drawn (raw) and, in brackets, its gain over its own baseline. Features "
-                         "read: the cosine of the conv features read off the update in closed form with the client's, as "
-                         "the server estimates it from the update alone (a median).")
+                         "read: the cosine of the conv features read off the update in closed form with the client's, "
+                         "as the server estimates it from the update alone.")
 
 
 def write_report(folder: Path, results: dict[str, Any], cells, defenses, truths, pictures) -> None:
@@ -334,9 +336,8 @@ def write_report(folder: Path, results: dict[str, Any], cells, defenses, truths,
                 rows.append((f"{image}, {label}", torch.cat([p[:, sl] for p, _ in pictures[(c, d)]])))
                 boxes.append([b for _, b in pictures[(c, d)]])
                 cell = by[(meta["algorithm"], meta["setting"], meta["mode"], label)]
-                captions.append([f"{db_text(m[f'{image}_raw_psnr'])} dB "
-                                 f"({db_text(m[f'{image}_raw_psnr'] - m[f'{image}_raw_psnr_baseline'], True)})"
-                                 for m in (r["metrics"] for r in cell["samples"][:SHOWN_SAMPLES])])
+                captions.append([room_attack.picture_caption(r["metrics"], image)
+                                 for r in cell["samples"][:SHOWN_SAMPLES]])
         title = f"{meta['algorithm'].upper()} {meta['setting']} ({meta['mode']} mode)"
         slug = f"{meta['algorithm']}-{meta['setting']}-{meta['mode']}"
         grid = image_grid(rows, folder / "figures" / f"{slug}.png", captions=captions, max_cols=8, title=title,
@@ -388,10 +389,12 @@ def write_report(folder: Path, results: dict[str, Any], cells, defenses, truths,
                                   room_verdicts.levels_text(results["summary"]))))
     render_report(folder / REPORT_FILE, "leaklab audit: your room through federated RL updates",
                   summary=summary, intro=intro, notice=notice, lead=lead,
-                  figures=[Figure("Leakage per defense", plot, "bars: PSNR minus the constant-image "
-                                  f"baseline, a mean over the samples; from {room_verdicts.IMAGE_LEAK_DB:g} dB (the "
-                                  "dotted line) "
-                                  "the room shows, below 0 the reconstruction is worse than a constant guess; "
-                                  "lines (right axis): the cosine an update keeps with the true one, what the "
-                                  "defense costs, and QGI's action accuracy (chance: 1 in 7)")],
+                  figures=[Figure("Leakage per defense", plot, "bars: PSNR (with the paper's normalisation) "
+                                  "minus the constant-image baseline, a mean over the samples; from "
+                                  f"{room_verdicts.IMAGE_LEAK_DB:g} dB (the dotted line) an image shows its room, "
+                                  "below 0 the reconstruction is worse than a constant guess; "
+                                  "lines (right axis): the cosine an update keeps with the true one (what the "
+                                  "defense costs) and the cosine of the conv features read off it, estimated "
+                                  "without the truth (what it lets through), each the median of the attacks' "
+                                  "medians, and QGI's action accuracy (chance: 1 in 7)")],
                   sections=sections)
