@@ -19,7 +19,10 @@ def test_epsilon_dirichlet_json_and_text():
     assert data["epsilon"] == pytest.approx(2.516, abs=0.02)
     assert data["epsilon_approx"] > data["epsilon"] and 0 < data["gamma"] < 1 / 3
     text = invoke(*args)
-    assert text.exit_code == 0 and "epsilon 2.51" in text.stdout
+    assert text.exit_code == 0 and "epsilon 2.51" in text.stdout and not data["vacuous"]
+    # the thesis's eta = 0.25 panel: 3 * 0.25 + 0.05 > 1 - 0.25, no two inputs of the domain are b apart
+    vacuous = invoke("mechanisms", "epsilon", "dirichlet", "--eta", "0.25", "--eta-bar", "0.25", "--k", "4.1", "--w", "3")
+    assert vacuous.exit_code == 0 and "vacuous: no b-adjacent pair fits the domain" in vacuous.stdout
 
 
 def test_audit_laplace_json():

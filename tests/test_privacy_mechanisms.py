@@ -96,6 +96,19 @@ def test_dirichlet_delta_quadrature_agrees_with_monte_carlo():
     assert exact2 == pytest.approx(mc2, abs=0.002)
 
 
+def test_dirichlet_delta_for_eight_protected_entries_agrees_with_monte_carlo():
+    """With |W| = 8 the whole 8-fold integral at 8 nodes a level gave delta 0.0500 where 4e6 draws give 0.0506
+    (unsafe); inclusion-exclusion's three terms bound it from above within the four-wise term."""
+    m = D.DirichletMechanism(10, 0.1, 0.1, 0.1, 8, 0.05)
+    vertex = D.dirichlet_vertices(0.1, 0.1, 8)[0]  # (eta, ..., eta): the binding one
+    alpha, rest = 10 * vertex, 10 * (1 - vertex.sum())
+    rng = np.random.default_rng(0)
+    drawn = np.mean([D._dirichlet_prob_mc(alpha, rest, m.gamma, 1_000_000, rng) for _ in range(4)])  # std 1.1e-4
+    bound = D.dirichlet_prob_omega1(alpha, rest, m.gamma)
+    assert 1 - bound == pytest.approx(0.05, abs=1e-6) and abs(bound - drawn) < 2.5e-4
+    assert bound == pytest.approx(D.dirichlet_prob_omega1(alpha, rest, m.gamma, nodes=512), abs=1e-7)
+
+
 def test_dirichlet_delta_decreases_with_gamma_and_epsilon_with_delta():
     d = [D.dirichlet_delta(0.15, 0.15, 6.7, 3, g) for g in (0.001, 0.003, 0.01)]
     assert d[0] < d[1] < d[2]
@@ -127,6 +140,21 @@ def test_dirichlet_rejects_bad_settings():
                                                                               np.random.default_rng(0))
     with pytest.raises(LeaklabError, match="no gamma of 1e-12 or more reaches delta = 1e-11"):
         D.dirichlet_gamma(0.15, 0.15, 6.7, 3, 1e-11)
+    # outside Def. 1.1's domain the claimed (epsilon, delta) do not hold (here a W entry under gamma 99 % of draws)
+    m = D.DirichletMechanism(k=6.7, eta=0.15, eta_bar=0.15, b=0.1, w=3)
+    for p in ([0.01, 0.01, 0.01, 0.97], [0.3, 0.3, 0.3, 0.1]):
+        with pytest.raises(LeaklabError, match="Def. 1.1"):
+            m.sample(np.array(p), np.random.default_rng(0))
+
+
+def test_mechanisms_refuse_values_their_formulas_cannot_take():
+    """The classic Gaussian calibration took a NaN sensitivity (sigma NaN) and a negative one (numpy's error on
+    sampling); the exponential mechanism turned epsilon = 1e308 into NaN probabilities."""
+    for sensitivity in (math.nan, -1.0):
+        with pytest.raises(LeaklabError, match="sensitivity"):
+            M.classic_gaussian_sigma(0.5, 1e-5, sensitivity)
+    with pytest.raises(LeaklabError, match="overflows"):
+        M.ExponentialMechanism(1e308).probabilities([0.0, 10.0])
 
 
 # ---------------------------------------------------------------- exact discrete samplers

@@ -42,11 +42,14 @@ def mechanisms_epsilon_dirichlet(
 
     m = DirichletMechanism(k=k, eta=eta, eta_bar=eta_bar, b=b, w=w, delta=delta)
     approx = dirichlet_epsilon_approx(eta, eta_bar, k, b, w, m.gamma)
+    # where no two inputs of the domain are b apart the claim holds vacuously (mechanisms audit refuses it)
+    vacuous = w * eta + b / 2 > 1 - eta_bar + 1e-12
     payload = {"mechanism": "dirichlet", "k": k, "eta": eta, "eta_bar": eta_bar, "b": b, "w": w,
-               "delta": delta, "gamma": m.gamma, "epsilon": m.epsilon, "epsilon_approx": approx}
+               "delta": delta, "gamma": m.gamma, "epsilon": m.epsilon, "epsilon_approx": approx, "vacuous": vacuous}
+    note = "; vacuous: no b-adjacent pair fits the domain, |W| eta + b/2 > 1 - eta_bar" if vacuous else ""
     _answer(payload, as_json, lambda: f"Dirichlet mechanism k={k:g}, eta={eta:g}, eta_bar={eta_bar:g}, b={b:g}, "
                                       f"|W|={w}: epsilon {m.epsilon:.4f} at delta {delta:g} (gamma {m.gamma:.5g}; "
-                                      f"Lemma 1.7 bound {approx:.4f})")
+                                      f"Lemma 1.7 bound {approx:.4f}{note})")
 
 
 @mechanisms_account_app.command("dpsgd")

@@ -241,10 +241,10 @@ def _dirichlet(epsilon: float | None, broken: bool, delta: float | None = None, 
     if epsilon is not None:
         raise LeaklabError("the Dirichlet mechanism's epsilon follows from --k, --eta, --eta-bar, --b, --w and "
                            "--delta; leave out --epsilon")
-    m = DirichletMechanism(k, eta, eta_bar, b, w, 0.05 if delta is None else delta,
-                                scale_factor=0.5 if broken else 1.0)
-    if w * eta + b / 2 > 1 - eta_bar + 1e-12:
+    if w * eta + b / 2 > 1 - eta_bar + 1e-12:  # before the gamma search (seconds)
         raise LeaklabError("no b-adjacent pair fits this Dirichlet domain (|W| eta + b/2 > 1 - eta_bar)")
+    m = DirichletMechanism(k, eta, eta_bar, b, w, 0.05 if delta is None else delta,
+                           scale_factor=0.5 if broken else 1.0)
     # the worst case of Theorem 1.6's Gamma part: p_i = eta + b/2 vs q_i = eta on a W-coordinate
     p = np.full(w + 1, eta)
     p[0] += b / 2

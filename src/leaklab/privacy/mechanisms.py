@@ -89,6 +89,7 @@ def classic_gaussian_sigma(epsilon: float, delta: float, sensitivity: float = 1.
     """sigma = sqrt(2 ln(1.25/delta)) * sensitivity / epsilon, valid for epsilon < 1 (Dwork & Roth Thm A.1)."""
     check_positive("epsilon", epsilon)
     check_probability("delta", delta)
+    check_positive("sensitivity", sensitivity)  # as the analytic calibration: NaN gave sigma NaN, -1 a numpy error
     if epsilon >= 1:
         raise LeaklabError(f"the classic Gaussian calibration holds only for epsilon < 1 (got {epsilon}); "
                            "use the analytic calibration")
@@ -192,7 +193,11 @@ class ExponentialMechanism(_PureMechanism):
         u = np.asarray(scores, dtype=float)
         if u.ndim != 1 or u.size == 0 or not np.all(np.isfinite(u)):
             raise LeaklabError("the exponential mechanism needs a non-empty vector of finite utility scores")
-        logits = self.epsilon * u / (2 * self.sensitivity * self.scale_factor)
+        with np.errstate(over="ignore"):
+            logits = self.epsilon * u / (2 * self.sensitivity * self.scale_factor)
+        if not np.all(np.isfinite(logits)):  # an epsilon of 1e308 overflowed into NaN probabilities
+            raise LeaklabError(f"epsilon * utility / (2 sensitivity) overflows at epsilon = {self.epsilon:g}; "
+                               "choose a smaller epsilon or scale the utilities down")
         return logits - special.logsumexp(logits)
 
     def probabilities(self, scores: Any) -> np.ndarray:
