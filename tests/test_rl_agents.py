@@ -147,6 +147,14 @@ def test_reinforce_run_is_deterministic_and_moves_the_policy():
     assert all(0 <= s <= 10 for s in scores)
 
 
+def test_evaluation_leaves_a_networks_state_and_modes():
+    """A user's BatchNorm statistics moved with every state evaluate acted on."""
+    net = build_perception_net(PerceptionSpec(setting="S2"), seed=0, model_class="tests.plugins.narrow_net:Normed")
+    before = {k: v.clone() for k, v in net.state_dict().items()}
+    evaluate(net, ROOMS[:1], episodes=1, seed=1, max_episode_steps=3)
+    assert net.training and all(torch.equal(before[k], v) for k, v in net.state_dict().items())
+
+
 def test_agent_checkpoint_round_trip(tmp_path):
     spec = PerceptionSpec(setting="S1", arch="deep", image_size=64)
     net = build_perception_net(spec, seed=7)
@@ -162,8 +170,17 @@ def test_agent_checkpoint_round_trip(tmp_path):
         load_agent(tmp_path / "other.safetensors")
     save_tensors(tmp_path / "bad.safetensors", net.state_dict(),
                  {"format": "leaklab.agent", "spec": PerceptionSpec(setting="S2").model_dump_json()})
-    with pytest.raises(LeaklabError, match="does not fit"):
+    with pytest.raises(LeaklabError, match="does not fit.*save the agent again") as info:
         load_agent(tmp_path / "bad.safetensors")
+    assert "re-capture" not in str(info.value)  # a case's advice
+    # saved only what loads as saved: another spec's shapes failed on load (or, equal, loaded as the other spec);
+    # a user's own class never loaded
+    with pytest.raises(LeaklabError, match="pass net.spec"):
+        save_agent(tmp_path / "s2.safetensors", PerceptionSpec(setting="S1", arch="deep", image_size=65), net)
+    own = build_perception_net(PerceptionSpec(setting="S2"), seed=0, model_class="tests.plugins.narrow_net:NarrowNet")
+    with pytest.raises(LeaklabError, match="not a NarrowNet"):
+        save_agent(tmp_path / "own.safetensors", own.spec, own)
+    assert not (tmp_path / "s2.safetensors").exists() and not (tmp_path / "own.safetensors").exists()
     save_tensors(tmp_path / "deep.safetensors", net.state_dict(),
                  {"format": "leaklab.agent", "spec": "[" * 100_000 + "]" * 100_000})
     with pytest.raises(LeaklabError, match="not valid JSON"):

@@ -263,6 +263,20 @@ def test_a_capture_behind_a_defense_holds_the_clients_defended_updates(tmp_path)
         RoomCaptureConfig(defense="blur:1")
 
 
+@pytest.mark.parametrize("policy", ["random", "agent"])
+def test_a_capture_sends_the_state_training_left_not_the_private_rounds(policy):
+    """A user's BatchNorm statistics moved with every private state the clients acted on and sent: each case's
+    model file held them all."""
+    from leaklab.rl.capture import RoomCaptureConfig, client_rounds
+
+    config = RoomCaptureConfig(spec=PerceptionSpec(setting="S2"), layouts=ROOMS[:1], samples=2, max_episode_steps=5,
+                               model_class="tests.plugins.narrow_net:Normed", policy=policy, seed=1)
+    state, rounds = client_rounds(config)
+    fresh = partly_trained_net("dqn", config.spec, 0, seed=1, model_class="tests.plugins.narrow_net:Normed")
+    assert _same(state, fresh.state_dict()) and int(state["conv.1.num_batches_tracked"]) == 0
+    assert len(rounds) == 2
+
+
 def test_a_capture_gives_the_same_updates_whatever_threads_its_caller_runs():
     # torch's CPU convolutions round by thread count: a library caller's threads must not move the updates
     from leaklab.rl.capture import RoomCaptureConfig, client_rounds

@@ -140,3 +140,12 @@ class OutScale(NarrowNet):
 
     def forward(self, images, box):
         return super().forward(images, box) * self.scale
+
+
+class Normed(NarrowNet):
+    """NarrowNet with BatchNorm after its first convolution: its running statistics are state the server sends."""
+
+    def __init__(self, spec):
+        super().__init__(spec)
+        self.conv = nn.Sequential(nn.Conv2d(spec.in_channels, 8, 8, stride=4), nn.BatchNorm2d(8), nn.ReLU(),
+                                  nn.Conv2d(8, 8, 4, stride=2), nn.ReLU(), nn.Flatten())

@@ -327,16 +327,21 @@ def client_rounds(config: RoomCaptureConfig, on_episode: Callable[[int], None] |
     done) and ``config.samples`` rounds of ``config.batch_size`` private transitions each, the updates
     behind ``config.defense``; ``on_episode(n)`` hears how many of the private episodes are done. It
     runs on one torch thread (:func:`leaklab.device.one_thread`), as the command line does: the same
-    config gives the same updates bit for bit whatever thread count the caller set."""
+    config gives the same updates bit for bit whatever thread count the caller set. A network with state besides
+    its weights (a user's BatchNorm statistics) is sent as training left it: the forwards of the clients' acting
+    and updates move it, so each round starts again from the state sent (until session 54 every case's model
+    file held the statistics of every round's private states)."""
     spec = config.spec
     net = partly_trained_net(config.algorithm, spec, config.train_steps, config.layouts, config.seed,
                              config.model_class, on_train_step, gamma=config.gamma,
                              max_episode_steps=config.max_episode_steps, entropy_weight=config.entropy_weight)
+    sent = {k: v.detach().clone() for k, v in net.state_dict().items()}
     transitions = collect_transitions(config.layouts, config.samples * config.batch_size, spec,
                                       seed=config.seed, policy=net if config.policy == "agent" else None,
                                       epsilon=config.epsilon, warmup_steps=config.warmup_steps,
                                       gamma=config.gamma, max_episode_steps=config.max_episode_steps,
                                       on_episode=on_episode)
+    net.load_state_dict(sent)
     target = target_copy(net) if config.algorithm == "dqn" else None
     rounds = []
     for i in range(config.samples):
@@ -345,9 +350,10 @@ def client_rounds(config: RoomCaptureConfig, on_episode: Callable[[int], None] |
             update, truth = dqn_client_update(net, target, batch, config.gamma)
         else:
             update, truth = reinforce_client_update(net, batch, entropy_weight=config.entropy_weight)
-        sent = defended(update, config.defense, config.seed, i)
-        rounds.append(ClientRound(batch, sent, truth, update_cosine(update.tensors, sent.tensors)))
-    return {k: v.detach().clone() for k, v in net.state_dict().items()}, rounds
+        net.load_state_dict(sent)
+        behind = defended(update, config.defense, config.seed, i)
+        rounds.append(ClientRound(batch, behind, truth, update_cosine(update.tensors, behind.tensors)))
+    return sent, rounds
 
 
 def capture_rooms(config: RoomCaptureConfig, out: Path, on_episode: Callable[[int], None] | None = None,

@@ -11,7 +11,8 @@ import torch.nn.functional as F
 
 
 def dqn_loss(q_values: torch.Tensor, actions: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """DQN's mean squared TD error ``mean_b (Q̂(s_b, a_b) − Q_b)²`` (eq. 3; the target
+    """DQN's mean squared TD error ``mean_b (Q̂(s_b, a_b) − Q_b)²`` (section III after eq. 3, and IV-C2: "the objective
+    function is the mean square error"; the target
     ``Q_b = r_b + γ (1 − done_b) max_a' Q_target(s'_b, a')`` is computed by the caller, detached)."""
     q_taken = q_values.gather(1, actions.view(-1, 1)).squeeze(1)
     return F.mse_loss(q_taken, targets.to(q_taken.dtype))

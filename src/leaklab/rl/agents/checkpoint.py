@@ -18,7 +18,14 @@ AGENT_FORMAT = "leaklab.agent"
 
 
 def save_agent(path: Path, spec: PerceptionSpec, net: PerceptionNet, algorithm: str = "") -> str:
-    """Write ``net`` (of ``spec``) to ``path``; returns the file's SHA-256."""
+    """Write ``net`` (of ``spec``) to ``path``; returns the file's SHA-256. Only what :func:`load_agent` rebuilds:
+    one of leaklab's networks, of ``spec`` (another spec of the same shapes loaded as that one; a user's own class
+    saved and never loaded)."""
+    if type(net) is not PerceptionNet:
+        raise LeaklabError(f"save_agent writes leaklab's own perception networks, not a {type(net).__name__} "
+                           "(a --model-class network: save its state_dict with safetensors yourself)")
+    if net.spec != spec:
+        raise LeaklabError(f"the network was built for {net.spec!r}, not the spec given ({spec!r}); pass net.spec")
     state = {k: v.detach() for k, v in net.state_dict().items()}
     return save_tensors(Path(path), state, {"format": AGENT_FORMAT, "spec": spec.model_dump_json(),
                                             "algorithm": algorithm})
@@ -39,5 +46,6 @@ def load_agent(path: Path) -> tuple[PerceptionSpec, PerceptionNet]:
         raise LeaklabError(f"{path}: the agent's spec is not valid JSON; save the agent again") from None
     try:
         return spec, model_with_state(spec, state)
-    except LeaklabError as e:
-        raise LeaklabError(f"{path}: {e}") from None
+    except LeaklabError as e:  # its words are a case's ("re-capture ..."): an agent is saved again
+        raise LeaklabError(f"{path}: {str(e).split('; re-capture')[0]}; the file does not hold the network its spec "
+                           "builds: save the agent again with save_agent") from None

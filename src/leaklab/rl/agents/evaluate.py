@@ -9,6 +9,7 @@ import numpy as np
 import torch
 
 from leaklab.models import PerceptionNet
+from leaklab.models.perception import modes_kept
 from leaklab.rl.agents.common import Rooms, observation_tensors
 
 
@@ -16,11 +17,15 @@ def evaluate(net: PerceptionNet, layouts: Sequence[str] | None = None, episodes:
              max_episode_steps: int = 50) -> list[float]:
     """Undiscounted returns of ``episodes`` episodes (layouts in turn, reset seeds drawn from ``seed``)
     acting by ``argmax`` of the network's outputs (Q-values or policy logits). The same ``seed`` gives
-    the same start poses, so two networks can be compared episode by episode."""
+    the same start poses, so two networks can be compared episode by episode. It acts in eval mode and gives the
+    network its modes back: a user's BatchNorm statistics stay as they were (its forwards moved them before
+    session 54)."""
     spec = net.spec
     rng = np.random.default_rng(seed)
     returns = []
-    with Rooms(tuple(layouts) if layouts is not None else None, spec.image_size, max_episode_steps) as rooms:
+    with (modes_kept(net), Rooms(tuple(layouts) if layouts is not None else None, spec.image_size,
+                                 max_episode_steps) as rooms):
+        net.eval()
         for i in range(episodes):
             env = rooms.env(rooms.layouts[i % len(rooms.layouts)])
             raw, _ = env.reset(seed=int(rng.integers(2**31 - 1)))
