@@ -137,16 +137,18 @@ def attack_inversion(
     iterations: Annotated[Optional[int], _attack_opt("--iterations", "optimisation steps", "iterations")] = None,
     lr: Annotated[Optional[float], _attack_opt("--lr", "step size", "lr", "; lbfgs 1")] = None,
     schedule: Annotated[Optional[str], _attack_opt("--schedule", "the learning rate's", "schedule")] = None,
-    tv: Annotated[Optional[float], _attack_opt("--tv", "total-variation prior weight, 0: off", "priors",
+    tv: Annotated[Optional[float], _attack_opt("--tv", "total-variation prior weight, relative to the data term's gradient at the start "
+                                               "(prior_scale: absolute in --config), 0: off", "priors",
                                                "; lbfgs 0", key="tv")] = None,
     prior: Annotated[Optional[list[str]], typer.Option("--prior", help="NAME=WEIGHT, repeatable (tv, range, l2): "
-                                                       "sets the priors it names, keeps the others (0 removes one)",
+                                                       "sets the priors it names, keeps the others (0 removes one); "
+                                                       "weights relative as --tv's",
                                                        rich_help_panel=ATTACK)] = None,
     restarts: Annotated[Optional[int], _attack_opt("--restarts", "independent starts, the best kept",
                                                    "restarts")] = None,
     precision: Annotated[Optional[str], _attack_opt("--precision", "", "precision")] = None,
     init: Annotated[Optional[str], _attack_opt("--init", "the starting images", "init")] = None,
-    mc_samples: Annotated[Optional[int], _attack_opt("--mc-samples", "k of Algorithm 1 (bayes)", "mc_samples")] = None,
+    mc_samples: Annotated[Optional[int], _attack_opt("--mc-samples", "k of Algorithm 1", "mc_samples")] = None,
     mc_radius: Annotated[Optional[float], _attack_opt("--mc-radius", "delta of Algorithm 1", "mc_radius")] = None,
     config_file: Annotated[Optional[Path], typer.Option("--config", help="YAML/JSON file of "
                                                         "InversionConfig fields; options override it",

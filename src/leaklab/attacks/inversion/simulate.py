@@ -9,7 +9,8 @@ for every parameter, the stacked per-instance update of shape (R, *param.shape),
 * FedAvg: the weight delta of ``local_steps`` SGD steps on ``X[r]`` in order, unrolled (Geiping et al.
   2020, section 5), differentiable through every step.
 
-BatchNorm layers compute batch statistics (train mode) and never touch the running statistics.
+BatchNorm layers compute batch statistics in train mode and use the running statistics the server sent in
+eval mode (``--bn-stats running``); they never change the running statistics.
 
 :func:`make_simulator` is the one place that chooses how: the instance-batched
 :class:`~leaklab.attacks.inversion.grouped.GroupedSimulator` (one pass for all instances, fast
