@@ -137,8 +137,9 @@ def attack_inversion(
     iterations: Annotated[Optional[int], _attack_opt("--iterations", "optimisation steps", "iterations")] = None,
     lr: Annotated[Optional[float], _attack_opt("--lr", "step size", "lr", "; lbfgs 1")] = None,
     schedule: Annotated[Optional[str], _attack_opt("--schedule", "the learning rate's", "schedule")] = None,
-    tv: Annotated[Optional[float], _attack_opt("--tv", "total-variation prior weight, relative to the data term's gradient at the start "
-                                               "(prior_scale: absolute in --config), 0: off", "priors",
+    tv: Annotated[Optional[float], _attack_opt("--tv", "total-variation prior weight, relative to the data "
+                                               "term's gradient at the start (prior_scale: absolute in --config), "
+                                               "0: off", "priors",
                                                "; lbfgs 0", key="tv")] = None,
     prior: Annotated[Optional[list[str]], typer.Option("--prior", help="NAME=WEIGHT, repeatable (tv, range, l2): "
                                                        "sets the priors it names, keeps the others (0 removes one); "
