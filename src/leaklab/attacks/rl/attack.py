@@ -89,7 +89,10 @@ def _check(view: ServerView, update: ClientUpdate, loss: str, cfg: RoomAttackCon
     update.validate_against(view.model)
     device = next(view.model.parameters()).device
     grads = {k: v.detach().float().to(device) for k, v in update.tensors.items()}
-    return attack_network(view.model), grads, meta.batch_size  # a copy: the caller's model stays as it was
+    net = attack_network(view.model)  # a copy: the caller's model stays as it was
+    if not meta.train_mode:  # the client's forward in eval mode (a user's BatchNorm on its running statistics)
+        net.eval()
+    return net, grads, meta.batch_size
 
 
 CLIP_BOUND = 1e-5  # an update's norm within this fraction under its clipping bound is taken as clipped
