@@ -175,6 +175,49 @@ def test_an_rgi_batch_of_one_state_claims_no_reward(actions, defense):
     assert min(abs(float(rec.reward[0]) - r) for r in (1.3, -0.8)) > 0.1  # neither sample's reward
 
 
+@pytest.mark.parametrize("mode", ["exact", "paper"])
+def test_no_features_cosine_is_estimated_behind_heavy_pruning(mode):
+    """The estimate reads what head.0's gradient misses of one sample's form as noise; pruned entries are not
+    (behind topk:0.99 it read 0.998 for a true 0.66): past 70 % of head.0's live entries at 0 it gives none."""
+    view, update, _ = client()
+    for share, estimated in ((0.5, True), (0.9, False)):
+        mask = torch.rand(update.tensors["head.0.weight"].shape, generator=torch.Generator().manual_seed(0)) >= share
+        pruned = ClientUpdate(metadata=update.metadata,
+                              tensors={**update.tensors, "head.0.weight": update.tensors["head.0.weight"] * mask})
+        assert exact_module.cosine_estimable(pruned.tensors) == estimated
+        rec = qgi(view, pruned, RoomAttackConfig(mode=mode, iterations=2, stage1_iterations=2))
+        assert (rec.feature_cosine is not None) == estimated and not rec.no_signal
+
+
+def test_rgi_reads_the_reward_of_a_policy_sure_of_its_action():
+    """The action's own entry r (p_a − 1) loses its digits to float32's cancellation as p_a nears 1: a return of 20
+    read 20.06 at p_a = 0.999995 and 11.2 at 0.9999999, claimed exact; the other entries r p_j keep them."""
+    spec = PerceptionSpec(setting="S2", arch="small")
+    x, box = smooth_images(1, 1, 10), torch.tensor([[-0.3, -0.2, 0.4, 0.5]])
+    for gap in (5.0, 14.0, 17.0):
+        net = build_perception_net(spec, seed=0)
+        with torch.no_grad():
+            net.head[2].bias.zero_()
+            net.head[2].bias[3] = gap
+        meta = UpdateMetadata(batch_size=1, loss="reinforce", entropy_weight=0.01)
+        grads = torch.autograd.grad(reinforce_loss(net(x, box), torch.tensor([3]), torch.tensor([20.0]), 0.01),
+                                    list(net.parameters()))
+        update = ClientUpdate(metadata=meta, tensors={n: g for (n, _), g in zip(net.named_parameters(), grads)})
+        rec = rgi(make_view(spec, net.state_dict(), meta), update, RoomAttackConfig(iterations=1))
+        assert "reward" in rec.exact and abs(float(rec.reward[0]) - 20.0) < 1e-4, (gap, rec.reward)
+
+
+def test_a_dqn_batch_with_one_td_error_of_zero_claims_no_action():
+    """An untouched batch whose second TD error is exactly 0 sends one sample's gradient: eq. 7's one non-zero
+    entry is read as the same action twice (3 and 3 for 3 and 5), which was claimed exact."""
+    q_pred = client(batch=2)[2]["q_pred"]
+    view, update, _ = client(batch=2, targets=(0.7, float(q_pred[1])))
+    assert int((update.tensors["head.2.bias"] != 0).sum()) == 1
+    for mode in ("exact", "paper"):
+        rec = qgi(view, update, RoomAttackConfig(mode=mode, iterations=2, stage1_iterations=2))
+        assert rec.action.tolist() == [3, 3] and "action" not in rec.exact
+
+
 @pytest.mark.parametrize("train_mode", [True, False])
 def test_the_attacks_run_the_network_in_the_mode_the_client_computed_in(train_mode):
     """An update of a client in eval mode (a user's BatchNorm on its running statistics) was attacked through

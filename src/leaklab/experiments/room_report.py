@@ -159,9 +159,10 @@ def write_cases_report(folder: Path, results: dict[str, Any], truths: list[Pictu
 def fallback_caveat(results: dict[str, Any]) -> str:
     """The caveat when exact mode could not read an undefended case in closed form and fell back to the
     paper's optimisation: a QGI batch whose two transitions share their action (their errors at the
-    output are then one direction, which no closed form separates), or a network that computes what
-    the closed forms do not model (e.g. a batch through a module other than Linear or ReLU in its
-    head); "" when it read every such case."""
+    output are then one direction, which no closed form separates), a batch the closed forms could not split
+    otherwise (an RGI batch with a zero return's partner whose head.0 fit was refused, supports nested or
+    identical), or a network that computes what the closed forms do not model (e.g. a batch through a module
+    other than Linear or ReLU in its head); "" when it read every such case."""
     if results["attack"]["mode"] != "exact":
         return ""
     missed = [r for r in results["cases"]
@@ -172,8 +173,9 @@ def fallback_caveat(results: dict[str, Any]) -> str:
     if shared:
         reasons.append(f"{_listed(shared, 'undefended QGI batch')} whose transitions share their action")
     if other:
-        reasons.append(f"{_listed(other, 'undefended case')}, whose network computes what its closed forms do "
-                       "not model")
+        reasons.append(f"{_listed(other, 'undefended case')}, whose batch its closed forms could not split (one "
+                       "sample's gradient near zero, or the samples' ReLU supports nested or identical) or whose "
+                       "network computes what they do not model")
     if not reasons:
         return ""
     return (f"exact mode could not read {' and '.join(reasons)}, so the attack fell back to the paper's "
@@ -182,16 +184,18 @@ def fallback_caveat(results: dict[str, Any]) -> str:
 
 def no_signal_caveat(rows: list[dict[str, Any]], noun: str = "case", key: str = "case") -> str:
     """The caveat when the attack read nothing off some rows' updates (an all-zero last bias gradient: a
-    pruned or frozen head, an all-zero file; or a batch of two whose samples the last layer does not
+    pruned or frozen head, an all-zero file; in exact mode an all-zero box layer's bias gradient, which top-k
+    pruning leaves as the smallest; or a batch of two whose samples the last layer does not
     separate), each row named by its ``key``: they score the attack's no-information start, which says
     nothing about what the rest of the update holds; "" when every update was read."""
     empty = [str(r[key]) for r in rows if r.get("no_signal")]
     if not empty:
         return ""
     return (f"{_listed(empty, noun)} of {len(rows)} {'holds' if len(empty) == 1 else 'hold'} an "
-            "update off which the attacks read nothing (its last bias gradient, which they read first, is all "
-            "zero, or, in a batch of two, the last layer does not separate the samples, as where one sample's "
-            "gradient is under the noise), so nothing was recovered there: their rows score the attack's "
+            "update off which the attacks read nothing (the bias gradient of its last layer or, in exact mode, of "
+            "its box layer, which they read first, is all zero, as behind heavy top-k pruning, or, in a batch of "
+            "two, the last layer does not separate the samples, as where one sample's gradient is under the "
+            "noise), so nothing was recovered there: their rows score the attack's "
             "no-information start, not what the rest of the update gives away.")
 
 

@@ -44,8 +44,8 @@ from dataclasses import fields, replace
 import torch
 
 from leaklab.attacks.rl.config import RoomAttackConfig, RoomReconstruction
-from leaklab.attacks.rl.exact import (ExactState, blended, dominant_sample, exact_images, exact_vectors,
-                                      reinforce_batch_errors, separated_vectors, update_feature_cosine)
+from leaklab.attacks.rl.exact import (ExactState, blended, cosine_estimable, dominant_sample, exact_images,
+                                      exact_vectors, reinforce_batch_errors, separated_vectors, update_feature_cosine)
 from leaklab.attacks.rl.image_convs import attack_network
 from leaklab.attacks.rl.images import gaussian_start
 from leaklab.attacks.rl.network import trace
@@ -148,14 +148,15 @@ def _images_and_state(net, grads, errors, actions, cfg, progress, batch, st):
     """``(box, images, last-layer input, paper state or None, iterations, exact names, feature cosine)``: exact
     mode's image stage on its closed forms ``st`` (:func:`_exact_read`), the paper's stages where that is None;
     the features' estimated cosine (exact mode's reading; paper mode reads one sample's apart, not a batch's)."""
+    estimable = cosine_estimable(grads)  # not behind heavy pruning
     if st is not None:
         images, activations = exact_images(net, grads, st, cfg, progress)
         return (st.box, images, st.last_input, None, cfg.iterations, ("box", "features", *activations),
-                st.cosine())
+                st.cosine() if estimable else None)
     st = paper_state(net, grads, errors, actions, cfg, progress)
     with torch.no_grad():
         last_input = trace(net, st.features, st.box).linear[-1][1]
-    read = update_feature_cosine(net, grads) if batch == 1 else None
+    read = update_feature_cosine(net, grads) if batch == 1 and estimable else None
     return st.box, st.images, last_input, st, st.iterations, (), read
 
 
@@ -222,7 +223,8 @@ def _qgi(net: PerceptionNet, grads: dict[str, torch.Tensor], batch: int, cfg: Ro
         else:
             ratio = last_layer_norm_ratio(net, grads, last_input, actions, batch)
             q_target = dqn_target_paper(q_pred, gb, actions, ratio)
-        exact += ("action",) if cfg.action == "rule" else ()
+        # eq. 7's rule, but one non-zero entry for two samples is one action twice or a TD error of exactly 0
+        exact += ("action",) if cfg.action == "rule" and len(set(actions.tolist())) == len(actions) else ()
     rec = RoomReconstruction(images=images.clamp(0, 1), box=box.float(), action=actions,
                              iterations=iterations, seconds=time.perf_counter() - start,
                              q_pred=q_pred, q_target=q_target, exact=() if blend else exact,

@@ -78,8 +78,11 @@ EXACT_ONLY = ("tv_final", "feature_weight", "gradient_weight", "layerwise")  # f
 # (eq. 7, ``rules.dqn_actions``), every other update's results unchanged; 24: an RGI batch read as one sample claims
 # no reward (behind noise two of one state and one action read so), every reconstruction unchanged; 25 (and paper
 # mode's 6): an update the client computed in eval mode (``train_mode`` false) attacked through the network in eval
-# mode, a user's BatchNorm on its running statistics (a captured one: 9.5 dB against 29.8 at 2,000 iterations),
-# every update of train mode unchanged); paper mode's 2:
+# mode, a user's BatchNorm on its running statistics (a captured one: 9.5 dB against 29.8 at 2,000 iterations);
+# RGI's reward of a policy sure of its action (1 − p_a under 0.1) read off the other entries,
+# ``rules.CONFIDENT``; no features' cosine estimated behind heavy pruning, ``exact.cosine_estimable``; a DQN batch
+# whose last bias gradient holds one non-zero entry claims no action, every other update's results unchanged);
+# paper mode's 2:
 # stage 1 starts again when its match ends under a cosine of 0.999; 3: the image convolutions as exact mode's 8;
 # 4: a single sample's update read for the features it lets through, ``exact.update_feature_cosine``, as exact
 # mode reads it, the reconstruction unchanged to the bit; 5: an untouched DQN batch of two reads a second action
