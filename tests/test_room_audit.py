@@ -219,6 +219,11 @@ def test_audit_takes_the_defense_levels_a_user_asks_for(tmp_path):
                                                     "method_version": {"exact": 1}}))
     assert_user_error(invoke("audit", "--quick", "--earlier", older, "--out", tmp_path / "bad"), tmp_path / "bad",
                       "attacks of method version {'exact': 1} where this audit's are")
+    # a newer format than this leaklab reads was taken as its own
+    (older / "results.json").write_text(json.dumps({**json.loads((out / "results.json").read_text()),
+                                                    "format_version": 3}))
+    assert_user_error(invoke("audit", "--quick", "--earlier", older, "--out", tmp_path / "bad"), tmp_path / "bad",
+                      "format version 3; this leaklab reads versions 1 to 2")
     for args, words in [(("--arch", "deep"), ("--earlier", f"arch {DEFAULT_ARCH} where this audit has deep")),
                         (("--seed", "1"), ("seed 0", "do not carry over"))]:
         assert_user_error(invoke("audit", "--quick", "--earlier", out, *args, "--out", tmp_path / "bad"),
@@ -237,6 +242,10 @@ def test_audit_takes_the_defense_levels_a_user_asks_for(tmp_path):
     before = (out / "results.json").read_bytes()
     result = invoke("audit", "--quick", "--earlier", out, "--out", out)
     assert result.exit_code == 2 and "would replace the input" in result.stderr
+    assert (out / "results.json").read_bytes() == before
+    # the kinds of audit share their format: an image audit replaced a room audit (its hours with --full)
+    result = invoke("audit", "--kind", "images", "--quick", "--out", out)
+    assert result.exit_code == 2 and "holds an audit of another kind ('rooms')" in result.stderr
     assert (out / "results.json").read_bytes() == before
     assert_user_error(invoke("audit", "--kind", "images", "--earlier", out, "--out", tmp_path / "bad"),
                       tmp_path / "bad", "--earlier")

@@ -90,6 +90,14 @@ def test_audit_attacks_saved_room_cases(tmp_path, monkeypatch):
     assert_user_error(invoke("audit", "--cases", cases, "--iterations", "3", "--workers", "1", "--out", again),
                       again, "case 0001 of its capture.json has no view.json")
     (cases / "0001" / "view.json.bak").rename(cases / "0001" / "view.json")
+    # an index of a newer version, or whose case list is no list, was read as if it were none
+    index = json.loads((cases / "capture.json").read_text())
+    for changed, words in (({"format_version": 7}, "format version 7"), ({"cases": "0000"}, "is no list"),
+                           ({"format": "mine"}, "not the index")):
+        (cases / "capture.json").write_text(json.dumps({**index, **changed}))
+        assert_user_error(invoke("audit", "--cases", cases, "--iterations", "3", "--workers", "1", "--out", again),
+                          again, words)
+    (cases / "capture.json").write_text(json.dumps(index))
     (cases / "notes").mkdir()
     with pytest.warns(UserWarning, match="skipping 1 sub-folder without view.json: notes"):
         from leaklab.experiments.room_audit import _case_folders
@@ -250,6 +258,14 @@ def test_a_case_that_withholds_its_defense_or_batch_size_keeps_them_from_the_att
     assert load_room_case(cases / "0000").update.defense == "clip:0.001"
     view_file.write_text(json.dumps({**view, "capabilities": {"knows_defense": False}}))
     assert load_room_case(cases / "0000").update.defense is None
+    # withheld is not undefended: the report named such a case's defense "none" (and a noised one's fallback
+    # the network's doing) and gave no noise caveat
+    withheld = tmp_path / "withheld"
+    assert invoke("audit", "--cases", cases, "--iterations", "3", "--workers", "1", "--out", withheld).exit_code == 0
+    row, = json.loads((withheld / "results.json").read_text())["cases"]
+    assert row["defense"] is None and row["defense_withheld"] is True
+    report = (withheld / "report.html").read_text()
+    assert ">withheld</td>" in report and "Behind noise the verdicts are exact mode" in report
     view_file.write_text(json.dumps({**view, "capabilities": {"knows_batch_size": False}}))
     out = tmp_path / "audit"
     assert_user_error(invoke("audit", "--cases", cases, "--iterations", "3", "--workers", "1", "--out", out), out,
@@ -359,7 +375,7 @@ def test_the_fallback_caveat_names_its_cause():
                 "exact": list(exact), **more}
 
     rows = [row("a", action=(3, 3)), row("b"), row("c", exact=("box", "features")),
-            row("d", defense="gaussian:1"), row("e", no_signal=True)]
+            row("d", defense="gaussian:1"), row("e", no_signal=True), row("f", defense_withheld=True)]
     results = {"attack": {"mode": "exact"}, "cases": rows}
     text = fallback_caveat(results)
     assert "1 undefended QGI batch (a) whose transitions share their action and 1 undefended case (b), whose " \

@@ -71,6 +71,7 @@ BAYES_TABLE2_FORMAT = "leaklab.bayes_table2"
 BAYES_CELL_FORMAT = "leaklab.bayes_table2_cell"
 ROOM_ATTACK_FORMAT = "leaklab.room_attack"
 ROOM_CAPTURE_FORMAT = "leaklab.room_capture"
+ROOM_CAPTURE_VERSION = 1  # capture.json's format_version (`audit --cases` reads up to it)
 IMAGE_ATTACK_FORMAT = "leaklab.results"
 VIEW_FORMAT = "leaklab.view"
 DP_VS_INVERSION_FORMAT = "leaklab.dp-vs-inversion"
@@ -380,6 +381,18 @@ def check_out(out: Path, writes: str, inputs: Sequence[Path] = ()) -> Path:
     if writes not in _IN_PLACE:
         _check_only_ours(out)
     return out
+
+
+def check_audit_kind(out: Path, kind: str) -> None:
+    """Refuse an ``--out`` that holds an audit of another ``kind`` (``rooms``, ``room-cases``, ``image``): the kinds
+    share their format, so :func:`check_out` let one replace the other (an image audit replaced a room audit)."""
+    path = Path(out) / RESULTS_FILE
+    if not path.is_file():
+        return
+    held = read_json(path)
+    if isinstance(held, dict) and held.get("format") == AUDIT_FORMAT and held.get("kind") != kind:
+        raise LeaklabError(f"--out {out} holds an audit of another kind ({held.get('kind')!r}), which this one "
+                           f"({kind!r}) would replace; choose a new folder or remove that one first")
 
 
 def _entries(folder: Path) -> list[str]:

@@ -306,7 +306,7 @@ def audit(
             s = results["summary"]
             typer.echo(f"wrote {out / 'report.html'}: {plural(s['cases'], 'case')}, {s['scored']} scored"
                        + _resumed(s["resumed_attacks"], ", {} resumed from an interrupted run")
-                       + (f"; {_room_summary_line(s, any(r['defense'] for r in results['cases']))}"
+                       + (f"; {_room_summary_line(s, any(map(room_report.maybe_defended, results['cases'])))}"
                           if s["scored"] else ""))
             if blind := room_verdicts.features_read_text(room_report.blind_features(results["cases"])):
                 typer.echo(blind)

@@ -27,7 +27,7 @@ from leaklab.experiments import ProgressFn
 from leaklab.experiments.capture import CaptureConfig, capture, write
 from leaklab.experiments.image_attack import attack, evaluate, inversion_config
 from leaklab.cases import load_case, load_truth
-from leaklab.io import AUDIT_FORMAT, REPORT_FILE, RESULTS_FILE, atomic_dir, write_json
+from leaklab.io import AUDIT_FORMAT, REPORT_FILE, RESULTS_FILE, atomic_dir, check_audit_kind, write_json
 from leaklab.metrics.vectors import median_of
 from leaklab.words import cosine_text, plural, sentences
 
@@ -72,6 +72,7 @@ def _slug(text: str) -> str:
 def run(out: Path, quick: bool = False, seed: int = 0, progress: ProgressFn | None = None,
         defenses: tuple[str, ...] = DEFENSES, chosen: list[Scenario] | None = None) -> dict[str, Any]:
     """Run the audit and write ``out`` atomically; returns the results dict (also ``results.json``)."""
+    check_audit_kind(out, "image")  # before the work: another kind's audit is not replaced
     chosen = chosen or scenarios(quick)
     device = default_device()
     total = sum(sc.attack.get("iterations", 1) * sc.num_images for sc in chosen) * len(defenses)

@@ -52,8 +52,9 @@ from leaklab.experiments import ProgressFn, attack_pool, room_attack, room_repor
 from leaklab.experiments.attack_journal import journal_beside
 from leaklab.experiments.audit_levels import leaks_stop, next_levels
 from leaklab.fields import Seed, defense_steps
-from leaklab.io import (AUDIT_FORMAT, CAPTURE_JSON, RECONSTRUCTIONS_FILE, RESULTS_FILE, TRUTH_FILE, VIEW_FILE,
-                        atomic_dir, check_out, read_json, resolved, save_tensors, write_json)
+from leaklab.io import (AUDIT_FORMAT, CAPTURE_JSON, RECONSTRUCTIONS_FILE, RESULTS_FILE, ROOM_CAPTURE_FORMAT,
+                        ROOM_CAPTURE_VERSION, TRUTH_FILE, VIEW_FILE, atomic_dir, check_audit_kind, check_out,
+                        read_json, resolved, save_tensors, write_json)
 from leaklab.metrics.rooms import matched
 from leaklab.metrics.vectors import median_of
 from leaklab.models.perception import ArchName
@@ -64,6 +65,7 @@ from leaklab.words import plural
 
 
 DP_DELTA = 1e-5
+AUDIT_FORMAT_VERSION = 2  # a room audit's results.json (`--earlier` reads up to it)
 DP_CLIP = 1.0
 
 
@@ -188,6 +190,10 @@ def earlier_verdicts(folders: Sequence[Path], config: AuditConfig) -> tuple[Leve
         results = read_json(folder / RESULTS_FILE, "--earlier results")
         if not isinstance(results, dict) or results.get("format") != AUDIT_FORMAT or results.get("kind") != "rooms":
             raise LeaklabError(f"--earlier {named}: not a room audit's folder (`leaklab audit --out` writes one)")
+        version = results.get("format_version")
+        if type(version) is not int or not 1 <= version <= AUDIT_FORMAT_VERSION:
+            raise LeaklabError(f"--earlier {named}: its {RESULTS_FILE} has format version {version!r}; this leaklab "
+                               f"reads versions 1 to {AUDIT_FORMAT_VERSION}")
         try:
             earlier = AuditConfig.model_validate(results["config"])
             _, (g, d) = _verdicts_by_level(earlier, results)
@@ -307,6 +313,7 @@ def run(out: Path, config: AuditConfig, progress: ProgressFn | None = None,
     ``earlier``: folders of earlier audits of the same rooms, network and attacks whose verdicts count
     in where the leaks stop and which levels to audit next (:func:`earlier_verdicts`)."""
     check_out(out, AUDIT_FORMAT, inputs=earlier)
+    check_audit_kind(out, "rooms")
     judged, counted = earlier_verdicts(earlier, config)  # before minutes of work: a wrong folder is refused at once
     require_device(config.device)
     start = time.perf_counter()
@@ -359,7 +366,7 @@ def run(out: Path, config: AuditConfig, progress: ProgressFn | None = None,
                 results_cells.append({**meta, "defense": label, "defense_chain": chain,
                                       "summary": room_attack.summarise(cell_rows, iterations, seconds[(c, d)]),
                                       "samples": cell_rows})
-        results = {"format": AUDIT_FORMAT, "format_version": 2, "kind": "rooms",
+        results = {"format": AUDIT_FORMAT, "format_version": AUDIT_FORMAT_VERSION, "kind": "rooms",
                    "config": config.model_dump(mode="json"), "method_version": method_versions(config),
                    "summary": {"seconds": time.perf_counter() - start, "samples_attacked": len(jobs),
                                "resumed_attacks": resumed, "defenses": [label for label, _ in defenses]},
@@ -391,6 +398,7 @@ def run_cases(out: Path, cases_dir: Path, attack: RoomAttackConfig, workers: int
     from leaklab.rl.cases import load_room_case, load_room_truth
 
     check_out(out, AUDIT_FORMAT, inputs=[cases_dir])
+    check_audit_kind(out, "room-cases")
     require_device(device)
     cases_dir = Path(cases_dir)
     folders = _case_folders(cases_dir)
@@ -445,6 +453,8 @@ def run_cases(out: Path, cases_dir: Path, attack: RoomAttackConfig, workers: int
             row["read"] = rec.read.tolist()
         if rec.no_signal:
             row["no_signal"] = True
+        if not case.view.capabilities.knows_defense:  # "defense" null: not granted, which is not undefended
+            row["defense_withheld"] = True
         row["exact"] = list(rec.exact)
         if rec.feature_cosine is not None:  # read off the update alone: known for a case without its truth too
             row["feature_cosine"] = rec.feature_cosine
@@ -479,7 +489,7 @@ def run_cases(out: Path, cases_dir: Path, attack: RoomAttackConfig, workers: int
         read = median_of(room_report.features_read(r) for r in rows)  # over every case, scored or not
         if read is not None:
             summary["feature_cosine_median"] = read
-        results = {"format": AUDIT_FORMAT, "format_version": 2, "kind": "room-cases",
+        results = {"format": AUDIT_FORMAT, "format_version": AUDIT_FORMAT_VERSION, "kind": "room-cases",
                    "cases_dir": str(cases_dir), "model_class": model_class,
                    "attack": attack.model_dump(mode="json"), "summary": summary,
                    "cases": rows, "versions": versions(), "device": describe(torch.device(device))}
@@ -493,10 +503,22 @@ def run_cases(out: Path, cases_dir: Path, attack: RoomAttackConfig, workers: int
 
 
 def _capture_index(cases_dir: Path) -> dict[str, Any]:
-    """The ``capture.json`` that ``leaklab env capture`` wrote beside the cases; {} when there is none."""
+    """The ``capture.json`` that ``leaklab env capture`` wrote beside the cases; {} when there is none. One of
+    another format or a newer version, or whose ``cases`` is no list, is refused (its case list was ignored)."""
     path = member_file(cases_dir, None, CAPTURE_JSON, cases_dir)
-    index = read_json(path) if path.is_file() else {}
-    return index if isinstance(index, dict) else {}
+    if not path.is_file():
+        return {}
+    index = read_json(path)
+    if not isinstance(index, dict) or index.get("format") != ROOM_CAPTURE_FORMAT:
+        raise LeaklabError(f"--cases {cases_dir}: its {CAPTURE_JSON} is not the index `leaklab env capture` writes "
+                           "(format leaklab.room_capture); remove it or capture again")
+    version = index.get("format_version")
+    if type(version) is not int or not 1 <= version <= ROOM_CAPTURE_VERSION:
+        raise LeaklabError(f"--cases {cases_dir}: its {CAPTURE_JSON} has format version {version!r}; this leaklab "
+                           f"reads versions 1 to {ROOM_CAPTURE_VERSION}")
+    if not isinstance(index.get("cases", []), list):
+        raise LeaklabError(f"--cases {cases_dir}: its {CAPTURE_JSON} lists no cases (its 'cases' is no list)")
+    return index
 
 
 def _captured_model_class(cases_dir: Path) -> str | None:

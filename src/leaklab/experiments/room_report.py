@@ -55,6 +55,17 @@ def _case_figures(folder: Path, rows: list[tuple[str, list[Picture]]], names: li
     return figures
 
 
+def defense_text(row: dict[str, Any]) -> str:
+    """A case's defense as the report names it: its chain, "withheld" where its view does not grant it (until
+    session 54 named "none", and such a noised case was called undefended), else "none"."""
+    return row["defense"] or ("withheld" if row.get("defense_withheld") else "none")
+
+
+def maybe_defended(row: dict[str, Any]) -> bool:
+    """Whether a case's update may be behind a defense: one it names, or one its view withholds."""
+    return row["defense"] is not None or bool(row.get("defense_withheld"))
+
+
 def features_read(row: dict[str, Any]) -> float | None:
     """The features a case's attack read off its update (``feature_cosine``): 0 where it read nothing (no signal:
     the median and the counts left such a case out, and named a whole read where 5 of 6 read nothing); None where
@@ -125,8 +136,8 @@ def write_cases_report(folder: Path, results: dict[str, Any], truths: list[Pictu
                *(f"{name} {col}" for name in ("depth", "RGB") for col in ("PSNR (dB)", "baseline (dB)", "SSIM",
                                                                          "SSIM baseline")), "s"]
     table = Table(columns=columns, rows=[
-        [r["case"], r["algorithm"].upper(), r["setting"], r["defense"] or "none",
-         cosine_text(r.get("metrics", {}).get("update_cosine")), cosine_text(r.get("feature_cosine")),
+        [r["case"], r["algorithm"].upper(), r["setting"], defense_text(r),
+         cosine_text(r.get("metrics", {}).get("update_cosine")), cosine_text(features_read(r)),
          _action_text(r),
          right(r), *(r.get("metrics", {}).get(k) for k in ("box_iou", *scores)), r["seconds"]]
         for r in results["cases"]],
@@ -166,7 +177,7 @@ def fallback_caveat(results: dict[str, Any]) -> str:
     if results["attack"]["mode"] != "exact":
         return ""
     missed = [r for r in results["cases"]
-              if r["defense"] is None and not r.get("no_signal") and "features" not in r["exact"]]
+              if not maybe_defended(r) and not r.get("no_signal") and "features" not in r["exact"]]
     shared = [r["case"] for r in missed if r["algorithm"] == "qgi" and len(set(r["action"])) < len(r["action"])]
     other = [r["case"] for r in missed if r["case"] not in shared]
     reasons = []

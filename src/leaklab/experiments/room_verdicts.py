@@ -137,8 +137,10 @@ def noise_caveat(modes: list[str], chains: list[str | None], cases: list[dict[st
     audit's 36 updates behind σ = 0.03, 0.1 and 0.3 up to exact method version 11; at version 12 on none, while
     exact mode showed 3 that it missed: docs/reproductions.md, "The prior's weight per pixel behind noise");
     "" otherwise. ``cases``: the rows of an audit of saved cases, which runs one mode at a time (paper mode
-    does not read RGI's batches of two, and the caveat says so where there are some)."""
-    noised = any(name in NOISE_DEFENSE_NAMES for chain in chains for name, _ in defense_steps(chain))
+    does not read RGI's batches of two, and the caveat says so where there are some); a case whose defense its
+    view withholds may be behind noise."""
+    noised = any(name in NOISE_DEFENSE_NAMES for chain in chains for name, _ in defense_steps(chain)) or any(
+        r.get("defense_withheld") for r in cases or ())
     if set(modes) != {"exact"} or not noised:
         return ""
     return ("Behind noise the verdicts are exact mode's, one attack's and so a lower bound on the leak: the paper's "

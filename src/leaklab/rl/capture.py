@@ -32,7 +32,7 @@ from leaklab.defenses import parse_defense
 from leaklab.device import one_thread
 from leaklab.errors import LeaklabError
 from leaklab.fields import DefenseOption, EntropyWeight, EpisodeSteps, Seed
-from leaklab.io import CAPTURE_JSON, ROOM_CAPTURE_FORMAT, atomic_dir, check_out, write_json
+from leaklab.io import CAPTURE_JSON, ROOM_CAPTURE_FORMAT, ROOM_CAPTURE_VERSION, atomic_dir, check_out, write_json
 from leaklab.metrics.vectors import update_cosine
 from leaklab.models import PerceptionNet, PerceptionSpec, build_perception_net
 from leaklab.models.perception import check_forward
@@ -372,7 +372,7 @@ def capture_rooms(config: RoomCaptureConfig, out: Path, on_episode: Callable[[in
             provenance = {"capture": config.model_dump(mode="json"), "index": i, "layouts": r.layouts,
                           "steps": [t.step for t in r.transitions], "update_cosine": [r.kept]}
             write_room_case(tmp / name, config.spec, state, r.update, r.truth, provenance, config.model_class)
-        write_json(tmp / CAPTURE_JSON, {"format": ROOM_CAPTURE_FORMAT, "format_version": 1,
+        write_json(tmp / CAPTURE_JSON, {"format": ROOM_CAPTURE_FORMAT, "format_version": ROOM_CAPTURE_VERSION,
                                         "config": config.model_dump(mode="json"),
                                         "cases": names})
         frame_sheet(tmp / CAPTURE_PNG, _sheet_frames(names, rounds, config.spec.setting,
