@@ -510,6 +510,9 @@ def test_a_diverging_attack_is_an_error_not_nan_scores(tmp_path):
                       "the attack diverged")
     assert_user_error(invoke("capture", *TINY, "--update", "fedavg", "--local-lr", "inf", "--out", out), out,
                       "--local-lr", "finite")
+    # a local step so large that the update overflows was written (all NaN, exit code 0) and refused on load
+    assert_user_error(invoke("capture", *TINY, "--update", "fedavg", "--local-lr", "1e300", "--local-steps", "3",
+                             "--out", out), out, "not finite", "lower --local-lr")
 
 
 def test_a_batchnorm_that_sees_one_value_per_channel_is_one_line(tmp_path):

@@ -90,6 +90,10 @@ def test_ledger_composes_mechanisms():
     (lambda: acc.subsampled_gaussian(1.5, 1.0), "sampling rate"), (lambda: acc.gaussian(1.0, count=2.7), "count"),
     (lambda: acc.gaussian(1.0, count=0), "count"), (lambda: acc.gaussian(float("nan")), "noise multiplier"),
     (lambda: acc.laplace(0.0), "noise multiplier"),
+    # pld past its grid's sizes raised OverflowError / ValueError tracebacks; prv's advice named pld
+    (lambda: acc.dpsgd_epsilon(0.01, 1.0, 10**20, DELTA, "pld"), "pld accountant cannot compose.*use the rdp"),
+    (lambda: acc.dpsgd_epsilon(0.01, 1.0, 2**63 - 1, DELTA, "pld"), "pld accountant cannot compose.*use the rdp"),
+    (lambda: acc.dpsgd_epsilon(0.01, 1.0, 10**20, DELTA, "prv"), "prv accountant fails.*use the rdp"),
 ])
 def test_user_errors(call, word):
     with pytest.raises(LeaklabError, match=word):

@@ -87,6 +87,14 @@ def test_scan_test_with_bonferroni_also_holds_and_catches(mechanism):
 # canary audit of DP-SGD (opacus)
 
 
+def test_the_canary_audit_refuses_unbounded_training():
+    """--runs 1e6 ran on (runs and steps had no bound, the canaries had); refused before the claim's accounting."""
+    from leaklab.privacy.audit import audit_dpsgd
+
+    with pytest.raises(LeaklabError, match="at most 100,000 .got 1,000,000 x 2"):
+        audit_dpsgd(0.1, 1.0, 2, canaries=10, runs=1_000_000)
+
+
 def test_dpsgd_canary_scores_follow_the_dpsgd_mechanism():
     from leaklab.privacy.audit import dpsgd_canary_scores
 

@@ -541,7 +541,9 @@ def new_run_dir(kind: str, root: Path = Path("runs")) -> Path:
 
 def _yaml_loader() -> type:
     """YAML's safe loader without aliases (``*name``): a configuration needs none, and a few hundred bytes of
-    aliases to aliases expand to billions of values when read."""
+    aliases to aliases expand to billions of values when read. Numbers with an exponent read as YAML 1.2 reads
+    them: YAML 1.1, PyYAML's, reads ``1e-3`` (no dot) and ``1.0e3`` (no sign) as text, which the options then
+    refused as no number."""
     import yaml
 
     class NoAliases(yaml.SafeLoader):
@@ -551,6 +553,9 @@ def _yaml_loader() -> type:
                                                   self.peek_event().start_mark)
             return super().compose_node(parent, index)
 
+    NoAliases.add_implicit_resolver("tag:yaml.org,2002:float",
+                                    re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$"),
+                                    list("-+0123456789."))
     return NoAliases
 
 
@@ -567,6 +572,8 @@ def read_config(path: Path) -> dict[str, Any]:
             raise LeaklabError(f"config file {path} is not valid YAML ({_first_line(e)})") from None
         except RecursionError:
             raise LeaklabError(f"config file {path} nests too deeply to be a configuration") from None
+        except LeaklabError:  # check_finite's own words (a ValueError too: wrapped in these once more)
+            raise
         except ValueError as e:  # a number past Python's digit limit for integers
             raise LeaklabError(f"config file {path} is not a configuration ({_first_line(e)})") from None
     else:

@@ -165,7 +165,7 @@ def reproduce_inversion_checks(
                                                                        "choose " + " | ".join(INVERSION_CHECK_NAMES)))
                       ] = None,
     images: Annotated[Optional[int], typer.Option("--images", help="images of the dlg and analytic checks "
-                                                  "(ig: at most 3; idlg always 50, 5 with --quick)",
+                                                  "(ig: at most 3, 1 with --quick; idlg always 50, 5 with --quick)",
                                                   callback=_images_checked)] = None,
     quick: QuickOpt = False,
     out: Annotated[Optional[Path], _run_out("inversion-checks")] = None,

@@ -118,6 +118,9 @@ def capture(config: CaptureConfig) -> Capture:
         else:
             clean = fedavg_update(model, x, y, local_lr=config.local_lr, local_steps=config.local_steps,
                                   train_mode=config.bn_stats == "batch")
+        if not all(bool(torch.isfinite(t).all()) for t in clean.tensors.values()):  # written, then refused on load
+            raise LeaklabError(f"the client's update is not finite (NaN or Inf): its {config.local_steps} local "
+                               f"steps at --local-lr {config.local_lr:g} diverged; lower --local-lr")
         updates.append(chain.apply(clean, generator))
         kept.append(update_cosine(clean.tensors, updates[-1].tensors))
         labels.append(y.clone())

@@ -119,8 +119,12 @@ def compose(events: Iterable[dpa.DpEvent], delta: float, accountant: str = "pld"
     event = dpa.ComposedDpEvent(events)
     if not acc.supports(event):
         raise LeaklabError(f"the {accountant} accountant cannot compose {event!r}")
-    acc.compose(event)
-    return float(acc.get_epsilon(delta))
+    try:
+        acc.compose(event)
+        return float(acc.get_epsilon(delta))
+    except (ValueError, OverflowError, MemoryError) as e:  # pld's grid past its sizes: 1e19 and 1e20 steps
+        raise LeaklabError(f"the {accountant} accountant cannot compose these events ({type(e).__name__}: {e}); "
+                           + ("use the rdp accountant" if accountant != "rdp" else "compose fewer")) from None
 
 
 def check_accountable(q: float, sigma: float, steps: int, delta: float, accountant: str = DEFAULT_ACCOUNTANT) -> str:
@@ -151,7 +155,7 @@ def dpsgd_epsilon(q: float, sigma: float, steps: int, delta: float, accountant: 
             return float(acc.get_epsilon(delta=delta))
         except (RuntimeError, ValueError) as e:  # the PRV discretisation fails far from typical settings
             raise LeaklabError(f"the {name} accountant fails at q={q:g}, sigma={sigma:g}, steps={steps} "
-                               f"({e}); use the pld accountant") from None
+                               f"({e}); use the rdp accountant") from None
         except MemoryError:  # its grid grows with steps / sigma: 84 GiB at sigma 1e-3, 345 GiB at 1e8 steps
             raise LeaklabError(f"the {name} accountant needs more memory than there is at q={q:g}, sigma={sigma:g}, "
                                f"steps={steps}; use the rdp accountant") from None
@@ -178,7 +182,8 @@ def dpsgd_sigma(q: float, steps: int, epsilon: float, delta: float, accountant: 
             floor = "" if name != "rdp" else (  # RDP orders up to 63 bound its epsilon from below, whatever sigma
                 f"; the rdp accountant's epsilon stays at {dpsgd_epsilon(q, _MAX_SIGMA, steps, delta, name):.3g} or "
                 "more at this delta however large the noise: use the pld or prv accountant")
-            raise LeaklabError(f"epsilon {epsilon} at delta {delta} needs a noise multiplier above {_MAX_SIGMA:g}{floor}")
+            raise LeaklabError(f"epsilon {epsilon} at delta {delta} needs a noise multiplier above "
+                               f"{_MAX_SIGMA:g}{floor}")
     while gap(lo) < 0:
         lo, hi = lo - step, lo
         if lo < math.log(_MIN_SIGMA):

@@ -46,6 +46,7 @@ __all__ = ["AuditCase", "AuditResult", "clopper_pearson", "epsilon_lower_bound",
 
 MAX_RUNS = 10_000_000  # runs per input: two float64 score arrays of 80 MB each
 MAX_CANARIES = 10_000  # per training run: the canaries are rows of an identity matrix of this size (400 MB)
+MAX_CANARY_STEPS = 100_000  # runs times steps of the canary audit's DP-SGD trainings (about 1 ms each: minutes)
 
 
 def clopper_pearson(successes: Any, trials: int, level: float) -> tuple[np.ndarray, np.ndarray]:
@@ -321,8 +322,7 @@ def dpsgd_canary_scores(q: float, noise_multiplier: float, steps: int, *, canari
 
     from leaklab.privacy.dpsgd import make_private
 
-    if runs < 1:
-        raise LeaklabError(f"the canary audit needs at least one run (got {runs})")
+    _check_canary_work(runs, steps)
     half = canaries // 2
     batch = canary_batch(q, canaries)[0]
     out_scores, in_scores = [], []
@@ -342,6 +342,16 @@ def dpsgd_canary_scores(q: float, noise_multiplier: float, steps: int, *, canari
         out_scores.append(score[left_out.numpy()])
         in_scores.append(score[inserted.numpy()])
     return np.concatenate(out_scores), np.concatenate(in_scores)
+
+
+def _check_canary_work(runs: int, steps: int) -> None:
+    """Refuse a canary audit of no run or of more than :data:`MAX_CANARY_STEPS` training steps in all (1e6 runs
+    ran on, unbounded)."""
+    if runs < 1:
+        raise LeaklabError(f"the canary audit needs at least one run (got {runs})")
+    if runs * steps > MAX_CANARY_STEPS:
+        raise LeaklabError(f"the canary audit trains --runs times --steps DP-SGD steps, at most {MAX_CANARY_STEPS:,} "
+                           f"(got {runs:,} x {steps:,})")
 
 
 def canary_batch(q: float, canaries: int) -> tuple[int, float]:
@@ -369,6 +379,7 @@ def audit_dpsgd(q: float, noise_multiplier: float, steps: int, delta: float = 1e
 
     _check_confidence(confidence)
     check_dpsgd_args(q, noise_multiplier, steps, delta)  # before q is turned into the realised rate
+    _check_canary_work(runs, steps)  # before the claim's accounting (seconds at many steps)
     rate = canary_batch(q, canaries)[1]  # what the trainings realise, which the claim is about
     claimed = dpsgd_epsilon(rate, noise_multiplier, steps, delta, accountant or DEFAULT_ACCOUNTANT)
     trained = noise_multiplier * (0.5 if broken else 1.0)
