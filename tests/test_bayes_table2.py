@@ -135,6 +135,19 @@ def test_acceptance_verdict_from_a_table():
     assert verdict(partial)["evaluated"] is False and verdict(partial)["holds"] is None
 
 
+def test_cells_of_another_method_version_are_computed_again(tmp_path, monkeypatch):
+    """A cell's key held no code version: a rerun into a folder of cells computed before the Bayes tiny-noise fix
+    printed their 5.53 dB where the code now reads 6.32."""
+    from leaklab.experiments import bayes_table2 as bt
+
+    kwargs = dict(quick=True, datasets=["digits"], defenses=["gaussian"], steps=[0])
+    bt.run(tmp_path, **kwargs)
+    said = []
+    monkeypatch.setattr(bt, "INVERSION_METHOD_VERSION", bt.INVERSION_METHOD_VERSION + 1)
+    bt.run(tmp_path, progress=lambda text, done, total: said.append(text), **kwargs)
+    assert not any("done earlier" in text for text in said) and any("search" in text for text in said)
+
+
 def test_a_rerun_with_other_images_tunes_a_trained_cell_again(tmp_path):
     """The reported images leave the step > 0 network's training pool: with seed 141 two photos take one of its
     crops that one does not, so the network differs, and a rerun into the same folder reused the first search."""

@@ -60,6 +60,7 @@ from typing import Any
 import torch
 
 from leaklab.attacks.inversion import InversionConfig, invert
+from leaklab.attacks.inversion.config import INVERSION_METHOD_VERSION
 from leaklab.data import ImageBatch, among, load_images
 from leaklab.defenses import parse_defense
 from leaklab.device import describe, versions
@@ -471,7 +472,8 @@ def run(out: Path, quick: bool = False, datasets: list[str] | None = None,
         key = _cell_key(ds, d, st, attack)
         path = out / CELLS_DIR / f"{key}.json"
         used = {k: v for k, v in settings.items() if st > 0 or k not in TRAIN_FIELDS}
-        cell_fp = _fingerprint({"settings": used, "seed": seed, "cell": [ds, d, st, attack]})
+        cell_fp = _fingerprint({"settings": used, "seed": seed, "cell": [ds, d, st, attack],
+                                "method_version": INVERSION_METHOD_VERSION})  # cells of older code not reused
         if path.is_file():
             saved = _saved(path.read_text(), "fingerprint", cell_fp, "psnr_mean", "psnr")
             if saved is not None:
@@ -500,7 +502,8 @@ def run(out: Path, quick: bool = False, datasets: list[str] | None = None,
                        # the reported images leave the step > 0 network's training pool: their count keys it too
                        _fingerprint({"settings": {k: v for k, v in settings.items()
                                                   if st > 0 or k not in (*TRAIN_FIELDS, "images")},
-                                     "seed": seed, "cell": [ds, d, st, attack]}),
+                                     "seed": seed, "cell": [ds, d, st, attack],
+                                     "method_version": INVERSION_METHOD_VERSION}),
                        lambda cfg: _attack(case, tune_updates, case.tune[1], case.tune[0], d, cfg), tick)
         best = _search(attack, scale, attack_seed, tuner)
         report(f"{ds} {d} step {st} {attack}: reported images")

@@ -10,6 +10,11 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from leaklab.fields import Seed
 from leaklab.names import LAYER_WEIGHTING_NAMES, OBJECTIVE_NAMES, PRIOR_NAMES
 
+# The image attacks' method version: raised whenever what an image attack computes for the same case and config
+# changes (a saved result keyed without it was reused across such changes: a Bayes Table 2 cell computed before the
+# tiny-noise fix of session 53 read 5.53 dB where the landed code reads 6.32). 1: session 54's code.
+INVERSION_METHOD_VERSION = 1
+
 
 class InversionConfig(BaseModel):
     """An optimisation-based inversion: seed 001 Algorithm 1 and the attacks it generalises.
