@@ -310,6 +310,13 @@ def test_a_users_network_class_is_known_by_its_module_source(tmp_path, monkeypat
     module.write_text(source.replace("nn.Linear(64, spec.num_actions)", "nn.Linear(64, spec.num_actions)  # v2"))
     os.utime(module, (1, 1))  # another modification time, whatever the clock's resolution
     assert network_identity(spec, "my_rooms_net:NarrowNet") != first
+    # a subclass in another module: its parent's edit (a ReLU made leaky, the same parameters) was not seen
+    (tmp_path / "my_sub_net.py").write_text("from my_rooms_net import NarrowNet\n\n\nclass Sub(NarrowNet):\n"
+                                            "    pass\n")
+    sub = network_identity(spec, "my_sub_net:Sub")
+    module.write_text(source.replace("nn.ReLU()", "nn.LeakyReLU(0.2)"))
+    os.utime(module, (2, 2))
+    assert network_identity(spec, "my_sub_net:Sub") != sub
 
 
 def test_a_journal_that_cannot_be_written_warns_once_and_the_run_goes_on(tmp_path):
@@ -351,3 +358,17 @@ def test_a_finished_run_leaves_the_entries_it_took_from_another_run(tmp_path):
     assert attack_pool.run_jobs(jobs[:2], 1, lambda i, rec: None, journal=again) == 2
     again.discard()
     assert not (tmp_path / RESUME_DIR).exists()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="prctl is Linux's")
+def test_a_worker_ignores_ctrl_c_and_ends_with_its_parent():
+    """A parent killed outright (SIGKILL, the OOM killer) left its workers running on, 400 MB each; a Ctrl-C to
+    the process group printed an idle worker's traceback before the parent's one line."""
+    code = ("import ctypes, os, signal\n"
+            "from leaklab.experiments.attack_pool import _start_worker\n"
+            "_start_worker(None, False, os.getppid())\n"
+            "got = ctypes.c_int()\n"
+            "ctypes.CDLL(None).prctl(2, ctypes.byref(got))  # PR_GET_PDEATHSIG\n"
+            "print(signal.getsignal(signal.SIGINT) == signal.SIG_IGN, got.value == signal.SIGTERM)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.stdout.split() == ["True", "True"], out.stderr

@@ -426,6 +426,19 @@ def test_bad_model_class_is_refused(tmp_path, cls, words):
     assert "model.safetensors" not in result.stderr and "captured with" not in result.stderr, result.stderr
 
 
+def test_a_model_class_that_fails_in_the_attack_is_one_line(tmp_path):
+    """A class that takes its input out of torch passes the capture and the contract's forward without gradients;
+    the attack's failed with some 150 lines of traceback."""
+    cls = "tests.plugins.narrow_net:NumpyConv"
+    cases = tmp_path / "cases"
+    capture_rooms(RoomCaptureConfig(spec=PerceptionSpec(setting="S2"), samples=1, layouts=("e1m1-stalactite",),
+                                    model_class=cls), cases)
+    out = tmp_path / "audit"
+    assert_user_error(invoke("audit", "--cases", cases, "--model-class", cls, "--iterations", "3", "--workers", "1",
+                             "--out", out), out, f"--model-class {cls}: its code failed in the attack (RuntimeError",
+                      "numpy")
+
+
 @pytest.mark.parametrize("kind", ["folder", "pipe", "broken link"])
 def test_a_truth_that_is_no_file_is_an_error_not_an_unscored_case(tmp_path, kind):
     """formats.md: a truth file is read or refused; a folder or a pipe in its place passed for a case

@@ -149,3 +149,20 @@ class Normed(NarrowNet):
         super().__init__(spec)
         self.conv = nn.Sequential(nn.Conv2d(spec.in_channels, 8, 8, stride=4), nn.BatchNorm2d(8), nn.ReLU(),
                                   nn.Conv2d(8, 8, 4, stride=2), nn.ReLU(), nn.Flatten())
+
+
+class NumpyConv(NarrowNet):
+    """NarrowNet whose conv stream passes through numpy: a forward without gradients works, the attacks' not."""
+
+    def __init__(self, spec):
+        super().__init__(spec)
+        self.conv = _NumpyRound(self.conv)
+
+
+class _NumpyRound(nn.Module):
+    def __init__(self, inner):
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, x):
+        return self.inner(torch.from_numpy(x.numpy().copy()))

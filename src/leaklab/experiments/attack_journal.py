@@ -37,7 +37,7 @@ from leaklab.attacks.rl import RoomReconstruction
 from leaklab.attacks.rl.config import METHOD_VERSION
 from leaklab.errors import LeaklabError
 from leaklab.io import load_tensors, save_tensors, tensor_file_metadata
-from leaklab.models.perception import architecture_digest, perception_class
+from leaklab.models.perception import architecture_digest, perception_class, user_modules
 from leaklab.words import plural
 
 RESUME_DIR = ".leaklab-resume"
@@ -54,16 +54,19 @@ def _hash_tensors(h: Any, tensors: dict[str, torch.Tensor]) -> None:
 
 
 def network_identity(spec: Any, model_class: str | None) -> str:
-    """The built-in architecture's digest, or a user's class named with the sha256 of its module's
-    source (an edited class is another network; a module without source files never matches)."""
+    """The built-in architecture's digest, or a user's class named with the sha256 of its modules' source: its
+    own and its parent classes' (an edited class is another network; until session 54 a parent's module was not
+    read, and an attack of the class before its parent's edit was resumed; a module without source files never
+    matches)."""
     if model_class is None:
         return architecture_digest(spec)
-    module = sys.modules[perception_class(model_class).__module__]
-    try:
-        source = inspect.getsource(module).encode()
-    except (OSError, TypeError):
-        source = os.urandom(16)
-    return f"{model_class}@{hashlib.sha256(source).hexdigest()}"
+    h = hashlib.sha256()
+    for name in sorted(user_modules(perception_class(model_class).__mro__)):
+        try:
+            h.update(f"{name}|".encode() + inspect.getsource(sys.modules[name]).encode())
+        except (OSError, TypeError):
+            h.update(os.urandom(16))
+    return f"{model_class}@{h.hexdigest()}"
 
 
 def job_digest(job: Any, state_digest: str | None = None) -> str:

@@ -9,11 +9,14 @@ asks for them, so a paper-scale audit's 1,920 defended updates are never in memo
 
 from __future__ import annotations
 
+import ctypes
 import faulthandler
 import functools
 import multiprocessing
 import os
 import pickle
+import signal
+import sys
 from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
@@ -24,10 +27,11 @@ import torch
 
 from leaklab.attacks.rl import RoomAttackConfig, RoomReconstruction, qgi, rgi
 from leaklab.device import crash_tracebacks, one_thread, repeatable
-from leaklab.errors import LeaklabError
+from leaklab.errors import LeaklabError, ModelClassError
 from leaklab.experiments import ProgressFn
 from leaklab.experiments.attack_journal import AttackJournal
 from leaklab.models import PerceptionSpec
+from leaklab.models.perception import user_modules
 from leaklab.threat import ClientUpdate, make_view
 
 
@@ -65,13 +69,24 @@ class JobList(Sequence[Job]):
 _progress_queue: Any = None
 
 
-def _start_worker(queue: Any, fault_handler: bool) -> None:
+def _start_worker(queue: Any, fault_handler: bool, parent: int) -> None:
     """A worker's set-up: the queue its attacks report progress to, and the parent's fault handler (a crash
-    in native code prints the worker's Python traceback before the pool reports that a worker died)."""
+    in native code prints the worker's Python traceback before the pool reports that a worker died). Ctrl-C is
+    the parent's to handle (it stops the workers; an idle worker printed a traceback of its own), and on Linux a
+    worker ends with its parent (:data:`PR_SET_PDEATHSIG`): a parent killed outright (SIGKILL, the OOM killer)
+    left its workers, 400 MB each, running on."""
     global _progress_queue
     _progress_queue = queue
     if fault_handler:
         crash_tracebacks()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+        if os.getppid() != parent:  # the parent died before the call above
+            os._exit(1)
+
+
+PR_SET_PDEATHSIG = 1  # Linux prctl: the signal a process gets when the thread that started it ends
 
 
 def _report_to_queue(index: int, fraction: float) -> None:
@@ -91,7 +106,26 @@ def _attack_one(job: Job, index: int = 0,
     with one_thread(), repeatable(job.device):
         view = make_view(job.spec, job.state, job.update.metadata, model_class=job.model_class)
         view.model.to(job.device)
-        return (qgi if job.algorithm == "qgi" else rgi)(view, job.update, job.attack, progress).to("cpu")
+        try:
+            return (qgi if job.algorithm == "qgi" else rgi)(view, job.update, job.attack, progress).to("cpu")
+        except Exception as e:
+            if isinstance(e, LeaklabError) or not _raised_in(
+                    e, user_modules({*type(view.model).__mro__, *(type(m) for m in view.model.modules())})):
+                raise
+            first = (str(e).strip().splitlines() or [""])[0]
+            raise ModelClassError(f"--model-class {job.model_class}: its code failed in the attack "
+                                  f"({type(e).__name__}: {first}); the attacks differentiate it in the images and "
+                                  "the box, which it must not take out of torch (numpy, .item())") from None
+
+
+def _raised_in(error: BaseException, modules: set[str]) -> bool:
+    """Whether ``error`` passed through code of one of ``modules`` (a user's network's)."""
+    tb = error.__traceback__
+    while tb is not None:
+        if tb.tb_frame.f_globals.get("__name__") in modules:
+            return True
+        tb = tb.tb_next
+    return False
 
 
 def _attack_in_worker(job: bytes, index: int) -> bytes:
@@ -178,7 +212,7 @@ def run_jobs(jobs: Sequence[Job], workers: int, on_result: Callable[[int, RoomRe
     context = multiprocessing.get_context("spawn")
     queue = context.SimpleQueue() if on_progress else None
     pool = ProcessPoolExecutor(max_workers=workers, mp_context=context, initializer=_start_worker,
-                               initargs=(queue, faulthandler.is_enabled()))
+                               initargs=(queue, faulthandler.is_enabled(), os.getpid()))
     waiting = iter(todo)  # in index order: the job to deliver next is always handed over first
     futures: dict[int, Future] = {}
 

@@ -35,7 +35,7 @@ import contextlib
 import functools
 import hashlib
 import importlib
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Literal
 
 import torch
@@ -203,6 +203,12 @@ def conv_feature_count(net: nn.Module) -> int:
     """How many of ``head.0``'s inputs are the flattened conv features (the rest: the box branch)."""
     box_out = [m for m in net.box if isinstance(m, nn.Linear)][-1].out_features
     return net.head[0].in_features - box_out
+
+
+def user_modules(types: Iterable[type]) -> set[str]:
+    """The modules of a user's network's code among ``types`` (its class's parents, its layers' types): all but
+    leaklab's, torch's and Python's own."""
+    return {t.__module__ for t in types if t.__module__.split(".")[0] not in ("leaklab", "torch", "builtins")}
 
 
 def perception_class(path: str) -> type[nn.Module]:
