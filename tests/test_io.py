@@ -207,6 +207,17 @@ def test_atomic_dir_replaces_only_the_same_commands_output(tmp_path):
         check_out(mine, ROOM_ATTACK_FORMAT)
 
 
+def test_an_out_that_links_to_an_earlier_output_replaces_that_output(tmp_path):
+    """A link was replaced by a folder of the new results, and its target kept the old ones."""
+    with atomic_dir(tmp_path / "first", ROOM_ATTACK_FORMAT) as tmp:
+        _results(tmp, ROOM_ATTACK_FORMAT)
+    (tmp_path / "link").symlink_to(tmp_path / "first")
+    with atomic_dir(tmp_path / "link", ROOM_ATTACK_FORMAT) as tmp:
+        _results(tmp, ROOM_ATTACK_FORMAT)
+        (tmp / "new.txt").write_text("new")
+    assert (tmp_path / "link").is_symlink() and (tmp_path / "first" / "new.txt").read_text() == "new"
+
+
 def test_a_rerun_never_deletes_what_leaklab_did_not_write_in_its_earlier_output(tmp_path):
     """A user's note or a nested run inside an earlier --out went with it when the command ran again there."""
     out = tmp_path / "out"

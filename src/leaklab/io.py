@@ -487,7 +487,10 @@ def atomic_dir(out: Path, writes: str, inputs: Sequence[Path] = ()) -> Iterator[
     :data:`ENTRIES_FILE` (written here, last) does not list, and never when it is or holds one
     of ``inputs`` (:func:`check_out`).
     """
-    out = check_out(Path(out), writes, inputs).absolute()
+    out = check_out(Path(out), writes, inputs)
+    # a link to an earlier output: that output is replaced and the link kept (a folder replaced the link, the
+    # old results left in its target)
+    out = (resolved(out) if out.is_symlink() else out).absolute()
     make_out_parent(out)
     if out.exists():  # before any work: an --out that cannot be moved aside (a mount point, immutable)
         _replace_aside(out, lambda aside: os.replace(aside, out))
