@@ -361,8 +361,8 @@ def check_out(out: Path, writes: str, inputs: Sequence[Path] = ()) -> Path:
         if given == resolved(out) or resolved(out) in given.parents:
             raise LeaklabError(f"--out {out} would replace the input {given}; choose another folder")
         if given in resolved(out).parents:
-            raise LeaklabError(f"--out {out} is inside the input {given}, which a new capture there would replace "
-                               "with all it holds; choose a folder outside it")
+            raise LeaklabError(f"--out {out} is inside the input {given}, which a new run writing there (a capture "
+                               "again, say) would replace with all it holds; choose a folder outside it")
     if not out.exists():
         return out
     if not out.is_dir():

@@ -73,8 +73,8 @@ mechanisms_app.add_typer(mechanisms_account_app, name="account")
 # what an interrupted or terminated command leaves (_guard's ``stopped``)
 NOTHING_KEPT = "nothing is left half-written"
 CHECKS_KEPT = "--out holds the checks finished so far (a rerun runs every check again)"
-ATTACKS_KEPT = ("--out holds no partial results; the room attacks and the room audit keep their finished attacks "
-                "beside it, and the same command resumes them")
+ATTACKS_KEPT = ("--out holds no partial results; the room attacks and the room audits keep their finished attacks "
+                "beside it, and the same command resumes them (an image audit keeps none)")
 CELLS_KEPT = "the finished cells stay in --out, and the same command resumes from them"
 
 
