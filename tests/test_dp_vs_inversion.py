@@ -48,3 +48,11 @@ def test_images_must_fit_the_pool(tmp_path):
         dvi.run(tmp_path / "x", config)
     assert not (tmp_path / "x").exists()
     assert math.isinf(dvi.DpVsInversionConfig().attack_epsilons[0])
+
+
+def test_no_attack_level_is_refused_before_the_training():
+    """An empty list passed, trained DP-SGD and failed in the plot (IndexError)."""
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match="attack_epsilons"):
+        dvi.DpVsInversionConfig(**{**dvi.DpVsInversionConfig.quick().model_dump(), "attack_epsilons": []})

@@ -44,6 +44,10 @@ def test_match_order_inverts_a_permutation():
     recon = truth[perm]
     order = match_order(recon, truth)
     assert torch.equal(recon[order], truth)
+    # a NaN reconstruction (paper mode's float32 underflow behind clip:1e-11) crashed the assignment
+    recon[1] = float("nan")
+    order = match_order(recon, truth)
+    assert sorted(order.tolist()) == [0, 1, 2, 3] and order.tolist()[0] == 1  # it matches last, here truth 0's
 
 
 def test_box_iou_and_percent_error_and_cosine():

@@ -74,7 +74,8 @@ def _start_worker(queue: Any, fault_handler: bool, parent: int) -> None:
     in native code prints the worker's Python traceback before the pool reports that a worker died). Ctrl-C is
     the parent's to handle (it stops the workers; an idle worker printed a traceback of its own), and on Linux a
     worker ends with its parent (:data:`PR_SET_PDEATHSIG`): a parent killed outright (SIGKILL, the OOM killer)
-    left its workers, 400 MB each, running on."""
+    left its workers, 400 MB each, running on. The signal comes when the thread that started the worker ends: the
+    pool is made, fed and shut down by one thread (:func:`run_jobs`)."""
     global _progress_queue
     _progress_queue = queue
     if fault_handler:
@@ -109,13 +110,14 @@ def _attack_one(job: Job, index: int = 0,
         try:
             return (qgi if job.algorithm == "qgi" else rgi)(view, job.update, job.attack, progress).to("cpu")
         except Exception as e:
-            if isinstance(e, LeaklabError) or not _raised_in(
+            if isinstance(e, (LeaklabError, MemoryError, torch.OutOfMemoryError)) or not _raised_in(
                     e, user_modules({*type(view.model).__mro__, *(type(m) for m in view.model.modules())})):
                 raise
             first = (str(e).strip().splitlines() or [""])[0]
+            hint = ", which it must not take out of torch" if "numpy" in first or "item" in first else ""
             raise ModelClassError(f"--model-class {job.model_class}: its code failed in the attack "
                                   f"({type(e).__name__}: {first}); the attacks differentiate it in the images and "
-                                  "the box, which it must not take out of torch (numpy, .item())") from None
+                                  f"the box{hint}") from e
 
 
 def _raised_in(error: BaseException, modules: set[str]) -> bool:

@@ -61,7 +61,8 @@ class DpVsInversionConfig(BaseModel):
     steps: int = Field(default=300, ge=1)
     lr: float = Field(default=0.5, gt=0, description="DP-SGD learning rate")
     sgd_lr: float = Field(default=0.05, gt=0, description="non-private SGD (momentum 0.9) learning rate")
-    attack_epsilons: list[float] = Field(default_factory=lambda: [math.inf, 1e4, 1e3, 100.0, 8.0, 3.0, 1.0])
+    attack_epsilons: list[float] = Field(default_factory=lambda: [math.inf, 1e4, 1e3, 100.0, 8.0, 3.0, 1.0],
+                                         min_length=1)  # none failed after the training, in the plot
     attack_images: int = Field(default=4, ge=1, le=64)
     iterations: int = Field(default=300, ge=1)
     seed: Seed = 0

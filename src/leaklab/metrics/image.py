@@ -6,9 +6,9 @@ clipped to [0, 1] before scoring. PSNR uses a data range of 1: ``10 log10(1 / MS
 sigma 1.5, K1 = 0.01, K2 = 0.03, data range 1) as torchmetrics computes it: the images are padded by
 reflection and the SSIM map is averaged over every pixel, the 5-pixel border included (Wang's code and
 scikit-image average only the interior the window fits in). The border makes the two differ: on 32-pixel
-photos by up to 0.10 for a 2-pixel shift, on 150-pixel room reconstructions by 0.003-0.013 on average
-(measured in docs/reproductions.md); every SSIM leaklab publishes is torchmetrics'. Averaged over channels.
-``channel="y"`` scores the luma Y of YCbCr
+photos by up to about 0.2 for a 2-pixel shift (0.19 at most over 16 photos, a review measured), on 150-pixel
+room reconstructions by 0.003-0.013 on average (measured in docs/reproductions.md); every SSIM leaklab
+publishes is torchmetrics'. Averaged over channels. ``channel="y"`` scores the luma Y of YCbCr
 (ITU-R BT.601, studio swing as MATLAB's ``rgb2ycbcr``: ``Y = (16 + 65.481 R + 128.553 G + 24.966 B) / 255``),
 as super-resolution and seed 000 do; single-channel images are scored as they are.
 """
@@ -69,14 +69,15 @@ def scores(recon: torch.Tensor, truth: torch.Tensor, channel: str = "rgb") -> di
 
 def match_order(recon: torch.Tensor, truth: torch.Tensor) -> torch.Tensor:
     """Permutation ``perm`` such that ``recon[perm[i]]`` best matches ``truth[i]`` (maximum total PSNR,
-    Hungarian assignment): a batch reconstruction recovers images in no particular order."""
+    Hungarian assignment): a batch reconstruction recovers images in no particular order. A reconstruction with
+    NaN pixels matches last (its score stays NaN, as a single sample's; the assignment refused the NaN cost)."""
     n = len(truth)
     if n == 1:
         return torch.zeros(1, dtype=torch.long)
     r = recon.detach().double().clamp(0, 1).flatten(1)
     t = truth.detach().double().flatten(1)
     mse = torch.cdist(t, r) ** 2 / t.shape[1]
-    cost = -10 * torch.log10(mse.clamp_min(1e-30))
+    cost = torch.nan_to_num(-10 * torch.log10(mse.clamp_min(1e-30)), nan=-1e9)
     rows, cols = linear_sum_assignment(cost.numpy(), maximize=True)
     perm = np.empty(n, dtype=np.int64)
     perm[rows] = cols

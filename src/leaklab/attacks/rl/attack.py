@@ -275,7 +275,8 @@ def _rgi(net: PerceptionNet, grads: dict[str, torch.Tensor], batch: int, cfg: Ro
     own = own / own.new_tensor([fit[0] if fit else 1.0 for fit in fits]).unsqueeze(1)
     scale = float(own.norm(dim=1).max())
     action, reward, identified = (torch.cat(parts) for parts in zip(
-        *(reinforce_action_reward(own[b], probs[b], entropy_weight, scale) for b in range(read_batch))))
+        *(reinforce_action_reward(own[b], probs[b], entropy_weight, scale, state is not None and state.untouched)
+          for b in range(read_batch))))
     if "features" in exact:  # the action only where the update has a policy-gradient part, the reward unless
         # two actions leave it open (:func:`reinforce_action_reward`)
         # a batch read as one sample may be two of one state, their errors summed (not a reward of either): behind

@@ -68,11 +68,12 @@ IDENTIFIABLE = 1e-3  # policy-gradient part / entropy part below which the actio
 SEPARATION_NOISE = 1e-4  # policy-gradient part / the batch's largest error below which it is rounding
 
 
-CONFIDENT = 0.1  # 1 − p_a under which the taken action's entry is left out of the reward's fit
+CONFIDENT = 0.1  # 1 − p_a under which an untouched update's taken action's entry is left out of the reward's fit
 
 
 def reinforce_action_reward(grad_b: torch.Tensor, probs: torch.Tensor, alpha: float,
-                            batch_scale: float = 0.0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                            batch_scale: float = 0.0, untouched: bool = False
+                            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Eq. 8 removes the entropy part; the action is the one whose policy-gradient direction
     ``p − e_a`` (reward 1) is parallel to the rest (enumeration), and eq. 9 gives the reward as the
     ratio of the two (least squares over the entries). One sample: ``probs`` is ``[A]``.
@@ -94,10 +95,12 @@ def reinforce_action_reward(grad_b: torch.Tensor, probs: torch.Tensor, alpha: fl
     the return (``−c / p_1`` for action 0, ``c / p_0`` for action 1, where ``pg = c (1, −1)``); the action is
     then never identified (action 0, the return read for it).
 
-    A policy sure of its action (``1 − p_a`` under :data:`CONFIDENT`) leaves the action's own entry ``r (p_a −
-    1)`` to float32's cancellation: the client rounds ``p_a`` to 6e-8, over 6e-7 of that entry, and the fit, which
-    weighs it most, read a return of 20 as 20.06 at ``p_a`` = 0.999995 and 11.2 at 0.9999999, claimed exact. The
-    return is then read off the other entries alone, ``r p_j`` (each to float32's relative precision)."""
+    On an ``untouched`` update a policy sure of its action (``1 − p_a`` under :data:`CONFIDENT`) leaves the action's
+    own entry ``r (p_a − 1)`` to float32's cancellation: the client rounds ``p_a`` to 6e-8, over 6e-7 of that
+    entry, and the fit, which weighs it most, read a return of 20 as 20.06 at ``p_a`` = 0.999995 and 11.2 at
+    0.9999999, claimed exact. The return is then read off the other entries alone, ``r p_j`` (each to float32's
+    relative precision). Behind noise the entry stays: the noise outweighs its rounding, and without it the noise's
+    error grew 1.4 to 2.6 times (a review's p_a = 0.96 behind σ = 3e-4: 0.0165 off on average against 0.0080)."""
     entropy = entropy_bias_gradient(probs, alpha)
     pg = grad_b - entropy
     eye = torch.eye(probs.numel(), dtype=probs.dtype, device=probs.device)
@@ -105,7 +108,7 @@ def reinforce_action_reward(grad_b: torch.Tensor, probs: torch.Tensor, alpha: fl
     cos = (units @ pg).abs() / (units.norm(dim=1) * pg.norm() + 1e-300)
     action = int(cos.argmax())
     u = units[action]
-    if 1 - float(probs[action]) < CONFIDENT and probs.numel() > 2:
+    if untouched and 1 - float(probs[action]) < CONFIDENT and probs.numel() > 2:
         u = u * (1 - eye[action])  # the action's own entry left out of the fit
     identified = (probs.numel() > 2 and bool(pg.norm() > IDENTIFIABLE * entropy.norm())
                   and float(pg.norm()) > SEPARATION_NOISE * batch_scale)
