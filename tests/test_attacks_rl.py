@@ -23,7 +23,7 @@ from leaklab.attacks.rl.same_action import exact_dqn_errors, same_action_errors
 from leaklab.attacks.rl.rules import (clipped_scale, dqn_actions, entropy_bias_gradient, error_directions,
                                      reinforce_action_reward)
 from leaklab.errors import LeaklabError
-from leaklab.metrics import constant_baseline, psnr
+from leaklab.metrics import box_iou, constant_baseline, psnr
 from leaklab.metrics.rooms import matched, room_metrics, transition_metrics
 from leaklab.rl.capture import defended
 from leaklab.models.perception import PerceptionSpec, build_perception_net
@@ -187,6 +187,21 @@ def test_no_features_cosine_is_estimated_behind_heavy_pruning(mode):
         assert exact_module.cosine_estimable(pruned.tensors) == estimated
         rec = qgi(view, pruned, RoomAttackConfig(mode=mode, iterations=2, stage1_iterations=2))
         assert (rec.feature_cosine is not None) == estimated and not rec.no_signal
+
+
+def test_a_box_layer_left_without_gradient_is_fitted_from_the_layers_after_it():
+    """Top-k pruning can zero box.0's whole small gradient: the attack read nothing (no_signal) off an update whose
+    head.0 and last layer still held the state, the action and the target (a review's room behind topk:0.99)."""
+    view, update, truth = client()
+    for sigma in (1e-5, 0.0):
+        sent = defended(update, f"gaussian:{sigma}", 0, 0) if sigma else update
+        tensors = {k: torch.zeros_like(v) if k.startswith("box.0.") else v for k, v in sent.tensors.items()}
+        rec = qgi(view, ClientUpdate(metadata=update.metadata, tensors=tensors), RoomAttackConfig(iterations=2))
+        assert not rec.no_signal and {"features", "action"} <= set(rec.exact)
+        if sigma:  # the box fitted to box.2 and head.0
+            assert "box" in rec.exact and float(box_iou(rec.box, truth["box"])[0]) > 0.9
+        else:  # an untouched update without box.0's gradient: every box.0 ReLU closed, the box in no gradient
+            assert "box" not in rec.exact
 
 
 def test_rgi_reads_the_reward_of_a_policy_sure_of_its_action():

@@ -385,11 +385,10 @@ def test_the_fallback_caveat_names_its_cause():
 
 
 def test_cases_without_the_gradient_the_attack_reads_are_named_and_kept_out_of_the_action(tmp_path):
-    """A client that sends only the largest 0.01% of its update zeroes the last bias gradient: the audit
-    says which cases held nothing to read, and their guessed action does not count as the action leaking
-    or not."""
+    """A client that sends a random 0.01% of its update zeroes the last bias gradient: the audit says which
+    cases held nothing to read, and their guessed action does not count as the action leaking or not."""
     cases = tmp_path / "cases"
-    assert invoke("env", "capture", "--samples", "1", "--layouts", "e1m1-stalactite", "--defense", "topk:0.9999",
+    assert invoke("env", "capture", "--samples", "1", "--layouts", "e1m1-stalactite", "--defense", "prune:0.9999",
                   "--out", cases).exit_code == 0
     out = tmp_path / "audit"
     with pytest.warns(UserWarning, match=r"1 case \(0000\) of 1 holds an update off which the attacks read nothing"):
@@ -402,7 +401,7 @@ def test_cases_without_the_gradient_the_attack_reads_are_named_and_kept_out_of_t
     # cases read nothing)
     assert json.loads((out / "results.json").read_text())["summary"]["feature_cosine_median"] == 0.0
     assert "Over 1 scored case (1 of them with nothing to read)" in report
-    assert '<td class="text">topk:0.9999</td><td>0.65</td><td>0</td>' in report  # its table's features read too (–)
+    assert '<td class="text">prune:0.9999</td><td>0.00813</td><td>0</td>' in report  # its features read too (–)
 
 
 @pytest.mark.parametrize("cls, words", [

@@ -195,19 +195,17 @@ def fallback_caveat(results: dict[str, Any]) -> str:
 
 def no_signal_caveat(rows: list[dict[str, Any]], noun: str = "case", key: str = "case") -> str:
     """The caveat when the attack read nothing off some rows' updates (an all-zero last bias gradient: a
-    pruned or frozen head, an all-zero file; in exact mode an all-zero box layer's bias gradient, which top-k
-    pruning leaves as the smallest; or a batch of two whose samples the last layer does not
+    pruned or frozen head, an all-zero file; or a batch of two whose samples the last layer does not
     separate), each row named by its ``key``: they score the attack's no-information start, which says
     nothing about what the rest of the update holds; "" when every update was read."""
     empty = [str(r[key]) for r in rows if r.get("no_signal")]
     if not empty:
         return ""
     return (f"{_listed(empty, noun)} of {len(rows)} {'holds' if len(empty) == 1 else 'hold'} an "
-            "update off which the attacks read nothing (the bias gradient of its last layer or, in exact mode, of "
-            "its box layer, which they read first, is all zero, as behind heavy top-k pruning, or, in a batch of "
-            "two, the last layer does not separate the samples, as where one sample's gradient is under the "
-            "noise), so nothing was recovered there: their rows score the attack's "
-            "no-information start, not what the rest of the update gives away.")
+            "update off which the attacks read nothing (its last bias gradient, which they read first, is all "
+            "zero, as behind the heaviest pruning, or, in a batch of two, the last layer does not separate "
+            "the samples, as where one sample's gradient is under the noise), so nothing was recovered there: "
+            "their rows score the attack's no-information start, not what the rest of the update gives away.")
 
 
 def _listed(cases: list[str], what: str) -> str:

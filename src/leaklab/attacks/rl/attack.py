@@ -151,8 +151,8 @@ def _images_and_state(net, grads, errors, actions, cfg, progress, batch, st):
     estimable = cosine_estimable(grads)  # not behind heavy pruning
     if st is not None:
         images, activations = exact_images(net, grads, st, cfg, progress)
-        return (st.box, images, st.last_input, None, cfg.iterations, ("box", "features", *activations),
-                st.cosine() if estimable else None)
+        return (st.box, images, st.last_input, None, cfg.iterations,
+                ("box",) * st.box_read + ("features", *activations), st.cosine() if estimable else None)
     st = paper_state(net, grads, errors, actions, cfg, progress)
     with torch.no_grad():
         last_input = trace(net, st.features, st.box).linear[-1][1]

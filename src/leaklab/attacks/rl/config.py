@@ -81,7 +81,8 @@ EXACT_ONLY = ("tv_final", "feature_weight", "gradient_weight", "layerwise")  # f
 # mode, a user's BatchNorm on its running statistics (a captured one: 9.5 dB against 29.8 at 2,000 iterations);
 # RGI's reward of a policy sure of its action (1 − p_a under 0.1) read off the other entries,
 # ``rules.CONFIDENT``; no features' cosine estimated behind heavy pruning, ``exact.cosine_estimable``; a DQN batch
-# whose last bias gradient holds one non-zero entry claims no action, every other update's results unchanged);
+# whose last bias gradient holds one non-zero entry claims no action; a box.0 without gradient (top-k) fitted from
+# 0 to the layers after it, ``exact.exact_vectors``, every other update's results unchanged);
 # paper mode's 2:
 # stage 1 starts again when its match ends under a cosine of 0.999; 3: the image convolutions as exact mode's 8;
 # 4: a single sample's update read for the features it lets through, ``exact.update_feature_cosine``, as exact
