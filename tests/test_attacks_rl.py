@@ -145,6 +145,18 @@ def test_behind_clipping_among_other_steps_or_in_half_precision_nothing_scaled_i
                          torch.tensor([0.2, 0.3, 0.5], dtype=torch.float64), 0.05) is None
 
 
+def test_the_room_attacks_read_a_clipping_only_where_the_view_grants_the_defense():
+    """The attacks read the clipping off the update, which named it whatever the view withheld (a case's files
+    strip it; a library caller's update did not)."""
+    view, update, _ = client()
+    clipped = defended(update, "clip:0.001", 0, 0)
+    granted = make_view(view.spec, view.model.state_dict(), update.metadata, defense=clipped.defense)
+    withheld = make_view(view.spec, view.model.state_dict(), update.metadata, Capabilities(knows_defense=False),
+                         defense=clipped.defense)
+    assert "q_target" not in qgi(granted, clipped, RoomAttackConfig(iterations=1)).exact
+    assert "q_target" in qgi(withheld, clipped, RoomAttackConfig(iterations=1)).exact  # as for an unnamed defense
+
+
 def test_the_room_attacks_need_the_batch_size_granted():
     """QGI and RGI read the batch the view withholds (a view.json with knows_batch_size false)."""
     for loss, attack in (("dqn_mse", qgi), ("reinforce", rgi)):

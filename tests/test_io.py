@@ -519,6 +519,14 @@ def test_a_misspelt_key_in_a_case_file_is_refused_not_read_as_absent(case_dir, n
         load_case(case_dir)
 
 
+def test_an_update_file_naming_another_defense_than_its_view_is_refused(case_dir):
+    """formats.md: update.json repeats the view's defense; a view naming noise over an update naming none was
+    taken (attacked as defended, the truth's cosine 1)."""
+    _edit_json(case_dir / UPDATE_JSON, lambda d: d.update(defense="gaussian:0.5"))
+    with pytest.raises(LeaklabError, match="declares another defense than"):
+        load_case(case_dir)
+
+
 def test_updates_that_share_tensors_or_a_wrong_count_are_refused(case_dir):
     _edit_json(case_dir / UPDATE_JSON, lambda d: d.update(updates=d["updates"] + d["updates"][:1]))
     with pytest.raises(LeaklabError, match="count"):

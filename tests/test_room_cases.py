@@ -410,7 +410,8 @@ def test_cases_without_the_gradient_the_attack_reads_are_named_and_kept_out_of_t
     ("tests.plugins.narrow_net:Frozen", ["do not train (box.0.weight", "let every parameter train"]),
     ("tests.plugins.narrow_net:Unused", ["does not depend on aux.weight"]),
     ("tests.plugins.narrow_net:SpecLie", ["sets its own spec", "keep the spec it is given"]),  # a late traceback
-    ("tests.plugins.narrow_net:Pair", ["forward returned a tuple; it must return one tensor"]),
+    ("tests.plugins.narrow_net:Pair", ["(for S2, 1 channel of 150 px)",
+                                       "forward returned a tuple; it must return one tensor"]),
     ("tests.plugins.narrow_net:Missing", ["module tests.plugins.narrow_net has no 'Missing'"]),
     ("tests.plugins.nowhere:Net", ["cannot be imported", "PYTHONPATH"]),
     ("narrow_net", ["package.module:Class"]),

@@ -144,3 +144,22 @@ def test_metadata_that_does_not_fit_its_update_kind_or_loss_is_refused():
             UpdateMetadata(batch_size=2, **fields)
     assert UpdateMetadata(kind="fedavg", batch_size=2, local_steps=5, local_batch_size=1).minibatch_size == 1
     assert UpdateMetadata(loss="reinforce", entropy_weight=0.5).entropy_weight == 0.5
+
+
+def test_a_view_refuses_labels_that_are_no_class_indices():
+    """Float labels passed and the attack failed on them (expected target dtype Long)."""
+    model = build_model(SPEC, seed=0)
+    upd = fedsgd_update(model, torch.rand(2, 3, 16, 16), torch.tensor([0, 1]))
+    for labels in (torch.tensor([1.5, 2.0]), torch.tensor([True, False])):
+        with pytest.raises(LeaklabError, match="class indices"):
+            make_view(SPEC, model.state_dict(), upd.metadata, Capabilities(knows_labels=True), labels=labels)
+
+
+def test_a_private_fedavg_client_takes_a_whole_dp_sgd_config():
+    """A DPSGDConfig (a DPConfig with training fields) clashed with the update's own: a TypeError."""
+    from leaklab.privacy.dpsgd import DPSGDConfig
+
+    model = build_model(SPEC.model_copy(update={"name": "lenet", "width": None}), seed=0)  # opacus takes no BatchNorm
+    upd = fedavg_update(model, torch.rand(4, 3, 16, 16), torch.tensor([0, 1, 2, 3]), local_lr=0.1, local_steps=2,
+                        privacy=DPSGDConfig(clip=1.0, noise_multiplier=1.0, batch_size=2, steps=9, lr=0.5))
+    assert upd.privacy is not None and all(torch.isfinite(t).all() for t in upd.tensors.values())

@@ -150,17 +150,21 @@ def view_parts(view_json: dict[str, Any], view_path: Path, spec_class) -> tuple[
     spec = parse_model(spec_class, view_json.get("model"), f"{view_path}: model")
     metadata = parse_model(UpdateMetadata, view_json.get("metadata"), f"{view_path}: metadata")
     capabilities = parse_model(Capabilities, view_json.get("capabilities", {}), f"{view_path}: capabilities")
-    defense = view_json.get("defense")
-    if defense is not None and not isinstance(defense, str):
-        raise LeaklabError(f"{view_path}: defense must be null or a string such as 'prune:0.5,gaussian:0.1'")
-    if defense is not None:
-        from leaklab.defenses import parse_defense
+    return spec, metadata, capabilities, defense_chain(view_json.get("defense"), view_path)
 
-        try:
-            defense = parse_defense(defense).spec  # validates the names
-        except LeaklabError as e:
-            raise LeaklabError(f"{view_path}: {e}") from None
-    return spec, metadata, capabilities, defense
+
+def defense_chain(defense: Any, path: Path) -> str | None:
+    """A case file's ``defense``: null, or a chain whose names are checked, as its normal spec string."""
+    if defense is not None and not isinstance(defense, str):
+        raise LeaklabError(f"{path}: defense must be null or a string such as 'prune:0.5,gaussian:0.1'")
+    if defense is None:
+        return None
+    from leaklab.defenses import parse_defense
+
+    try:
+        return parse_defense(defense).spec
+    except LeaklabError as e:
+        raise LeaklabError(f"{path}: {e}") from None
 
 
 @dataclass
@@ -227,6 +231,9 @@ def read_case_files(folder: Path, room: bool, model_class: str | None = None) ->
     upd_json = check_format(read_json(upd_path, "update metadata"), upd_path, "update")
     if parse_model(UpdateMetadata, upd_json.get("metadata"), f"{upd_path}: metadata") != metadata:
         raise LeaklabError(f"{upd_path} declares metadata that differs from {view_path}; re-capture the case")
+    if defense_chain(upd_json.get("defense"), upd_path) != defense:  # formats.md: it repeats the view's (a
+        # case whose view named noise and whose update named none was attacked as defended, reported undefended)
+        raise LeaklabError(f"{upd_path} declares another defense than {view_path}; re-capture the case")
     tensor_file = member_file(folder, upd_json.get("tensor_file"), UPDATE_FILE, upd_path)
     tensors, _ = load_tensors(tensor_file, "update", upd_json.get("sha256"))
     return CaseFiles(view, upd_json, upd_path, tensors, tensor_file, defense)

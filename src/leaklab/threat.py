@@ -216,6 +216,7 @@ def make_view(spec: ModelSpec | PerceptionSpec, state: dict[str, torch.Tensor], 
     model = model_with_state(spec, state, model_class)
     capabilities = capabilities or Capabilities()
     if labels is not None and (isinstance(spec, PerceptionSpec) or labels.ndim != 1
+                               or labels.dtype.is_floating_point or labels.dtype == torch.bool
                                or len(labels) != metadata.batch_size
                                or labels.min() < 0 or labels.max() >= spec.num_classes):
         raise LeaklabError("labels must be a 1-d tensor of class indices, one per image")

@@ -110,8 +110,10 @@ def _private_fedavg(model: nn.Module, images: torch.Tensor, labels: torch.Tensor
     if not meta.train_mode:
         raise LeaklabError("a DP-SGD client trains in train mode; use train_mode=True with privacy")
     local = copy.deepcopy(model)
+    settings = {k: getattr(privacy, k) for k in DPConfig.model_fields}  # a DPSGDConfig's training fields are the
+    # update's (they clashed: a TypeError)
     report = train_private(local, images, labels, DPSGDConfig(
-        **privacy.model_dump(), batch_size=meta.minibatch_size, steps=meta.local_steps, lr=meta.local_lr, seed=seed))
+        **settings, batch_size=meta.minibatch_size, steps=meta.local_steps, lr=meta.local_lr, seed=seed))
     before = dict(model.named_parameters())
     delta = {n: (p.detach() - before[n].detach()).clone() for n, p in local.named_parameters() if p.requires_grad}
     return ClientUpdate(metadata=meta, tensors=delta, privacy=report)

@@ -44,6 +44,7 @@ from torch import nn
 
 from leaklab.errors import ModelClassError
 from leaklab.names import ARCH_NAMES, DEFAULT_ARCH, SETTING_NAMES
+from leaklab.words import plural
 
 SETTING_CHANNELS = {"S1": 4, "S2": 1}
 ArchName = Literal[ARCH_NAMES]
@@ -250,7 +251,7 @@ def build_perception_net(spec: PerceptionSpec, seed: int | None = None,
         raise ModelClassError(f"--model-class {model_class!r}: {cls.__name__}(spec) failed "
                               f"({type(e).__name__}: {e}); it must build from a PerceptionSpec") from None
     check_contract(net, model_class)
-    check_forward(net, spec, f"{model_class} (for {spec.setting}, {spec.in_channels} channels of "
+    check_forward(net, spec, f"{model_class} (for {spec.setting}, {plural(spec.in_channels, 'channel')} of "
                              f"{spec.image_size} px)")
     own = getattr(net, "spec", None)
     if own is not None and own != spec:  # the attacks read net.spec: 100 px images against 150 px truths

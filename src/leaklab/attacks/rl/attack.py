@@ -99,7 +99,7 @@ CLIP_BOUND = 1e-5  # an update's norm within this fraction under its clipping bo
 CLIP_ALONE, CLIP_AMONG = "alone", "among other steps"  # _clipping's answers
 
 
-def _clipping(update: ClientUpdate) -> str | None:
+def _clipping(view: ServerView, update: ClientUpdate) -> str | None:
     """How a clipping the update declares may have scaled it by a factor the server does not know (leaklab's):
     :data:`CLIP_ALONE` where its defense is clipping alone and its norm the smallest bound (within ``CLIP_BOUND``,
     or 16 rounding steps of its least precise dtype: float16's rounding left a clipped norm 8.5e-4 under it);
@@ -107,8 +107,9 @@ def _clipping(update: ClientUpdate) -> str | None:
     None where it declares none, or clipping alone that did not bind. Every ratio of the gradient survives the
     factor, its size does not: QGI's target, read off the error's size, is not exact behind either, and RGI's
     reward is read with the factor fitted behind clipping alone (:func:`~leaklab.attacks.rl.rules.clipped_scale`),
-    not claimed behind clipping among other steps."""
-    steps = parse_defense(update.defense).steps
+    not claimed behind clipping among other steps. Read only where the view grants the defense
+    (``knows_defense``): an update that names its own was read whatever the view withheld."""
+    steps = parse_defense(update.defense if view.capabilities.knows_defense else None).steps
     if not any(isinstance(step, Clip) for step in steps):
         return None
     if not all(isinstance(step, Clip) for step in steps):
@@ -189,7 +190,7 @@ def qgi(view: ServerView, update: ClientUpdate, config: RoomAttackConfig | None 
     cfg = config or RoomAttackConfig()
     net, grads, batch = _check(view, update, "dqn_mse", cfg)
     try:
-        return _qgi(net, grads, batch, cfg, _clipping(update) is not None, progress)
+        return _qgi(net, grads, batch, cfg, _clipping(view, update) is not None, progress)
     except NoSignal:
         return _nothing(net, batch, cfg, "qgi")
 
@@ -244,7 +245,7 @@ def rgi(view: ServerView, update: ClientUpdate, config: RoomAttackConfig | None 
     cfg = config or RoomAttackConfig()
     net, grads, batch = _check(view, update, "reinforce", cfg)
     try:
-        return _rgi(net, grads, batch, cfg, update.metadata.entropy_weight, _clipping(update), progress)
+        return _rgi(net, grads, batch, cfg, update.metadata.entropy_weight, _clipping(view, update), progress)
     except NoSignal:
         return _nothing(net, batch, cfg, "rgi")
 

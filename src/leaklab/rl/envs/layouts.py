@@ -5,7 +5,8 @@ AI2-THOR rooms; AI2-THOR cannot run here, so leaklab uses rooms of the Freedoom 
 ViZDoom. Each layout names a map and a static decoration in it (a column, a lamp, a tree, ...) that
 plays the role of the target object of the section III "Active Perception Task". The spots were
 picked among all decorations of the Freedoom maps for bright surroundings (mean raw frame value
-above 70 of 255 when facing the target) and for being reachable: the room around the target is
+above 70 of 255 when facing the target from where it was picked; from the environment's start poses a review
+measured 62 to 100) and for being reachable: the room around the target is
 open enough to sample start poses that see it.
 """
 
