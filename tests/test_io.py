@@ -320,10 +320,12 @@ def test_the_defense_the_server_reads_is_the_views(tmp_path, tiny_capture):
         write_case(folder, cap.spec, cap.state, cap.metadata, Capabilities(knows_defense=knows), cap.defense,
                    cap.updates, cap.labels)
         assert json.loads((folder / UPDATE_JSON).read_text())["defense"] == expected
-        meta = json.loads((folder / UPDATE_JSON).read_text())
-        meta["defense"] = "prune:0.9"  # whatever update.json claims, the view's chain is what counts
-        (folder / UPDATE_JSON).write_text(json.dumps(meta))
         assert all(u.defense == expected for u in load_case(folder).updates)
+        meta = json.loads((folder / UPDATE_JSON).read_text())
+        meta["defense"] = "prune:0.9"  # update.json claims no chain of its own: since session 54 one is refused
+        (folder / UPDATE_JSON).write_text(json.dumps(meta))
+        with pytest.raises(LeaklabError, match="declares another defense"):
+            load_case(folder)
 
 
 def test_missing_truth_is_none(case_dir):
