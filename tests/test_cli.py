@@ -394,10 +394,11 @@ def test_reproduce_bayes_table2_is_wired(monkeypatch, tmp_path):
     monkeypatch.setitem(sys.modules, "leaklab.experiments.bayes_table2", fake)
     monkeypatch.setattr(experiments, "bayes_table2", fake, raising=False)
     out = tmp_path / "table"
-    result = invoke("reproduce", "bayes-table2", "--quick", "--datasets", "digits,photos",
+    result = invoke("reproduce", "bayes-table2", "--quick", "--datasets", "digits,photos,digits",
                     "--defenses", "prune:0.5,gaussian:0.1", "--defenses", "laplace:0.1",
-                    "--steps", "0,500", "--images", "2", "--out", out)
+                    "--steps", "0,500,00", "--images", "2", "--out", out)
     assert result.exit_code == 0, result.output
+    # each once (digits,digits and steps 0,0 were recorded and run twice)
     assert calls["quick"] is True and calls["datasets"] == ["digits", "photos"]
     assert calls["defenses"] == ["prune:0.5,gaussian:0.1", "laplace:0.1"]
     assert calls["steps"] == [0, 500] and calls["images"] == 2

@@ -166,6 +166,8 @@ def _run_out(kind: str) -> Any:
 
 
 def _split(values: list[str] | None, sep: str = ",") -> list[str] | None:
+    """A list option's items, repeatable or ``sep``-separated, each once in the order given (``digits,digits``
+    was recorded, and run, twice)."""
     if not values:
         return None
-    return [part.strip() for v in values for part in v.split(sep) if part.strip()]
+    return list(dict.fromkeys(part.strip() for v in values for part in v.split(sep) if part.strip()))

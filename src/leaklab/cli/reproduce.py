@@ -45,7 +45,7 @@ def reproduce_bayes_table2(
     from leaklab.experiments import bayes_table2
     from leaklab.io import new_run_dir
 
-    step_values = [int(s) for s in _split(steps) or []] or None
+    step_values = list(dict.fromkeys(int(s) for s in _split(steps) or [])) or None  # 0,00: one step
     out = out or new_run_dir("bayes-table2")
     # Not atomic on purpose: the experiment writes each finished cell at once and a rerun resumes;
     # it validates its options before it creates anything.
