@@ -207,6 +207,23 @@ def test_atomic_dir_replaces_only_the_same_commands_output(tmp_path):
         check_out(mine, ROOM_ATTACK_FORMAT)
 
 
+def test_a_killed_runs_temporary_folder_is_removed_by_the_next_run(tmp_path):
+    """A run killed outright (SIGKILL, the OOM killer) left its .NAME.XXXX.partial beside --out for good; one of
+    a live process stays."""
+    import os
+    import subprocess
+    import sys
+
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    orphan = tmp_path / f".out.{dead.stdout.strip()}.abc.partial"
+    live = tmp_path / f".out.{os.getpid()}.def.partial"
+    for folder in (orphan, live):
+        (folder / "cells").mkdir(parents=True)
+    with atomic_dir(tmp_path / "out", ROOM_ATTACK_FORMAT) as tmp:
+        _results(tmp, ROOM_ATTACK_FORMAT)
+    assert not orphan.exists() and live.exists()
+
+
 def test_an_out_that_links_to_an_earlier_output_replaces_that_output(tmp_path):
     """A link was replaced by a folder of the new results, and its target kept the old ones."""
     with atomic_dir(tmp_path / "first", ROOM_ATTACK_FORMAT) as tmp:

@@ -16,6 +16,7 @@ The case folders built on these files are read and written by :mod:`leaklab.case
 from __future__ import annotations
 
 import contextlib
+import glob
 import hashlib
 import json
 import math
@@ -495,7 +496,8 @@ def atomic_dir(out: Path, writes: str, inputs: Sequence[Path] = ()) -> Iterator[
     if out.exists():  # before any work: an --out that cannot be moved aside (a mount point, immutable)
         _replace_aside(out, lambda aside: os.replace(aside, out))
     try:
-        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".partial", dir=out.parent))
+        _remove_orphans(out)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.{os.getpid()}.", suffix=".partial", dir=out.parent))
     except OSError as e:
         raise _cannot_write(out, e) from None
     os.chmod(tmp, 0o777 & ~_UMASK)
@@ -511,6 +513,26 @@ def atomic_dir(out: Path, writes: str, inputs: Sequence[Path] = ()) -> Iterator[
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+def _remove_orphans(out: Path) -> None:
+    """Remove the temporary folders (``.NAME.PID.XXXX.partial``) that runs into ``out`` left when they were killed
+    outright (SIGKILL, the OOM killer), whose process is gone: they stayed beside ``out`` for good."""
+    for entry in out.parent.glob(f".{glob.escape(out.name)}.*.partial"):
+        pid = entry.name[len(out.name) + 2:].split(".")[0]
+        if pid.isdigit() and not _alive(int(pid)) and entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    """Whether process ``pid`` exists (one of another user's counts)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True
+    return True
 
 
 def _replace_aside(out: Path, then: Callable[[Path], None]) -> None:
