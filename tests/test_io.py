@@ -208,20 +208,25 @@ def test_atomic_dir_replaces_only_the_same_commands_output(tmp_path):
 
 
 def test_a_killed_runs_temporary_folder_is_removed_by_the_next_run(tmp_path):
-    """A run killed outright (SIGKILL, the OOM killer) left its .NAME.XXXX.partial beside --out for good; one of
-    a live process stays."""
+    """A run killed outright (SIGKILL, the OOM killer) left its temporary folder beside --out for good; one of a
+    live process stays, and so does one named in another scope (another machine's or container's process ids)."""
     import os
     import subprocess
     import sys
 
-    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
-    orphan = tmp_path / f".out.{dead.stdout.strip()}.abc.partial"
-    live = tmp_path / f".out.{os.getpid()}.def.partial"
-    for folder in (orphan, live):
+    from leaklab.processes import process_scope
+
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                          text=True).stdout.strip()
+    orphan = tmp_path / f".out.{process_scope()}.{dead}.abc.partial"
+    live = tmp_path / f".out.{process_scope()}.{os.getpid()}.def.partial"
+    elsewhere = tmp_path / f".out.0.1.{dead}.ghi.partial"
+    for folder in (orphan, live, elsewhere):
         (folder / "cells").mkdir(parents=True)
     with atomic_dir(tmp_path / "out", ROOM_ATTACK_FORMAT) as tmp:
+        assert tmp.name.startswith(f".out.{process_scope()}.{os.getpid()}.")
         _results(tmp, ROOM_ATTACK_FORMAT)
-    assert not orphan.exists() and live.exists()
+    assert not orphan.exists() and live.exists() and elsewhere.exists()
 
 
 def test_an_out_that_links_to_an_earlier_output_replaces_that_output(tmp_path):

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from leaklab.errors import LeaklabError
+from leaklab.processes import process_scope
 from leaklab.rl.envs import ActivePerceptionEnv, engine
 
 LAYOUT = "e1m1-stalactite"
@@ -160,7 +161,7 @@ def test_the_engine_dies_with_a_process_killed_before_it_closed_the_game_and_the
         while _running(engines[0]) and time.monotonic() < deadline:
             time.sleep(0.05)
         assert not _running(engines[0])
-        scope = engine._scope()
+        scope = process_scope()
         left = [path.name for path in tmp_path.iterdir()]
         assert all(path.exists() for path in shared) and len(left) == 1
         assert left[0].startswith(f"leaklab-engine-{scope}-{python.pid}-")
@@ -190,7 +191,7 @@ def test_the_sweep_removes_only_this_users_plain_files_and_tolerates_sweepers_be
     shm.mkdir()
     temp.mkdir()
     monkeypatch.setattr(engine, "_SHARED_MEMORY", shm)
-    dead, scope = _dead_pid(), engine._scope()
+    dead, scope = _dead_pid(), process_scope()
     for i in range(40):
         folder = temp / f"leaklab-engine-{scope}-{dead}-f{i}"
         folder.mkdir(mode=0o700)

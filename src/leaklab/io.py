@@ -23,6 +23,7 @@ import math
 import os
 import re
 import shutil
+import stat
 import struct
 import tempfile
 import time
@@ -36,6 +37,7 @@ from safetensors.torch import load as _st_load
 from safetensors.torch import save as _st_save
 
 from leaklab.errors import LeaklabError
+from leaklab.processes import process_gone, process_scope
 from leaklab.words import listing
 
 FORMAT_VERSION = 1
@@ -497,7 +499,7 @@ def atomic_dir(out: Path, writes: str, inputs: Sequence[Path] = ()) -> Iterator[
         _replace_aside(out, lambda aside: os.replace(aside, out))
     try:
         _remove_orphans(out)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.{os.getpid()}.", suffix=".partial", dir=out.parent))
+        tmp = Path(tempfile.mkdtemp(prefix=_partial_prefix(out), suffix=".partial", dir=out.parent))
     except OSError as e:
         raise _cannot_write(out, e) from None
     os.chmod(tmp, 0o777 & ~_UMASK)
@@ -515,24 +517,25 @@ def atomic_dir(out: Path, writes: str, inputs: Sequence[Path] = ()) -> Iterator[
         raise
 
 
+def _partial_prefix(out: Path) -> str:
+    """The start of the name of a run's temporary folder beside ``out``: the process that writes it, named
+    within its scope (:func:`~leaklab.processes.process_scope`: a folder may be shared by machines or containers,
+    whose process ids are not this one's)."""
+    return f".{out.name}.{process_scope()}.{os.getpid()}."
+
+
 def _remove_orphans(out: Path) -> None:
-    """Remove the temporary folders (``.NAME.PID.XXXX.partial``) that runs into ``out`` left when they were killed
-    outright (SIGKILL, the OOM killer), whose process is gone: they stayed beside ``out`` for good."""
-    for entry in out.parent.glob(f".{glob.escape(out.name)}.*.partial"):
-        pid = entry.name[len(out.name) + 2:].split(".")[0]
-        if pid.isdigit() and not _alive(int(pid)) and entry.is_dir() and not entry.is_symlink():
-            shutil.rmtree(entry, ignore_errors=True)
-
-
-def _alive(pid: int) -> bool:
-    """Whether process ``pid`` exists (one of another user's counts)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:
-        return True
-    return True
+    """Remove this user's temporary folders beside ``out`` (:func:`_partial_prefix`) whose process, of this scope,
+    is gone: runs killed outright (SIGKILL, the OOM killer) left them there for good (leaklab's own ones: their
+    names end in ``.partial``, a random part before it)."""
+    scope = f".{out.name}.{process_scope()}."
+    for entry in out.parent.glob(f"{glob.escape(scope)}*.partial"):
+        pid = entry.name[len(scope):].split(".")[0]
+        with contextlib.suppress(OSError):
+            info = entry.lstat()
+            if pid.isdigit() and stat.S_ISDIR(info.st_mode) and info.st_uid == os.geteuid() \
+                    and process_gone(int(pid)):
+                shutil.rmtree(entry, ignore_errors=True)
 
 
 def _replace_aside(out: Path, then: Callable[[Path], None]) -> None:

@@ -51,6 +51,7 @@ from typing import NamedTuple
 import vizdoom as vzd
 
 from leaklab.errors import LeaklabError
+from leaklab.processes import process_gone, process_scope
 from leaklab.rl.envs.layouts import LAYOUTS
 
 VIZDOOM = Path(vzd.__file__).parent  # the engine and the WADs it ships
@@ -188,7 +189,7 @@ def _home(pid: int) -> _Home:
     exit; what a killed process leaves (a multiprocessing worker that ends with ``os._exit`` too) goes with
     the next process's :func:`_sweep_crashed`. A settings file under a shared name in the temporary folder
     would be written by concurrent processes at once, and another user could plant a link there."""
-    temp, scope = Path(tempfile.gettempdir()), _scope()
+    temp, scope = Path(tempfile.gettempdir()), process_scope()
     if sys.platform.startswith("linux"):  # (elsewhere no launcher notes engines, and os.kill(pid, 0) may signal)
         _sweep_crashed(temp, scope)
     path = Path(tempfile.mkdtemp(prefix=f"leaklab-engine-{scope}-{pid}-", dir=temp))
@@ -230,20 +231,9 @@ if hasattr(os, "register_at_fork"):  # not on Windows, which has no fork
     os.register_at_fork(after_in_child=_keep_inherited_games)
 
 
-def _scope() -> str:
-    """What makes a process id name one process: this boot of this machine (a temporary folder may be
-    shared by machines) and this PID namespace (or by containers); '0' for a part that cannot be read."""
-    boot = "0"
-    with contextlib.suppress(OSError):
-        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip().replace("-", "") or "0"
-    namespace = 0
-    with contextlib.suppress(OSError):
-        namespace = os.stat("/proc/self/ns/pid").st_ino
-    return f"{boot}.{namespace}"
-
-
 def _sweep_crashed(temp: Path, scope: str) -> None:
-    """Remove what this user's dead processes of ``scope`` (:func:`_scope`) left in ``temp`` when they ended
+    """Remove what this user's dead processes of ``scope`` (:func:`~leaklab.processes.process_scope`) left in
+    ``temp`` when they ended
     without their normal exit (killed, crashed): their private folders (:func:`_home`) and the shared
     memory of the engines noted there. Each folder is first renamed for this process, so that of several
     processes sweeping at once one removes it, and a sweeper killed on the way leaves it for the next."""
@@ -252,10 +242,8 @@ def _sweep_crashed(temp: Path, scope: str) -> None:
             info = folder.lstat()
             if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.geteuid():
                 continue
-            os.kill(int(folder.name.split("-")[3]), 0)
-            continue  # the process lives
-        except ProcessLookupError:
-            pass
+            if not process_gone(int(folder.name.split("-")[3])):
+                continue  # the process lives
         except (ValueError, OSError):
             continue
         claimed = temp / f"leaklab-engine-{scope}-{os.getpid()}-swept{folder.name.rsplit('-', 1)[1]}"
