@@ -223,7 +223,7 @@ def test_audit_takes_the_defense_levels_a_user_asks_for(tmp_path):
     (older / "results.json").write_text(json.dumps({**json.loads((out / "results.json").read_text()),
                                                     "format_version": 3}))
     assert_user_error(invoke("audit", "--quick", "--earlier", older, "--out", tmp_path / "bad"), tmp_path / "bad",
-                      "format version 3; this leaklab reads versions 1 to 2")
+                      "format version 3; this leaklab reads versions up to 2")
     for args, words in [(("--arch", "deep"), ("--earlier", f"arch {DEFAULT_ARCH} where this audit has deep")),
                         (("--seed", "1"), ("seed 0", "do not carry over"))]:
         assert_user_error(invoke("audit", "--quick", "--earlier", out, *args, "--out", tmp_path / "bad"),

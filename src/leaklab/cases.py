@@ -22,8 +22,8 @@ from pydantic import ValidationError
 
 from leaklab.errors import LeaklabError, ModelClassError, validation_message
 from leaklab.io import (FORMAT_VERSION, MODEL_FILE, PERCEPTION_MODEL_TYPE, TRUTH_FILE, UPDATE_FILE, UPDATE_JSON,
-                        VIEW_FILE, VIEW_FORMAT, check_finite, dumps_json, load_tensors, read_json, resolved,
-                        save_tensors, write_json)
+                        VIEW_FILE, VIEW_FORMAT, check_finite, check_format_version, dumps_json, load_tensors,
+                        read_json, resolved, save_tensors, write_json)
 from leaklab.models import ModelSpec, PerceptionSpec
 from leaklab.threat import FLOAT_DTYPES, Capabilities, ClientUpdate, ServerView, UpdateMetadata, make_view
 from leaklab.words import plural
@@ -110,15 +110,11 @@ def check_format(data: Any, path: Path, kind: str) -> dict:
     outside :data:`CASE_KEYS`."""
     if not isinstance(data, dict):
         raise LeaklabError(f"{path} is not a leaklab {kind} file (expected a JSON object)")
-    fmt, version = data.get("format"), data.get("format_version")
+    fmt = data.get("format")
     if fmt != f"leaklab.{kind}":
         raise LeaklabError(f"{path} is not a leaklab {kind} file (format {fmt!r}, expected "
                            f"'leaklab.{kind}')")
-    if type(version) is not int or version < 1:
-        raise LeaklabError(f"{path} has format version {version!r}; it must be a whole number from 1")
-    if version > FORMAT_VERSION:
-        raise LeaklabError(f"{path} has format version {version!r}; this leaklab reads versions up to "
-                           f"{FORMAT_VERSION}: upgrade leaklab")
+    check_format_version(data, str(path), FORMAT_VERSION)
     _check_keys(data, CASE_KEYS[kind], str(path))
     return data
 

@@ -386,6 +386,17 @@ def check_out(out: Path, writes: str, inputs: Sequence[Path] = ()) -> Path:
     return out
 
 
+def check_format_version(data: dict, where: str, newest: int) -> None:
+    """Refuse a leaklab file (``data``, read from ``where``) whose ``format_version`` is no whole number from 1 or
+    newer than ``newest``, the last this leaklab writes (a reader refuses newer versions: docs/formats.md)."""
+    version = data.get("format_version")
+    if type(version) is not int or version < 1:
+        raise LeaklabError(f"{where} has format version {version!r}; it must be a whole number from 1")
+    if version > newest:
+        raise LeaklabError(f"{where} has format version {version!r}; this leaklab reads versions up to {newest}: "
+                           "upgrade leaklab")
+
+
 def check_audit_kind(out: Path, kind: str) -> None:
     """Refuse an ``--out`` that holds an audit of another ``kind`` (``rooms``, ``room-cases``, ``image``): the kinds
     share their format, so :func:`check_out` let one replace the other (an image audit replaced a room audit)."""

@@ -53,8 +53,8 @@ from leaklab.experiments.attack_journal import journal_beside
 from leaklab.experiments.audit_levels import leaks_stop, next_levels
 from leaklab.fields import Seed, defense_steps
 from leaklab.io import (AUDIT_FORMAT, CAPTURE_JSON, RECONSTRUCTIONS_FILE, RESULTS_FILE, ROOM_CAPTURE_FORMAT,
-                        ROOM_CAPTURE_VERSION, TRUTH_FILE, VIEW_FILE, atomic_dir, check_audit_kind, check_out,
-                        read_json, resolved, save_tensors, write_json)
+                        ROOM_CAPTURE_VERSION, TRUTH_FILE, VIEW_FILE, atomic_dir, check_audit_kind,
+                        check_format_version, check_out, read_json, resolved, save_tensors, write_json)
 from leaklab.metrics.rooms import matched
 from leaklab.metrics.vectors import median_of
 from leaklab.models.perception import ArchName
@@ -190,10 +190,7 @@ def earlier_verdicts(folders: Sequence[Path], config: AuditConfig) -> tuple[Leve
         results = read_json(folder / RESULTS_FILE, "--earlier results")
         if not isinstance(results, dict) or results.get("format") != AUDIT_FORMAT or results.get("kind") != "rooms":
             raise LeaklabError(f"--earlier {named}: not a room audit's folder (`leaklab audit --out` writes one)")
-        version = results.get("format_version")
-        if type(version) is not int or not 1 <= version <= AUDIT_FORMAT_VERSION:
-            raise LeaklabError(f"--earlier {named}: its {RESULTS_FILE} has format version {version!r}; this leaklab "
-                               f"reads versions 1 to {AUDIT_FORMAT_VERSION}")
+        check_format_version(results, f"--earlier {named}: its {RESULTS_FILE}", AUDIT_FORMAT_VERSION)
         try:
             earlier = AuditConfig.model_validate(results["config"])
             _, (g, d) = _verdicts_by_level(earlier, results)
@@ -512,10 +509,7 @@ def _capture_index(cases_dir: Path) -> dict[str, Any]:
     if not isinstance(index, dict) or index.get("format") != ROOM_CAPTURE_FORMAT:
         raise LeaklabError(f"--cases {cases_dir}: its {CAPTURE_JSON} is not the index `leaklab env capture` writes "
                            "(format leaklab.room_capture); remove it or capture again")
-    version = index.get("format_version")
-    if type(version) is not int or not 1 <= version <= ROOM_CAPTURE_VERSION:
-        raise LeaklabError(f"--cases {cases_dir}: its {CAPTURE_JSON} has format version {version!r}; this leaklab "
-                           f"reads versions 1 to {ROOM_CAPTURE_VERSION}")
+    check_format_version(index, f"--cases {cases_dir}: its {CAPTURE_JSON}", ROOM_CAPTURE_VERSION)
     if not isinstance(index.get("cases", []), list):
         raise LeaklabError(f"--cases {cases_dir}: its {CAPTURE_JSON} lists no cases (its 'cases' is no list)")
     return index
