@@ -113,9 +113,11 @@ def test_dpsgd_canary_audit_holds_for_dpsgd_and_catches_halved_noise():
     good = audit_dpsgd(1.0, sigma, 1, 1e-5, canaries=2000, runs=40, seed=0)
     broken = audit_dpsgd(1.0, sigma, 1, 1e-5, canaries=2000, runs=40, seed=0, broken=True)
     assert good.claimed_epsilon == pytest.approx(3.0, abs=0.02) and good.runs == 40_000
-    # sound (never above the claim) and not vacuous: 40,000 canary draws resolve more than half of it
-    # (seed 0 gives 1.70 of 3.01), so a bound that collapsed towards 0 would fail here
-    assert 0.5 * good.claimed_epsilon < good.epsilon_lower_bound <= good.claimed_epsilon
+    # sound (never above the claim) and not vacuous: 40,000 canary draws resolve 1.33 to 1.78 of the 3.01 over
+    # seeds 0-9 (seed 0: 1.44), so a bound that collapsed towards 0 would fail here. (Half the claim, the bound
+    # here until session 55, was one seed's luck: with noise and canaries drawn from one stream seeds 0-9 gave
+    # 1.28 to 2.02, three of them under it.)
+    assert 0.4 * good.claimed_epsilon < good.epsilon_lower_bound <= good.claimed_epsilon
     assert broken.epsilon_lower_bound > broken.claimed_epsilon
     subsampled = audit_dpsgd(0.1, 1.0, 20, 1e-5, canaries=2000, runs=10, seed=1)
     assert subsampled.epsilon_lower_bound <= subsampled.claimed_epsilon

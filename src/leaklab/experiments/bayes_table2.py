@@ -69,6 +69,7 @@ from leaklab.fl import fedsgd_update
 from leaklab.io import BAYES_CELL_FORMAT, BAYES_TABLE2_FORMAT, CELLS_DIR, check_out, make_out_dir, write_json
 from leaklab.metrics import constant_baseline, psnr
 from leaklab.models import ModelSpec, build_model
+from leaklab.seeds import stream_seed
 from leaklab.threat import Capabilities, make_view
 
 Progress = Callable[[str, int, int], None]
@@ -154,10 +155,6 @@ QUICK = Scale(images=1, tune_images=1, iterations=4, pool_size=64,
               betas=(0.1, 1.0), lrs=(0.1,), decays=(0.01,), beta_factors=(), layer_weighting=False)
 
 
-def _stable_seed(*parts: object) -> int:
-    return zlib.crc32("/".join(str(p) for p in parts).encode()) & 0x7FFFFFFF
-
-
 def _fingerprint(obj: object) -> str:
     return f"{zlib.crc32(json.dumps(obj, sort_keys=True).encode()):08x}"
 
@@ -238,14 +235,14 @@ def _build_case(dataset: str, step: int, defense: str, scale: Scale, seed: int) 
     tune, ev = _tuned_and_reported(dataset, scale, seed)
     spec = ModelSpec(name="cnn", num_classes=ev.num_classes, in_channels=ev.images.shape[1],
                      image_size=size, width=scale.width, mean=ev.mean, std=ev.std)
-    model = build_model(spec, seed=_stable_seed(seed, dataset, "model"))
+    model = build_model(spec, seed=stream_seed(seed, dataset, "model"))
     accuracy = None
     if step > 0:
         pool = load_images(dataset, scale.pool_size, image_size=size, seed=seed, offset=POOL_OFFSET)
         apart = ~among(pool.images, torch.cat([tune.images, ev.images]))  # never trained on a tuned or reported one
         images, labels = pool.images[apart], pool.labels[apart]
         _train_defended(model, images, labels, step, defense, lr=scale.train_lr,
-                        batch_size=scale.train_batch, seed=_stable_seed(seed, dataset, defense, "train"))
+                        batch_size=scale.train_batch, seed=stream_seed(seed, dataset, defense, "train"))
         with torch.no_grad():
             model.eval()
             accuracy = float((model(images).argmax(1) == labels).float().mean())
@@ -260,7 +257,7 @@ def _defended(case: _Case, split: str, dataset: str, defense: str, step: int, se
     chain = parse_defense(_defense_spec(defense))
     out = []
     for i, update in enumerate(case.clean[split]):
-        g = torch.Generator().manual_seed(_stable_seed(seed, dataset, defense, step, split, i))
+        g = torch.Generator().manual_seed(stream_seed(seed, dataset, defense, step, split, i))
         out.append(chain.apply(update, g))
     return out
 
@@ -491,7 +488,7 @@ def run(out: Path, quick: bool = False, datasets: list[str] | None = None,
         case = cases[case_key]
         tune_updates = _defended(case, "tune", ds, d, st, seed)
         eval_updates = _defended(case, "eval", ds, d, st, seed)
-        attack_seed = _stable_seed(seed, ds, st, "attack")
+        attack_seed = stream_seed(seed, ds, st, "attack")
 
         def tick(label=f"{ds} {d} step {st} {attack}: search") -> None:
             nonlocal done

@@ -3,7 +3,7 @@
 ``capture(CaptureConfig(...))`` builds the model (initialised by ``seed``, optionally trained for
 ``train_steps`` on other images of the same dataset), loads the client's private images, computes one
 update per group of ``batch_size`` images (FedSGD gradient, or FedAvg weight delta), and applies the
-defense chain with a ``torch.Generator`` seeded by ``seed``. :func:`run` writes the result as a case
+defense chain with ``seed``'s defense stream (:mod:`leaklab.seeds`). :func:`run` writes the result as a case
 folder (``leaklab capture``); the format is in docs/formats.md.
 """
 
@@ -16,6 +16,7 @@ from typing import Literal
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
+from leaklab import seeds
 from leaklab.data import DATASET_NAMES, among, load_images
 from leaklab.defenses import parse_defense
 from leaklab.errors import LeaklabError
@@ -108,7 +109,7 @@ def capture(config: CaptureConfig) -> Capture:
         train_steps(model, pool.images[apart], pool.labels[apart], config.train_steps, seed=config.seed)
     model.eval()
 
-    generator = torch.Generator().manual_seed(config.seed)
+    generator = seeds.generator(config.seed, seeds.DEFENSE)
     b = config.batch_size
     updates, labels, kept = [], [], []
     for start in range(0, config.num_images, b):

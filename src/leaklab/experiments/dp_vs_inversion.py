@@ -27,6 +27,7 @@ from typing import Literal
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
+from leaklab import seeds
 from leaklab.attacks.inversion import InversionConfig, invert
 from leaklab.data import load_images
 from leaklab.errors import LeaklabError
@@ -121,7 +122,7 @@ def psnr_vs_epsilon(config: DpVsInversionConfig, progress: ProgressFn | None = N
     for e, epsilon in enumerate(epsilons):
         sigma = noise_multiplier_for(epsilon, config.delta)
         defense = f"clip:{config.clip:g}" + (f",gaussian:{sigma * config.clip:g}" if sigma > 0 else "")
-        generator = torch.Generator().manual_seed(config.seed)
+        generator = seeds.generator(config.seed, seeds.DEFENSE)
         recs = []
         for i in range(config.attack_images):
             x, y = data.images[i:i + 1], data.labels[i:i + 1]

@@ -35,6 +35,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
+from leaklab import seeds
 from leaklab.defenses import Clip, Gaussian
 from leaklab.errors import LeaklabError
 from leaklab.names import ACCOUNTANT_NAMES
@@ -208,8 +209,8 @@ def make_private(model: nn.Module, optimizer: torch.optim.Optimizer, data_loader
     """Wrap a training's model, optimizer and data loader for DP-SGD with opacus (flat per-sample
     clipping to ``clip``, noise multiplier ``noise_multiplier``, Poisson sampling at opacus' rate
     1 / len(data_loader) = 1 / ceil(dataset size / batch size), so the expected batch is the dataset
-    size times that, at most the loader's batch size). ``seed`` fixes the noise; the batches follow
-    the loader's generator."""
+    size times that, at most the loader's batch size). ``seed`` fixes the noise, from its own stream
+    (:mod:`leaklab.seeds`); the batches follow the loader's generator."""
     from opacus import PrivacyEngine
 
     _check_clip_noise(clip, noise_multiplier)
@@ -218,7 +219,7 @@ def make_private(model: nn.Module, optimizer: torch.optim.Optimizer, data_loader
     with warnings.catch_warnings():  # "secure RNG turned off": seeded noise is what reruns need here
         warnings.simplefilter("ignore")
         engine = PrivacyEngine(accountant="rdp")
-        noise = torch.Generator().manual_seed(seed) if seed is not None else None
+        noise = seeds.generator(seed, seeds.DP_NOISE) if seed is not None else None
         module, dp_optimizer, loader = engine.make_private(
             module=model, optimizer=optimizer, data_loader=data_loader, noise_multiplier=noise_multiplier,
             max_grad_norm=clip, poisson_sampling=True, noise_generator=noise)
@@ -232,15 +233,15 @@ def private_optimizer(model: nn.Module, optimizer: torch.optim.Optimizer, *, cli
     its own batches: every step clips each sample's gradient of the mean loss to L2 norm ``clip``,
     adds N(0, (noise_multiplier * clip)^2) to their sum and divides by ``expected_batch_size``, the
     same step as :func:`make_private`'s. The caller accounts its steps with the sampling rate of its
-    batches (:func:`spent_epsilon`). ``seed`` fixes the noise. Returns (wrapped model, DP
-    optimizer); the wrapped model's ``remove_hooks()`` ends the training."""
+    batches (:func:`spent_epsilon`). ``seed`` fixes the noise, from its own stream (:mod:`leaklab.seeds`).
+    Returns (wrapped model, DP optimizer); the wrapped model's ``remove_hooks()`` ends the training."""
     from opacus import GradSampleModule
     from opacus.optimizers import DPOptimizer
 
     _check_clip_noise(clip, noise_multiplier)
     _check_opacus(model)
     model.train()
-    noise = torch.Generator().manual_seed(seed) if seed is not None else None
+    noise = seeds.generator(seed, seeds.DP_NOISE) if seed is not None else None
     return GradSampleModule(model), DPOptimizer(optimizer, noise_multiplier=noise_multiplier, max_grad_norm=clip,
                                                 expected_batch_size=expected_batch_size, generator=noise)
 
@@ -298,7 +299,7 @@ def train_private(model: nn.Module, images: torch.Tensor, labels: torch.Tensor, 
     if config.batch_size > n:
         raise LeaklabError(f"batch size {config.batch_size} exceeds the {n} training images")
     loader = DataLoader(TensorDataset(images, labels), batch_size=config.batch_size,
-                        generator=torch.Generator().manual_seed(config.seed))
+                        generator=seeds.generator(config.seed, seeds.DP_BATCHES))
     q = 1 / len(loader)  # opacus' Poisson sampling rate
     sigma = config.noise_for(q, config.steps)
     optimizer = torch.optim.SGD(model.parameters(), lr=config.lr, momentum=config.momentum)

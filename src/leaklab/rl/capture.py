@@ -28,6 +28,7 @@ import numpy as np
 import torch
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from leaklab import seeds
 from leaklab.defenses import parse_defense
 from leaklab.device import one_thread
 from leaklab.errors import LeaklabError
@@ -310,12 +311,12 @@ class ClientRound:
 @one_thread()
 def defended(update: ClientUpdate, defense: str | None, seed: int, index: int) -> ClientUpdate:
     """``update`` behind the client's ``defense`` chain (None: as it is), its noise drawn from
-    ``seed`` and the update's ``index``, so that every defense level of an experiment sees the same
+    ``seed``'s defense stream for the update's ``index`` (:mod:`leaklab.seeds`), so that every defense level of an experiment sees the same
     draws for an update; on one torch thread (:func:`leaklab.device.one_thread`: a clipping norm's
     rounding does not depend on the caller's thread count)."""
     if not defense:
         return update
-    return parse_defense(defense).apply(update, torch.Generator().manual_seed(seed * 100_003 + index))
+    return parse_defense(defense).apply(update, seeds.generator(seed, seeds.DEFENSE, index))
 
 
 @one_thread()
