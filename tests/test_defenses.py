@@ -44,6 +44,15 @@ def test_clip_bounds_the_global_norm():
     assert half.dtype == torch.float16 and math.isclose(float(half.float().norm()), 1.0, rel_tol=1e-3)
 
 
+@pytest.mark.parametrize("spec", ["clip:1,gaussian:0.1", "clip:1,prune:0.5,laplace:0.1"])
+def test_a_clipped_likelihood_has_a_gradient_at_a_zero_update(spec):
+    """sqrt's gradient at a zero sum of squares was 0/0: every entry of the likelihood's gradient NaN."""
+    clean = torch.zeros(6, dtype=torch.float64, requires_grad=True)
+    observed = torch.linspace(-0.3, 0.3, 6, dtype=torch.float64)
+    parse_defense(spec).log_prob([observed], [clean]).backward()
+    assert torch.isfinite(clean.grad).all()
+
+
 def test_chain_is_seeded_and_records_its_spec():
     chain = parse_defense("prune:0.5,gaussian:0.1")
     a = chain.apply(update(torch.ones(50)), gen(3))

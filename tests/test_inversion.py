@@ -228,6 +228,10 @@ def test_bayes_behind_tiny_gaussian_noise_is_the_l2_attack():
     view, upd, _ = case(model="lenet", defense="gaussian:1e-20", seed=1)  # 1/σ² itself overflows
     with pytest.raises(LeaklabError, match="overflows float32; attack with --objective l2"):
         invert(view, upd, InversionConfig(objective="bayes", iterations=3))
+    # behind pruning the likelihood is a mixture, not L2: no advice to switch
+    view, upd, _ = case(model="lenet", defense="prune:0.5,gaussian:1e-25", seed=1)
+    with pytest.raises(LeaklabError, match="overflows float32; behind prune:0.5,gaussian:1e-25 no other objective"):
+        invert(view, upd, InversionConfig(objective="bayes", iterations=3))
 
 
 def test_bayes_with_monte_carlo_ball_runs_and_improves():

@@ -146,7 +146,8 @@ class Clip(Defense):
     def apply(self, tensors, generator=None):
         # summed in float32 at least: a float16 update's squares overflowed to inf and the factor zeroed it
         wide = [t.to(torch.promote_types(t.dtype, torch.float32)) for t in tensors]
-        norm = torch.sqrt(sum((t * t).sum() for t in wide))
+        # the floor leaves every norm alone but a zero update's, where sqrt's gradient would be 0/0 (a likelihood's NaN)
+        norm = torch.sqrt(sum((t * t).sum() for t in wide).clamp_min(1e-30))
         factor = torch.clamp(self.c / (norm + 1e-12), max=1.0)
         return [t * factor for t in tensors]
 

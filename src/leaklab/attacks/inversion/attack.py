@@ -91,9 +91,12 @@ def invert(view: ServerView, updates: ClientUpdate | list[ClientUpdate], config:
             largest = max(float(t.abs().max()) for t in updates[i].tensors.values())
             scale = None if defense.noise is None else defense.noise.scale
             if scale is not None and scale < TINY_NOISE:  # the likelihood's 1/σ² overflows float32, whatever the lr
+                # behind noise alone the Bayes objective is L2 (L1) up to its scale; behind prune, clip or topk not
+                alone = "attack with --objective l2 (l1 behind Laplace noise), the same objective there up to its scale"
+                chain = f"behind {defense.spec} no other objective is the same attack (l2 or cosine leave it out)"
+                instead = alone if len(defense.steps) == 1 else chain
                 raise LeaklabError(f"the attack diverged: behind noise of scale {scale:g} the Bayes objective "
-                                   "overflows float32; attack with --objective l2 (l1 behind Laplace noise), the same "
-                                   "objective there up to its scale")
+                                   f"overflows float32; {instead}")
             raise LeaklabError(f"the attack diverged: its reconstruction is not finite (the update's largest entry "
                                f"is {largest:.3g}); lower --lr, or check how the update was made")
         out.append(Reconstruction(images=result.images[best].clamp(0, 1), labels=labels[i].cpu(),

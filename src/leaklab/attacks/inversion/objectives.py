@@ -24,7 +24,9 @@ from leaklab.names import LAYER_WEIGHTING_NAMES, OBJECTIVE_NAMES
 
 
 def layer_weights(count: int, weighting: str) -> list[float]:
-    """Weights of the ``count`` parameter tensors, first layer first."""
+    """Weights of the ``count`` parameter tensors, first layer first. ``exp`` is the softmax of the ranks, so its
+    weights sum to 1: Geiping et al.'s (and seed 001's code) divide by the first weight instead, a constant factor
+    (1 / 0.632 for many tensors) that relative prior weights cancel but an absolute prior weight does not."""
     if weighting == "none":
         return [1.0] * count
     ranks = torch.arange(count, 0, -1, dtype=torch.float64)
