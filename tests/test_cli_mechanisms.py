@@ -20,9 +20,12 @@ def test_epsilon_dirichlet_json_and_text():
     assert data["epsilon_approx"] > data["epsilon"] and 0 < data["gamma"] < 1 / 3
     text = invoke(*args)
     assert text.exit_code == 0 and "epsilon 2.51" in text.stdout and not data["vacuous"]
-    # the thesis's eta = 0.25 panel: 3 * 0.25 + 0.05 > 1 - 0.25, no two inputs of the domain are b apart
+    # the thesis's eta = 0.25 panel: 3 * 0.25 = 1 - 0.25, its domain is one point and no two inputs are adjacent
     vacuous = invoke("mechanisms", "epsilon", "dirichlet", "--eta", "0.25", "--eta-bar", "0.25", "--k", "4.1", "--w", "3")
-    assert vacuous.exit_code == 0 and "vacuous: no b-adjacent pair fits the domain" in vacuous.stdout
+    assert vacuous.exit_code == 0 and "vacuous: the domain is one point" in vacuous.stdout
+    # adjacency is ||p - q||_1 <= b (Def. 1.1): inputs 0.03 apart fit where b/2 = 0.05 does not (once called vacuous)
+    narrow = invoke("mechanisms", "epsilon", "dirichlet", "--eta", "0.24", "--eta-bar", "0.25", "--k", "4.2", "--json")
+    assert narrow.exit_code == 0 and json.loads(narrow.stdout)["vacuous"] is False
 
 
 def test_audit_laplace_json():

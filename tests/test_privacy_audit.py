@@ -50,6 +50,19 @@ def test_audit_dirichlet_never_exceeds_theorem_1_6(k, eta):
     assert 0 < result.epsilon_lower_bound <= result.claimed_epsilon
 
 
+def test_audit_dirichlet_takes_the_pair_a_narrow_domain_holds():
+    """Def. 1.1's inputs are at most b apart: a domain narrower than b/2 still holds adjacent pairs (the audit refused
+    it as vacuous); a one-point domain holds none, and a |W| out of range is named as such."""
+    case = audit_case("dirichlet", k=4.2, eta=0.24, eta_bar=0.25)
+    p, q = (np.array(v) for v in case.details["inputs"])
+    assert np.abs(p - q).sum() == pytest.approx(0.06) and p[:3].sum() == pytest.approx(0.75)
+    assert 0 <= audit(case, runs=20_000, seed=0).epsilon_lower_bound <= case.claimed_epsilon
+    with pytest.raises(LeaklabError, match="domain is one point"):
+        audit_case("dirichlet", k=4.1, eta=0.25, eta_bar=0.25)
+    with pytest.raises(LeaklabError, match="integer from 2 to 8"):
+        audit_case("dirichlet", w=9)
+
+
 def test_laplace_bound_is_tight_enough():
     result = audit(audit_case("laplace", 1.0), runs=RUNS, seed=0)
     assert result.epsilon_lower_bound >= 0.6

@@ -32,6 +32,13 @@ def test_analytic_gaussian_is_the_smallest_sigma(eps, delta):
         assert s < M.classic_gaussian_sigma(eps, delta)
 
 
+def test_analytic_gaussian_refuses_a_subnormal_delta():
+    """At delta 1e-320 sigma stuck at 37.69 where the exact one is 38.29 (its true delta 4e6 times the claim)."""
+    assert M.analytic_gaussian_sigma(1.0, 1e-300) > M.analytic_gaussian_sigma(1.0, 1e-290)
+    with pytest.raises(LeaklabError, match="at least 1e-300"):
+        M.analytic_gaussian_sigma(1.0, 1e-320)
+
+
 def test_laplace_and_gaussian_noise_scales():
     rng = np.random.default_rng(0)
     lap = M.LaplaceMechanism(0.5, sensitivity=2.0)

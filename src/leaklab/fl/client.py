@@ -75,7 +75,7 @@ def fedsgd_update(model: nn.Module, images: torch.Tensor, labels: torch.Tensor,
 
 def fedavg_update(model: nn.Module, images: torch.Tensor, labels: torch.Tensor, local_lr: float,
                   local_steps: int, local_batch_size: int | None = None,
-                  train_mode: bool = True, privacy: DPConfig | None = None, seed: int = 0) -> ClientUpdate:
+                  train_mode: bool = True, privacy: DPConfig | None = None, seed: int | None = None) -> ClientUpdate:
     """``local_steps`` SGD steps over the batch in order (mini-batches of ``local_batch_size``,
     cycling), sent as the weight delta. ``model`` itself is not modified; ``train_mode`` as in
     :func:`fedsgd_update`.
@@ -83,7 +83,9 @@ def fedavg_update(model: nn.Module, images: torch.Tensor, labels: torch.Tensor, 
     ``privacy``: the steps are DP-SGD steps instead (:func:`leaklab.privacy.dpsgd.train_private`:
     Poisson mini-batches at rate 1 / ceil(batch / ``local_batch_size``), so of expected size at most
     ``local_batch_size``, each sample's gradient clipped,
-    Gaussian noise seeded by ``seed``); the update's ``privacy`` holds the epsilon spent on the batch."""
+    Gaussian noise; ``seed`` fixes the batches and the noise, None draws them from the operating system's entropy:
+    clients given one seed send the same noise, which the server cancels by subtracting their updates); the
+    update's ``privacy`` holds the epsilon spent on the batch."""
     _check_batch(images, labels)
     meta = UpdateMetadata(kind="fedavg", batch_size=len(images), local_steps=local_steps,
                           local_lr=local_lr, local_batch_size=local_batch_size, train_mode=train_mode)
@@ -106,7 +108,7 @@ def fedavg_update(model: nn.Module, images: torch.Tensor, labels: torch.Tensor, 
 
 
 def _private_fedavg(model: nn.Module, images: torch.Tensor, labels: torch.Tensor, meta: UpdateMetadata,
-                    privacy: DPConfig, seed: int) -> ClientUpdate:
+                    privacy: DPConfig, seed: int | None) -> ClientUpdate:
     if not meta.train_mode:
         raise LeaklabError("a DP-SGD client trains in train mode; use train_mode=True with privacy")
     local = copy.deepcopy(model)

@@ -39,7 +39,7 @@ from scipy import stats
 from leaklab.errors import LeaklabError
 from leaklab.names import AUDIT_TEST_NAMES, MECHANISM_ALIASES, MECHANISM_NAMES
 from leaklab.privacy import mechanisms as mech
-from leaklab.privacy.dirichlet import DirichletMechanism
+from leaklab.privacy.dirichlet import DirichletMechanism, adjacent_spread
 
 __all__ = ["AuditCase", "AuditResult", "clopper_pearson", "epsilon_lower_bound", "audit", "audit_case",
            "audit_dpsgd", "canary_batch", "dpsgd_canary_scores"]
@@ -242,13 +242,16 @@ def _dirichlet(epsilon: float | None, broken: bool, delta: float | None = None, 
     if epsilon is not None:
         raise LeaklabError("the Dirichlet mechanism's epsilon follows from --k, --eta, --eta-bar, --b, --w and "
                            "--delta; leave out --epsilon")
-    if w * eta + b / 2 > 1 - eta_bar + 1e-12:  # before the gamma search (seconds)
-        raise LeaklabError("no b-adjacent pair fits this Dirichlet domain (|W| eta + b/2 > 1 - eta_bar)")
+    spread = adjacent_spread(eta, eta_bar, b, w)
+    if not spread:  # before the gamma search (seconds)
+        raise LeaklabError(f"this Dirichlet domain is one point (|W| eta = 1 - eta_bar = {1 - eta_bar:g}): no two of "
+                           "its inputs are b-adjacent, so there is nothing to audit")
     m = DirichletMechanism(k, eta, eta_bar, b, w, 0.05 if delta is None else delta,
                            scale_factor=0.5 if broken else 1.0)
-    # the worst case of Theorem 1.6's Gamma part: p_i = eta + b/2 vs q_i = eta on a W-coordinate
+    # the worst case of Theorem 1.6's Gamma part: p_i = eta + b/2 vs q_i = eta on a W-coordinate (eta + the spread
+    # where the domain is narrower than b/2)
     p = np.full(w + 1, eta)
-    p[0] += b / 2
+    p[0] += spread
     p[-1] = 1 - p[:-1].sum()
     q = p.copy()
     q[0], q[1] = p[1], p[0]

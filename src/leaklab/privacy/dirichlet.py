@@ -18,8 +18,8 @@ from scipy import special
 from leaklab.errors import LeaklabError
 from leaklab.privacy.mechanisms import check_positive, check_probability
 
-__all__ = ["DirichletMechanism", "dirichlet_epsilon", "dirichlet_epsilon_approx", "dirichlet_delta", "dirichlet_gamma",
-           "dirichlet_vertices", "dirichlet_prob_omega1"]
+__all__ = ["DirichletMechanism", "adjacent_spread", "dirichlet_epsilon", "dirichlet_epsilon_approx", "dirichlet_delta",
+           "dirichlet_gamma", "dirichlet_vertices", "dirichlet_prob_omega1"]
 
 
 MAX_K = 1e6  # the largest concentration the mechanism's numbers are computed for
@@ -29,12 +29,16 @@ MAX_W = 8
 
 
 def _check_dirichlet(eta: float, eta_bar: float, k: float, w: int, b: float | None = None) -> None:
-    check_positive("eta", eta)
-    check_positive("eta_bar", eta_bar)
     check_positive("k", k)
     if k > MAX_K:
         raise LeaklabError(f"k must be at most {MAX_K:g} (got {k:g}): at 1e6 epsilon is already 1.5e5, and the Beta "
                            "functions of larger k take minutes or fail")
+    _check_domain(eta, eta_bar, w, b)
+
+
+def _check_domain(eta: float, eta_bar: float, w: int, b: float | None = None) -> None:
+    check_positive("eta", eta)
+    check_positive("eta_bar", eta_bar)
     if eta + eta_bar >= 1:
         raise LeaklabError(f"the Dirichlet domain needs eta + eta_bar < 1 (got {eta} + {eta_bar})")
     if int(w) != w or not 2 <= w <= MAX_W:
@@ -46,6 +50,16 @@ def _check_dirichlet(eta: float, eta_bar: float, k: float, w: int, b: float | No
         raise LeaklabError(f"b must lie in (0, 1] (got {b!r})")
     if b is not None and eta + b / 2 > 1 - eta_bar - eta + 1e-12:
         raise LeaklabError(f"b = {b} is too large for the domain: eta + b/2 must stay <= 1 - eta_bar - eta")
+
+
+def adjacent_spread(eta: float, eta_bar: float, b: float, w: int) -> float:
+    """Half the L1 distance of the farthest b-adjacent pair (Def. 1.1: ``||p - q||_1 <= b``, two W entries apart)
+    that moves mass between two W entries of the domain's corner (eta, ..., eta): ``min(b/2, 1 - eta_bar - |W|
+    eta)``. 0 where the domain is the single point ``|W| eta = 1 - eta_bar`` (the thesis's eta = eta_bar = 0.25
+    panel at |W| = 3), whose claim then holds vacuously: no two of its inputs are adjacent."""
+    _check_domain(eta, eta_bar, w, b)
+    spread = min(b / 2, 1 - eta_bar - w * eta)
+    return spread if spread > 1e-12 else 0.0
 
 
 def dirichlet_epsilon(eta: float, eta_bar: float, k: float, b: float, w: int, gamma: float) -> float:

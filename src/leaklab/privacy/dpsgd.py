@@ -210,7 +210,9 @@ def make_private(model: nn.Module, optimizer: torch.optim.Optimizer, data_loader
     clipping to ``clip``, noise multiplier ``noise_multiplier``, Poisson sampling at opacus' rate
     1 / len(data_loader) = 1 / ceil(dataset size / batch size), so the expected batch is the dataset
     size times that, at most the loader's batch size). ``seed`` fixes the noise, from its own stream
-    (:mod:`leaklab.seeds`); the batches follow the loader's generator."""
+    (:mod:`leaklab.seeds`; None: the operating system's entropy, not the global stream the model was initialised
+    from); the batches follow the loader's generator (give it one: without, opacus draws them from torch's global
+    stream)."""
     from opacus import PrivacyEngine
 
     _check_clip_noise(clip, noise_multiplier)
@@ -219,7 +221,7 @@ def make_private(model: nn.Module, optimizer: torch.optim.Optimizer, data_loader
     with warnings.catch_warnings():  # "secure RNG turned off": seeded noise is what reruns need here
         warnings.simplefilter("ignore")
         engine = PrivacyEngine(accountant="rdp")
-        noise = seeds.generator(seed, seeds.DP_NOISE) if seed is not None else None
+        noise = seeds.generator(seed, seeds.DP_NOISE)
         module, dp_optimizer, loader = engine.make_private(
             module=model, optimizer=optimizer, data_loader=data_loader, noise_multiplier=noise_multiplier,
             max_grad_norm=clip, poisson_sampling=True, noise_generator=noise)
@@ -233,7 +235,8 @@ def private_optimizer(model: nn.Module, optimizer: torch.optim.Optimizer, *, cli
     its own batches: every step clips each sample's gradient of the mean loss to L2 norm ``clip``,
     adds N(0, (noise_multiplier * clip)^2) to their sum and divides by ``expected_batch_size``, the
     same step as :func:`make_private`'s. The caller accounts its steps with the sampling rate of its
-    batches (:func:`spent_epsilon`). ``seed`` fixes the noise, from its own stream (:mod:`leaklab.seeds`).
+    batches (:func:`spent_epsilon`). ``seed`` fixes the noise, from its own stream (:mod:`leaklab.seeds`; None:
+    the operating system's entropy).
     Returns (wrapped model, DP optimizer); the wrapped model's ``remove_hooks()`` ends the training."""
     from opacus import GradSampleModule
     from opacus.optimizers import DPOptimizer
@@ -241,7 +244,7 @@ def private_optimizer(model: nn.Module, optimizer: torch.optim.Optimizer, *, cli
     _check_clip_noise(clip, noise_multiplier)
     _check_opacus(model)
     model.train()
-    noise = seeds.generator(seed, seeds.DP_NOISE) if seed is not None else None
+    noise = seeds.generator(seed, seeds.DP_NOISE)
     return GradSampleModule(model), DPOptimizer(optimizer, noise_multiplier=noise_multiplier, max_grad_norm=clip,
                                                 expected_batch_size=expected_batch_size, generator=noise)
 
@@ -286,7 +289,8 @@ class DPSGDConfig(DPConfig):
     steps: int = Field(default=500, ge=1)
     lr: float = Field(default=0.5, gt=0)
     momentum: float = Field(default=0.0, ge=0, lt=1)
-    seed: int = 0
+    seed: int | None = Field(default=None, description="fixes the batches and the noise (their own streams of it, "
+                             "leaklab.seeds); None: drawn from the operating system's entropy, not repeatable")
 
 
 def train_private(model: nn.Module, images: torch.Tensor, labels: torch.Tensor, config: DPSGDConfig,

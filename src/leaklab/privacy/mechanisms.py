@@ -103,6 +103,9 @@ def analytic_gaussian_delta(sigma: float, epsilon: float, sensitivity: float = 1
     return float(special.ndtr(a - c) - math.exp(epsilon + special.log_ndtr(-a - c)))
 
 
+MIN_GAUSSIAN_DELTA = 1e-300  # analytic_gaussian_sigma is exact (mpmath) down to here; at 1e-315 it is not
+
+
 def analytic_gaussian_sigma(epsilon: float, delta: float, sensitivity: float = 1.0) -> float:
     """The smallest sigma with analytic_gaussian_delta(sigma) <= delta (Balle & Wang 2018), by brentq."""
     from scipy.optimize import brentq
@@ -110,6 +113,9 @@ def analytic_gaussian_sigma(epsilon: float, delta: float, sensitivity: float = 1
     check_positive("epsilon", epsilon)
     check_probability("delta", delta)
     check_positive("sensitivity", sensitivity)
+    if delta < MIN_GAUSSIAN_DELTA:  # subnormal: the tail's delta stops resolving, sigma stuck 1.6% low at 1e-320
+        raise LeaklabError(f"delta must be at least {MIN_GAUSSIAN_DELTA:g} for the analytic Gaussian (got {delta:g}): "
+                           "float64 does not resolve the Gaussian's tail below it")
 
     def f(log_s: float) -> float:
         return analytic_gaussian_delta(math.exp(log_s), epsilon, sensitivity) - delta
