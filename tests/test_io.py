@@ -104,6 +104,10 @@ def test_read_config_yaml(tmp_path):
     # YAML 1.1 (PyYAML's) read numbers with an exponent but no dot or no sign as text, refused as no number
     (tmp_path / "e.yaml").write_text("lr: 1e-3\nmc_radius: 1.0e2\nobjective: l2e5\n")
     assert read_config(tmp_path / "e.yaml") == {"lr": 0.001, "mc_radius": 100.0, "objective": "l2e5"}
+    # whole numbers as YAML 1.2 too: 1.1 read 010 as 8 and 1:05 as 65 (base 60), and the attack ran with them
+    (tmp_path / "i.yaml").write_text("iterations: 010\nseed: 1:05\nrestarts: 0x2\nwidth: 0o10\nb: 0b11\nn: -3\n")
+    assert read_config(tmp_path / "i.yaml") == {"iterations": 10, "seed": "1:05", "restarts": 2, "width": 8,
+                                               "b": "0b11", "n": -3}
     (tmp_path / "d.yaml").write_text("- a\n- b\n")
     with pytest.raises(LeaklabError, match="mapping"):
         read_config(tmp_path / "d.yaml")
@@ -352,8 +356,28 @@ def test_the_defense_the_server_reads_is_the_views(tmp_path, tiny_capture):
 
 def test_missing_truth_is_none(case_dir):
     case = load_case(case_dir)
+    (case_dir / "truth.safetensors").rename(case_dir / "renamed.safetensors")
+    (case_dir / "truth.safetensors").symlink_to("gone.safetensors")  # a broken link was taken for no truth: no scores
+    with pytest.raises(LeaklabError, match="is a link to gone.safetensors, which does not exist"):
+        load_truth(case_dir, case)
     (case_dir / "truth.safetensors").unlink()
     assert load_truth(case_dir, case) is None
+
+
+def test_a_long_defense_chain_and_many_update_prefixes_are_refused_quickly(case_dir):
+    """A chain of 20,000 steps took 80 s and 2 GB to attack; 20,000 prefixes took 40 s to compare pairwise."""
+    from leaklab.fields import defense_steps
+
+    with pytest.raises(LeaklabError, match="chain of 17 steps; leaklab applies at most 16"):
+        defense_steps(",".join(["clip:1"] * 17))
+    assert len(defense_steps(",".join(["clip:1"] * 16))) == 16
+    upd = json.loads((case_dir / "update.json").read_text())
+    upd["updates"] = [{**upd["updates"][0], "prefix": f"u{i}/"} for i in range(20_000)]
+    upd["updates"][7]["prefix"] = "u1"  # starts u1/ and u10/ ...: two updates would share tensors
+    upd["count"] = 20_000
+    (case_dir / "update.json").write_text(json.dumps(upd))
+    with pytest.raises(LeaklabError, match="two updates share tensors"):
+        load_case(case_dir)
 
 
 def test_shape_mismatch_is_refused(case_dir):

@@ -212,6 +212,16 @@ def test_audit_takes_the_defense_levels_a_user_asks_for(tmp_path):
     result = invoke("audit", "--quick", "--sigmas", "3e-3", "--earlier", again, "--earlier", out, "--out", third)
     assert result.exit_code == 0, result.output
     assert json.loads((third / "results.json").read_text())["summary"]["earlier_audits"] == [str(again), str(out)]
+    # a chain longer than Python's recursion limit (counting it recursed: a RecursionError's traceback)
+    whole = json.loads((out / "results.json").read_text())
+    chain = [tmp_path / "chain" / f"a{i:04d}" for i in range(1100)]
+    for i, folder in enumerate(chain):
+        folder.mkdir(parents=True)
+        earlier = [str(chain[i + 1])] if i + 1 < len(chain) else []
+        (folder / "results.json").write_text(json.dumps({**whole, "summary": {**whole["summary"],
+                                                                               "earlier_audits": earlier}}))
+    _, counted = room_audit.earlier_verdicts([chain[0]], room_audit.AuditConfig.model_validate(whole["config"]))
+    assert len(counted) == 1100
     # an audit whose attacks are of another method version (or unrecorded: before session 53) does not carry over
     older = tmp_path / "older"
     older.mkdir()

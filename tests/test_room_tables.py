@@ -73,6 +73,17 @@ def test_a_stopped_table_resumes_its_cell_from_the_journal(tmp_path):
     cell = json.loads((out / "cells" / "qgi-S2" / "results.json").read_text())
     assert cell["summary"]["resumed_samples"] == 1 and cell["summary"]["samples"] == 2
     assert tasks and all(t.endswith(" (cell 1/1 qgi-S2)") for t in tasks)  # every row's tasks were "qgi S1"
+    # a finished cell is taken again, unless its summary is not what its samples give (a KeyError's traceback
+    # where the summary was cut out; an edited "layouts" went into the table)
+    done = out / "cells" / "qgi-S2" / "results.json"
+    tasks.clear()
+    room_tables.table1(out, progress=lambda task, done, total: tasks.add(task), **args)
+    assert not tasks and json.loads(done.read_text()) == cell
+    for edit in ({"summary": None}, {"summary": {**cell["summary"], "layouts": "x"}}):
+        done.write_text(json.dumps({**cell, **edit}))
+        table = room_tables.table1(out, progress=lambda task, done, total: tasks.add(task), **args)
+        assert tasks and table["table"]["qgi-S2"]["layouts"] == cell["summary"]["layouts"]
+        tasks.clear()
 
 
 def saved_cell(config):

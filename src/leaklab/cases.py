@@ -247,8 +247,8 @@ def load_case(folder: Path) -> Case:
                            f" values is {pixels:,} values to reconstruct, more than leaklab's attacks take "
                            f"({MAX_RECONSTRUCTED_VALUES:,})")
     entries = update_entries(upd_json, upd_path)
-    prefixes = [e["prefix"] for e in entries]
-    if any(b.startswith(a) for i, a in enumerate(prefixes) for j, b in enumerate(prefixes) if i != j):
+    prefixes = sorted(e["prefix"] for e in entries)  # a prefix of another sorts right before one that starts with it
+    if any(b.startswith(a) for a, b in zip(prefixes, prefixes[1:])):
         raise LeaklabError(f"{upd_path}: two updates share tensors (a prefix repeats or starts another); "
                            "re-capture the case")
 
@@ -334,7 +334,7 @@ def load_truth(folder: Path, case: Case) -> tuple[torch.Tensor, torch.Tensor, di
     """The client's truth of ``case`` (images, labels, provenance), or None when the file is absent;
     checked against the case: one image per batch slot of every update."""
     path = member_file(Path(folder), None, TRUTH_FILE, Path(folder))
-    if not path.exists():
+    if not path.exists() and not path.is_symlink():  # a broken link is named by load_tensors, not taken for none
         return None
     tensors, meta = load_tensors(path, "truth")
     images, labels = tensors.get("images"), tensors.get("labels")

@@ -18,6 +18,7 @@ EpisodeSteps = Annotated[int, Field(ge=1, le=10_000)]  # an episode's most envir
 
 NOISES = ("gaussian", "laplace")
 MAX_NOISE_SCALE = 1e6  # per gradient entry; 1e39 made float32 updates infinite, caught only when attacked
+MAX_DEFENSE_STEPS = 16  # a chain of 20,000 steps in a case's view.json took 80 s and 2 GB to attack (its title)
 
 
 def defense_steps(spec: str | None) -> tuple[tuple[str, float], ...]:
@@ -26,8 +27,11 @@ def defense_steps(spec: str | None) -> tuple[tuple[str, float], ...]:
     :func:`leaklab.defenses.parse_defense` builds the chain from them."""
     if spec is None or spec.strip().lower() in ("", "none"):
         return ()
+    parts = spec.split(",")
+    if len(parts) > MAX_DEFENSE_STEPS:
+        raise LeaklabError(f"a defense chain of {len(parts):,} steps; leaklab applies at most {MAX_DEFENSE_STEPS}")
     steps = []
-    for part in spec.split(","):
+    for part in parts:
         name, _, value = part.strip().partition(":")
         name = name.lower()
         if name not in DEFENSE_NAMES:

@@ -578,11 +578,16 @@ def new_run_dir(kind: str, root: Path = Path("runs")) -> Path:
     return path
 
 
+def _yaml12_int(text: str) -> int:
+    """A YAML 1.2 integer: decimal (leading zeros too), ``0o`` octal or ``0x`` hexadecimal."""
+    return int(text, 10) if text[:2] not in ("0o", "0x") else int(text, 0)
+
+
 def _yaml_loader() -> type:
     """YAML's safe loader without aliases (``*name``): a configuration needs none, and a few hundred bytes of
-    aliases to aliases expand to billions of values when read. Numbers with an exponent read as YAML 1.2 reads
-    them: YAML 1.1, PyYAML's, reads ``1e-3`` (no dot) and ``1.0e3`` (no sign) as text, which the options then
-    refused as no number."""
+    aliases to aliases expand to billions of values when read. Numbers read as YAML 1.2 reads them: YAML 1.1,
+    PyYAML's, reads ``1e-3`` (no dot) and ``1.0e3`` (no sign) as text, which the options then refused as no
+    number, and ``010`` as 8, ``1:05`` as 65 (base 60) and ``0b11`` as 3, where 1.2 has 10, text and text."""
     import yaml
 
     class NoAliases(yaml.SafeLoader):
@@ -592,6 +597,12 @@ def _yaml_loader() -> type:
                                                   self.peek_event().start_mark)
             return super().compose_node(parent, index)
 
+    int_tag = "tag:yaml.org,2002:int"
+    NoAliases.yaml_implicit_resolvers = {first: [(tag, regexp) for tag, regexp in resolvers if tag != int_tag]
+                                         for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()}
+    NoAliases.add_implicit_resolver(int_tag, re.compile(r"^(?:[-+]?[0-9]+|0o[0-7]+|0x[0-9a-fA-F]+)$"),
+                                    list("-+0123456789"))
+    NoAliases.add_constructor(int_tag, lambda loader, node: _yaml12_int(loader.construct_scalar(node)))
     NoAliases.add_implicit_resolver("tag:yaml.org,2002:float",
                                     re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$"),
                                     list("-+0123456789."))

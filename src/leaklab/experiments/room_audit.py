@@ -183,10 +183,8 @@ def earlier_verdicts(folders: Sequence[Path], config: AuditConfig) -> tuple[Leve
     dpsgd: dict[float, bool] = {}
     counted: list[Path] = []
 
-    def count(folder: Path, named: str) -> None:
-        if folder in counted:
-            return
-        counted.append(folder)  # before its own earlier ones: a loop of folders ends here
+    def read(folder: Path, named: str) -> tuple[dict, dict, list[tuple[Path, str]]]:
+        """One earlier audit's verdicts by level and the earlier audits it counted, checked."""
         results = read_json(folder / RESULTS_FILE, "--earlier results")
         if not isinstance(results, dict) or results.get("format") != AUDIT_FORMAT or results.get("kind") != "rooms":
             raise LeaklabError(f"--earlier {named}: not a room audit's folder (`leaklab audit --out` writes one)")
@@ -214,12 +212,25 @@ def earlier_verdicts(folders: Sequence[Path], config: AuditConfig) -> tuple[Leve
             if not (path / RESULTS_FILE).is_file():
                 raise LeaklabError(f"--earlier {named} counted the earlier audit {path}, which is not there; name "
                                    "the audits you have with --earlier, without it")
-            count(resolved(path), f"{path} (counted by {named})")
-        gaussian.update(g)
-        dpsgd.update(d)
+        return g, d, [(resolved(path), f"{path} (counted by {named})") for path in before]
 
-    for folder in folders:
-        count(resolved(Path(folder)), str(folder))
+    # depth first, each audit's verdicts over those it counted: a loop (a chain of 1,100 audits overflowed
+    # the recursion this was) of (folder, name) to read, or (verdicts,) to apply once its earlier ones are
+    work: list[tuple] = [(resolved(Path(f)), str(f)) for f in reversed(folders)]
+    while work:
+        item = work.pop()
+        if len(item) == 1:
+            g, d = item[0]
+            gaussian.update(g)
+            dpsgd.update(d)
+            continue
+        folder, named = item
+        if folder in counted:
+            continue
+        counted.append(folder)  # before its own earlier ones: a loop of folders ends here
+        g, d, before = read(folder, named)
+        work.append(((g, d),))
+        work.extend(reversed(before))
     return (gaussian, dpsgd), counted
 
 

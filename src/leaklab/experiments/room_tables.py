@@ -22,6 +22,7 @@ simulators.
 
 from __future__ import annotations
 
+import statistics
 from pathlib import Path
 from typing import Any
 
@@ -113,6 +114,21 @@ def _same_cell(saved: Any, config: room_attack.RoomRunConfig) -> bool:
             and computation(saved["config"]) == computation(config.model_dump(mode="json")))
 
 
+def _intact(saved: dict[str, Any], config: room_attack.RoomRunConfig) -> bool:
+    """Whether a saved cell's summary is the one its samples give (:func:`room_attack.summarise`): an edited or
+    truncated ``results.json`` (a summary missing: a KeyError's traceback; ``layouts: "x"``: printed in the table)
+    is run again."""
+    summary, rows = saved.get("summary"), saved.get("samples")
+    if not isinstance(summary, dict) or not isinstance(rows, list) or len(rows) != config.samples:
+        return False
+    try:
+        fresh = room_attack.summarise(rows, config.attack.iterations, 0.0)
+    except (KeyError, TypeError, ValueError, AttributeError, ZeroDivisionError, statistics.StatisticsError):
+        return False
+    timing = {"seconds_per_sample", "wall_seconds", "resumed_samples"}
+    return {k: v for k, v in fresh.items() if k not in timing} == {k: v for k, v in summary.items() if k not in timing}
+
+
 def _run_cells(out: Path, experiment: str, names: tuple[str, ...], cells: dict[str, room_attack.RoomRunConfig],
                progress: ProgressFn | None) -> dict[str, dict[str, Any]]:
     """Run (or take again, :func:`_same_cell`) the ``cells`` of ``experiment``, whose cells are ``names``."""
@@ -134,7 +150,7 @@ def _run_cells(out: Path, experiment: str, names: tuple[str, ...], cells: dict[s
         done = folder / RESULTS_FILE
         if done.exists():
             previous = read_json(done, "room-table cell")
-            if _same_cell(previous, config):
+            if _same_cell(previous, config) and _intact(previous, config):
                 results[name] = previous
                 continue
         results[name] = room_attack.run(config, folder, progress=_labelled(progress, f"cell {i + 1}/{len(cells)} "
