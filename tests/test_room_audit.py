@@ -141,11 +141,14 @@ def test_an_exact_mode_audit_behind_noise_says_the_paper_method_may_show_more():
     for chains in ([None, "gaussian:0.001"], ["clip:1,gaussian:0.6"], ["prune:0.5,laplace:0.1"]):
         text = noise_caveat(["exact"], chains)
         assert "`--mode paper`" in text and "`--mode both`" in text, chains
-        one = [{"algorithm": "rgi", "action": [3]}, {"algorithm": "qgi", "action": [1, 2]}]
+        scored = {"defense": chains[-1], "metrics": {}}
+        one = [{"algorithm": "rgi", "action": [3], **scored}, {"algorithm": "qgi", "action": [1, 2], **scored}]
         assert "`--mode both`" not in noise_caveat(["exact"], chains, cases=one)  # a cases audit runs one mode
         assert "not RGI's batches of two" not in noise_caveat(["exact"], chains, cases=one)
         assert "not RGI's batches of two" in noise_caveat(["exact"], chains, cases=[{"algorithm": "rgi",
-                                                                                     "action": [3, 0]}])
+                                                                                     "action": [3, 0], **scored}])
+        # saved cases none of which scored have no verdicts to caveat
+        assert noise_caveat(["exact"], chains, cases=[{"algorithm": "rgi", "action": [3], "defense": chains[-1]}]) == ""
     for modes, chains in ((["exact"], [None]), (["exact"], [None, "clip:1", "prune:0.5", "topk:0.9"]),
                           (["paper"], ["gaussian:0.001"]), (["exact", "paper"], ["gaussian:0.001"])):
         assert noise_caveat(modes, chains) == "", (modes, chains)
@@ -268,6 +271,11 @@ def test_a_glance_iou_reads_on_its_side_of_the_box_line():
     assert [beside_line(v, 0.5) for v in (0.49998, 0.5, 0.504, 0.999996, 0.0)] == ["0.49998", "0.50", "0.50",
                                                                                    "1.00", "0.00"]
     assert beside_line(0.4999999999999999, 0.5) == "0.4999999999999999"
+    # a noised update's cosine printed as "1", which the captions call an untouched update (σ = 1e-5)
+    from leaklab.words import cosine_text
+
+    assert [cosine_text(v) for v in (1.0, 0.9999917, 0.99999977, 0.912, -0.000335, None)] == [
+        "1", "0.99999", "0.9999998", "0.912", "-0.000335", None]
 
 
 def test_audit_verdicts_in_words():
@@ -328,9 +336,8 @@ def test_audit_verdicts_in_words():
     assert conclusion(rows) == ("Every Gaussian level tested leaks: behind gaussian σ=0.001 (cosine 0.6 to 0.871) the "
                                 "update still leaks the room (1 of 4 updates show it; the best: QGI S2 depth +4.0 dB "
                                 "over its baseline), the target's box (IoU 0.60), the action (100%) and the reward "
-                                "(error 0.0011). DP-SGD ε=1 is the weakest DP-SGD level tested behind which, as "
-                                "behind every stronger one, nothing measured leaks, where an update keeps a cosine of "
-                                "0.000651 with the true one.")
+                                "(error 0.0011). DP-SGD ε=1 is the weakest DP-SGD level tested behind which nothing "
+                                "measured leaks, where an update keeps a cosine of 0.000651 with the true one.")
     assert conclusion(rows[:2]).startswith("Every Gaussian level tested leaks: behind gaussian σ=0.001 (cosine 0.6 to "
                                            "0.871) the update still leaks")
     assert conclusion(rows[:1]).startswith("No defense was tested; undefended, the update leaks the room")
@@ -341,9 +348,9 @@ def test_audit_verdicts_in_words():
     # σ = 0.001 safe while σ = 0.03 leaked (behind strong noise each level guesses the action from the same draws)
     odd = [rows[0], rows[2]._replace(defense="gaussian σ=0.001"), rows[1]._replace(defense="gaussian σ=0.03"),
            rows[2]._replace(defense="gaussian σ=0.1", kept="0.0001")]
-    assert conclusion(odd) == ("Gaussian σ=0.1 is the weakest Gaussian level tested behind which, as behind every "
-                               "stronger one, nothing measured leaks, where an update keeps a cosine of 0.0001 with "
-                               "the true one; behind gaussian σ=0.03 (cosine 0.6 to 0.871) the update still "
+    assert conclusion(odd) == ("Gaussian σ=0.1 is the weakest Gaussian level tested behind which nothing measured "
+                               "leaks, where an update keeps a cosine of 0.0001 with the true one; behind gaussian "
+                               "σ=0.03 (cosine 0.6 to 0.871) the update still "
                                f"{rows[1].verdict} (nothing measured leaked behind the weaker gaussian σ=0.001, which "
                                "is therefore no safe level).")
     # and where the strongest leaks too, the family has no safe level (it said every level leaks)
@@ -355,8 +362,12 @@ def test_audit_verdicts_in_words():
                     "cells": [cell("none", None, 40.0, 1.0, 1.0, [45.0, 35.0], kept=None),
                               cell(dp, "clip:1,gaussian:0.6", 5.0, 0.0, 0.25, [5.0] * 4, kept=None)]})
     assert [r.kept for r in old] == ["–", "–"] and [r.features for r in old] == ["–", "–"]
-    assert conclusion(old).startswith("DP-SGD ε=1 is the weakest DP-SGD level tested behind which, as behind every "
-                                      "stronger one, nothing measured leaks. Undefended, the update leaks the room")
+    assert conclusion(old).startswith("DP-SGD ε=1 is the weakest DP-SGD level tested behind which nothing measured "
+                                      "leaks. Undefended, the update leaks the room")
+    # with a stronger level tested, the sentence says it showed nothing either (it said so of the strongest too)
+    two = [rows[0], rows[2]._replace(defense="DP-SGD ε=8"), rows[2]]
+    assert "DP-SGD ε=8 is the weakest DP-SGD level tested behind which, as behind every stronger one, nothing" \
+        in conclusion(two)
     # `--full` attacks each update in both modes: an update counts once, showing its room where either
     # reconstruction shows it; its action (read by the same rule in both) is no second guess
     both = verdicts({"summary": {"defenses": ["noise"]},

@@ -173,6 +173,22 @@ def test_the_cases_verdict_counts_no_rgi_action_behind_a_zero_return_whatever_th
     assert "<tr><td>–</td><td>–</td><td>0 of 0</td>" in (tmp_path / "nan" / "report.html").read_text()
 
 
+def test_the_cases_line_counts_the_action_and_the_cosine_as_the_report_does():
+    """One defended case dropped RGI's qualifier for every case and the line read "action 67%" (a zero return's
+    guess counted) beside the report's 100%; undefended cases' cosines of 1 joined the median the line printed."""
+    from leaklab.cli.rooms import _room_summary_line
+
+    def row(defense, action, kept, informative=1.0):
+        return {"defense": defense, "metrics": {"action": action, "update_cosine": kept,
+                                                "action_informative": informative}}
+
+    cases = [row("gaussian:0.001", 1.0, 0.912), row(None, 0.5, 1.0, informative=0.0), row(None, 1.0, 1.0)]
+    summary = {"iou_mean": 1.0, "action_accuracy": 0.67, "action_identified_share": 0.5, "update_cosine_median": 1.0}
+    line = _room_summary_line(summary, True, cases)
+    assert "action 100% of 2 cases whose update holds it" in line
+    assert "update kept (cosine with the true one) 0.912" in line
+
+
 def test_a_cases_folder_reads_nothing_through_a_link_out_of_it(tmp_path):
     """As a case's own files: a sub-folder or a capture.json that links outside --cases is refused."""
     import shutil

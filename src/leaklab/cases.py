@@ -243,8 +243,9 @@ def load_case(folder: Path) -> Case:
     metadata, spec = view.metadata, view.spec
     pixels = metadata.batch_size * spec.in_channels * spec.image_size ** 2
     if pixels > MAX_RECONSTRUCTED_VALUES:
-        raise LeaklabError(f"{upd_path}: an update of {metadata.batch_size} images of {spec.in_channels}×{spec.image_size}²"
-                           f" values is {pixels:,} values to reconstruct, more than leaklab's attacks take "
+        raise LeaklabError(f"{upd_path}: an update of {metadata.batch_size} images of "
+                           f"{spec.in_channels}×{spec.image_size}² values is {pixels:,} values to reconstruct, "
+                           "more than leaklab's attacks take "
                            f"({MAX_RECONSTRUCTED_VALUES:,})")
     entries = update_entries(upd_json, upd_path)
     prefixes = sorted(e["prefix"] for e in entries)  # a prefix of another sorts right before one that starts with it

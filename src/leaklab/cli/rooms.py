@@ -92,10 +92,13 @@ def _left_out(undefined: int) -> str:
     return f" ({plural(undefined, 'transition')} without one left out)" if undefined else ""
 
 
-def _room_summary_line(s: dict[str, Any], defended: bool) -> str:
+def _room_summary_line(s: dict[str, Any], defended: bool, cases: list[dict[str, Any]] | None = None) -> str:
     """What a room-attack summary says leaked: the images against their baselines, box, action, and
-    the Q-value or reward errors (``defended``: of updates behind a defense)."""
-    from leaklab.experiments import room_attack
+    the Q-value or reward errors (``defended``: of updates behind a defense). ``cases``: the rows of an audit of
+    saved cases, whose action counts those whose update holds it and whose cosine kept the defended ones, as its
+    report's (over them all, one defended case dropped RGI's qualifier for every case and undefended ones' 1s
+    joined the median)."""
+    from leaklab.experiments import room_attack, room_report
 
     parts = []
     for image in ("rgb", "depth"):
@@ -103,7 +106,13 @@ def _room_summary_line(s: dict[str, Any], defended: bool) -> str:
             parts.append(f"{image} PSNR {s[f'{image}_psnr_mean']:.2f} dB (baseline "
                          f"{s[f'{image}_psnr_baseline_mean']:.2f}), SSIM {s[f'{image}_ssim_mean']:.3f} (baseline "
                          f"{s[f'{image}_ssim_baseline_mean']:.3f})")
-    parts.append(f"box IoU {s['iou_mean']:.4f}, action {room_attack.action_share(s, defended)}")
+    if cases is None:
+        action = room_attack.action_share(s, defended)
+    else:
+        held = room_report.held_actions(cases)
+        action = (f"{100 * sum(held) / len(held):.0f}% of {plural(len(held), 'case')} whose update holds it" if held
+                  else "none held")
+    parts.append(f"box IoU {s['iou_mean']:.4f}, action {action}")
     if "q_target_error_undefined" in s:  # QGI
         parts.append(", ".join(f"{name} error {_percent(s.get(f'{key}_err_mean'))}"
                                f"{_left_out(s[f'{key}_error_undefined'])}"
@@ -112,8 +121,9 @@ def _room_summary_line(s: dict[str, Any], defended: bool) -> str:
         mean = s.get("reward_abs_err_mean")
         parts.append(f"reward error {'none' if mean is None else f'{mean:.3g}'}"
                      f"{_left_out(s['reward_error_undefined'])}")
-    if defended and s.get("update_cosine_median") is not None:  # absent where no saved truth records it
-        parts.append(f"update kept (cosine with the true one) {cosine_text(s['update_cosine_median'])}")
+    kept = s.get("update_cosine_median") if cases is None else room_report.defended_kept(cases)
+    if defended and kept is not None:  # absent where no saved truth records it
+        parts.append(f"update kept (cosine with the true one) {cosine_text(kept)}")
     if defended and s.get("feature_cosine_median") is not None:  # read off the updates alone
         parts.append(f"features read (cosine, estimated) {cosine_text(s['feature_cosine_median'])}")
     return "; ".join(parts)
@@ -124,7 +134,7 @@ def _room_command(algorithm: str, doc: str) -> Callable:
         out: OutOpt,
         setting: SettingOpt = "S2", mode: ModeOpt = "exact", arch: ArchOpt = DEFAULT_ARCH,
         samples: SamplesOpt = 4, layouts: LayoutsOpt = None,
-        seed: Annotated[int, _seed_opt("network, rooms and attack seed")] = 0,
+        seed: Annotated[int, _seed_opt("network, rooms, defense noise and attack seed")] = 0,
         iterations: IterationsOpt = None,
         batch_size: Annotated[int, typer.Option("--batch-size", help="transitions per update (1 or 2; "
                                                                    "RGI reads 2 in exact mode)")] = 1,
@@ -303,10 +313,10 @@ def audit(
                                       **({"iterations": iterations} if iterations is not None else {}))
             results = room_audit.run_cases(out, cases, attack, workers=workers, progress=progress,
                                            model_class=model_class, device=device)
-            s = results["summary"]
+            s, rows = results["summary"], results["cases"]
             typer.echo(f"wrote {out / 'report.html'}: {plural(s['cases'], 'case')}, {s['scored']} scored"
                        + _resumed(s["resumed_attacks"], ", {} resumed from an interrupted run")
-                       + (f"; {_room_summary_line(s, any(map(room_report.maybe_defended, results['cases'])))}"
+                       + (f"; {_room_summary_line(s, any(map(room_report.maybe_defended, rows)), rows)}"
                           if s["scored"] else ""))
             if blind := room_verdicts.features_read_text(room_report.blind_features(results["cases"])):
                 typer.echo(blind)

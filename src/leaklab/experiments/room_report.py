@@ -61,6 +61,19 @@ def defense_text(row: dict[str, Any]) -> str:
     return row["defense"] or ("withheld" if row.get("defense_withheld") else "none")
 
 
+def held_actions(cases: list[dict[str, Any]]) -> list[float]:
+    """The action read right (1 or 0, a batch's share) of the scored cases whose update holds it: QGI's, and
+    RGI's whose every transition's return is not 0 (by the truth: behind noise the attack's own flag,
+    ``action_identified``, passes the noise for the action); a case with nothing to read holds none."""
+    return [r["metrics"]["action"] for r in cases
+            if "metrics" in r and not r.get("no_signal") and r["metrics"].get("action_informative", 1.0) == 1.0]
+
+
+def defended_kept(cases: list[dict[str, Any]]) -> float | None:
+    """The median cosine the defended scored cases' updates keep with the true ones (None: none recorded)."""
+    return median_of(r["metrics"].get("update_cosine") for r in cases if "metrics" in r and maybe_defended(r))
+
+
 def maybe_defended(row: dict[str, Any]) -> bool:
     """Whether a case's update may be behind a defense: one it names, or one its view withholds."""
     return row["defense"] is not None or bool(row.get("defense_withheld"))
@@ -90,10 +103,7 @@ def write_cases_report(folder: Path, results: dict[str, Any], truths: list[Pictu
         gains = [(s[f"{im}_psnr_mean"] - s[f"{im}_psnr_baseline_mean"], im) for im in ("rgb", "depth")
                  if s.get(f"{im}_psnr_mean") is not None]
         gain, where = max(gains) if gains else (None, None)  # none: no case's image scored (not finite)
-        # the action of the cases whose update holds it: QGI's, and RGI's whose every transition's return is not 0
-        # (by the truth: behind noise the attack's own flag, `action_identified`, passes the noise for the action)
-        held = [r["metrics"]["action"] for r in results["cases"]
-                if "metrics" in r and not r.get("no_signal") and r["metrics"].get("action_informative", 1.0) == 1.0]
+        held = held_actions(results["cases"])
         room = room_verdicts.room_shown({r["case"]: [(r, r)] for r in results["cases"]}, modes=False)
         verdict = room_verdicts.verdict(room, s["iou_mean"], held, s.get("q_target_err_mean"),
                                         s.get("reward_abs_err_mean"))

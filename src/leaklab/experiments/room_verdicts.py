@@ -138,7 +138,10 @@ def noise_caveat(modes: list[str], chains: list[str | None], cases: list[dict[st
     exact mode showed 3 that it missed: docs/reproductions.md, "The prior's weight per pixel behind noise");
     "" otherwise. ``cases``: the rows of an audit of saved cases, which runs one mode at a time (paper mode
     does not read RGI's batches of two, and the caveat says so where there are some); a case whose defense its
-    view withholds may be behind noise."""
+    view withholds may be behind noise; a case without scores has no verdict to caveat."""
+    if cases is not None:
+        cases = [r for r in cases if "metrics" in r]
+        chains = [r["defense"] for r in cases]
     noised = any(name in NOISE_DEFENSE_NAMES for chain in chains for name, _ in defense_steps(chain)) or any(
         r.get("defense_withheld") for r in cases or ())
     if set(modes) != {"exact"} or not noised:
@@ -256,8 +259,8 @@ def _family_sentence(name: str, levels: list[GlanceRow]) -> str:
                 f"{_still_leaks(levels[-1])}{odd}.")
     first = levels[k]
     kept = f", where an update keeps a cosine of {first.kept} with the true one" if first.kept != NOT_MEASURED else ""
-    text = (f"{first.defense} is the weakest {name} level tested behind which, as behind every stronger one, "
-            f"nothing measured leaks{kept}")
+    stronger = ", as behind every stronger one," if k < len(levels) - 1 else ""  # none stronger: it said so anyway
+    text = f"{first.defense} is the weakest {name} level tested behind which{stronger} nothing measured leaks{kept}"
     return text + (f"; {_still_leaks(levels[k - 1])}{odd}." if k else ".")
 
 

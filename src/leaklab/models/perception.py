@@ -68,8 +68,8 @@ class PerceptionSpec(BaseModel):
 
 SMALL_WIDTHS = (16, 32, 32)
 NATURE_WIDTHS = (32, 64, 64)
-WIDE_RGB_WIDTHS = (64, 64, 64)  # ``wide-rgb``'s RGB stream: S1 RGB leaks at +12.6 dB over the baseline
-# against small's +6.8 (docs/reproductions.md, "How wide the streams are decides the RGB line")
+WIDE_RGB_WIDTHS = (64, 64, 64)  # ``wide-rgb``'s RGB stream: S1 RGB leaks at +15.6 dB over the baseline
+# against small's +7.8 (README; docs/reproductions.md, "How wide the streams are decides the RGB line")
 
 
 def three_conv_stream(c: int, widths: tuple[int, int, int] = SMALL_WIDTHS) -> nn.Sequential:
