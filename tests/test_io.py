@@ -364,6 +364,24 @@ def test_missing_truth_is_none(case_dir):
     assert load_truth(case_dir, case) is None
 
 
+@pytest.mark.parametrize("member", ["model.safetensors", "update.safetensors"])
+def test_a_tensor_file_larger_than_its_network_fills_is_refused_unread(case_dir, member):
+    """A sparse 1 GiB file (4 KB on disk) was read whole, 2.4 GB of memory, before its names were compared."""
+    import struct
+
+    header = json.dumps({"x": {"dtype": "F32", "shape": [1 << 28], "data_offsets": [0, 1 << 30]}}).encode()
+    header += b" " * (-len(header) % 8)
+    with open(case_dir / member, "wb") as f:
+        f.write(struct.pack("<Q", len(header)) + header)
+        f.truncate(8 + len(header) + (1 << 30))
+    for name, key in (("view.json", "model_sha256"), ("update.json", "sha256")):
+        data = json.loads((case_dir / name).read_text())
+        data.pop(key, None)
+        (case_dir / name).write_text(json.dumps(data))
+    with pytest.raises(LeaklabError, match="holds 1,073,741,9.. bytes, more than the tensors it should hold fill"):
+        load_case(case_dir)
+
+
 def test_a_long_defense_chain_and_many_update_prefixes_are_refused_quickly(case_dir):
     """A chain of 20,000 steps took 80 s and 2 GB to attack; 20,000 prefixes took 40 s to compare pairwise."""
     from leaklab.fields import defense_steps

@@ -25,7 +25,8 @@ from leaklab.io import (FORMAT_VERSION, MODEL_FILE, PERCEPTION_MODEL_TYPE, TRUTH
                         VIEW_FILE, VIEW_FORMAT, check_finite, check_format_version, dumps_json, load_tensors,
                         read_json, resolved, save_tensors, write_json)
 from leaklab.models import ModelSpec, PerceptionSpec
-from leaklab.threat import FLOAT_DTYPES, Capabilities, ClientUpdate, ServerView, UpdateMetadata, make_view
+from leaklab.threat import (FLOAT_DTYPES, Capabilities, ClientUpdate, ServerView, UpdateMetadata, make_view,
+                            tensor_file_bound)
 from leaklab.words import plural
 
 
@@ -216,7 +217,8 @@ def read_case_files(folder: Path, room: bool, model_class: str | None = None) ->
         raise LeaklabError(f"{view_path}: a {'room' if room else 'image'} case's update comes from the {named} loss, "
                            f"not {metadata.loss!r}; re-capture the case")
     model_path = member_file(folder, view_json.get("model_file"), MODEL_FILE, view_path)
-    state, _ = load_tensors(model_path, "model", view_json.get("model_sha256"))
+    state, _ = load_tensors(model_path, "model", view_json.get("model_sha256"),
+                            max_bytes=None if model_class else tensor_file_bound(spec))
     try:
         view = make_view(spec, state, metadata, capabilities, defense, model_class=model_class)
     except ModelClassError:  # the user's class, not this file
@@ -231,7 +233,10 @@ def read_case_files(folder: Path, room: bool, model_class: str | None = None) ->
         # case whose view named noise and whose update named none was attacked as defended, reported undefended)
         raise LeaklabError(f"{upd_path} declares another defense than {view_path}; re-capture the case")
     tensor_file = member_file(folder, upd_json.get("tensor_file"), UPDATE_FILE, upd_path)
-    tensors, _ = load_tensors(tensor_file, "update", upd_json.get("sha256"))
+    listed = upd_json.get("updates")
+    copies = len(listed) if isinstance(listed, list) and listed else 1  # update_entries checks the list next
+    tensors, _ = load_tensors(tensor_file, "update", upd_json.get("sha256"),
+                              max_bytes=None if model_class else tensor_file_bound(spec, copies, trainable=True))
     return CaseFiles(view, upd_json, upd_path, tensors, tensor_file, defense)
 
 

@@ -171,6 +171,21 @@ def _check_state(own: dict[str, torch.Tensor], state: dict[str, torch.Tensor],
             raise LeaklabError(f"model tensor {k!r} contains NaN or Inf values (as the model's {own[k].dtype})")
 
 
+def _meta_model(spec: ModelSpec | PerceptionSpec) -> nn.Module:
+    """Leaklab's network of ``spec`` on the meta device: shapes and dtypes alone, no memory, no draw."""
+    with torch.device("meta"):
+        return build_perception_net(spec) if isinstance(spec, PerceptionSpec) else build_model(spec)
+
+
+def tensor_file_bound(spec: ModelSpec | PerceptionSpec, copies: int = 1, trainable: bool = False) -> int:
+    """The most bytes a safetensors file of ``copies`` states of leaklab's network of ``spec`` can take (its
+    parameters alone where ``trainable``: an update's): every value in float64, and room for a header naming each
+    tensor of each copy."""
+    tensors = [p for p in _meta_model(spec).parameters() if p.requires_grad] if trainable else \
+        list(_meta_model(spec).state_dict().values())
+    return copies * (8 * sum(t.numel() for t in tensors) + 512 * len(tensors)) + (1 << 20)
+
+
 def model_with_state(spec: ModelSpec | PerceptionSpec, state: dict[str, torch.Tensor],
                      model_class: str | None = None) -> nn.Module:
     """The model of ``spec`` (``model_class``: a user's own perception class) holding ``state``, strictly:
@@ -185,8 +200,7 @@ def model_with_state(spec: ModelSpec | PerceptionSpec, state: dict[str, torch.Te
             else build_model(spec)
 
     if model_class is None:
-        with torch.device("meta"):  # shapes and dtypes alone: no memory, no draw from the generator
-            _check_state(build().state_dict(), state, spec)
+        _check_state(_meta_model(spec).state_dict(), state, spec)
     model = build()
     own = model.state_dict()
     _check_state(own, state, spec, model_class)
