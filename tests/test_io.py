@@ -694,3 +694,24 @@ def test_the_same_tensors_and_metadata_give_the_same_bytes_in_every_process(tmp_
 
     with safe_open(str(files[0]), "pt") as f:  # still a safetensors file, its metadata whole
         assert f.metadata() == {k: k.upper() for k in "zyxwvu"} and f.get_tensor("a").dtype == torch.float64
+
+
+def test_an_error_line_cuts_a_long_value():
+    """A 2 MB value in a case file was printed whole in its one-line error."""
+    from typing import Literal
+
+    from pydantic import BaseModel, ValidationError
+
+    from leaklab.errors import validation_message
+
+    class Choice(BaseModel):
+        objective: Literal["l2", "l1"]
+
+    with pytest.raises(ValidationError) as caught:
+        Choice(objective="x" * 2_000_000)
+    line = validation_message(caught.value, "cfg")
+    assert len(line) < 200 and "(2,000,002 characters)" in line
+    with pytest.raises(ValidationError) as caught:
+        Choice(objective="bad")
+    assert validation_message(caught.value, "cfg") == "cfg: invalid field 'objective' (got 'bad'): Input should be " \
+        "'l2' or 'l1'"
