@@ -198,15 +198,15 @@ def test_rgi_summary_counts_samples_not_updates_in_a_batch():
     from leaklab.experiments.room_attack import summarise
 
     def row(action, informative, correct, layouts=("a", "b")):
-        return {"layouts": list(layouts), "batch_size": 2,
+        return {"layouts": list(layouts), "batch_size": 2, "iterations": 1,
                 "metrics": {"action": action, "action_informative": informative,
                             "action_informative_correct": correct}}
     # the zero-return sample guessed right, the other wrong; then a batch of two non-zero returns, right
-    s = summarise([row(0.5, 0.5, 0.0), row(1.0, 1.0, 1.0)], 1, 1.0)
+    s = summarise([row(0.5, 0.5, 0.0), row(1.0, 1.0, 1.0)], 1.0)
     assert s["action_accuracy_nonzero_return"] == pytest.approx(2 / 3) and s["zero_return_samples"] == 1
     assert s["samples"] == 2 and s["transitions"] == 4  # updates, as before, and their transitions
     # a user's case without provenance names no rooms: its batch still counts two samples
-    s = summarise([row(0.5, 0.5, 0.0, layouts=()), row(1.0, 1.0, 1.0, layouts=())], 1, 1.0)
+    s = summarise([row(0.5, 0.5, 0.0, layouts=()), row(1.0, 1.0, 1.0, layouts=())], 1.0)
     assert s["action_accuracy_nonzero_return"] == pytest.approx(2 / 3) and s["zero_return_samples"] == 1
 
 
@@ -231,9 +231,10 @@ def test_summary_means_count_transitions_and_a_zero_q_value_is_counted_not_dropp
     assert m["q_target_error"] == pytest.approx(100.0) and m["q_target_error_undefined"] == 1.0
     assert m["q_pred_error_undefined"] == 0.0  # its predicted Q-value has a % error: both transitions count
     assert m["box_iou"] == pytest.approx((1 + 2 / 3) / 2) and m["box_iou_min"] == pytest.approx(2 / 3)
-    one = {"batch_size": 1, "layouts": ["b"], "metrics": dict(m, action=1.0, q_target_error=1.0,
-                                                              q_target_error_undefined=0.0, box_iou=1.0, box_iou_min=1.0)}
-    s = summarise([{"batch_size": 2, "layouts": ["a"], "metrics": m}, one], 1, 1.0)
+    one = {"batch_size": 1, "iterations": 1, "layouts": ["b"],
+           "metrics": dict(m, action=1.0, q_target_error=1.0, q_target_error_undefined=0.0, box_iou=1.0,
+                           box_iou_min=1.0)}
+    s = summarise([{"batch_size": 2, "iterations": 1, "layouts": ["a"], "metrics": m}, one], 1.0)
     assert s["action_accuracy"] == pytest.approx(2 / 3)  # 2 of 3 transitions, not the mean of 0.5 and 1
     # the batch's mean covers its one transition with a % error: weighed 1, not 2
     assert s["q_target_err_mean"] == pytest.approx((100 + 1) / 2) and s["q_target_error_undefined"] == 1
@@ -243,7 +244,7 @@ def test_summary_means_count_transitions_and_a_zero_q_value_is_counted_not_dropp
     alone = room_metrics(SimpleNamespace(**{**vars(rec), "q_pred": rec.q_pred[:1] * 1.1, "q_target": rec.q_target[:1],
                                            "images": images[:1], "box": boxes[:1], "action": rec.action[:1]}),
                          {k: v[:1] for k, v in truth.items()}, "S2")
-    s = summarise([{"batch_size": 1, "layouts": ["a"], "metrics": alone}], 1, 1.0)
+    s = summarise([{"batch_size": 1, "iterations": 1, "layouts": ["a"], "metrics": alone}], 1.0)
     assert s["q_pred_err_mean"] == pytest.approx(10.0) and s["q_target_error_undefined"] == 1
 
 
@@ -265,10 +266,11 @@ def test_a_sample_the_attack_did_not_read_scores_no_reward_or_q_error():
                           read=torch.tensor([True, False]))
     m = room_metrics(rec, truth, "S2")
     assert m["reward_error"] == pytest.approx(0.1) and m["reward_error_undefined"] == 1
-    s = summarise([{"batch_size": 2, "layouts": ["a"], "metrics": m}], 1, 1.0)
+    s = summarise([{"batch_size": 2, "iterations": 1, "layouts": ["a"], "metrics": m}], 1.0)
     assert s["reward_abs_err_mean"] == pytest.approx(0.1) and s["reward_error_undefined"] == 1
     nothing = SimpleNamespace(**{**vars(rec), "reward": torch.zeros(2), "read": torch.zeros(2, dtype=torch.bool)})
-    s = summarise([{"batch_size": 2, "layouts": ["a"], "metrics": room_metrics(nothing, truth, "S2")}], 1, 1.0)
+    s = summarise([{"batch_size": 2, "iterations": 1, "layouts": ["a"],
+                    "metrics": room_metrics(nothing, truth, "S2")}], 1.0)
     assert s.get("reward_abs_err_mean") is None and s["reward_error_undefined"] == 2
 
 
@@ -306,7 +308,7 @@ def test_a_summary_of_reconstructions_that_came_back_nan_has_no_image_means():
     rec = SimpleNamespace(images=torch.full_like(images, math.nan), box=torch.zeros(1, 4), action=torch.tensor([1]),
                           q_pred=None, reward=None, action_identified=None, read=None)
     m = room_metrics(rec, {"images": images, "box": torch.zeros(1, 4), "action": torch.tensor([1])}, "S2")
-    s = summarise([{"batch_size": 1, "layouts": ["a"], "metrics": m}], 1, 1.0)
+    s = summarise([{"batch_size": 1, "iterations": 1, "layouts": ["a"], "metrics": m}], 1.0)
     assert s.get("depth_psnr_mean") is None and s.get("depth_psnr_baseline_mean") is None
 
 
@@ -353,8 +355,9 @@ def test_a_constant_true_image_scores_nothing_and_leaves_its_batch_mates_score_w
     assert m["depth_unscored"] == 1 and "depth_unscored" not in alone
     from leaklab.experiments.room_attack import summarise
 
-    rows = [{"batch_size": 2, "layouts": ["a"], "metrics": m}, {"batch_size": 1, "layouts": ["b"], "metrics": alone}]
-    assert summarise(rows, 1, 1.0)["depth_psnr_mean"] == pytest.approx(alone["depth_paper_psnr"])  # 2 transitions
+    rows = [{"batch_size": 2, "iterations": 1, "layouts": ["a"], "metrics": m},
+            {"batch_size": 1, "iterations": 1, "layouts": ["b"], "metrics": alone}]
+    assert summarise(rows, 1.0)["depth_psnr_mean"] == pytest.approx(alone["depth_paper_psnr"])  # 2 transitions
     assert image_gains({"metrics": m})[0][0] > 20  # its partner's room shows
     one = room_metrics(SimpleNamespace(**{**vars(rec), "images": rec.images[:1], "box": rec.box[:1],
                                          "action": rec.action[:1]}), {k: v[:1] for k, v in truth.items()}, "S2")
@@ -365,7 +368,8 @@ def test_a_constant_true_image_scores_nothing_and_leaves_its_batch_mates_score_w
 def test_summary_counts_the_rows_whose_stage1_started_again():
     from leaklab.experiments.room_attack import summarise
 
-    rows = [{"layouts": ["a"], "batch_size": 1, "metrics": {"action": 1.0}, "stage1_starts": n} for n in (1, 3, 1)]
-    assert summarise(rows, 1, 1.0)["stage1_restarted"] == 1
+    rows = [{"layouts": ["a"], "batch_size": 1, "iterations": 1, "metrics": {"action": 1.0}, "stage1_starts": n}
+            for n in (1, 3, 1)]
+    assert summarise(rows, 1.0)["stage1_restarted"] == 1
     exact = [{k: v for k, v in r.items() if k != "stage1_starts"} for r in rows]
-    assert "stage1_restarted" not in summarise(exact, 1, 1.0)  # no stage 1: nothing to count
+    assert "stage1_restarted" not in summarise(exact, 1.0)  # no stage 1: nothing to count

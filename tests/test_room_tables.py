@@ -142,6 +142,21 @@ def test_saved_cells_of_another_network_or_of_unknown_network_are_not_reused():
     assert not _same_cell({"config": config.model_dump(mode="json")}, config)  # written before digests
 
 
+def test_a_paper_mode_cell_whose_summary_is_its_samples_is_reused():
+    """A paper-mode attack runs both stages (2,000 + its iterations): the check recomputed the summary with the
+    image stage's iterations alone and ran every paper-mode cell again on every rerun."""
+    from leaklab.attacks.rl import RoomAttackConfig
+    from leaklab.experiments.room_attack import RoomRunConfig, summarise
+    from leaklab.experiments.room_tables import _intact
+
+    config = RoomRunConfig(samples=2, attack=RoomAttackConfig(mode="paper", iterations=2))
+    rows = [{"batch_size": 1, "iterations": 2002, "layouts": [name], "metrics": {"action": 1.0}} for name in "ab"]
+    saved = {**saved_cell(config), "samples": rows, "summary": {**summarise(rows, 3.0), "wall_seconds": 4.0}}
+    assert _intact(json.loads(json.dumps(saved)), config)
+    assert not _intact({**saved, "summary": {**saved["summary"], "iterations": 2}}, config)
+    assert not _intact({**saved, "samples": rows[:1]}, config)
+
+
 def test_saved_cells_of_an_earlier_method_are_not_reused():
     from leaklab.attacks.rl import RoomAttackConfig
     from leaklab.experiments.room_attack import RoomRunConfig

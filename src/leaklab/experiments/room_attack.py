@@ -146,13 +146,13 @@ def jobs_and_cosines(count: int, build: Callable[[int], tuple[Sample, Job]]) -> 
     return JobList(count, make), kept
 
 
-def summarise(rows: list[dict[str, Any]], iterations: int, seconds: float) -> dict[str, Any]:
+def summarise(rows: list[dict[str, Any]], seconds: float) -> dict[str, Any]:
     """The ``summary`` of ``results.json`` from the per-sample rows: means (``SUMMARY_KEYS``; ``_min``: the
     least), the images' population standard deviations (``SPREAD_KEYS``) and the median of the updates'
     cosines with the true ones (what a defense costs: ``update_cosine``) and of the estimates of the conv
     features' (``feature_cosine``, read off the update alone: what it lets through). A row is one client
-    update: ``samples`` counts them, ``transitions`` their transitions (more with batches of 2), and
-    ``seconds_per_sample`` is per update."""
+    update: ``samples`` counts them, ``transitions`` their transitions (more with batches of 2),
+    ``iterations`` is the most an attack ran (paper mode: both stages) and ``seconds_per_sample`` is per update."""
     summary: dict[str, Any] = {}
     for key, metric in SUMMARY_KEYS.items():
         scored = [r for r in rows if metric in r["metrics"]]
@@ -187,7 +187,7 @@ def summarise(rows: list[dict[str, Any]], iterations: int, seconds: float) -> di
     summary["samples"] = len(rows)  # client updates, each of its row's batch_size transitions
     summary["transitions"] = sum(r["batch_size"] for r in rows)
     summary["layouts"] = len({name for r in rows for name in r["layouts"]})
-    summary["iterations"] = iterations
+    summary["iterations"] = max((r["iterations"] for r in rows), default=0)
     summary["seconds_per_sample"] = seconds / max(len(rows), 1)
     return summary
 
@@ -304,8 +304,7 @@ def run(config: RoomRunConfig, out: Path, progress: ProgressFn | None = None) ->
         finally:
             log.close()
         wall = time.perf_counter() - start
-        iterations = max((r["iterations"] for r in rows), default=0)
-        summary = summarise(rows, iterations, seconds_attacking[0])
+        summary = summarise(rows, seconds_attacking[0])
         summary["wall_seconds"] = wall
         summary["resumed_samples"] = resumed
         results = {"format": ROOM_ATTACK_FORMAT, "format_version": 1,

@@ -370,9 +370,8 @@ def run(out: Path, config: AuditConfig, progress: ProgressFn | None = None,
         for c, (meta, run_config) in enumerate(cells):
             for d, (label, chain) in enumerate(defenses):
                 cell_rows = rows[(c, d)]
-                iterations = max(r["iterations"] for r in cell_rows)
                 results_cells.append({**meta, "defense": label, "defense_chain": chain,
-                                      "summary": room_attack.summarise(cell_rows, iterations, seconds[(c, d)]),
+                                      "summary": room_attack.summarise(cell_rows, seconds[(c, d)]),
                                       "samples": cell_rows})
         results = {"format": AUDIT_FORMAT, "format_version": AUDIT_FORMAT_VERSION, "kind": "rooms",
                    "config": config.model_dump(mode="json"), "method_version": method_versions(config),
@@ -492,8 +491,7 @@ def run_cases(out: Path, cases_dir: Path, attack: RoomAttackConfig, workers: int
         summary = {"seconds": time.perf_counter() - start, "cases": len(rows), "scored": len(scored),
                    "resumed_attacks": resumed}
         if scored:
-            summary.update(room_attack.summarise(scored, max(r["iterations"] for r in scored),
-                                                 sum(r["seconds"] for r in scored)))
+            summary.update(room_attack.summarise(scored, sum(r["seconds"] for r in scored)))
         read = median_of(room_report.features_read(r) for r in rows)  # over every case, scored or not
         if read is not None:
             summary["feature_cosine_median"] = read

@@ -122,7 +122,7 @@ def _intact(saved: dict[str, Any], config: room_attack.RoomRunConfig) -> bool:
     if not isinstance(summary, dict) or not isinstance(rows, list) or len(rows) != config.samples:
         return False
     try:
-        fresh = room_attack.summarise(rows, config.attack.iterations, 0.0)
+        fresh = room_attack.summarise(rows, 0.0)
     except (KeyError, TypeError, ValueError, AttributeError, ZeroDivisionError, statistics.StatisticsError):
         return False
     timing = {"seconds_per_sample", "wall_seconds", "resumed_samples"}
