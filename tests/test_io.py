@@ -105,9 +105,11 @@ def test_read_config_yaml(tmp_path):
     (tmp_path / "e.yaml").write_text("lr: 1e-3\nmc_radius: 1.0e2\nobjective: l2e5\n")
     assert read_config(tmp_path / "e.yaml") == {"lr": 0.001, "mc_radius": 100.0, "objective": "l2e5"}
     # whole numbers as YAML 1.2 too: 1.1 read 010 as 8 and 1:05 as 65 (base 60), and the attack ran with them
-    (tmp_path / "i.yaml").write_text("iterations: 010\nseed: 1:05\nrestarts: 0x2\nwidth: 0o10\nb: 0b11\nn: -3\n")
+    (tmp_path / "i.yaml").write_text("iterations: 010\nseed: 1:05\nrestarts: 0x2\nwidth: 0o10\nb: 0b11\nn: -3\n"
+                                     "steps: 1_000\nlr: 1:05.5\nmc_radius: 1_000.5\nx: .5\n")
     assert read_config(tmp_path / "i.yaml") == {"iterations": 10, "seed": "1:05", "restarts": 2, "width": 8,
-                                               "b": "0b11", "n": -3}
+                                               "b": "0b11", "n": -3, "steps": 1000, "lr": "1:05.5",
+                                               "mc_radius": 1000.5, "x": 0.5}
     (tmp_path / "d.yaml").write_text("- a\n- b\n")
     with pytest.raises(LeaklabError, match="mapping"):
         read_config(tmp_path / "d.yaml")
@@ -710,7 +712,7 @@ def test_an_error_line_cuts_a_long_value():
     with pytest.raises(ValidationError) as caught:
         Choice(objective="x" * 2_000_000)
     line = validation_message(caught.value, "cfg")
-    assert len(line) < 200 and "(2,000,002 characters)" in line
+    assert len(line) < 200 and "(2,000,000 characters)" in line
     with pytest.raises(ValidationError) as caught:
         Choice(objective="bad")
     assert validation_message(caught.value, "cfg") == "cfg: invalid field 'objective' (got 'bad'): Input should be " \

@@ -274,8 +274,14 @@ def test_a_glance_iou_reads_on_its_side_of_the_box_line():
     # a noised update's cosine printed as "1", which the captions call an untouched update (σ = 1e-5)
     from leaklab.words import cosine_text
 
-    assert [cosine_text(v) for v in (1.0, 0.9999917, 0.99999977, 0.912, -0.000335, None)] == [
-        "1", "0.99999", "0.9999998", "0.912", "-0.000335", None]
+    assert [cosine_text(v) for v in (1.0, 0.9999917, 0.99999977, 0.912, -0.000335, None, 0.9999999999999538)] == [
+        "1", "0.99999", "0.9999998", "0.912", "-0.000335", None, "0.9999999"]
+    # an update a defense left as it was keeps exactly 1 (a clip that never reached its norm: 0.99999999999995)
+    from leaklab.metrics.vectors import update_cosine
+
+    true = {"w": torch.linspace(-1.0, 1.0, 1001)}
+    assert update_cosine(true, {"w": true["w"].clone()}) == 1.0
+    assert update_cosine(true, {"w": 3 * true["w"]}) <= 1.0
 
 
 def test_audit_verdicts_in_words():

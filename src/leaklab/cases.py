@@ -217,8 +217,11 @@ def read_case_files(folder: Path, room: bool, model_class: str | None = None) ->
         raise LeaklabError(f"{view_path}: a {'room' if room else 'image'} case's update comes from the {named} loss, "
                            f"not {metadata.loss!r}; re-capture the case")
     model_path = member_file(folder, view_json.get("model_file"), MODEL_FILE, view_path)
+    # a file larger than leaklab's network of the view could fill is refused unread; a user's class is unbounded
+    own_class = " (a case of your own network class: pass its --model-class)" if room else ""
     state, _ = load_tensors(model_path, "model", view_json.get("model_sha256"),
-                            max_bytes=None if model_class else tensor_file_bound(spec))
+                            max_bytes=None if model_class else tensor_file_bound(spec),
+                            too_large=f"write it again with the command that made it{own_class}")
     try:
         view = make_view(spec, state, metadata, capabilities, defense, model_class=model_class)
     except ModelClassError:  # the user's class, not this file
@@ -234,7 +237,8 @@ def read_case_files(folder: Path, room: bool, model_class: str | None = None) ->
         raise LeaklabError(f"{upd_path} declares another defense than {view_path}; re-capture the case")
     tensor_file = member_file(folder, upd_json.get("tensor_file"), UPDATE_FILE, upd_path)
     listed = upd_json.get("updates")
-    copies = len(listed) if isinstance(listed, list) and listed else 1  # update_entries checks the list next
+    # as many copies as it lists: a case's declared work bounds what is read (update_entries checks the list next)
+    copies = len(listed) if isinstance(listed, list) and listed else 1
     tensors, _ = load_tensors(tensor_file, "update", upd_json.get("sha256"),
                               max_bytes=None if model_class else tensor_file_bound(spec, copies, trainable=True))
     return CaseFiles(view, upd_json, upd_path, tensors, tensor_file, defense)

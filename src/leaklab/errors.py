@@ -26,9 +26,11 @@ class NoSignal(LeaklabError):
     pruning defense): the room attacks then report that they recovered nothing instead of failing."""
 
 
-def _short(text: str, most: int = 80) -> str:
-    """``text`` cut to ``most`` characters (a 2 MB value in a case file was printed whole in its error line)."""
-    return text if len(text) <= most else f"{text[:most - 20]}… ({len(text):,} characters)"
+def _short(value: object, most: int = 80) -> str:
+    """``value`` as Python writes it, cut to ``most`` characters (a 2 MB value in a case file was printed whole in
+    its error line), with the length of what was cut: its text's, or its digits'."""
+    text = repr(value)
+    return text if len(text) <= most else f"{text[:most - 20]}… ({len(str(value)):,} characters)"
 
 
 def validation_message(error: ValidationError, what: str = "", name: Callable[[tuple], str] | None = None) -> str:
@@ -45,6 +47,6 @@ def validation_message(error: ValidationError, what: str = "", name: Callable[[t
     got = first.get("input")
     if isinstance(got, tuple):  # a comma-separated option, as typed
         got = ",".join(map(str, got))
-    shown = f" (got {_short(repr(got))})" if got is not None and not isinstance(got, (dict, list)) else ""
+    shown = f" (got {_short(got)})" if got is not None and not isinstance(got, (dict, list)) else ""
     field = name(loc) if name else f"field {'.'.join(map(str, loc))!r}"
     return f"{prefix}invalid {field}{shown}: {msg}{more}"

@@ -265,13 +265,15 @@ def tensor_file_metadata(path: Path) -> dict[str, str]:
 
 
 def load_tensors(path: Path, what: str, sha256: str | None = None, max_bytes: int | None = None,
+                 too_large: str = "write it again with the command that made it",
                  ) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
     """Read a safetensors file (tensors and its string metadata) without unpickling anything.
 
     ``sha256``, when given, must match the file's digest: a flipped byte anywhere is detected. It is 64 hexadecimal
     digits, of either case (another value read as a corrupt file, an uppercase digest of an intact one too).
     ``max_bytes``: the most the tensors it should hold can fill; a larger file is refused before it is read (a
-    sparse 1 GiB file of 4 KB on disk held 2.4 GB of memory for 27 s before its names were compared).
+    sparse 1 GiB file of 4 KB on disk held 2.4 GB of memory for 27 s before its names were compared), with
+    ``too_large`` as the advice.
     """
     path = Path(path)
     if sha256 is not None and not (isinstance(sha256, str) and re.fullmatch(r"[0-9a-fA-F]{64}", sha256)):
@@ -287,7 +289,7 @@ def load_tensors(path: Path, what: str, sha256: str | None = None, max_bytes: in
                                    f"({MAX_TENSOR_FILE_BYTES >> 30} GiB)")
             if max_bytes is not None and size > max_bytes:
                 raise LeaklabError(f"{what} file {path} holds {size:,} bytes, more than the tensors it should hold "
-                                   f"fill ({max_bytes:,} at most); write it again with the command that made it")
+                                   f"fill ({max_bytes:,} at most); {too_large}")
         data = path.read_bytes()
     except FileNotFoundError:
         raise _missing(what, path) from None
@@ -584,16 +586,17 @@ def new_run_dir(kind: str, root: Path = Path("runs")) -> Path:
     return path
 
 
-def _yaml12_int(text: str) -> int:
-    """A YAML 1.2 integer: decimal (leading zeros too), ``0o`` octal or ``0x`` hexadecimal."""
-    return int(text, 10) if text[:2] not in ("0o", "0x") else int(text, 0)
+def _yaml_int(text: str) -> int:
+    """A whole number of a configuration: decimal (leading zeros and ``_`` too), ``0o`` octal or ``0x`` hexadecimal."""
+    return int(text, 0) if text[:2] in ("0o", "0x") else int(text.replace("_", ""), 10)
 
 
 def _yaml_loader() -> type:
     """YAML's safe loader without aliases (``*name``): a configuration needs none, and a few hundred bytes of
-    aliases to aliases expand to billions of values when read. Numbers read as YAML 1.2 reads them: YAML 1.1,
-    PyYAML's, reads ``1e-3`` (no dot) and ``1.0e3`` (no sign) as text, which the options then refused as no
-    number, and ``010`` as 8, ``1:05`` as 65 (base 60) and ``0b11`` as 3, where 1.2 has 10, text and text."""
+    aliases to aliases expand to billions of values when read. Numbers read as YAML 1.2 reads them, with ``_``
+    between digits as YAML 1.1 allows: 1.1, PyYAML's, reads ``1e-3`` (no dot) and ``1.0e3`` (no sign) as text,
+    which the options then refused as no number, and ``010`` as 8, ``1:05`` as 65 (base 60) and ``0b11`` as 3,
+    where 1.2 reads 10, text and text."""
     import yaml
 
     class NoAliases(yaml.SafeLoader):
@@ -603,15 +606,17 @@ def _yaml_loader() -> type:
                                                   self.peek_event().start_mark)
             return super().compose_node(parent, index)
 
-    int_tag = "tag:yaml.org,2002:int"
-    NoAliases.yaml_implicit_resolvers = {first: [(tag, regexp) for tag, regexp in resolvers if tag != int_tag]
+    int_tag, float_tag = "tag:yaml.org,2002:int", "tag:yaml.org,2002:float"
+    NoAliases.yaml_implicit_resolvers = {first: [(tag, regexp) for tag, regexp in resolvers
+                                                 if tag not in (int_tag, float_tag)]
                                          for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()}
-    NoAliases.add_implicit_resolver(int_tag, re.compile(r"^(?:[-+]?[0-9]+|0o[0-7]+|0x[0-9a-fA-F]+)$"),
+    NoAliases.add_implicit_resolver(int_tag, re.compile(r"^(?:[-+]?[0-9][0-9_]*|0o[0-7]+|0x[0-9a-fA-F]+)$"),
                                     list("-+0123456789"))
-    NoAliases.add_constructor(int_tag, lambda loader, node: _yaml12_int(loader.construct_scalar(node)))
-    NoAliases.add_implicit_resolver("tag:yaml.org,2002:float",
-                                    re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$"),
-                                    list("-+0123456789."))
+    NoAliases.add_constructor(int_tag, lambda loader, node: _yaml_int(loader.construct_scalar(node)))
+    digits = r"[0-9][0-9_]*"  # a dot or an exponent makes a float; .inf and .nan are read (and then refused)
+    NoAliases.add_implicit_resolver(float_tag, re.compile(
+        rf"^(?:[-+]?(?:{digits}\.[0-9_]*|\.[0-9_]+)(?:[eE][-+]?[0-9]+)?|[-+]?{digits}[eE][-+]?[0-9]+"
+        r"|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$"), list("-+0123456789."))
     return NoAliases
 
 

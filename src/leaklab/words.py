@@ -28,15 +28,16 @@ def db_text(value: float | None, signed: bool = False) -> str:
 
 
 def cosine_text(value: float | None) -> str | None:
-    """An update's cosine with the true one as leaklab prints it (three significant digits, or as many more as
-    keep a cosine under 1 from reading 1, which the captions call an untouched update: 0.99999 behind σ = 1e-5);
-    None as is."""
+    """An update's cosine with the true one as leaklab prints it (three significant digits, or up to seven as
+    keep a cosine under 1 from reading 1, which the captions call an untouched update: 0.99999 behind σ = 1e-5;
+    0.9999999 closer still); None as is."""
     if value is None:
         return None
     digits = 3
-    while f"{value:.{digits}g}" == "1" and value != 1 and digits < 17:
+    while f"{value:.{digits}g}" == "1" and value != 1 and digits < 7:
         digits += 1
-    return f"{value:.{digits}g}"
+    text = f"{value:.{digits}g}"
+    return "0.9999999" if text == "1" and value < 1 else text
 
 
 def beside_line(value: float, line: float, decimals: int = 2) -> str:

@@ -38,16 +38,18 @@ def _flat(t: list[torch.Tensor] | torch.Tensor) -> torch.Tensor:
 
 
 def cosine_similarity(a: list[torch.Tensor] | torch.Tensor, b: list[torch.Tensor] | torch.Tensor) -> float:
-    """Cosine similarity of two vectors, or of two lists of tensors seen as one vector each."""
+    """Cosine similarity of two vectors, or of two lists of tensors seen as one vector each (in [-1, 1]: rounding
+    gave 1.000000000000001)."""
     va, vb = _flat(a).double(), _flat(b).double()
-    return float((va @ vb) / (va.norm() * vb.norm()).clamp_min(1e-300))
+    return float(((va @ vb) / (va.norm() * vb.norm()).clamp_min(1e-300)).clamp(-1.0, 1.0))
 
 
 def update_cosine(true: dict[str, torch.Tensor], sent: dict[str, torch.Tensor]) -> float:
     """The cosine of a sent update with the true one, both as parameter name -> tensor (the same names):
-    what a defense leaves of the update's direction; exactly 1 when every tensor was sent as it is."""
+    what a defense leaves of the update's direction; exactly 1 when every tensor was sent as it is (a clip that
+    never reached its norm read 0.99999999999995)."""
     names = sorted(true)
-    if all(sent[n] is true[n] for n in names):
+    if all(sent[n] is true[n] or torch.equal(sent[n], true[n]) for n in names):
         return 1.0
     return cosine_similarity([true[n] for n in names], [sent[n] for n in names])
 
