@@ -325,7 +325,7 @@ class _Tuner:
         self.records: dict[str, dict] = {}
         self.ticked: set[str] = set()
         if log.exists():
-            for line in log.read_text(errors="replace").splitlines():  # a garbled line is dropped, as a torn one
+            for line in log.read_text(errors="replace").splitlines():  # a garbled byte reads as U+FFFD (a traceback)
                 rec = _saved(line, "fp", fingerprint, "mean", "psnr")
                 if rec is not None and isinstance(rec.get("key"), str):
                     self.records[rec["key"]] = rec
