@@ -39,6 +39,17 @@ def test_analytic_gaussian_refuses_a_subnormal_delta():
         M.analytic_gaussian_sigma(1.0, 1e-320)
 
 
+def test_a_noise_scale_that_overflows_or_a_zero_dirichlet_factor_is_refused():
+    """Laplace(1e-320) drew ±inf noise; a Dirichlet scale factor of 0 divided by zero when sampling."""
+    from leaklab.privacy.dirichlet import DirichletMechanism
+
+    for make in (lambda: M.LaplaceMechanism(1e-320), lambda: M.LaplaceMechanism(1e-10, sensitivity=1e300)):
+        with pytest.raises(LeaklabError, match="overflows: no finite noise scale"):
+            make()
+    with pytest.raises(LeaklabError, match="scale_factor must be a positive number"):
+        DirichletMechanism(6.7, 0.15, 0.15, 0.1, 3, scale_factor=0)
+
+
 def test_laplace_and_gaussian_noise_scales():
     rng = np.random.default_rng(0)
     lap = M.LaplaceMechanism(0.5, sensitivity=2.0)

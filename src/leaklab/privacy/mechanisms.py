@@ -65,6 +65,9 @@ class _PureMechanism:
         check_positive("epsilon", self.epsilon)
         check_positive("sensitivity", self.sensitivity)
         check_positive("scale_factor", self.scale_factor)
+        if not math.isfinite(self.scale_factor * self.sensitivity / self.epsilon):  # the noise drew ±inf
+            raise LeaklabError(f"sensitivity / epsilon = {self.sensitivity:g} / {self.epsilon:g} overflows: no finite "
+                               "noise scale calibrates it")
 
 
 @dataclass
