@@ -258,6 +258,20 @@ def test_yaml_config_file_with_override(case, tmp_path):
         line = assert_user_error(invoke("attack", "inversion", "--case", case, "--config", cfg, "--out", bad), bad,
                                  *words)
         assert "--bogus" not in line and "--iterations" not in line
+    # a rule across fields waits for the options: they complete the file (mc_samples 3 with --mc-radius was refused)
+    cfg.write_text("mc_samples: 2\niterations: 2\n")
+    done = tmp_path / "completed"
+    assert invoke("attack", "inversion", "--case", case, "--config", cfg, "--mc-radius", "0.1",
+                  "--out", done).exit_code == 0
+    assert json.loads((done / "results.json").read_text())["config"]["inversion"]["mc_radius"] == 0.1
+    # labels the server was given are not reported as recovered
+    given = invoke("attack", "inversion", "--model", "lenet", "--data", "photos", "--num-images", "1", "--image-size",
+                   "16", "--iterations", "1", "--knows-labels", "--out", tmp_path / "given")
+    assert given.exit_code == 0 and "labels given" in given.stdout and "labels 100%" not in given.stdout
+    # a setting the optimizer would record but not apply (L-BFGS ran bit for bit the same whatever its schedule)
+    for args, words in ((("--optimizer", "lbfgs", "--schedule", "step"), "schedule applies to adam"),
+                        (("--schedule", "cosine", "--config", cfg), "mc_samples")):
+        assert_user_error(invoke("attack", "inversion", "--case", case, *args, "--out", bad), bad, words)
     # a config kept in the --out folder it would be replaced with is refused, not deleted
     kept = out / "attack.yaml"
     kept.write_text("iterations: 2\n")

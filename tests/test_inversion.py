@@ -275,3 +275,17 @@ def test_settings_the_attack_would_record_but_not_apply_are_refused():
     with pytest.raises(ValueError, match="L-BFGS runs unclamped"):
         InversionConfig(optimizer="lbfgs", clamp=True)
     assert InversionConfig(optimizer="lbfgs").clamp is False and InversionConfig().clamp is True
+
+
+def test_a_setting_the_optimizer_does_not_apply_is_refused():
+    """L-BFGS never used the schedule, its decay or signed steps, nor Adam lbfgs_inner, nor a schedule but exp
+    lr_decay: each was written to results.json, the reconstructions bit for bit the same."""
+    for fields, words in (({"optimizer": "lbfgs", "schedule": "step"}, "schedule applies to adam"),
+                          ({"optimizer": "lbfgs", "signed_gradients": True, "lr_decay": 0.1},
+                           "lr_decay and signed_gradients apply to adam"),
+                          ({"lbfgs_inner": 5}, "lbfgs_inner applies to lbfgs"),
+                          ({"schedule": "cosine", "lr_decay": 0.1}, "the cosine schedule takes none")):
+        with pytest.raises(ValueError, match=words):
+            InversionConfig(**fields)
+    assert InversionConfig(schedule="exp", lr_decay=0.1).lr_decay == 0.1
+    assert InversionConfig(optimizer="lbfgs", lbfgs_inner=5).lbfgs_inner == 5

@@ -274,8 +274,14 @@ def test_a_glance_iou_reads_on_its_side_of_the_box_line():
     # a noised update's cosine printed as "1", which the captions call an untouched update (σ = 1e-5)
     from leaklab.words import cosine_text
 
-    assert [cosine_text(v) for v in (1.0, 0.9999917, 0.99999977, 0.912, -0.000335, None, 0.9999999999999538)] == [
-        "1", "0.99999", "0.9999998", "0.912", "-0.000335", None, "0.9999999"]
+    assert [cosine_text(v) for v in (1.0, 0.9999917, 0.99999977, 0.912, -0.000335, None, 0.9999999999999538,
+                                     0.99999999998)] == ["1", "0.99999", "0.9999998", "0.912", "-0.000335", None, "1",
+                                                         "0.9999999"]
+    # a share one short of all or above none never prints as all or none (2 labels wrong of 400: "labels 100%")
+    from leaklab.words import percent_text
+
+    assert [percent_text(v) for v in (1.0, 0.995, 0.9999, 0.0, 0.004, 0.5)] == ["100%", "99.5%", "99.99%", "0%",
+                                                                                "0.4%", "50%"]
     # an update a defense left as it was keeps exactly 1 (a clip that never reached its norm: 0.99999999999995)
     from leaklab.metrics.vectors import update_cosine
 

@@ -33,11 +33,22 @@ def cosine_text(value: float | None) -> str | None:
     0.9999999 closer still); None as is."""
     if value is None:
         return None
+    if abs(1 - value) < 1e-12:  # rounding of an update whose direction is whole (a clip only rescales it)
+        return "1"
     digits = 3
     while f"{value:.{digits}g}" == "1" and value != 1 and digits < 7:
         digits += 1
     text = f"{value:.{digits}g}"
     return "0.9999999" if text == "1" and value < 1 else text
+
+
+def percent_text(share: float) -> str:
+    """A share as a percentage, whole, or with as many decimals (up to 3) as keep one short of all or above none
+    from reading 100% or 0% (2 labels wrong of 400 printed "labels 100%")."""
+    decimals = 0
+    while float(f"{100 * share:.{decimals}f}") in (100.0, 0.0) and share not in (0, 1) and decimals < 3:
+        decimals += 1
+    return f"{100 * share:.{decimals}f}%"
 
 
 def beside_line(value: float, line: float, decimals: int = 2) -> str:

@@ -15,7 +15,7 @@ from leaklab.cli.options import ATTACK, CAPTURE, OutOpt, _choice, _defense_chain
 from leaklab.cli.progress import _progress
 from leaklab.errors import LeaklabError, validation_message
 from leaklab.names import BN_STATS_NAMES, DATASET_NAMES, MODEL_NAMES, UPDATE_NAMES
-from leaklab.words import cosine_text, plural
+from leaklab.words import cosine_text, percent_text, plural
 
 
 def _echo_summary(out: Path, results: dict) -> None:
@@ -24,8 +24,10 @@ def _echo_summary(out: Path, results: dict) -> None:
     if s.get("psnr_mean") is not None:
         parts.append(f"PSNR {s['psnr_mean']:.2f} dB (constant-image baseline {s['psnr_baseline_mean']:.2f} dB)")
         parts.append(f"SSIM {s['ssim_mean']:.3f}")
-    if s.get("label_accuracy") is not None:
-        parts.append(f"labels {100 * s['label_accuracy']:.0f}%")
+    if results.get("view", {}).get("capabilities", {}).get("knows_labels"):
+        parts.append("labels given")
+    elif s.get("label_accuracy") is not None:
+        parts.append(f"labels {percent_text(s['label_accuracy'])}")
     if results.get("view", {}).get("defense") and s.get("update_cosine_median") is not None:  # as captured
         parts.append(f"update kept (cosine with the true one) {cosine_text(s['update_cosine_median'])}")
     parts.append(f"{plural(s['images'], 'image') if 'images' in s else '? images'}, {s.get('seconds', 0):.1f} s")
@@ -175,8 +177,9 @@ def attack_inversion(
         try:  # as written: `restarts: true` is not 1, `seed: 2.0` not 2
             InversionConfig.model_validate(base, strict=True)
             image_attack.inversion_config(base)
-        except ValidationError as e:
-            raise LeaklabError(validation_message(e, f"--config {config_file}")) from None
+        except ValidationError as e:  # a rule across fields waits for the options, which may complete the file
+            if any(err.get("loc") for err in e.errors()):
+                raise LeaklabError(validation_message(e, f"--config {config_file}")) from None
     config = image_attack.inversion_config(
         base, objective=objective, optimizer=optimizer, iterations=iterations, lr=lr, schedule=schedule,
         priors=image_attack.parse_priors(prior, tv), restarts=restarts, precision=precision, init=init,

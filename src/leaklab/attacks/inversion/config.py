@@ -61,7 +61,9 @@ class InversionConfig(BaseModel):
     def _settings_that_apply(self) -> "InversionConfig":
         """Refuse a setting the attack would record but not apply: a layer weighting of the Bayes objective (the
         likelihood weighs every entry), clamping L-BFGS's iterates (only Adam's are clamped; both reconstructions
-        are clipped to [0, 1] at the end); L-BFGS's default ``clamp`` is taken as False."""
+        are clipped to [0, 1] at the end); L-BFGS's default ``clamp`` is taken as False; Adam's schedule, its decay
+        and signed steps with L-BFGS, L-BFGS's inner iterations with Adam, a decay without the exp schedule
+        (written to results.json, the reconstructions the same bit for bit)."""
         if self.objective == "bayes" and self.layer_weighting != "none":
             raise ValueError("the bayes objective weighs every entry by the defense's likelihood: layer_weighting "
                              "applies to l2, l1 and cosine")
@@ -70,6 +72,15 @@ class InversionConfig(BaseModel):
                 raise ValueError("clamp applies to adam's iterates: L-BFGS runs unclamped (its reconstruction is "
                                  "clipped to [0, 1] at the end); give clamp false")
             self.clamp = False
+        given = self.model_fields_set
+        unused = [f for f in ("schedule", "lr_decay", "signed_gradients") if f in given] \
+            if self.optimizer == "lbfgs" else ["lbfgs_inner"] if "lbfgs_inner" in given else []
+        if unused:
+            raise ValueError(f"{' and '.join(unused)} {'apply' if len(unused) > 1 else 'applies'} to "
+                             f"{'adam' if self.optimizer == 'lbfgs' else 'lbfgs'}, not to {self.optimizer}")
+        if "lr_decay" in given and self.schedule != "exp":
+            raise ValueError(f"lr_decay is the exp schedule's final lr / initial lr; the {self.schedule} schedule "
+                             "takes none")
         return self
 
     @field_validator("priors")
