@@ -289,3 +289,7 @@ def test_a_setting_the_optimizer_does_not_apply_is_refused():
             InversionConfig(**fields)
     assert InversionConfig(schedule="exp", lr_decay=0.1).lr_decay == 0.1
     assert InversionConfig(optimizer="lbfgs", lbfgs_inner=5).lbfgs_inner == 5
+    # a run's dumped config, every field set, is taken as it was (defaults that do not apply change nothing)
+    for run in (InversionConfig(), InversionConfig(optimizer="lbfgs", lr=1.0, priors={}), InversionConfig(
+            schedule="exp", lr_decay=0.1)):
+        assert InversionConfig.model_validate(run.model_dump(mode="json")) == run

@@ -72,7 +72,8 @@ class InversionConfig(BaseModel):
                 raise ValueError("clamp applies to adam's iterates: L-BFGS runs unclamped (its reconstruction is "
                                  "clipped to [0, 1] at the end); give clamp false")
             self.clamp = False
-        given = self.model_fields_set
+        # set to other than its default (a config dumped from a run's results.json sets every field, as they were)
+        given = {f for f in self.model_fields_set if getattr(self, f) != type(self).model_fields[f].default}
         unused = [f for f in ("schedule", "lr_decay", "signed_gradients") if f in given] \
             if self.optimizer == "lbfgs" else ["lbfgs_inner"] if "lbfgs_inner" in given else []
         if unused:
