@@ -106,10 +106,10 @@ def test_read_config_yaml(tmp_path):
     assert read_config(tmp_path / "e.yaml") == {"lr": 0.001, "mc_radius": 100.0, "objective": "l2e5"}
     # whole numbers as YAML 1.2 too: 1.1 read 010 as 8 and 1:05 as 65 (base 60), and the attack ran with them
     (tmp_path / "i.yaml").write_text("iterations: 010\nseed: 1:05\nrestarts: 0x2\nwidth: 0o10\nb: 0b11\nn: -3\n"
-                                     "steps: 1_000\nlr: 1:05.5\nmc_radius: 1_000.5\nx: .5\n")
+                                     "steps: 1_000\nlr: 1:05.5\nmc_radius: 1_000.5\nx: .5\ny: 10_\nz: ._\n")
     assert read_config(tmp_path / "i.yaml") == {"iterations": 10, "seed": "1:05", "restarts": 2, "width": 8,
                                                "b": "0b11", "n": -3, "steps": 1000, "lr": "1:05.5",
-                                               "mc_radius": 1000.5, "x": 0.5}
+                                               "mc_radius": 1000.5, "x": 0.5, "y": "10_", "z": "._"}
     (tmp_path / "d.yaml").write_text("- a\n- b\n")
     with pytest.raises(LeaklabError, match="mapping"):
         read_config(tmp_path / "d.yaml")

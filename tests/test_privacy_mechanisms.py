@@ -43,11 +43,17 @@ def test_a_noise_scale_that_overflows_or_a_zero_dirichlet_factor_is_refused():
     """Laplace(1e-320) drew ±inf noise; a Dirichlet scale factor of 0 divided by zero when sampling."""
     from leaklab.privacy.dirichlet import DirichletMechanism
 
-    for make in (lambda: M.LaplaceMechanism(1e-320), lambda: M.LaplaceMechanism(1e-10, sensitivity=1e300)):
+    for make in (lambda: M.LaplaceMechanism(1e-320), lambda: M.LaplaceMechanism(1e-10, sensitivity=1e300),
+                 lambda: M.LaplaceMechanism(0.5, scale_factor=1e308),
+                 lambda: M.GaussianMechanism(1.0, 1e-5, scale_factor=1e308)):
         with pytest.raises(LeaklabError, match="overflows: no finite noise scale"):
             make()
     with pytest.raises(LeaklabError, match="scale_factor must be a positive number"):
         DirichletMechanism(6.7, 0.15, 0.15, 0.1, 3, scale_factor=0)
+    with pytest.raises(LeaklabError, match="no finite concentration"):
+        DirichletMechanism(6.7, 0.15, 0.15, 0.1, 3, scale_factor=1e-320)
+    # the exponential mechanism has no noise scale: a tiny epsilon is a uniform choice, not an error
+    assert M.ExponentialMechanism(1e-320).probabilities([0.0, 1.0, 2.0]) == pytest.approx([1 / 3] * 3)
 
 
 def test_laplace_and_gaussian_noise_scales():

@@ -610,12 +610,13 @@ def _yaml_loader() -> type:
     NoAliases.yaml_implicit_resolvers = {first: [(tag, regexp) for tag, regexp in resolvers
                                                  if tag not in (int_tag, float_tag)]
                                          for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()}
-    NoAliases.add_implicit_resolver(int_tag, re.compile(r"^(?:[-+]?[0-9][0-9_]*|0o[0-7]+|0x[0-9a-fA-F]+)$"),
+    digits = r"[0-9](?:_*[0-9])*"  # underscores between digits only
+    NoAliases.add_implicit_resolver(int_tag, re.compile(rf"^(?:[-+]?{digits}|0o[0-7]+|0x[0-9a-fA-F]+)$"),
                                     list("-+0123456789"))
     NoAliases.add_constructor(int_tag, lambda loader, node: _yaml_int(loader.construct_scalar(node)))
-    digits = r"[0-9][0-9_]*"  # a dot or an exponent makes a float; .inf and .nan are read (and then refused)
+    # a dot or an exponent makes a float; .inf and .nan are read (and then refused)
     NoAliases.add_implicit_resolver(float_tag, re.compile(
-        rf"^(?:[-+]?(?:{digits}\.[0-9_]*|\.[0-9_]+)(?:[eE][-+]?[0-9]+)?|[-+]?{digits}[eE][-+]?[0-9]+"
+        rf"^(?:[-+]?(?:{digits}\.(?:{digits})?|\.{digits})(?:[eE][-+]?[0-9]+)?|[-+]?{digits}[eE][-+]?[0-9]+"
         r"|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$"), list("-+0123456789."))
     return NoAliases
 

@@ -171,6 +171,7 @@ def attack_inversion(
     if config_file:  # the config is an input too: an --out that holds it would delete it
         check_out(out, IMAGE_ATTACK_FORMAT, inputs=[config_file])
     base = read_config(config_file) if config_file else None
+    alone = None  # a rule across the file's fields that it breaks on its own
     if base is not None:  # the file's own mistakes named in the file, not as options never typed
         from leaklab.attacks.inversion.config import InversionConfig
 
@@ -180,10 +181,16 @@ def attack_inversion(
         except ValidationError as e:  # a rule across fields waits for the options, which may complete the file
             if any(err.get("loc") for err in e.errors()):
                 raise LeaklabError(validation_message(e, f"--config {config_file}")) from None
-    config = image_attack.inversion_config(
-        base, objective=objective, optimizer=optimizer, iterations=iterations, lr=lr, schedule=schedule,
-        priors=image_attack.parse_priors(prior, tv), restarts=restarts, precision=precision, init=init,
-        mc_samples=mc_samples, mc_radius=mc_radius, seed=seed)
+            alone = validation_message(e)
+    try:
+        config = image_attack.inversion_config(
+            base, objective=objective, optimizer=optimizer, iterations=iterations, lr=lr, schedule=schedule,
+            priors=image_attack.parse_priors(prior, tv), restarts=restarts, precision=precision, init=init,
+            mc_samples=mc_samples, mc_radius=mc_radius, seed=seed)
+    except ValidationError as e:  # the file's rule the options left broken is named in the file
+        if alone is not None and validation_message(e) == alone:
+            raise LeaklabError(f"--config {config_file}: {alone}") from None
+        raise
     _attack(out, case, "inversion", config, seed, capture_fields)
 
 

@@ -222,6 +222,9 @@ class DirichletMechanism:
     def __post_init__(self) -> None:
         _check_dirichlet(self.eta, self.eta_bar, self.k, self.w, self.b)
         check_positive("scale_factor", self.scale_factor)  # 0 divided by zero at sample, -1 was numpy's error
+        if not math.isfinite(self.concentration):  # every draw NaN
+            raise LeaklabError(f"k / scale_factor = {self.k:g} / {self.scale_factor:g} overflows: no finite "
+                               "concentration samples it")
         if self.k * min(self.eta, self.eta_bar) < 1 - 1e-12:
             raise LeaklabError(f"k * min(eta, eta_bar) = {self.k * min(self.eta, self.eta_bar):g} < 1: "
                                "Lemma 1.2's log-concavity (and so the delta bound) needs it >= 1")

@@ -65,9 +65,12 @@ class _PureMechanism:
         check_positive("epsilon", self.epsilon)
         check_positive("sensitivity", self.sensitivity)
         check_positive("scale_factor", self.scale_factor)
-        if not math.isfinite(self.scale_factor * self.sensitivity / self.epsilon):  # the noise drew ±inf
-            raise LeaklabError(f"sensitivity / epsilon = {self.sensitivity:g} / {self.epsilon:g} overflows: no finite "
-                               "noise scale calibrates it")
+
+
+def _check_noise_scale(scale: float, what: str) -> None:
+    """A noise scale that overflowed (the noise drew ±inf) is refused, naming what it was computed from."""
+    if not math.isfinite(scale):
+        raise LeaklabError(f"{what} overflows: no finite noise scale calibrates it")
 
 
 @dataclass
@@ -77,6 +80,11 @@ class LaplaceMechanism(_PureMechanism):
     ``scale_factor`` < 1 makes a deliberately *broken* mechanism (the noise is smaller than the
     claim needs); the audit must catch it. The claimed epsilon stays the one asked for.
     """
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _check_noise_scale(self.scale, f"scale_factor · sensitivity / epsilon = {self.scale_factor:g} · "
+                                       f"{self.sensitivity:g} / {self.epsilon:g}")
 
     @property
     def scale(self) -> float:
@@ -178,6 +186,7 @@ class GaussianMechanism:
         else:
             raise LeaklabError(f"unknown Gaussian calibration {self.calibration!r}; choose analytic or classic")
         self.sigma = base * self.scale_factor
+        _check_noise_scale(self.sigma, f"sigma · scale_factor = {base:g} · {self.scale_factor:g}")
 
     def sample(self, value: Any, rng: np.random.Generator, size: int | None = None) -> np.ndarray:
         value = np.asarray(value, dtype=float)
