@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 
 def plural(count: int, noun: str) -> str:
     """``"1 sample"``, ``"3 samples"``: ``count`` and ``noun``, with an ``s`` unless the count is one."""
@@ -35,20 +37,22 @@ def cosine_text(value: float | None) -> str | None:
         return None
     if abs(1 - value) < 1e-12:  # rounding of an update whose direction is whole (a clip only rescales it)
         return "1"
-    digits = 3
-    while f"{value:.{digits}g}" == "1" and value != 1 and digits < 7:
-        digits += 1
-    text = f"{value:.{digits}g}"
+    text = _off_the_edges(value, lambda digits: f"{value:.{digits}g}", 3, 7, (1.0,))
     return "0.9999999" if text == "1" and value < 1 else text
 
 
 def percent_text(share: float) -> str:
     """A share as a percentage, whole, or with as many decimals (up to 3) as keep one short of all or above none
     from reading 100% or 0% (2 labels wrong of 400 printed "labels 100%")."""
-    decimals = 0
-    while float(f"{100 * share:.{decimals}f}") in (100.0, 0.0) and share not in (0, 1) and decimals < 3:
-        decimals += 1
-    return f"{100 * share:.{decimals}f}%"
+    return _off_the_edges(100 * share, lambda decimals: f"{100 * share:.{decimals}f}", 0, 3, (0.0, 100.0)) + "%"
+
+
+def _off_the_edges(value: float, text: Callable[[int], str], digits: int, most: int, edges: tuple[float, ...]) -> str:
+    """``text(digits)``, or with as many more digits (up to ``most``) as keep a ``value`` that is none of ``edges``
+    from reading as one of them."""
+    while float(text(digits)) in edges and value not in edges and digits < most:
+        digits += 1
+    return text(digits)
 
 
 def beside_line(value: float, line: float, decimals: int = 2) -> str:

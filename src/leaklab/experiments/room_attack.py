@@ -8,8 +8,8 @@ reconstruction against the client's truth with the section V metrics (:mod:`leak
 
 Samples are independent: they are attacked in ``workers`` processes of one torch thread each (on a
 shared 2-core CPU that beats two threads per process). Per-sample rows are appended to
-``samples.jsonl`` in the run's temporary folder as they finish; ``OUT/results.json`` (format in ``docs/formats.md``) and
-``OUT/reconstructions.png`` are written at the end, the whole folder atomically. Each finished
+``samples.jsonl`` in the run's temporary folder as they finish; ``OUT/results.json`` (format in
+``docs/formats.md``) and ``OUT/reconstructions.png`` are written at the end, the whole folder atomically. Each finished
 attack is also kept beside ``OUT`` until the run ends (:mod:`.attack_journal`): rerunning an
 interrupted command attacks only what is left.
 """
