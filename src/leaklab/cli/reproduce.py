@@ -206,3 +206,31 @@ def reproduce_dp_vs_inversion(
     for row in result["attack"]["rows"]:
         typer.echo(f"  epsilon {row['epsilon']:>6s}: PSNR {row['psnr_mean']:6.2f} dB "
                    f"(baseline {row['psnr_baseline_mean']:.2f}), noise multiplier {row['noise_multiplier']:.4g}")
+
+
+@reproduce_app.command("at-features")
+@_guard
+def reproduce_at_features(
+    quick: QuickOpt = False,
+    seed: SeedOpt = 0,
+    out: Annotated[Optional[Path], _run_out("at-features")] = None,
+) -> None:
+    """Seed 004: features, then images, restored from batch gradients of vanilla and adversarially trained
+    networks (MNIST, distinct labels per batch)."""
+    from leaklab.experiments import at_features
+    from leaklab.io import new_run_dir
+
+    make = at_features.AtFeaturesConfig
+    config = make.quick(seed) if quick else make(seed=seed)
+    out = out or new_run_dir("at-features")
+    with _progress() as progress:
+        result = at_features.run(out, config, quick=quick, progress=progress)
+    typer.echo(f"wrote {out / 'results.json'}")
+    for row in result["rows"]:
+        restored = ", ".join(f"batch {r['batch_size']}: cosine {r['cosine_mean']:.3f} "
+                             f"({100 * r['nearly_perfect']:.0f}% >= {at_features.NEARLY_PERFECT})"
+                             for r in row["restoration"])
+        im = row["images"]
+        typer.echo(f"  {row['training']:>10s} (accuracy {100 * row['clean_accuracy']:.1f}%, robust "
+                   f"{100 * row['robust_accuracy']:.1f}%): {restored}; images {im['psnr_mean']:.2f} dB "
+                   f"(baseline {im['psnr_baseline_mean']:.2f})")

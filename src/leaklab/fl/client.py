@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from leaklab.errors import LeaklabError
+from leaklab.fl.adversarial import AdversarialConfig, adversarial_examples
 from leaklab.privacy.dpsgd import DPConfig, DPSGDConfig, train_private
 from leaklab.threat import ClientUpdate, UpdateMetadata
 
@@ -55,19 +56,27 @@ def _client_mode(model: nn.Module, train_mode: bool) -> Iterator[None]:
         model.train(was_training)
 
 
+def _inputs(model: nn.Module, images: torch.Tensor, labels: torch.Tensor,
+            adversarial: AdversarialConfig | None) -> torch.Tensor:
+    """What the client trains on: its images, or their adversarial examples when it trains adversarially."""
+    return images if adversarial is None else adversarial_examples(model, images, labels, adversarial)
+
+
 def fedsgd_update(model: nn.Module, images: torch.Tensor, labels: torch.Tensor,
-                  train_mode: bool = True) -> ClientUpdate:
+                  train_mode: bool = True, adversarial: AdversarialConfig | None = None) -> ClientUpdate:
     """The gradient of the mean cross-entropy of ``model`` on the batch, per parameter.
 
     ``train_mode=True``: BatchNorm normalises with the batch's statistics (the client trains).
     ``train_mode=False``: BatchNorm uses the running statistics the server sent with the model (breaching's
     default when the server provides public buffers). Either way ``model`` comes back as it was
-    (parameters, buffers, train/eval flag).
+    (parameters, buffers, train/eval flag). ``adversarial``: the client trains adversarially (seed 004), the
+    gradient is that of the batch's adversarial examples (:func:`~leaklab.fl.adversarial.adversarial_examples`).
     """
     _check_batch(images, labels)
     params = [p for p in model.parameters() if p.requires_grad]
+    inputs = _inputs(model, images, labels, adversarial)
     with _client_mode(model, train_mode):
-        grads = torch.autograd.grad(_loss(model, images, labels), params)
+        grads = torch.autograd.grad(_loss(model, inputs, labels), params)
     names = [n for n, p in model.named_parameters() if p.requires_grad]
     return ClientUpdate(metadata=UpdateMetadata(kind="fedsgd", batch_size=len(images), train_mode=train_mode),
                         tensors={n: g.detach().clone() for n, g in zip(names, grads)})
@@ -75,7 +84,8 @@ def fedsgd_update(model: nn.Module, images: torch.Tensor, labels: torch.Tensor,
 
 def fedavg_update(model: nn.Module, images: torch.Tensor, labels: torch.Tensor, local_lr: float,
                   local_steps: int, local_batch_size: int | None = None,
-                  train_mode: bool = True, privacy: DPConfig | None = None, seed: int | None = None) -> ClientUpdate:
+                  train_mode: bool = True, privacy: DPConfig | None = None, seed: int | None = None,
+                  adversarial: AdversarialConfig | None = None) -> ClientUpdate:
     """``local_steps`` SGD steps over the batch in order (mini-batches of ``local_batch_size``,
     cycling), sent as the weight delta. ``model`` itself is not modified; ``train_mode`` as in
     :func:`fedsgd_update`.
@@ -85,8 +95,11 @@ def fedavg_update(model: nn.Module, images: torch.Tensor, labels: torch.Tensor, 
     ``local_batch_size``, each sample's gradient clipped,
     Gaussian noise; ``seed`` fixes the batches and the noise, None draws them from the operating system's entropy:
     clients given one seed send the same noise, which the server cancels by subtracting their updates); the
-    update's ``privacy`` holds the epsilon spent on the batch."""
+    update's ``privacy`` holds the epsilon spent on the batch. ``adversarial``: each step trains on its
+    mini-batch's adversarial examples against the local model of that step (not with ``privacy``)."""
     _check_batch(images, labels)
+    if privacy is not None and adversarial is not None:
+        raise LeaklabError("a client trains either with DP-SGD or adversarially here, not both")
     meta = UpdateMetadata(kind="fedavg", batch_size=len(images), local_steps=local_steps,
                           local_lr=local_lr, local_batch_size=local_batch_size, train_mode=train_mode)
     if privacy is not None:
@@ -97,7 +110,7 @@ def fedavg_update(model: nn.Module, images: torch.Tensor, labels: torch.Tensor, 
         for step in range(local_steps):
             idx = torch.arange(step * b, step * b + b) % len(images)
             params = [p for p in model.parameters() if p.requires_grad]
-            loss = _loss(model, images[idx], labels[idx])
+            loss = _loss(model, _inputs(model, images[idx], labels[idx], adversarial), labels[idx])
             grads = torch.autograd.grad(loss, params)
             with torch.no_grad():
                 for p, g in zip(params, grads):
@@ -122,10 +135,13 @@ def _private_fedavg(model: nn.Module, images: torch.Tensor, labels: torch.Tensor
 
 
 def train_steps(model: nn.Module, images: torch.Tensor, labels: torch.Tensor, steps: int,
-                lr: float = 0.01, batch_size: int = 32, seed: int = 0) -> nn.Module:
+                lr: float = 0.01, batch_size: int = 32, seed: int = 0,
+                adversarial: AdversarialConfig | None = None) -> nn.Module:
     """Ordinary training of ``model`` in place (SGD with momentum 0.9) for ``steps`` mini-batches
     drawn from ``images``; used to attack a network "at train step N" (seed 001 Table 2). Its DP-SGD
-    counterpart, reporting the epsilon spent, is :func:`leaklab.privacy.dpsgd.train_private`."""
+    counterpart, reporting the epsilon spent, is :func:`leaklab.privacy.dpsgd.train_private`.
+    ``adversarial``: Madry's adversarial training (seed 004), each mini-batch replaced by its adversarial
+    examples against the model of that step."""
     if steps <= 0:
         return model
     g = torch.Generator().manual_seed(seed)
@@ -134,6 +150,6 @@ def train_steps(model: nn.Module, images: torch.Tensor, labels: torch.Tensor, st
     for _ in range(steps):
         idx = torch.randint(0, len(images), (min(batch_size, len(images)),), generator=g)
         opt.zero_grad()
-        _loss(model, images[idx], labels[idx]).backward()
+        _loss(model, _inputs(model, images[idx], labels[idx], adversarial), labels[idx]).backward()
         opt.step()
     return model

@@ -1,0 +1,115 @@
+"""Seed 004's two-step attack: features restored from the last layer's batch gradient (eq. 4), images from
+features (eq. 6), and `leaklab reproduce at-features --quick`."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+import torch.nn.functional as F
+from typer.testing import CliRunner
+
+from leaklab.attacks.inversion.features import (FeatureInversionConfig, feature_attack, feature_map,
+                                                invert_features, restore_features)
+from leaklab.cli import app
+from leaklab.data import load_images
+from leaklab.errors import LeaklabError
+from leaklab.experiments import at_features
+from leaklab.fl import fedavg_update, fedsgd_update
+from leaklab.models import ModelSpec, build_model
+from leaklab.threat import Capabilities, make_view
+
+
+def _setup(n: int, name: str = "cnn"):
+    data = load_images("digits", 200, 8, seed=0)
+    picks = [int((data.labels == c).nonzero()[0]) for c in range(n)]  # distinct labels
+    spec = ModelSpec(name=name, num_classes=10, in_channels=1, image_size=8, width=8, mean=data.mean, std=data.std)
+    return spec, build_model(spec, seed=0).eval(), data.images[picks], data.labels[picks]
+
+
+def test_one_sample_feature_is_restored_exactly_from_fedsgd_and_fedavg():
+    spec, model, x, y = _setup(1)
+    with torch.no_grad():
+        truth = feature_map(model)(x).double()
+    for update in (fedsgd_update(model, x, y, train_mode=False),
+                   fedavg_update(model, x, y, local_lr=0.1, local_steps=1, train_mode=False)):
+        restored = restore_features(model, update, y)
+        assert F.cosine_similarity(restored, truth).item() == pytest.approx(1, abs=1e-6)
+
+
+def test_batch_rows_are_eq4_mixtures_of_the_batch_features():
+    spec, model, x, y = _setup(4)
+    update = fedsgd_update(model, x, y, train_mode=False)
+    with torch.no_grad():
+        r = feature_map(model)(x).double()
+        p = torch.softmax(model(x).double(), 1)
+    restored = restore_features(model, update, y)
+    onehot = F.one_hot(y, 10).double()
+    expected = -((p - onehot)[:, y].T @ r) / len(y)  # -(1/N) sum_j (p_j,y_i - [y_j = y_i]) r_j
+    assert torch.allclose(restored, expected, rtol=1e-4, atol=1e-7)
+    cos = F.cosine_similarity(restored, r)
+    assert (cos > 0).all() and (cos < 1 - 1e-4).any()  # close to the sample's feature, mixed with the others
+
+
+def test_attack_reads_labels_and_inverts_features():
+    spec, model, x, y = _setup(3)
+    update = fedsgd_update(model, x, y, train_mode=False)
+    view = make_view(spec, model.state_dict(), update.metadata, Capabilities())
+    config = FeatureInversionConfig(iterations=150, restarts=2, tv=0.0)
+    first = feature_attack(view, update, config)
+    assert sorted(first.labels.tolist()) == sorted(y.tolist())
+    assert first.images.shape == x.shape and first.images.min() >= 0 and first.images.max() <= 1
+    with torch.no_grad():
+        reached = F.cosine_similarity(feature_map(view.model)(first.images).double(), first.features)
+    assert (reached > 0.99).all(), reached  # the optimisation finds images of the restored features
+    assert torch.allclose(first.loss.double(), 1 - reached, atol=1e-4)
+    second = feature_attack(view, update, config)
+    assert torch.equal(first.images, second.images)
+
+
+def test_more_iterations_lower_the_loss_and_the_trainable_flags_come_back():
+    spec, model, x, y = _setup(2)
+    with torch.no_grad():
+        goal = feature_map(model)(x)
+    next(model.parameters()).requires_grad_(False)
+    short = invert_features(model, goal, (1, 8, 8), FeatureInversionConfig(iterations=3, restarts=1))[1]
+    long = invert_features(model, goal, (1, 8, 8), FeatureInversionConfig(iterations=100, restarts=1))[1]
+    assert (long < short).all()
+    flags = [p.requires_grad for p in model.parameters()]
+    assert flags[0] is False and all(flags[1:])
+
+
+def test_bad_labels_and_batch_sizes_are_refused():
+    spec, model, x, y = _setup(2)
+    update = fedsgd_update(model, x, y)
+    with pytest.raises(LeaklabError, match="class indices"):
+        restore_features(model, update, torch.tensor([10]))
+    other = fedsgd_update(model, x[:1], y[:1])
+    view = make_view(spec, model.state_dict(), update.metadata, Capabilities())
+    with pytest.raises(LeaklabError, match="batch size 2, the update 1"):
+        feature_attack(view, other, FeatureInversionConfig(iterations=1))
+
+
+def test_quick_reproduction_writes_results_and_pictures(tmp_path):
+    out = tmp_path / "at"
+    result = CliRunner().invoke(app, ["reproduce", "at-features", "--quick", "--out", str(out)],
+                                catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    assert "vanilla" in result.stdout and "AT eps 1" in result.stdout
+    data = json.loads((out / "results.json").read_text())
+    assert (out / at_features.PLOT_FILE).stat().st_size > 1000 and (out / at_features.IMAGES_FILE).stat().st_size > 1000
+    assert [r["eps"] for r in data["rows"]] == [0.0, 1.0]
+    for row in data["rows"]:
+        rest = row["restoration"][0]
+        assert len(rest["cosines"]) == 4 and -1 <= rest["cosine_mean"] <= 1 and rest["label_read"] == 1.0
+        assert 0 <= row["clean_accuracy"] <= 1 and row["images"]["labels_correct"] == 1.0
+    again = at_features.run(tmp_path / "again", at_features.AtFeaturesConfig.quick())
+    assert again["rows"][0]["restoration"] == data["rows"][0]["restoration"]
+
+
+def test_reproduction_refuses_batches_beyond_the_classes(tmp_path):
+    config = at_features.AtFeaturesConfig.quick().model_copy(update={"batch_sizes": [11]})
+    with pytest.raises(LeaklabError, match="10 classes"):
+        at_features.run(tmp_path / "x", config)
+    assert not (tmp_path / "x").exists()
