@@ -113,3 +113,29 @@ def test_reproduction_refuses_batches_beyond_the_classes(tmp_path):
     with pytest.raises(LeaklabError, match="10 classes"):
         at_features.run(tmp_path / "x", config)
     assert not (tmp_path / "x").exists()
+
+
+def test_cli_attacks_a_case_of_an_adversarially_training_client(tmp_path):
+    runner = CliRunner()
+    case, out = tmp_path / "case", tmp_path / "out"
+    capture = ["capture", "--model", "cnn", "--data", "digits", "--image-size", "8", "--width", "8",
+               "--batch-size", "3", "--num-images", "6", "--train-steps", "10", "--out"]
+    assert runner.invoke(app, capture + [str(case), "--adversarial-eps", "0.5"], catch_exceptions=False).exit_code == 0
+    plain = tmp_path / "plain"
+    assert runner.invoke(app, capture + [str(plain)], catch_exceptions=False).exit_code == 0
+    from safetensors.torch import load_file
+
+    adv_update, plain_update = load_file(case / "update.safetensors"), load_file(plain / "update.safetensors")
+    assert not all(torch.equal(adv_update[k], plain_update[k]) for k in adv_update)  # trained and sent adversarially
+    result = runner.invoke(app, ["attack", "features", "--case", str(case), "--iterations", "60", "--restarts", "1",
+                                 "--out", str(out)], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    assert "labels 100%" in result.stdout
+    data = json.loads((out / "results.json").read_text())
+    assert data["attack"] == "features" and data["config"]["features"]["iterations"] == 60
+    assert data["config"]["capture"]["adversarial_eps"] == 0.5
+    assert data["summary"]["images"] == 6 and data["summary"]["label_accuracy"] == 1.0
+    assert (out / "reconstructions.png").stat().st_size > 1000
+    bad = runner.invoke(app, ["attack", "features", "--case", str(case), "--restarts", "0", "--out",
+                              str(tmp_path / "bad")])
+    assert bad.exit_code == 2 and "--restarts" in bad.output and not (tmp_path / "bad").exists()

@@ -1,5 +1,5 @@
-"""Commands on image classifiers' updates: ``leaklab capture`` and ``leaklab attack inversion|analytic``
-(seed 001's attacks and the analytic recovery).
+"""Commands on image classifiers' updates: ``leaklab capture`` and ``leaklab attack inversion|analytic|features``
+(seed 001's attacks, the analytic recovery and seed 004's two-step attack).
 """
 
 from __future__ import annotations
@@ -69,11 +69,16 @@ BnStatsOpt = Annotated[Optional[str], _choice("--bn-stats", BN_STATS_NAMES, "(Ba
                                               "default batch)", rich_help_panel=CAPTURE)]
 LocalLrOpt = Annotated[Optional[float], typer.Option("--local-lr", help="FedAvg local learning rate "
                                                      "(default 0.1)", rich_help_panel=CAPTURE)]
+AdversarialOpt = Annotated[Optional[float], typer.Option("--adversarial-eps", help="the client trains "
+                                                         "adversarially (--train-steps and its update): Madry's L2 "
+                                                         "PGD of this radius, pixels in [0, 1] (default: it does "
+                                                         "not)", rich_help_panel=CAPTURE)]
 
 CaseOpt = Annotated[Optional[Path], typer.Option("--case", help="case folder from `leaklab capture`; without it, "
                                                 "the capture options make one in OUT/case")]
 _CAPTURE_FIELDS = ("model", "data", "batch_size", "num_images", "image_seed", "image_size", "width",
-                   "defense", "train_steps", "knows_labels", "update", "local_steps", "local_lr", "bn_stats")
+                   "defense", "train_steps", "knows_labels", "update", "local_steps", "local_lr", "bn_stats",
+                   "adversarial_eps")
 
 
 def _capture_fields(options: dict[str, Any]) -> dict[str, Any]:
@@ -102,6 +107,7 @@ def capture(
     seed: Annotated[Optional[int], _seed_opt("model initialisation and defense noise (default 0)")] = None,
     train_steps: TrainOpt = None, knows_labels: KnowsLabelsOpt = None, update: UpdateOpt = None,
     local_steps: LocalStepsOpt = None, local_lr: LocalLrOpt = None, bn_stats: BnStatsOpt = None,
+    adversarial_eps: AdversarialOpt = None,
 ) -> None:
     """Capture what the server sees of a client round (view, model, updates) and the client's truth."""
     from leaklab.experiments import capture as capture_mod
@@ -161,7 +167,7 @@ def attack_inversion(
     image_seed: ImageSeedOpt = None, image_size: SizeOpt = None, width: WidthOpt = None,
     defense: DefenseOpt = None, train_steps: TrainOpt = None, knows_labels: KnowsLabelsOpt = None,
     update: UpdateOpt = None, local_steps: LocalStepsOpt = None, local_lr: LocalLrOpt = None,
-    bn_stats: BnStatsOpt = None,
+    bn_stats: BnStatsOpt = None, adversarial_eps: AdversarialOpt = None,
 ) -> None:
     """Gradient inversion (DLG, Inverting Gradients, Bayes) of every update of a case."""
     from leaklab.experiments import image_attack
@@ -205,7 +211,7 @@ def attack_analytic(
     image_seed: ImageSeedOpt = None, image_size: SizeOpt = None, width: WidthOpt = None,
     defense: DefenseOpt = None, train_steps: TrainOpt = None, knows_labels: KnowsLabelsOpt = None,
     update: UpdateOpt = None, local_steps: LocalStepsOpt = None, local_lr: LocalLrOpt = None,
-    bn_stats: BnStatsOpt = None,
+    bn_stats: BnStatsOpt = None, adversarial_eps: AdversarialOpt = None,
 ) -> None:
     """Exact recovery of the input of a first fully connected layer (MLP, one image per update)."""
     capture_fields = _capture_fields(locals())
@@ -214,6 +220,40 @@ def attack_analytic(
     if case is None and capture_fields["model"] is None and any(v is not None for v in capture_fields.values()):
         capture_fields["model"] = "mlp"  # the one model whose first layer is fully connected
     _attack(out, case, "analytic", None, seed, capture_fields)
+
+
+def _features_opt(flag: str, text: str, field: str) -> Any:
+    """A features-attack option whose help ends with its default, read from :class:`FeatureInversionConfig`."""
+    from leaklab.attacks.inversion.features import FeatureInversionConfig
+
+    return typer.Option(flag, help=f"{text} (default {getattr(FeatureInversionConfig(), field)})",
+                        rich_help_panel=ATTACK)
+
+
+@attack_app.command("features")
+@_guard
+def attack_features(
+    out: OutOpt,
+    case: CaseOpt = None,
+    iterations: Annotated[Optional[int], _features_opt("--iterations", "Adam steps", "iterations")] = None,
+    lr: Annotated[Optional[float], _features_opt("--lr", "Adam's initial step size, annealed to 0", "lr")] = None,
+    tv: Annotated[Optional[float], _features_opt("--tv", "total-variation weight", "tv")] = None,
+    restarts: Annotated[Optional[int], _features_opt("--restarts", "random starts, the lowest loss kept",
+                                                     "restarts")] = None,
+    seed: Annotated[Optional[int], _seed_opt("attack seed (and, one-shot, the capture seed) (default 0)")] = None,
+    model: ModelOpt = None, data: DataOpt = None, batch_size: BatchOpt = None, num_images: NumOpt = None,
+    image_seed: ImageSeedOpt = None, image_size: SizeOpt = None, width: WidthOpt = None,
+    defense: DefenseOpt = None, train_steps: TrainOpt = None, knows_labels: KnowsLabelsOpt = None,
+    update: UpdateOpt = None, local_steps: LocalStepsOpt = None, local_lr: LocalLrOpt = None,
+    bn_stats: BnStatsOpt = None, adversarial_eps: AdversarialOpt = None,
+) -> None:
+    """Seed 004's two-step attack: each image's feature from the last layer's batch gradient, then the image."""
+    from leaklab.attacks.inversion.features import FeatureInversionConfig
+
+    capture_fields = _capture_fields(locals())
+    given = {k: v for k, v in dict(iterations=iterations, lr=lr, tv=tv, restarts=restarts, seed=seed).items()
+             if v is not None}
+    _attack(out, case, "features", FeatureInversionConfig(**given), seed, capture_fields)
 
 
 def _attack(out: Path, case: Path | None, method: str, config, seed: int | None,

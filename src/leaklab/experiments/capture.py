@@ -2,7 +2,8 @@
 
 ``capture(CaptureConfig(...))`` builds the model (initialised by ``seed``, optionally trained for
 ``train_steps`` on other images of the same dataset), loads the client's private images, computes one
-update per group of ``batch_size`` images (FedSGD gradient, or FedAvg weight delta), and applies the
+update per group of ``batch_size`` images (FedSGD gradient, or FedAvg weight delta; with ``adversarial_eps`` the
+training and the client's update are Madry's adversarial training, seed 004), and applies the
 defense chain with ``seed``'s defense stream (:mod:`leaklab.seeds`). :func:`run` writes the result as a case
 folder (``leaklab capture``); the format is in docs/formats.md.
 """
@@ -21,7 +22,7 @@ from leaklab.data import DATASET_NAMES, among, load_images
 from leaklab.defenses import parse_defense
 from leaklab.errors import LeaklabError
 from leaklab.fields import DefenseOption, Seed
-from leaklab.fl import fedavg_update, fedsgd_update, train_steps
+from leaklab.fl import AdversarialConfig, fedavg_update, fedsgd_update, train_steps
 from leaklab.cases import write_case
 from leaklab.io import VIEW_FORMAT, atomic_dir
 from leaklab.metrics.vectors import update_cosine
@@ -58,6 +59,13 @@ class CaptureConfig(BaseModel):
     bn_stats: Literal[BN_STATS_NAMES] = Field(
         default="batch", description="BatchNorm statistics on the client: the batch's (training mode) or "
                                      "the running ones sent by the server (breaching's public-buffer default)")
+    adversarial_eps: float | None = Field(
+        default=None, gt=0, le=1000, description="the client trains adversarially (Madry's L2 PGD, 7 steps, of this "
+                                                 "radius, pixels in [0, 1]): the --train-steps and the update")
+
+    @property
+    def adversarial(self) -> AdversarialConfig | None:
+        return None if self.adversarial_eps is None else AdversarialConfig(eps=self.adversarial_eps)
 
 
 @dataclass
@@ -106,7 +114,8 @@ def capture(config: CaptureConfig) -> Capture:
         pool = load_images(config.data, min(_TRAIN_POOL, available), config.image_size,
                            seed=config.image_seed, offset=used)
         apart = ~among(pool.images, batch.images)  # photos' draws may share a client's image: never trained on
-        train_steps(model, pool.images[apart], pool.labels[apart], config.train_steps, seed=config.seed)
+        train_steps(model, pool.images[apart], pool.labels[apart], config.train_steps, seed=config.seed,
+                    adversarial=config.adversarial)
     model.eval()
 
     generator = seeds.generator(config.seed, seeds.DEFENSE)
@@ -115,10 +124,10 @@ def capture(config: CaptureConfig) -> Capture:
     for start in range(0, config.num_images, b):
         x, y = batch.images[start:start + b], batch.labels[start:start + b]
         if config.update == "fedsgd":
-            clean = fedsgd_update(model, x, y, train_mode=config.bn_stats == "batch")
+            clean = fedsgd_update(model, x, y, train_mode=config.bn_stats == "batch", adversarial=config.adversarial)
         else:
             clean = fedavg_update(model, x, y, local_lr=config.local_lr, local_steps=config.local_steps,
-                                  train_mode=config.bn_stats == "batch")
+                                  train_mode=config.bn_stats == "batch", adversarial=config.adversarial)
         if not all(bool(torch.isfinite(t).all()) for t in clean.tensors.values()):  # written, then refused on load
             raise LeaklabError(f"the client's update is not finite (NaN or Inf): its {config.local_steps} local "
                                f"steps at --local-lr {config.local_lr:g} diverged; lower --local-lr")

@@ -1,6 +1,6 @@
 """Attack a captured case and evaluate the reconstructions against the client's truth.
 
-``run(case_dir, out, method, config)`` (``leaklab attack inversion|analytic --case``) reads only the
+``run(case_dir, out, method, config)`` (``leaklab attack inversion|analytic|features --case``) reads only the
 server's files of the case (:func:`leaklab.cases.load_case`), attacks every update, and only then reads
 ``truth.safetensors`` (when present) to score the reconstructions. ``run_oneshot`` captures into
 ``out/case`` first. Both write ``out/results.json``, ``out/reconstructions.png`` (originals above
@@ -21,7 +21,8 @@ from typing import Any, Literal
 
 import torch
 
-from leaklab.attacks.inversion import InversionConfig, Reconstruction, invert, recover_input, recover_labels
+from leaklab.attacks.inversion import (FeatureInversionConfig, InversionConfig, Reconstruction, feature_attack, invert,
+                                       recover_input, recover_labels)
 from leaklab.device import default_device, describe, versions
 from leaklab.errors import LeaklabError
 from leaklab.experiments import ProgressFn
@@ -32,7 +33,8 @@ from leaklab.io import (CASE_SUBDIR, IMAGE_ATTACK_FORMAT, RECONSTRUCTIONS_FILE, 
 from leaklab.metrics import match_order, psnr, scores
 from leaklab.metrics.vectors import mean_of, median_of
 
-Method = Literal["inversion", "analytic"]
+Method = Literal["inversion", "analytic", "features"]
+AttackConfig = InversionConfig | FeatureInversionConfig  # of the inversion and the features attack
 
 PNG_FILE = "reconstructions.png"
 TOGETHER = 16  # updates optimised together (batched) by one inversion call
@@ -86,13 +88,15 @@ def parse_priors(items: list[str] | None, tv: float | None = None) -> dict[str, 
 # attacking
 
 
-def attack(case: Case, method: Method, config: InversionConfig | None = None,
+def attack(case: Case, method: Method, config: AttackConfig | None = None,
            progress: ProgressFn | None = None, device: torch.device | None = None) -> list[Reconstruction]:
     """One reconstruction per update of ``case``, in order. Sees only the server's view."""
     if method == "analytic":
         return _analytic(case, progress)
+    if method == "features":
+        return _features(case, config or FeatureInversionConfig(), progress, device or default_device())
     if method != "inversion":
-        raise LeaklabError(f"unknown attack {method!r}; choose inversion or analytic")
+        raise LeaklabError(f"unknown attack {method!r}; choose inversion, analytic or features")
     config = config or InversionConfig()
     device = device or default_device()
     n = len(case.updates)
@@ -131,6 +135,23 @@ def _analytic(case: Case, progress: ProgressFn | None) -> list[Reconstruction]:
                                   iterations=0, evaluations=1, seconds=time.perf_counter() - start))
         if progress:
             progress("analytic", i + 1, len(case.updates))
+    return out
+
+
+def _features(case: Case, config: FeatureInversionConfig, progress: ProgressFn | None,
+              device: torch.device) -> list[Reconstruction]:
+    """Seed 004's two-step attack on each update (:func:`~leaklab.attacks.inversion.feature_attack`)."""
+    out, total = [], config.iterations * len(case.updates)
+    for i, update in enumerate(case.updates):
+        def report(it: int, _total: int, i: int = i) -> None:
+            if progress:
+                progress("features", i * config.iterations + it, total)
+
+        rec = feature_attack(case.view_for(i), update, config.model_copy(update={"seed": config.seed + i}),
+                             progress=report, device=device)
+        out.append(Reconstruction(images=rec.images, labels=rec.labels.cpu(), loss=float(rec.loss.mean()),
+                                  iterations=config.iterations, evaluations=config.iterations * config.restarts,
+                                  seconds=rec.seconds))
     return out
 
 
@@ -214,10 +235,10 @@ def _unique_runs(recons: list[Reconstruction]) -> list[Reconstruction]:
 
 
 def _attack_and_write(case: Case, case_ref: str, out: Path, method: Method,
-                      config: InversionConfig | None, progress: ProgressFn | None,
+                      config: AttackConfig | None, progress: ProgressFn | None,
                       capture_config: dict | None = None) -> dict[str, Any]:
     truth = load_truth(case.folder, case)  # checked before the attack (a bad file fails in seconds), never handed to it
-    device = default_device() if method == "inversion" else torch.device("cpu")
+    device = torch.device("cpu") if method == "analytic" else default_device()
     start = time.perf_counter()
     recons = attack(case, method, config, progress=progress, device=device)
     wall = time.perf_counter() - start
@@ -234,6 +255,7 @@ def _attack_and_write(case: Case, case_ref: str, out: Path, method: Method,
         "config": {
             "attack": method,
             "inversion": config.model_dump(mode="json") if method == "inversion" and config else None,
+            **({"features": config.model_dump(mode="json")} if method == "features" and config else {}),
             "capture": capture_config or provenance.get("capture"),
         },
         "view": {"model": view.spec.model_dump(mode="json"),
@@ -259,22 +281,26 @@ def _attack_and_write(case: Case, case_ref: str, out: Path, method: Method,
     return results
 
 
-def run(case_dir: Path, out: Path, method: Method = "inversion", config: InversionConfig | None = None,
+def _default_config(method: Method, config: AttackConfig | None) -> AttackConfig | None:
+    if config is None and method in ("inversion", "features"):
+        return InversionConfig() if method == "inversion" else FeatureInversionConfig()
+    return config
+
+
+def run(case_dir: Path, out: Path, method: Method = "inversion", config: AttackConfig | None = None,
         progress: ProgressFn | None = None) -> dict[str, Any]:
     """``leaklab attack METHOD --case CASE --out OUT``: the results dict, also written to ``out``."""
     case = load_case(case_dir)
-    if method == "inversion" and config is None:
-        config = InversionConfig()
+    config = _default_config(method, config)
     with atomic_dir(out, IMAGE_ATTACK_FORMAT, inputs=[case_dir]) as tmp:
         return _attack_and_write(case, str(Path(case_dir)), tmp, method, config, progress)
 
 
 def run_oneshot(capture_config: capture_mod.CaptureConfig, out: Path, method: Method = "inversion",
-                config: InversionConfig | None = None,
+                config: AttackConfig | None = None,
                 progress: ProgressFn | None = None) -> dict[str, Any]:
     """Capture into ``out/case``, then attack it as :func:`run` does; one atomic output folder."""
-    if method == "inversion" and config is None:
-        config = InversionConfig()
+    config = _default_config(method, config)
     with atomic_dir(out, IMAGE_ATTACK_FORMAT) as tmp:
         result = capture_mod.capture(capture_config)
         capture_mod.write(result, tmp / CASE_SUBDIR)
