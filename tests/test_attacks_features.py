@@ -10,8 +10,8 @@ import torch
 import torch.nn.functional as F
 from typer.testing import CliRunner
 
-from leaklab.attacks.inversion.features import (FeatureInversionConfig, feature_attack, feature_map,
-                                                invert_features, restore_features)
+from leaklab.attacks.inversion.config import FeatureInversionConfig
+from leaklab.attacks.inversion.features import feature_attack, feature_map, invert_features, restore_features
 from leaklab.cli import app
 from leaklab.data import load_images
 from leaklab.errors import LeaklabError
@@ -139,3 +139,20 @@ def test_cli_attacks_a_case_of_an_adversarially_training_client(tmp_path):
     bad = runner.invoke(app, ["attack", "features", "--case", str(case), "--restarts", "0", "--out",
                               str(tmp_path / "bad")])
     assert bad.exit_code == 2 and "--restarts" in bad.output and not (tmp_path / "bad").exists()
+
+
+def test_reproduction_keeps_test_images_beside_the_anchors(tmp_path):
+    config = at_features.AtFeaturesConfig.quick().model_copy(update={"train_images": 1787, "anchors": 4})
+    with pytest.raises(LeaklabError, match="4 anchors and 10 test images"):
+        at_features.run(tmp_path / "x", config)
+    assert not (tmp_path / "x").exists()
+
+
+def test_batch_statistics_updates_of_a_batchnorm_network_are_refused():
+    spec, model, x, y = _setup(2, name="resnet18")
+    update = fedsgd_update(model, x, y, train_mode=True)
+    view = make_view(spec, model.state_dict(), update.metadata, Capabilities())
+    with pytest.raises(LeaklabError, match="--bn-stats running"):
+        feature_attack(view, update, FeatureInversionConfig(iterations=1))
+    running = fedsgd_update(model, x, y, train_mode=False)
+    assert feature_attack(view, running, FeatureInversionConfig(iterations=1, restarts=1)).images.shape == x.shape

@@ -224,7 +224,7 @@ def attack_analytic(
 
 def _features_opt(flag: str, text: str, field: str) -> Any:
     """A features-attack option whose help ends with its default, read from :class:`FeatureInversionConfig`."""
-    from leaklab.attacks.inversion.features import FeatureInversionConfig
+    from leaklab.attacks.inversion.config import FeatureInversionConfig
 
     return typer.Option(flag, help=f"{text} (default {getattr(FeatureInversionConfig(), field)})",
                         rich_help_panel=ATTACK)
@@ -248,7 +248,7 @@ def attack_features(
     bn_stats: BnStatsOpt = None, adversarial_eps: AdversarialOpt = None,
 ) -> None:
     """Seed 004's two-step attack: each image's feature from the last layer's batch gradient, then the image."""
-    from leaklab.attacks.inversion.features import FeatureInversionConfig
+    from leaklab.attacks.inversion.config import FeatureInversionConfig
 
     capture_fields = _capture_fields(locals())
     given = {k: v for k, v in dict(iterations=iterations, lr=lr, tv=tv, restarts=restarts, seed=seed).items()

@@ -30,7 +30,8 @@ import torch
 import torch.nn.functional as F
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from leaklab.attacks.inversion.features import FeatureInversionConfig, feature_attack, feature_map, restore_features
+from leaklab.attacks.inversion.config import FeatureInversionConfig
+from leaklab.attacks.inversion.features import feature_attack, feature_map, restore_features
 from leaklab.attacks.inversion.labels import recover_labels
 from leaklab.data import load_images
 from leaklab.errors import LeaklabError
@@ -44,6 +45,7 @@ from leaklab.threat import Capabilities, make_view
 
 PLOT_FILE = "at_features.png"
 IMAGES_FILE = "at_images.png"
+TEST_IMAGES_MIN = 10  # held-out images that score the accuracies, beside the anchors (at most 1,000 are used)
 NEARLY_PERFECT = 0.95  # the cosine the paper's "restored nearly perfectly (~1.0 cosine similarity)" is read as
 _POOL = {"mnist": 5000, "digits": 1797}
 PUBLISHED = {  # seed 004, section 5.2 and Fig. 3 (ImageNet, 5,000 anchors, best of 5 batches of 256)
@@ -114,7 +116,9 @@ def _distinct_batch(anchor: int, labels: torch.Tensor, size: int, generator: tor
 
 def restoration(model: torch.nn.Module, config: AtFeaturesConfig, eps: float, pool: torch.Tensor,
                 pool_labels: torch.Tensor, size: int, progress: ProgressFn | None = None) -> dict:
-    """Best-of-batches cosine of each anchor's restored feature, and how often its label was read."""
+    """Best-of-batches cosine of each anchor's restored feature, and how often its label was read (``model`` is
+    put in eval mode: the client and the features use the running BatchNorm statistics)."""
+    model.eval()
     adversarial = _adversarial(config, eps)
     features = feature_map(model)
     generator = torch.Generator().manual_seed(config.seed * 1000 + size)
@@ -174,9 +178,10 @@ def run(out: Path, config: AtFeaturesConfig | None = None, quick: bool = False,
     """Train, attack and write ``out`` atomically; returns the results (also ``results.json``)."""
     config = config or (AtFeaturesConfig.quick() if quick else AtFeaturesConfig())
     pool_size = _POOL[config.data] - config.train_images
-    if pool_size < max(config.anchors, 10):
+    if pool_size < config.anchors + TEST_IMAGES_MIN:
         raise LeaklabError(f"{config.data} holds {_POOL[config.data]} images: {config.train_images} train images "
-                           f"leave {pool_size} to attack, fewer than the {config.anchors} anchors")
+                           f"leave {pool_size}, fewer than the {config.anchors} anchors and {TEST_IMAGES_MIN} test "
+                           "images")
     if max(config.batch_sizes + [config.image_batch_size]) > 10:
         raise LeaklabError(f"{config.data} has 10 classes: a batch of distinct labels holds at most 10 images")
     start = time.perf_counter()

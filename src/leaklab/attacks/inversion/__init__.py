@@ -16,14 +16,13 @@ from leaklab.names import OBJECTIVE_NAMES, PRIOR_NAMES
 if TYPE_CHECKING:
     from leaklab.attacks.inversion.analytic import linear_input, recover_input
     from leaklab.attacks.inversion.attack import Reconstruction, invert
-    from leaklab.attacks.inversion.config import InversionConfig
-    from leaklab.attacks.inversion.features import (FeatureInversionConfig, FeatureReconstruction, feature_attack,
-                                                    restore_features)
+    from leaklab.attacks.inversion.config import FeatureInversionConfig, InversionConfig
+    from leaklab.attacks.inversion.features import FeatureReconstruction, feature_attack, restore_features
     from leaklab.attacks.inversion.labels import recover_labels
     from leaklab.attacks.inversion.objectives import Objective
 
 _MODULE_OF = {"linear_input": "analytic", "recover_input": "analytic", "Reconstruction": "attack", "invert": "attack",
-              "InversionConfig": "config", "recover_labels": "labels", "FeatureInversionConfig": "features",
+              "InversionConfig": "config", "recover_labels": "labels", "FeatureInversionConfig": "config",
               "FeatureReconstruction": "features", "feature_attack": "features", "restore_features": "features",
               "Objective": "objectives"}
 

@@ -1,5 +1,7 @@
 """Configuration of a gradient-inversion attack (every field has a working default): the objectives
-and priors of seed 001 (L2/DLG, L1, cosine/Inverting Gradients, its Bayes-optimal adversary)."""
+and priors of seed 001 (L2/DLG, L1, cosine/Inverting Gradients, its Bayes-optimal adversary), and the image step
+of seed 004's two-step attack (:class:`FeatureInversionConfig`). Free of torch, so that the command line reads the
+defaults without loading it."""
 
 from __future__ import annotations
 
@@ -93,3 +95,15 @@ class InversionConfig(BaseModel):
             if not 0 <= beta <= 1e6:
                 raise ValueError("prior weights must lie in [0, 1e6]")
         return {k: v for k, v in value.items() if v > 0}
+
+
+class FeatureInversionConfig(BaseModel):
+    """Step 2 of seed 004's attack, images from features (section 5.3; :mod:`.features`), with leaklab's defaults."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+    iterations: int = Field(default=1000, ge=1, le=100_000, description="Adam steps (the paper: 5,000)")
+    lr: float = Field(default=0.1, gt=0, le=10, description="Adam's initial learning rate, annealed to 0")
+    tv: float = Field(default=0.01, ge=0, le=100, description="weight of the mean total variation")
+    restarts: int = Field(default=5, ge=1, le=64, description="random starts; the lowest loss is kept")
+    seed: Seed = 0

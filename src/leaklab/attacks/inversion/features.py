@@ -29,29 +29,16 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
-from pydantic import BaseModel, ConfigDict, Field
 from torch import nn
 
+from leaklab.attacks.inversion.config import FeatureInversionConfig
 from leaklab.attacks.inversion.labels import class_rows, last_linear, recover_labels
 from leaklab.attacks.inversion.priors import total_variation
 from leaklab.device import default_device, repeatable
 from leaklab.errors import LeaklabError
-from leaklab.fields import Seed
 from leaklab.threat import ClientUpdate, ServerView
 
 Progress = Callable[[int, int], None]
-
-
-class FeatureInversionConfig(BaseModel):
-    """Step 2's optimisation (seed 004, section 5.3), with leaklab's defaults."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
-
-    iterations: int = Field(default=1000, ge=1, le=100_000, description="Adam steps (the paper: 5,000)")
-    lr: float = Field(default=0.1, gt=0, le=10, description="Adam's initial learning rate, annealed to 0")
-    tv: float = Field(default=0.01, ge=0, le=100, description="weight of the mean total variation")
-    restarts: int = Field(default=5, ge=1, le=64, description="random starts; the lowest loss is kept")
-    seed: Seed = 0
 
 
 @dataclass
@@ -141,6 +128,10 @@ def feature_attack(view: ServerView, update: ClientUpdate, config: FeatureInvers
                    progress: Progress | None = None, device: torch.device | None = None) -> FeatureReconstruction:
     """Seed 004's attack on one client update: labels, restored features, then the images."""
     update.validate_against(view.model)
+    if update.metadata.train_mode and any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in view.model.modules()):
+        raise LeaklabError("the update was computed with the batch's BatchNorm statistics, which the attack cannot "
+                           "reproduce for one image's features; attack updates computed on the running statistics "
+                           "(capture with --bn-stats running), or a network without BatchNorm")
     if view.batch_size != update.metadata.batch_size:
         raise LeaklabError(f"the view declares batch size {view.batch_size}, the update {update.metadata.batch_size}")
     start = time.perf_counter()
