@@ -72,3 +72,17 @@ def test_bad_settings_are_refused():
     with pytest.raises(LeaklabError, match="either with DP-SGD or adversarially"):
         fedavg_update(model, x, y, local_lr=0.1, local_steps=1, privacy=DPConfig(noise_multiplier=1.0),
                       adversarial=AdversarialConfig(eps=0.5))
+
+
+def test_a_radius_under_float32s_range_leaves_the_images_as_they_are():
+    model, x, y = _setup()
+    adv = adversarial_examples(model, x, y, AdversarialConfig(eps=1e-46, steps=2))
+    assert torch.isfinite(adv).all() and torch.allclose(adv, x)
+
+
+def test_training_reports_each_step():
+    model, x, y = _setup(n=16)
+    seen = []
+    train_steps(model, x, y, 3, adversarial=AdversarialConfig(eps=0.1, steps=1),
+                progress=lambda task, done, total: seen.append((task, done, total)))
+    assert seen == [("adversarial training", 1, 3), ("adversarial training", 2, 3), ("adversarial training", 3, 3)]

@@ -156,3 +156,26 @@ def test_batch_statistics_updates_of_a_batchnorm_network_are_refused():
         feature_attack(view, update, FeatureInversionConfig(iterations=1))
     running = fedsgd_update(model, x, y, train_mode=False)
     assert feature_attack(view, running, FeatureInversionConfig(iterations=1, restarts=1)).images.shape == x.shape
+
+
+def test_one_shot_defaults_to_running_statistics_and_refuses_batch_ones_before_capturing(tmp_path):
+    runner = CliRunner()
+    common = ["attack", "features", "--model", "resnet18", "--width", "4", "--data", "digits", "--image-size", "8",
+              "--batch-size", "2", "--num-images", "2", "--iterations", "3", "--restarts", "1"]
+    result = runner.invoke(app, common + ["--out", str(tmp_path / "ok")], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    data = json.loads((tmp_path / "ok" / "results.json").read_text())
+    assert data["config"]["capture"]["bn_stats"] == "running"
+    bad = runner.invoke(app, common + ["--bn-stats", "batch", "--train-steps", "100000", "--out", str(tmp_path / "b")])
+    assert bad.exit_code == 2 and "--bn-stats running" in bad.output and not (tmp_path / "b").exists()
+
+
+def test_restoration_summary_is_the_mean_and_median_of_the_anchors():
+    import statistics
+
+    spec, model, x, y = _setup(2)
+    config = at_features.AtFeaturesConfig.quick().model_copy(update={"anchors": 4})
+    data = load_images("digits", 200, 8, seed=0)
+    row = at_features.restoration(model.train(), config, 0.0, data.images, data.labels, 3)
+    assert row["cosine_median"] == statistics.median(row["cosines"])
+    assert row["cosine_mean"] == pytest.approx(statistics.fmean(row["cosines"]), abs=1e-12)

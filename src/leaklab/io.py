@@ -83,7 +83,7 @@ AT_FEATURES_FORMAT = "leaklab.at-features"
 _WRITTEN_BY = {AUDIT_FORMAT: "leaklab audit", REPRODUCTION_FORMAT: "leaklab reproduce room-table1|room-table2",
                BAYES_TABLE2_FORMAT: "leaklab reproduce bayes-table2",
                ROOM_ATTACK_FORMAT: "leaklab attack qgi|rgi", ROOM_CAPTURE_FORMAT: "leaklab env capture",
-               IMAGE_ATTACK_FORMAT: "leaklab attack inversion|analytic", VIEW_FORMAT: "leaklab capture",
+               IMAGE_ATTACK_FORMAT: "leaklab attack inversion|analytic|features", VIEW_FORMAT: "leaklab capture",
                DP_VS_INVERSION_FORMAT: "leaklab reproduce dp-vs-inversion",
                INVERSION_CHECKS_FORMAT: "leaklab reproduce inversion-checks",
                AT_FEATURES_FORMAT: "leaklab reproduce at-features"}

@@ -113,7 +113,8 @@ def capture(
     from leaklab.experiments import capture as capture_mod
 
     config = _capture_config(seed, **_capture_fields(locals()))
-    result = capture_mod.run(config, out)
+    with _progress() as progress:
+        result = capture_mod.run(config, out, progress)
     typer.echo(f"wrote {out}: {plural(len(result.updates), 'update')} of {plural(config.batch_size, 'image')}, "
                f"model {result.spec.name}, defense {result.defense or 'none'}")
 
@@ -245,12 +246,17 @@ def attack_features(
     image_seed: ImageSeedOpt = None, image_size: SizeOpt = None, width: WidthOpt = None,
     defense: DefenseOpt = None, train_steps: TrainOpt = None, knows_labels: KnowsLabelsOpt = None,
     update: UpdateOpt = None, local_steps: LocalStepsOpt = None, local_lr: LocalLrOpt = None,
-    bn_stats: BnStatsOpt = None, adversarial_eps: AdversarialOpt = None,
+    bn_stats: Annotated[Optional[str], _choice("--bn-stats", BN_STATS_NAMES, "(BatchNorm statistics on the "
+                                               "client; default running: the attack cannot reproduce one image's "
+                                               "features under a batch's)", rich_help_panel=CAPTURE)] = None,
+    adversarial_eps: AdversarialOpt = None,
 ) -> None:
     """Seed 004's two-step attack: each image's feature from the last layer's batch gradient, then the image."""
     from leaklab.attacks.inversion.config import FeatureInversionConfig
 
     capture_fields = _capture_fields(locals())
+    if case is None and bn_stats is None and any(v is not None for v in capture_fields.values()):
+        capture_fields["bn_stats"] = "running"
     given = {k: v for k, v in dict(iterations=iterations, lr=lr, tv=tv, restarts=restarts, seed=seed).items()
              if v is not None}
     _attack(out, case, "features", FeatureInversionConfig(**given), seed, capture_fields)

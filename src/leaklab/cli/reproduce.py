@@ -216,7 +216,7 @@ def reproduce_at_features(
     out: Annotated[Optional[Path], _run_out("at-features")] = None,
 ) -> None:
     """Seed 004: features, then images, restored from batch gradients of vanilla and adversarially trained
-    networks (MNIST, distinct labels per batch)."""
+    networks (MNIST, distinct labels per batch; --quick: digits 8x8)."""
     from leaklab.experiments import at_features
     from leaklab.io import new_run_dir
 

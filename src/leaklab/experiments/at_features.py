@@ -40,6 +40,7 @@ from leaklab.fields import Seed
 from leaklab.fl import AdversarialConfig, adversarial_examples, fedsgd_update, train_steps
 from leaklab.io import AT_FEATURES_FORMAT, RESULTS_FILE, atomic_dir, write_json
 from leaklab.metrics import constant_baseline, psnr, ssim
+from leaklab.metrics.vectors import mean_of, median_of
 from leaklab.models import ModelSpec, build_model
 from leaklab.threat import Capabilities, make_view
 
@@ -142,9 +143,8 @@ def restoration(model: torch.nn.Module, config: AtFeaturesConfig, eps: float, po
         best.append(max(scores))
         if progress:
             progress(f"{_label(eps)}, batch {size}", a + 1, config.anchors)
-    cos = torch.tensor(best)
-    return {"batch_size": size, "cosine_mean": float(cos.mean()), "cosine_median": float(cos.median()),
-            "nearly_perfect": float((cos >= NEARLY_PERFECT).double().mean()),
+    return {"batch_size": size, "cosine_mean": mean_of(best), "cosine_median": median_of(best),
+            "nearly_perfect": mean_of([float(c >= NEARLY_PERFECT) for c in best]),
             "label_read": labels_read / (config.anchors * config.batches_per_anchor), "cosines": best}
 
 
@@ -197,7 +197,9 @@ def run(out: Path, config: AtFeaturesConfig | None = None, quick: bool = False,
             began = time.perf_counter()
             model = build_model(spec, seed=config.seed)
             train_steps(model, x, y, config.train_steps, lr=config.lr, batch_size=config.train_batch_size,
-                        seed=config.seed, adversarial=_adversarial(config, eps))
+                        seed=config.seed, adversarial=_adversarial(config, eps),
+                        progress=None if progress is None else
+                        lambda task, done, total, eps=eps: progress(f"{_label(eps)}: {task}", done, total))
             trained = time.perf_counter() - began
             test = pool[config.anchors:][:1000], pool_labels[config.anchors:][:1000]
             row = {"eps": eps, "training": _label(eps), "train_seconds": trained,

@@ -21,6 +21,7 @@ from leaklab import seeds
 from leaklab.data import DATASET_NAMES, among, load_images
 from leaklab.defenses import parse_defense
 from leaklab.errors import LeaklabError
+from leaklab.experiments import ProgressFn
 from leaklab.fields import DefenseOption, Seed
 from leaklab.fl import AdversarialConfig, fedavg_update, fedsgd_update, train_steps
 from leaklab.cases import write_case
@@ -91,8 +92,17 @@ class Capture:
                 "update_cosine": self.kept}
 
 
-def capture(config: CaptureConfig) -> Capture:
-    """Compute the (defended) client updates of ``config``; same config, same tensors."""
+def has_batchnorm(config: CaptureConfig) -> bool:
+    """Whether ``config``'s network normalises with BatchNorm (built on the meta device: no memory, no draw)."""
+    spec = ModelSpec(name=config.model, num_classes=2, in_channels=1, image_size=config.image_size,
+                     width=config.width, mean=(0.0,), std=(1.0,))
+    with torch.device("meta"):
+        return any(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) for m in build_model(spec).modules())
+
+
+def capture(config: CaptureConfig, progress: ProgressFn | None = None) -> Capture:
+    """Compute the (defended) client updates of ``config``; same config, same tensors. ``progress`` is told of
+    the ``train_steps``."""
     if config.num_images % config.batch_size:
         raise LeaklabError(f"--num-images {config.num_images} is not a multiple of --batch-size "
                            f"{config.batch_size}; each update covers one batch")
@@ -115,7 +125,7 @@ def capture(config: CaptureConfig) -> Capture:
                            seed=config.image_seed, offset=used)
         apart = ~among(pool.images, batch.images)  # photos' draws may share a client's image: never trained on
         train_steps(model, pool.images[apart], pool.labels[apart], config.train_steps, seed=config.seed,
-                    adversarial=config.adversarial)
+                    adversarial=config.adversarial, progress=progress)
     model.eval()
 
     generator = seeds.generator(config.seed, seeds.DEFENSE)
@@ -129,6 +139,9 @@ def capture(config: CaptureConfig) -> Capture:
             clean = fedavg_update(model, x, y, local_lr=config.local_lr, local_steps=config.local_steps,
                                   train_mode=config.bn_stats == "batch", adversarial=config.adversarial)
         if not all(bool(torch.isfinite(t).all()) for t in clean.tensors.values()):  # written, then refused on load
+            if config.update == "fedsgd":
+                raise LeaklabError("the client's gradient is not finite (NaN or Inf): the network diverged in its "
+                                   "--train-steps; capture with fewer")
             raise LeaklabError(f"the client's update is not finite (NaN or Inf): its {config.local_steps} local "
                                f"steps at --local-lr {config.local_lr:g} diverged; lower --local-lr")
         updates.append(chain.apply(clean, generator))
@@ -147,9 +160,9 @@ def write(result: Capture, folder: Path) -> None:
                provenance=result.provenance)
 
 
-def run(config: CaptureConfig, out: Path) -> Capture:
+def run(config: CaptureConfig, out: Path, progress: ProgressFn | None = None) -> Capture:
     """``leaklab capture``: capture and write the case folder ``out`` atomically."""
     with atomic_dir(out, VIEW_FORMAT) as tmp:
-        result = capture(config)
+        result = capture(config, progress)
         write(result, tmp)
     return result

@@ -301,8 +301,11 @@ def run_oneshot(capture_config: capture_mod.CaptureConfig, out: Path, method: Me
                 progress: ProgressFn | None = None) -> dict[str, Any]:
     """Capture into ``out/case``, then attack it as :func:`run` does; one atomic output folder."""
     config = _default_config(method, config)
+    if method == "features" and capture_config.bn_stats == "batch" and capture_mod.has_batchnorm(capture_config):
+        raise LeaklabError(f"{capture_config.model} normalises with BatchNorm: the features attack needs the client "
+                           "on the running statistics (--bn-stats running), not the batch's")
     with atomic_dir(out, IMAGE_ATTACK_FORMAT) as tmp:
-        result = capture_mod.capture(capture_config)
+        result = capture_mod.capture(capture_config, progress)
         capture_mod.write(result, tmp / CASE_SUBDIR)
         case = load_case(tmp / CASE_SUBDIR)
         return _attack_and_write(case, str(Path(out) / CASE_SUBDIR), tmp, method, config, progress,

@@ -51,7 +51,8 @@ def adversarial_examples(model: nn.Module, images: torch.Tensor, labels: torch.T
                 delta.requires_grad_(True)
                 grad, = torch.autograd.grad(F.cross_entropy(model(images + delta), labels), delta)
                 delta = delta.detach() + config.step * grad / _per_image(grad).clamp_min(1e-12)
-                delta = delta * (config.eps / _per_image(delta).clamp_min(config.eps))
+                norm = _per_image(delta)  # projected onto the ball; a radius under float32's range leaves 0, not NaN
+                delta = delta * torch.where(norm > config.eps, config.eps / norm, torch.ones_like(norm))
                 delta = (images + delta).clamp(0, 1) - images
     finally:
         model.train(was_training)

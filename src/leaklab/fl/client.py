@@ -9,7 +9,7 @@ al. 2016) through :func:`leaklab.privacy.dpsgd.train_private` and reports the ep
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 import torch
@@ -136,20 +136,24 @@ def _private_fedavg(model: nn.Module, images: torch.Tensor, labels: torch.Tensor
 
 def train_steps(model: nn.Module, images: torch.Tensor, labels: torch.Tensor, steps: int,
                 lr: float = 0.01, batch_size: int = 32, seed: int = 0,
-                adversarial: AdversarialConfig | None = None) -> nn.Module:
+                adversarial: AdversarialConfig | None = None,
+                progress: Callable[[str, int, int], None] | None = None) -> nn.Module:
     """Ordinary training of ``model`` in place (SGD with momentum 0.9) for ``steps`` mini-batches
     drawn from ``images``; used to attack a network "at train step N" (seed 001 Table 2). Its DP-SGD
     counterpart, reporting the epsilon spent, is :func:`leaklab.privacy.dpsgd.train_private`.
     ``adversarial``: Madry's adversarial training (seed 004), each mini-batch replaced by its adversarial
-    examples against the model of that step."""
+    examples against the model of that step. ``progress(task, step, steps)`` is told of each step."""
     if steps <= 0:
         return model
     g = torch.Generator().manual_seed(seed)
     opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
     model.train()
-    for _ in range(steps):
+    task = "adversarial training" if adversarial is not None else "training"
+    for step in range(steps):
         idx = torch.randint(0, len(images), (min(batch_size, len(images)),), generator=g)
         opt.zero_grad()
         _loss(model, _inputs(model, images[idx], labels[idx], adversarial), labels[idx]).backward()
         opt.step()
+        if progress:
+            progress(task, step + 1, steps)
     return model
