@@ -49,7 +49,7 @@ def test_a_capture_never_trains_on_a_clients_photo(monkeypatch):
 
     trained_on = []
     monkeypatch.setattr(capture_module, "train_steps",
-                        lambda model, images, labels, steps, seed: trained_on.append(images))
+                        lambda model, images, labels, steps, seed, **_: trained_on.append(images))
     config = capture_module.CaptureConfig(model="mlp", width=8, num_images=4, image_seed=80, image_size=16,
                                           train_steps=1)
     capture_module.capture(config)
