@@ -61,11 +61,25 @@ def test_attack_reads_labels_and_inverts_features():
     assert sorted(first.labels.tolist()) == sorted(y.tolist())
     assert first.images.shape == x.shape and first.images.min() >= 0 and first.images.max() <= 1
     with torch.no_grad():
-        reached = F.cosine_similarity(feature_map(view.model)(first.images).double(), first.features)
+        reached = F.cosine_similarity(feature_map(view.model)(first.images).double(), first.targets)
     assert (reached > 0.99).all(), reached  # the optimisation finds images of the restored features
     assert torch.allclose(first.loss.double(), 1 - reached, atol=1e-4)
     second = feature_attack(view, update, config)
     assert torch.equal(first.images, second.images)
+
+
+def test_the_nonnegative_part_drops_other_samples_share():
+    from leaklab.attacks.inversion.features import nonnegative_part
+
+    rows = torch.tensor([[1.0, -2.0, 3.0], [-1.0, -1.0, 0.0]], dtype=torch.float64)
+    assert torch.equal(nonnegative_part(rows), torch.tensor([[1.0, 0.0, 3.0], [-1.0, -1.0, 0.0]], dtype=torch.float64))
+    spec, model, x, y = _setup(4)
+    update = fedsgd_update(model, x, y, train_mode=False)
+    with torch.no_grad():
+        r = feature_map(model)(x).double()
+    restored = restore_features(model, update, y)
+    assert (r >= 0).all()  # a ReLU network's features, the premise
+    assert (F.cosine_similarity(nonnegative_part(restored), r) >= F.cosine_similarity(restored, r) - 1e-12).all()
 
 
 def test_more_iterations_lower_the_loss_and_the_trainable_flags_come_back():

@@ -228,8 +228,8 @@ def reproduce_at_features(
     typer.echo(f"wrote {out / 'results.json'}")
     for row in result["rows"]:
         restored = ", ".join(f"batch {r['batch_size']}: cosine {r['cosine_mean']:.3f} "
-                             f"({100 * r['nearly_perfect']:.0f}% >= {at_features.NEARLY_PERFECT})"
-                             for r in row["restoration"])
+                             f"({100 * r['nearly_perfect']:.0f}% >= {at_features.NEARLY_PERFECT}; nonnegative part "
+                             f"{r['nonnegative']['cosine_mean']:.3f})" for r in row["restoration"])
         im = row["images"]
         typer.echo(f"  {row['training']:>10s} (accuracy {100 * row['clean_accuracy']:.1f}%, robust "
                    f"{100 * row['robust_accuracy']:.1f}%): {restored}; images {im['psnr_mean']:.2f} dB "

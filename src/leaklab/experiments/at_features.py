@@ -9,7 +9,8 @@ the same network is trained from the same initialisation on the same images, the
   the batch (of its adversarial examples, when it trains adversarially, at the training's ``eps``); the attacker
   reads the labels off the signs (eq. 5) and takes the anchor's label row as its feature (eq. 4). Quality: the
   cosine with the feature of the input the client trained on, best of the anchor's batches (the paper's
-  best case); an anchor whose label was not read scores 0.
+  best case); an anchor whose label was not read scores 0. Beside it, the same for the row's nonnegative part
+  (leaklab's reading, :func:`~leaklab.attacks.inversion.features.nonnegative_part`, which the image step inverts).
 * Image reconstruction (section 5.3, Fig. 5): one batch of ``image_batch_size`` distinct labels attacked end to
   end (:func:`~leaklab.attacks.inversion.features.feature_attack`); PSNR and SSIM against the private (clean)
   images beside the no-information baseline. The paper scores with LPIPS, whose network weights cannot be
@@ -31,7 +32,7 @@ import torch.nn.functional as F
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from leaklab.attacks.inversion.config import FeatureInversionConfig
-from leaklab.attacks.inversion.features import feature_attack, feature_map, restore_features
+from leaklab.attacks.inversion.features import feature_attack, feature_map, nonnegative_part, restore_features
 from leaklab.attacks.inversion.labels import recover_labels
 from leaklab.data import load_images
 from leaklab.errors import LeaklabError
@@ -123,7 +124,7 @@ def restoration(model: torch.nn.Module, config: AtFeaturesConfig, eps: float, po
     adversarial = _adversarial(config, eps)
     features = feature_map(model)
     generator = torch.Generator().manual_seed(config.seed * 1000 + size)
-    best, labels_read = [], 0
+    best, kept, labels_read = [], [], 0
     for a in range(config.anchors):
         scores = []
         for _ in range(config.batches_per_anchor):
@@ -132,20 +133,24 @@ def restoration(model: torch.nn.Module, config: AtFeaturesConfig, eps: float, po
             update = fedsgd_update(model, x, y, train_mode=False, adversarial=adversarial)
             read = recover_labels(model, update, size)
             if int(y[0]) not in read.tolist():
-                scores.append(0.0)
+                scores.append((0.0, 0.0))
                 continue
             labels_read += 1
             inputs = x if adversarial is None else adversarial_examples(model, x, y, adversarial)
             with torch.no_grad():
                 truth = features(inputs[:1]).double()
             restored = restore_features(model, update, y[:1])
-            scores.append(float(F.cosine_similarity(restored, truth, dim=1)))
-        best.append(max(scores))
+            scores.append((float(F.cosine_similarity(restored, truth)),
+                           float(F.cosine_similarity(nonnegative_part(restored), truth))))
+        best.append(max(s[0] for s in scores))
+        kept.append(max(s[1] for s in scores))
         if progress:
             progress(f"{_label(eps)}, batch {size}", a + 1, config.anchors)
     return {"batch_size": size, "cosine_mean": mean_of(best), "cosine_median": median_of(best),
             "nearly_perfect": mean_of([float(c >= NEARLY_PERFECT) for c in best]),
-            "label_read": labels_read / (config.anchors * config.batches_per_anchor), "cosines": best}
+            "label_read": labels_read / (config.anchors * config.batches_per_anchor), "cosines": best,
+            "nonnegative": {"cosine_mean": mean_of(kept), "cosine_median": median_of(kept),
+                            "nearly_perfect": mean_of([float(c >= NEARLY_PERFECT) for c in kept]), "cosines": kept}}
 
 
 def images_from_features(model: torch.nn.Module, spec: ModelSpec, config: AtFeaturesConfig, eps: float,
@@ -231,9 +236,12 @@ def _plot(path: Path, rows: list[dict]) -> None:
     fig, axes = plt.subplots(1, len(sizes) + 1, figsize=(3.4 * (len(sizes) + 1), 3.2))
     for ax, k in zip(axes, range(len(sizes))):
         for row in rows:
-            cos = sorted(row["restoration"][k]["cosines"], reverse=True)
-            ax.plot(range(1, len(cos) + 1), cos, label=row["training"])
-        ax.set_title(f"batch of {sizes[k]} (Fig. 3)", fontsize=9)
+            cell = row["restoration"][k]
+            cos = sorted(cell["cosines"], reverse=True)
+            line, = ax.plot(range(1, len(cos) + 1), cos, label=row["training"])
+            kept = sorted(cell["nonnegative"]["cosines"], reverse=True)
+            ax.plot(range(1, len(kept) + 1), kept, "--", color=line.get_color(), linewidth=0.8)
+        ax.set_title(f"batch of {sizes[k]} (Fig. 3; dashed: rows' nonnegative part)", fontsize=8)
         ax.set_xlabel("anchors, best restored first")
         ax.set_ylabel("cosine with the true feature")
         ax.set_ylim(-1.05, 1.05)

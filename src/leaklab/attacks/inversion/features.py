@@ -10,7 +10,10 @@ its feature.
   a positive factor. Adversarial training keeps ``p_i,y_i`` low on the (adversarial) inputs the client trains
   on, which tightens the approximation: the paper's point. Batch 1 is exact. Two samples of one class share a
   row: both get their sum (the paper assumes distinct labels). Labels come from the view when granted, else
-  from the rows' signs (eq. 5, :func:`~leaklab.attacks.inversion.labels.recover_labels`).
+  from the rows' signs (eq. 5, :func:`~leaklab.attacks.inversion.labels.recover_labels`). leaklab's addition
+  (:func:`nonnegative_part`): the features of a ReLU or sigmoid network are nonnegative (the premise of eq. 5), so
+  a row's negative entries are the other samples' share alone, and dropping them brings the row closer to the
+  sample's feature (MNIST, ResNet-18 adversarially trained at eps 2, batches of 10: mean cosine 0.24 -> 0.64).
 * Step 2, image reconstruction (section 4.3, eq. 6): ``argmin_z (1 - cos(r(z), r_hat)) + lambda TV(z)`` with
   Adam from random starts, the start of lowest loss kept (the paper: lr 0.1, 5,000 steps, TV weight 1e-6 on
   its summed TV at 224 px, 5 starts). ``r(z)`` is the input of the last linear layer with the model in eval
@@ -46,7 +49,8 @@ class FeatureReconstruction:
     """What the two-step attack recovered from one update."""
 
     labels: torch.Tensor  # (N,)
-    features: torch.Tensor  # (N, D) restored features, float64, up to a positive factor each
+    features: torch.Tensor  # (N, D) restored features (eq. 4), float64, up to a positive factor each
+    targets: torch.Tensor  # (N, D) what step 2 inverted: their nonnegative parts
     images: torch.Tensor  # (N, C, H, W) in [0, 1]
     loss: torch.Tensor  # (N,) final loss of the kept start
     seconds: float
@@ -60,6 +64,13 @@ def restore_features(model: nn.Module, update: ClientUpdate, labels: torch.Tenso
     if labels.ndim != 1 or not len(labels) or labels.min() < 0 or labels.max() >= len(rows):
         raise LeaklabError(f"labels must be class indices of the last layer (0..{len(rows) - 1})")
     return -rows[labels]
+
+
+def nonnegative_part(features: torch.Tensor) -> torch.Tensor:
+    """Each restored feature (N, D) with its negative entries set to 0; a row with no positive entry is kept as it is
+    (its label was misread: nothing of it is a sample's feature, and a zero row has no direction)."""
+    kept = features.clamp_min(0)
+    return torch.where((kept > 0).any(1, keepdim=True), kept, features)
 
 
 def feature_map(model: nn.Module) -> Callable[[torch.Tensor], torch.Tensor]:
@@ -138,9 +149,10 @@ def feature_attack(view: ServerView, update: ClientUpdate, config: FeatureInvers
     model = view.model
     labels = view.labels.clone() if view.labels is not None else recover_labels(model, update, view.batch_size)
     features = restore_features(model, update, labels)
+    targets = nonnegative_part(features)
     device = device or default_device()
     with repeatable(device):
         c, s = view.spec.in_channels, view.spec.image_size
-        images, loss = invert_features(model.to(device), features, (c, s, s), config, progress)
-    return FeatureReconstruction(labels=labels, features=features, images=images, loss=loss,
+        images, loss = invert_features(model.to(device), targets, (c, s, s), config, progress)
+    return FeatureReconstruction(labels=labels, features=features, targets=targets, images=images, loss=loss,
                                  seconds=time.perf_counter() - start)
