@@ -222,7 +222,12 @@ def run(out: Path, config: AtFeaturesConfig | None = None, quick: bool = False,
                    "seconds": time.perf_counter() - start}
         write_json(tmp / RESULTS_FILE, results)
         _plot(tmp / PLOT_FILE, rows)
-        _plot_images(tmp / IMAGES_FILE, rows, pictures)
+        from leaklab.report.plots import image_grid
+
+        captions = [None, *([f"{p:.1f} dB" for p in r["images"]["psnr"]] for r in rows)]
+        image_grid([("private", pictures["private"]), *((r["training"], pictures[r["training"]]) for r in rows)],
+                   tmp / IMAGES_FILE, captions=captions, max_cols=10,
+                   title="images from restored features (PSNR against the private image)")
     return results
 
 
@@ -254,27 +259,6 @@ def _plot(path: Path, rows: list[dict]) -> None:
     ax.set_ylabel("mean cosine")
     ax.set_title("restoration vs eps (Fig. 4 left)", fontsize=9)
     ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-
-
-def _plot_images(path: Path, rows: list[dict], pictures: dict[str, torch.Tensor]) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    keys = ["private", *(r["training"] for r in rows)]
-    n = len(pictures["private"])
-    fig, axes = plt.subplots(len(keys), n, figsize=(1.1 * n + 1, 1.2 * len(keys)), squeeze=False)
-    for i, key in enumerate(keys):
-        for j in range(n):
-            ax = axes[i][j]
-            ax.imshow(pictures[key][j].permute(1, 2, 0).squeeze(-1).clamp(0, 1).numpy(), cmap="gray", vmin=0, vmax=1)
-            ax.set_xticks([])
-            ax.set_yticks([])
-        axes[i][0].set_ylabel(key, fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
