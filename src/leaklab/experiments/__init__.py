@@ -10,8 +10,8 @@
 * :mod:`leaklab.experiments.attack_pool` runs the room attacks in worker processes and
   :mod:`~leaklab.experiments.attack_journal` keeps them for a resumed run;
 * :mod:`leaklab.experiments.room_tables`, :mod:`~leaklab.experiments.bayes_table2`,
-  :mod:`~leaklab.experiments.dp_vs_inversion`, :mod:`~leaklab.experiments.inversion_checks`: the
-  reproductions and reference checks behind ``leaklab reproduce``.
+  :mod:`~leaklab.experiments.dp_vs_inversion`, :mod:`~leaklab.experiments.inversion_checks`,
+  :mod:`~leaklab.experiments.at_features`: the reproductions and reference checks behind ``leaklab reproduce``.
 
 Progress callbacks used here have the form ``progress(task, completed, total)`` (:data:`ProgressFn`);
 ``completed`` may be fractional: the room attacks count a running attack's share of its image stage.
