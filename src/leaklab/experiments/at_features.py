@@ -154,14 +154,16 @@ def restoration(model: torch.nn.Module, config: AtFeaturesConfig, eps: float, po
 
 
 def images_from_features(model: torch.nn.Module, spec: ModelSpec, config: AtFeaturesConfig, eps: float,
-                         pool: torch.Tensor, pool_labels: torch.Tensor) -> tuple[dict, torch.Tensor, torch.Tensor]:
+                         pool: torch.Tensor, pool_labels: torch.Tensor,
+                         progress: ProgressFn | None = None) -> tuple[dict, torch.Tensor, torch.Tensor]:
     """The whole attack on one batch of distinct labels; returns its row and (truth, reconstruction)."""
     generator = torch.Generator().manual_seed(config.seed)
     idx = _distinct_batch(0, pool_labels, config.image_batch_size, generator)
     x, y = pool[idx], pool_labels[idx]
     update = fedsgd_update(model, x, y, train_mode=False, adversarial=_adversarial(config, eps))
     view = make_view(spec, model.state_dict(), update.metadata, Capabilities())
-    rec = feature_attack(view, update, config.inversion)
+    rec = feature_attack(view, update, config.inversion, progress=None if progress is None else
+                         lambda done, total: progress(f"{_label(eps)}: images", done, total))
     order = {int(c): i for i, c in enumerate(rec.labels)}  # the batch's labels are distinct
     images = torch.stack([rec.images[order[int(c)]] if int(c) in order else torch.zeros_like(x[0]) for c in y])
     p, s, base = psnr(images, x), ssim(images, x), psnr(constant_baseline(x), x)
@@ -213,7 +215,7 @@ def run(out: Path, config: AtFeaturesConfig | None = None, quick: bool = False,
                    "restoration": [restoration(model, config, eps, pool, pool_labels, n, progress)
                                    for n in config.batch_sizes]}
             row["images"], truth, pictures[_label(eps)] = images_from_features(model, spec, config, eps, pool,
-                                                                               pool_labels)
+                                                                               pool_labels, progress)
             pictures["private"] = truth
             rows.append(row)
         results = {"format": AT_FEATURES_FORMAT, "format_version": 1, "quick": quick,
