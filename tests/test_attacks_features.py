@@ -133,7 +133,7 @@ def test_cli_attacks_a_case_of_an_adversarially_training_client(tmp_path):
     runner = CliRunner()
     case, out = tmp_path / "case", tmp_path / "out"
     capture = ["capture", "--model", "cnn", "--data", "digits", "--image-size", "8", "--width", "8",
-               "--batch-size", "3", "--num-images", "6", "--train-steps", "10", "--out"]
+               "--batch-size", "3", "--num-images", "6", "--image-seed", "1", "--train-steps", "10", "--out"]
     assert runner.invoke(app, capture + [str(case), "--adversarial-eps", "0.5"], catch_exceptions=False).exit_code == 0
     plain = tmp_path / "plain"
     assert runner.invoke(app, capture + [str(plain)], catch_exceptions=False).exit_code == 0
@@ -193,3 +193,27 @@ def test_restoration_summary_is_the_mean_and_median_of_the_anchors():
     row = at_features.restoration(model.train(), config, 0.0, data.images, data.labels, 3)
     assert row["cosine_median"] == statistics.median(row["cosines"])
     assert row["cosine_mean"] == pytest.approx(statistics.fmean(row["cosines"]), abs=1e-12)
+
+
+def test_distinct_labels_are_the_rows_of_smallest_entries():
+    from leaklab.attacks.inversion.features import distinct_labels
+
+    spec, model, x, y = _setup(10)
+    update = fedsgd_update(model, x, y, train_mode=False)
+    assert distinct_labels(model, update, 10).tolist() == list(range(10))  # every class present, each read
+    few = fedsgd_update(model, x[[2, 7, 9]], y[[2, 7, 9]], train_mode=False)
+    assert distinct_labels(model, few, 3).tolist() == [2, 7, 9]
+    with pytest.raises(LeaklabError, match="1 to 10 images"):
+        distinct_labels(model, update, 11)
+    # a present class whose row holds no negative entry (a confident sample's) is still read, where the rule that
+    # allows a class twice repeats the one negative row instead
+    from leaklab.attacks.inversion import recover_labels
+    from leaklab.threat import ClientUpdate
+
+    rows = torch.full((10, 100), 5.0)
+    rows[3, 0], rows[6] = -1.0, 0.01
+    tensors = {k: torch.zeros_like(v) for k, v in update.tensors.items()}
+    tensors["classifier.2.weight"] = rows
+    crafted = ClientUpdate(metadata=update.metadata.model_copy(update={"batch_size": 2}), tensors=tensors)
+    assert distinct_labels(model, crafted, 2).tolist() == [3, 6]
+    assert recover_labels(model, crafted, 2).tolist() == [3, 3]

@@ -7,9 +7,9 @@ the same network is trained from the same initialisation on the same images, the
 * Feature restoration (section 5.2, Figs. 3 and 4 left): each anchor image joins ``batches_per_anchor`` random
   batches of ``N`` images of distinct labels (the paper's assumption); the client sends the FedSGD gradient of
   the batch (of its adversarial examples, when it trains adversarially, at the training's ``eps``); the attacker
-  reads the labels off the signs (eq. 5) and takes the anchor's label row as its feature (eq. 4). Quality: the
-  cosine with the feature of the input the client trained on, best of the anchor's batches (the paper's
-  best case); an anchor whose label was not read scores 0. Beside it, the same for the row's nonnegative part
+  reads the labels off the rows' smallest entries (eq. 5) and takes the anchor's label row as its feature
+  (eq. 4). Quality: the cosine with the feature of the input the client trained on, best of the anchor's batches
+  (the paper's best case); an anchor whose label was not read scores 0. Beside it, the same for the row's nonnegative part
   (leaklab's reading, :func:`~leaklab.attacks.inversion.features.nonnegative_part`, which the image step inverts).
 * Image reconstruction (section 5.3, Fig. 5): one batch of ``image_batch_size`` distinct labels attacked end to
   end (:func:`~leaklab.attacks.inversion.features.feature_attack`); PSNR and SSIM against the private (clean)
@@ -32,8 +32,8 @@ import torch.nn.functional as F
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from leaklab.attacks.inversion.config import FeatureInversionConfig
-from leaklab.attacks.inversion.features import feature_attack, feature_map, nonnegative_part, restore_features
-from leaklab.attacks.inversion.labels import recover_labels
+from leaklab.attacks.inversion.features import (distinct_labels, feature_attack, feature_map, nonnegative_part,
+                                                restore_features)
 from leaklab.data import load_images
 from leaklab.errors import LeaklabError
 from leaklab.experiments import ProgressFn
@@ -131,7 +131,7 @@ def restoration(model: torch.nn.Module, config: AtFeaturesConfig, eps: float, po
             idx = _distinct_batch(a, pool_labels, size, generator)
             x, y = pool[idx], pool_labels[idx]
             update = fedsgd_update(model, x, y, train_mode=False, adversarial=adversarial)
-            read = recover_labels(model, update, size)
+            read = distinct_labels(model, update, size)
             if int(y[0]) not in read.tolist():
                 scores.append((0.0, 0.0))
                 continue

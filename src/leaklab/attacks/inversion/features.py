@@ -9,8 +9,11 @@ its feature.
   p_j,y_i r_j``: with the other samples' probabilities on ``y_i`` small, the sign-flipped row is ``r_i`` up to
   a positive factor. Adversarial training keeps ``p_i,y_i`` low on the (adversarial) inputs the client trains
   on, which tightens the approximation: the paper's point. Batch 1 is exact. Two samples of one class share a
-  row: both get their sum (the paper assumes distinct labels). Labels come from the view when granted, else
-  from the rows' signs (eq. 5, :func:`~leaklab.attacks.inversion.labels.recover_labels`). leaklab's addition
+  row, their sum, read once; the slot left goes to another class, whose row is no sample's feature (the paper
+  assumes distinct labels). Labels come from the view when granted, else
+  by eq. 5's rule for distinct labels (:func:`distinct_labels`: the ``N`` rows of smallest entry; leaklab's
+  general rule, :func:`~leaklab.attacks.inversion.labels.recover_labels`, which allows a class twice, read 58 % of
+  the labels of vanilla MNIST batches of 10, where the ten classes are all present). leaklab's addition
   (:func:`nonnegative_part`): the features of a ReLU or sigmoid network are nonnegative (the premise of eq. 5), so
   a row's negative entries are the other samples' share alone, and dropping them brings the row closer to the
   sample's feature (MNIST, ResNet-18 adversarially trained at eps 2, batches of 10: mean cosine 0.24 -> 0.64).
@@ -35,7 +38,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from leaklab.attacks.inversion.config import FeatureInversionConfig
-from leaklab.attacks.inversion.labels import class_rows, last_linear, recover_labels
+from leaklab.attacks.inversion.labels import class_rows, last_linear
 from leaklab.attacks.inversion.priors import total_variation
 from leaklab.device import default_device, repeatable
 from leaklab.errors import LeaklabError
@@ -54,6 +57,17 @@ class FeatureReconstruction:
     images: torch.Tensor  # (N, C, H, W) in [0, 1]
     loss: torch.Tensor  # (N,) final loss of the kept start
     seconds: float
+
+
+def distinct_labels(model: nn.Module, update: ClientUpdate, batch_size: int) -> torch.Tensor:
+    """Eq. 5's labels of a batch of distinct labels: the ``batch_size`` classes whose weight-gradient row holds the
+    smallest entries (only a present class's row can go negative), sorted."""
+    _, layer = last_linear(model)
+    rows = class_rows(model, update)[:, :layer.in_features]
+    if not 1 <= batch_size <= len(rows):
+        raise LeaklabError(f"a batch of distinct labels holds 1 to {len(rows)} images (the classes); "
+                           f"this one declares {batch_size}")
+    return torch.sort(torch.argsort(rows.min(1).values)[:batch_size]).values
 
 
 def restore_features(model: nn.Module, update: ClientUpdate, labels: torch.Tensor) -> torch.Tensor:
@@ -147,7 +161,7 @@ def feature_attack(view: ServerView, update: ClientUpdate, config: FeatureInvers
         raise LeaklabError(f"the view declares batch size {view.batch_size}, the update {update.metadata.batch_size}")
     start = time.perf_counter()
     model = view.model
-    labels = view.labels.clone() if view.labels is not None else recover_labels(model, update, view.batch_size)
+    labels = view.labels.clone() if view.labels is not None else distinct_labels(model, update, view.batch_size)
     features = restore_features(model, update, labels)
     targets = nonnegative_part(features)
     device = device or default_device()
