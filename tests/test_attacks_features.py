@@ -60,6 +60,9 @@ def test_attack_reads_labels_and_inverts_features():
     first = feature_attack(view, update, config)
     assert sorted(first.labels.tolist()) == sorted(y.tolist())
     assert first.images.shape == x.shape and first.images.min() >= 0 and first.images.max() <= 1
+    from leaklab.attacks.inversion.features import nonnegative_part
+
+    assert torch.equal(first.targets, nonnegative_part(first.features))
     with torch.no_grad():
         reached = F.cosine_similarity(feature_map(view.model)(first.images).double(), first.targets)
     assert (reached > 0.99).all(), reached  # the optimisation finds images of the restored features
@@ -180,8 +183,11 @@ def test_one_shot_defaults_to_running_statistics_and_refuses_batch_ones_before_c
     assert result.exit_code == 0, result.output
     data = json.loads((tmp_path / "ok" / "results.json").read_text())
     assert data["config"]["capture"]["bn_stats"] == "running"
-    bad = runner.invoke(app, common + ["--bn-stats", "batch", "--train-steps", "100000", "--out", str(tmp_path / "b")])
+    bad = runner.invoke(app, common + ["--bn-stats", "batch", "--train-steps", "300", "--out", str(tmp_path / "b")])
     assert bad.exit_code == 2 and "--bn-stats running" in bad.output and not (tmp_path / "b").exists()
+    many = runner.invoke(app, [*common[:10], "--batch-size", "12", "--num-images", "12", "--train-steps", "300",
+                               "--out", str(tmp_path / "m")])
+    assert many.exit_code == 2 and "at most 10 images" in many.output and not (tmp_path / "m").exists()
 
 
 def test_restoration_summary_is_the_mean_and_median_of_the_anchors():
@@ -217,3 +223,5 @@ def test_distinct_labels_are_the_rows_of_smallest_entries():
     crafted = ClientUpdate(metadata=update.metadata.model_copy(update={"batch_size": 2}), tensors=tensors)
     assert distinct_labels(model, crafted, 2).tolist() == [3, 6]
     assert recover_labels(model, crafted, 2).tolist() == [3, 3]
+    view = make_view(spec, model.state_dict(), crafted.metadata, Capabilities())
+    assert feature_attack(view, crafted, FeatureInversionConfig(iterations=1, restarts=1)).labels.tolist() == [3, 6]

@@ -79,7 +79,7 @@ class AtFeaturesConfig(BaseModel):
     anchors: int = Field(default=50, ge=1, le=5000)
     batches_per_anchor: int = Field(default=5, ge=1, le=100)
     image_batch_size: int = Field(default=10, ge=1)
-    inversion: FeatureInversionConfig = FeatureInversionConfig(iterations=1000, tv=0.03, restarts=2)
+    inversion: FeatureInversionConfig = FeatureInversionConfig(iterations=1000, restarts=2)
     seed: Seed = 0
 
     @field_validator("epsilons")

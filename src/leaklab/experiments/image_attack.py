@@ -23,6 +23,7 @@ import torch
 
 from leaklab.attacks.inversion import (FeatureInversionConfig, InversionConfig, Reconstruction, feature_attack, invert,
                                        recover_input, recover_labels)
+from leaklab.data import load_images
 from leaklab.device import default_device, describe, versions
 from leaklab.errors import LeaklabError
 from leaklab.experiments import ProgressFn
@@ -301,9 +302,14 @@ def run_oneshot(capture_config: capture_mod.CaptureConfig, out: Path, method: Me
                 progress: ProgressFn | None = None) -> dict[str, Any]:
     """Capture into ``out/case``, then attack it as :func:`run` does; one atomic output folder."""
     config = _default_config(method, config)
-    if method == "features" and capture_config.bn_stats == "batch" and capture_mod.has_batchnorm(capture_config):
-        raise LeaklabError(f"{capture_config.model} normalises with BatchNorm: the features attack needs the client "
-                           "on the running statistics (--bn-stats running), not the batch's")
+    if method == "features":  # what the attack would refuse, refused before the capture trains
+        if capture_config.bn_stats == "batch" and capture_mod.has_batchnorm(capture_config):
+            raise LeaklabError(f"{capture_config.model} normalises with BatchNorm: the features attack needs the "
+                               "client on the running statistics (--bn-stats running), not the batch's")
+        classes = load_images(capture_config.data, 1, capture_config.image_size).num_classes
+        if not capture_config.knows_labels and capture_config.batch_size > classes:
+            raise LeaklabError(f"{capture_config.data} has {classes} classes: the features attack reads a batch of "
+                               f"distinct labels, at most {classes} images (or grant them: --knows-labels)")
     with atomic_dir(out, IMAGE_ATTACK_FORMAT) as tmp:
         result = capture_mod.capture(capture_config, progress)
         capture_mod.write(result, tmp / CASE_SUBDIR)

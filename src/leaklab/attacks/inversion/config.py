@@ -104,6 +104,7 @@ class FeatureInversionConfig(BaseModel):
 
     iterations: int = Field(default=1000, ge=1, le=100_000, description="Adam steps (the paper: 5,000)")
     lr: float = Field(default=0.1, gt=0, le=10, description="Adam's initial learning rate, annealed to 0")
-    tv: float = Field(default=0.01, ge=0, le=100, description="weight of the mean total variation")
+    tv: float = Field(default=0.03, ge=0, le=100, description="weight of the mean total variation (0.03: the best "
+                                                              "of 0, 0.03 and 0.3 on exact MNIST features)")
     restarts: int = Field(default=5, ge=1, le=64, description="random starts; the lowest loss is kept")
     seed: Seed = 0
