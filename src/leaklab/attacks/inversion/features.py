@@ -16,7 +16,7 @@ its feature.
   the labels of vanilla MNIST batches of 10, where the ten classes are all present). leaklab's addition
   (:func:`nonnegative_part`): the features of a ReLU or sigmoid network are nonnegative (the premise of eq. 5), so
   a row's negative entries are the other samples' share alone, and dropping them brings the row closer to the
-  sample's feature (MNIST, ResNet-18 adversarially trained at eps 2, batches of 10: mean cosine 0.24 -> 0.64).
+  sample's feature (`leaklab reproduce at-features`, batches of 10: mean cosine 0.57 -> 0.73 at eps 2).
 * Step 2, image reconstruction (section 4.3, eq. 6): ``argmin_z (1 - cos(r(z), r_hat)) + lambda TV(z)`` with
   Adam from random starts, the start of lowest loss kept (the paper: lr 0.1, 5,000 steps, TV weight 1e-6 on
   its summed TV at 224 px, 5 starts). ``r(z)`` is the input of the last linear layer with the model in eval
