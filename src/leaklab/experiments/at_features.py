@@ -9,8 +9,9 @@ the same network is trained from the same initialisation on the same images, the
   the batch (of its adversarial examples, when it trains adversarially, at the training's ``eps``); the attacker
   reads the labels off the rows' smallest entries (eq. 5) and takes the anchor's label row as its feature
   (eq. 4). Quality: the cosine with the feature of the input the client trained on, best of the anchor's batches
-  (the paper's best case); an anchor whose label was not read scores 0. Beside it, the same for the row's nonnegative part
-  (leaklab's reading, :func:`~leaklab.attacks.inversion.features.nonnegative_part`, which the image step inverts).
+  (the paper's best case); an anchor whose label was not read scores 0. Beside it, the same for the row's
+  nonnegative part (leaklab's reading, :func:`~leaklab.attacks.inversion.features.nonnegative_part`, which the
+  image step inverts).
 * Image reconstruction (section 5.3, Fig. 5): one batch of ``image_batch_size`` distinct labels attacked end to
   end (:func:`~leaklab.attacks.inversion.features.feature_attack`); PSNR and SSIM against the private (clean)
   images beside the no-information baseline. The paper scores with LPIPS, whose network weights cannot be
