@@ -41,7 +41,7 @@ from leaklab.experiments import ProgressFn
 from leaklab.fields import Seed
 from leaklab.fl import AdversarialConfig, adversarial_examples, fedsgd_update, train_steps
 from leaklab.io import AT_FEATURES_FORMAT, RESULTS_FILE, atomic_dir, write_json
-from leaklab.metrics import constant_baseline, psnr, ssim
+from leaklab.metrics import accuracy, constant_baseline, psnr, ssim
 from leaklab.metrics.vectors import mean_of, median_of
 from leaklab.models import ModelSpec, build_model
 from leaklab.threat import Capabilities, make_view
@@ -174,13 +174,6 @@ def images_from_features(model: torch.nn.Module, spec: ModelSpec, config: AtFeat
              "seconds": rec.seconds}, x, images)
 
 
-def _accuracy(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, adversarial: AdversarialConfig | None) -> float:
-    inputs = x if adversarial is None else adversarial_examples(model, x, y, adversarial)
-    model.eval()
-    with torch.no_grad():
-        return float((model(inputs).argmax(1) == y).float().mean())
-
-
 def run(out: Path, config: AtFeaturesConfig | None = None, quick: bool = False,
         progress: ProgressFn | None = None) -> dict:
     """Train, attack and write ``out`` atomically; returns the results (also ``results.json``)."""
@@ -211,8 +204,8 @@ def run(out: Path, config: AtFeaturesConfig | None = None, quick: bool = False,
             trained = time.perf_counter() - began
             test = pool[config.anchors:][:1000], pool_labels[config.anchors:][:1000]
             row = {"eps": eps, "training": _label(eps), "train_seconds": trained,
-                   "clean_accuracy": _accuracy(model, *test, None),
-                   "robust_accuracy": _accuracy(model, *test, strongest),
+                   "clean_accuracy": accuracy(model, *test),
+                   "robust_accuracy": accuracy(model, adversarial_examples(model, *test, strongest), test[1]),
                    "restoration": [restoration(model, config, eps, pool, pool_labels, n, progress)
                                    for n in config.batch_sizes]}
             row["images"], truth, pictures[_label(eps)] = images_from_features(model, spec, config, eps, pool,

@@ -27,7 +27,7 @@ from leaklab.fl import AdversarialConfig, fedavg_update, fedsgd_update, train_st
 from leaklab.cases import write_case
 from leaklab.io import VIEW_FORMAT, atomic_dir
 from leaklab.metrics.vectors import update_cosine
-from leaklab.models import MODEL_NAMES, ModelSpec, build_model
+from leaklab.models import MODEL_NAMES, ModelSpec, batchnorm_layers, build_model
 from leaklab.names import BN_STATS_NAMES, UPDATE_NAMES
 from leaklab.threat import Capabilities, ClientUpdate, UpdateMetadata
 
@@ -97,7 +97,7 @@ def has_batchnorm(config: CaptureConfig) -> bool:
     spec = ModelSpec(name=config.model, num_classes=2, in_channels=1, image_size=config.image_size,
                      width=config.width, mean=(0.0,), std=(1.0,))
     with torch.device("meta"):
-        return any(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) for m in build_model(spec).modules())
+        return bool(batchnorm_layers(build_model(spec)))
 
 
 def capture(config: CaptureConfig, progress: ProgressFn | None = None) -> Capture:

@@ -35,7 +35,7 @@ from leaklab.experiments import ProgressFn
 from leaklab.fields import Seed
 from leaklab.fl import fedsgd_update, train_steps
 from leaklab.io import DP_VS_INVERSION_FORMAT, RESULTS_FILE, atomic_dir, write_json
-from leaklab.metrics import constant_baseline, psnr, ssim
+from leaklab.metrics import accuracy, constant_baseline, psnr, ssim
 from leaklab.models import ModelSpec, build_model
 from leaklab.privacy.dpsgd import DPSGDConfig, clip_and_noise, noise_multiplier_for, train_private
 from leaklab.threat import Capabilities, make_view
@@ -74,12 +74,6 @@ class DpVsInversionConfig(BaseModel):
                    batch_size=64, attack_epsilons=[math.inf, 3.0], attack_images=1, iterations=20, seed=seed)
 
 
-def _accuracy(model: torch.nn.Module, images: torch.Tensor, labels: torch.Tensor) -> float:
-    model.eval()
-    with torch.no_grad():
-        return float((model(images).argmax(1) == labels).float().mean())
-
-
 def utility(config: DpVsInversionConfig, progress: ProgressFn | None = None) -> dict:
     """Test accuracy of DP-SGD at (epsilon, delta) and of non-private SGD, same model and data."""
     n = config.train_images + config.test_images
@@ -96,8 +90,8 @@ def utility(config: DpVsInversionConfig, progress: ProgressFn | None = None) -> 
     start = time.perf_counter()
     plain = train_steps(build_model(spec, seed=config.seed), x, y, config.steps, lr=config.sgd_lr,
                         batch_size=config.batch_size, seed=config.seed)
-    return {"private": {**report, "accuracy": _accuracy(private, xt, yt), "seconds": private_seconds},
-            "non_private": {"accuracy": _accuracy(plain, xt, yt), "steps": config.steps, "lr": config.sgd_lr,
+    return {"private": {**report, "accuracy": accuracy(private, xt, yt), "seconds": private_seconds},
+            "non_private": {"accuracy": accuracy(plain, xt, yt), "steps": config.steps, "lr": config.sgd_lr,
                             "seconds": time.perf_counter() - start},
             "train_images": config.train_images, "test_images": config.test_images}
 

@@ -10,6 +10,13 @@ from collections.abc import Iterable
 import torch
 
 
+def accuracy(model: torch.nn.Module, images: torch.Tensor, labels: torch.Tensor) -> float:
+    """The share of ``images`` whose most probable class under ``model`` (put in eval mode) is their label."""
+    model.eval()
+    with torch.no_grad():
+        return float((model(images).argmax(1) == labels).float().mean())
+
+
 def box_iou(pred: torch.Tensor, truth: torch.Tensor) -> torch.Tensor:
     """Intersection over union of axis-aligned boxes ``(x1, y1, x2, y2)``, row by row, shape (N,).
 

@@ -7,9 +7,9 @@ normalised inputs as it does in training.
 """
 
 from leaklab.models.factory import MODEL_NAMES, ModelSpec, build_model
-from leaklab.models.layers import Normalize
+from leaklab.models.layers import Normalize, batchnorm_layers
 from leaklab.models.perception import (ARCH_NAMES, PerceptionNet, PerceptionSpec, build_perception_net,
                                        stack_images)
 
 __all__ = ["ARCH_NAMES", "MODEL_NAMES", "ModelSpec", "Normalize", "PerceptionNet", "PerceptionSpec",
-           "build_model", "build_perception_net", "stack_images"]
+           "batchnorm_layers", "build_model", "build_perception_net", "stack_images"]

@@ -8,6 +8,11 @@ import torch
 from torch import nn
 
 
+def batchnorm_layers(model: nn.Module) -> list[nn.Module]:
+    """The BatchNorm layers of ``model`` (of any dimension), in module order."""
+    return [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
+
+
 class Normalize(nn.Module):
     """Maps [0, 1] pixels to ``(x - mean) / std`` per channel; mean and std are buffers."""
 

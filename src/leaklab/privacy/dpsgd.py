@@ -38,6 +38,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from leaklab import seeds
 from leaklab.defenses import Clip, Gaussian
 from leaklab.errors import LeaklabError
+from leaklab.models.layers import batchnorm_layers
 from leaklab.names import ACCOUNTANT_NAMES
 from leaklab.privacy.accounting import DEFAULT_ACCOUNTANT, check_accountable, dpsgd_epsilon, dpsgd_sigma
 from leaklab.privacy.mechanisms import analytic_gaussian_epsilon, analytic_gaussian_sigma
@@ -153,7 +154,7 @@ def _check_opacus(model: nn.Module) -> None:
     errors = ModuleValidator.validate(model, strict=False)
     model.train(was)
     if errors:
-        kinds = sorted({type(m).__name__ for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)})
+        kinds = sorted({type(m).__name__ for m in batchnorm_layers(model)})
         fix = (f"replace {', '.join(kinds)} by GroupNorm (opacus.validators.ModuleValidator.fix) or use a model "
                "without it (mlp, cnn, lenet)") if kinds else "see opacus.validators.ModuleValidator"
         raise LeaklabError(f"opacus cannot train this model privately ({str(errors[0]).splitlines()[0]}); {fix}")

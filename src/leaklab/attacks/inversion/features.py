@@ -42,6 +42,7 @@ from leaklab.attacks.inversion.labels import class_rows, last_linear
 from leaklab.attacks.inversion.priors import total_variation
 from leaklab.device import default_device, repeatable
 from leaklab.errors import LeaklabError
+from leaklab.models import batchnorm_layers
 from leaklab.threat import ClientUpdate, ServerView
 
 Progress = Callable[[int, int], None]
@@ -59,11 +60,16 @@ class FeatureReconstruction:
     seconds: float
 
 
+def _weight_rows(model: nn.Module, update: ClientUpdate) -> torch.Tensor:
+    """The last layer's weight-gradient rows (classes, features), float64, without the bias entries."""
+    _, layer = last_linear(model)
+    return class_rows(model, update)[:, :layer.in_features]
+
+
 def distinct_labels(model: nn.Module, update: ClientUpdate, batch_size: int) -> torch.Tensor:
     """Eq. 5's labels of a batch of distinct labels: the ``batch_size`` classes whose weight-gradient row holds the
     smallest entries (only a present class's row can go negative), sorted."""
-    _, layer = last_linear(model)
-    rows = class_rows(model, update)[:, :layer.in_features]
+    rows = _weight_rows(model, update)
     if not 1 <= batch_size <= len(rows):
         raise LeaklabError(f"a batch of distinct labels holds 1 to {len(rows)} images (the classes); "
                            f"this one declares {batch_size}")
@@ -73,8 +79,7 @@ def distinct_labels(model: nn.Module, update: ClientUpdate, batch_size: int) -> 
 def restore_features(model: nn.Module, update: ClientUpdate, labels: torch.Tensor) -> torch.Tensor:
     """Step 1: the restored feature of each label's sample, ``(N, D)`` float64, the sign-flipped weight row of
     its class (eq. 4)."""
-    _, layer = last_linear(model)
-    rows = class_rows(model, update)[:, :layer.in_features]
+    rows = _weight_rows(model, update)
     if labels.ndim != 1 or not len(labels) or labels.min() < 0 or labels.max() >= len(rows):
         raise LeaklabError(f"labels must be class indices of the last layer (0..{len(rows) - 1})")
     return -rows[labels]
@@ -153,7 +158,7 @@ def feature_attack(view: ServerView, update: ClientUpdate, config: FeatureInvers
                    progress: Progress | None = None, device: torch.device | None = None) -> FeatureReconstruction:
     """Seed 004's attack on one client update: labels, restored features, then the images."""
     update.validate_against(view.model)
-    if update.metadata.train_mode and any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in view.model.modules()):
+    if update.metadata.train_mode and batchnorm_layers(view.model):
         raise LeaklabError("the update was computed with the batch's BatchNorm statistics, which the attack cannot "
                            "reproduce for one image's features; attack updates computed on the running statistics "
                            "(capture with --bn-stats running), or a network without BatchNorm")
