@@ -225,3 +225,10 @@ def test_distinct_labels_are_the_rows_of_smallest_entries():
     assert recover_labels(model, crafted, 2).tolist() == [3, 3]
     view = make_view(spec, model.state_dict(), crafted.metadata, Capabilities())
     assert feature_attack(view, crafted, FeatureInversionConfig(iterations=1, restarts=1)).labels.tolist() == [3, 6]
+
+
+def test_each_private_image_is_scored_on_a_reconstruction_of_the_attack():
+    # a misread label's reconstruction stands for the label missed (the fill was a black image, which scores a
+    # constant image's PSNR on dark digits)
+    assert at_features._pairing(torch.tensor([1, 4, 7]), torch.tensor([7, 2, 1])) == [2, 1, 0]
+    assert at_features._pairing(torch.tensor([0, 3]), torch.tensor([3, 0])) == [1, 0]

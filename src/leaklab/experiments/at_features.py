@@ -154,6 +154,15 @@ def restoration(model: torch.nn.Module, config: AtFeaturesConfig, eps: float, po
                             "nearly_perfect": mean_of([float(c >= NEARLY_PERFECT) for c in kept]), "cosines": kept}}
 
 
+def _pairing(read: torch.Tensor, true: torch.Tensor) -> list[int]:
+    """For each true label, the index of the reconstruction made for it: the one of its label where it was read,
+    the ones of misread labels, in order, for the others (no slot is scored on a stand-in image)."""
+    slot = {int(c): i for i, c in enumerate(read)}  # distinct, as eq. 5's rule reads them
+    matched = {int(c) for c in true} & set(slot)
+    spare = iter(i for c, i in slot.items() if c not in matched)
+    return [slot[int(c)] if int(c) in matched else next(spare) for c in true]
+
+
 def images_from_features(model: torch.nn.Module, spec: ModelSpec, config: AtFeaturesConfig, eps: float,
                          pool: torch.Tensor, pool_labels: torch.Tensor,
                          progress: ProgressFn | None = None) -> tuple[dict, torch.Tensor, torch.Tensor]:
@@ -165,8 +174,7 @@ def images_from_features(model: torch.nn.Module, spec: ModelSpec, config: AtFeat
     view = make_view(spec, model.state_dict(), update.metadata, Capabilities())
     rec = feature_attack(view, update, config.inversion, progress=None if progress is None else
                          lambda done, total: progress(f"{_label(eps)}: images", done, total))
-    order = {int(c): i for i, c in enumerate(rec.labels)}  # the batch's labels are distinct
-    images = torch.stack([rec.images[order[int(c)]] if int(c) in order else torch.zeros_like(x[0]) for c in y])
+    images = rec.images[_pairing(rec.labels, y)]
     p, s, base = psnr(images, x), ssim(images, x), psnr(constant_baseline(x), x)
     return ({"psnr_mean": float(p.mean()), "ssim_mean": float(s.mean()), "psnr_baseline_mean": float(base.mean()),
              "ssim_baseline_mean": float(ssim(constant_baseline(x), x).mean()), "psnr": p.tolist(),
