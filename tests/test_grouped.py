@@ -10,7 +10,7 @@ from leaklab.models import ModelSpec, build_model
 from leaklab.threat import UpdateMetadata
 
 # (model, width, image size): small, but every layer kind and a stride-2 ResNet shortcut
-MODELS = [("convnet", 8, 16), ("lenet", None, 16), ("mlp", 32, 16), ("resnet18", 4, 32)]
+MODELS = [("convnet", 8, 16), ("lenet", None, 16), ("mlp", 32, 16), ("resnet18", 4, 32), ("convbig", 4, 16)]
 
 
 def _model(name, width, size):

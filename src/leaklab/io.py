@@ -80,13 +80,15 @@ VIEW_FORMAT = "leaklab.view"
 DP_VS_INVERSION_FORMAT = "leaklab.dp-vs-inversion"
 INVERSION_CHECKS_FORMAT = "leaklab.inversion_checks"
 AT_FEATURES_FORMAT = "leaklab.at-features"
+BREAKING_DEFENSES_FORMAT = "leaklab.breaking-defenses"
 _WRITTEN_BY = {AUDIT_FORMAT: "leaklab audit", REPRODUCTION_FORMAT: "leaklab reproduce room-table1|room-table2",
                BAYES_TABLE2_FORMAT: "leaklab reproduce bayes-table2",
                ROOM_ATTACK_FORMAT: "leaklab attack qgi|rgi", ROOM_CAPTURE_FORMAT: "leaklab env capture",
                IMAGE_ATTACK_FORMAT: "leaklab attack inversion|analytic|features", VIEW_FORMAT: "leaklab capture",
                DP_VS_INVERSION_FORMAT: "leaklab reproduce dp-vs-inversion",
                INVERSION_CHECKS_FORMAT: "leaklab reproduce inversion-checks",
-               AT_FEATURES_FORMAT: "leaklab reproduce at-features"}
+               AT_FEATURES_FORMAT: "leaklab reproduce at-features",
+               BREAKING_DEFENSES_FORMAT: "leaklab reproduce breaking-defenses"}
 # the commands that write into their --out in place (finished cells, checks) instead of replacing it whole
 _IN_PLACE = frozenset({REPRODUCTION_FORMAT, BAYES_TABLE2_FORMAT, INVERSION_CHECKS_FORMAT})
 

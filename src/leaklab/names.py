@@ -3,7 +3,7 @@ that implements them, so that the command line lists and checks them without loa
 configurations' ``Literal`` types are built from these tuples (``Literal[SETTING_NAMES]``)."""
 
 DATASET_NAMES = ("photos", "faces", "digits", "mnist")
-MODEL_NAMES = ("lenet", "convnet", "resnet18", "mlp", "cnn")
+MODEL_NAMES = ("lenet", "convnet", "resnet18", "mlp", "cnn", "convbig", "precode")
 PRIOR_NAMES = ("tv", "range", "l2")
 OBJECTIVE_NAMES = ("l2", "l1", "cosine", "bayes")  # gradient-matching objectives of the image attacks
 LAYER_WEIGHTING_NAMES = ("none", "linear", "exp")  # how those objectives weight the parameter tensors

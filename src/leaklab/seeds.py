@@ -29,11 +29,12 @@ import zlib
 
 import torch
 
-__all__ = ["DEFENSE", "DP_BATCHES", "DP_NOISE", "generator", "stream_seed"]
+__all__ = ["AUGMENT", "DEFENSE", "DP_BATCHES", "DP_NOISE", "generator", "stream_seed"]
 
 DEFENSE = "defense"  # a client's defense chain on its update (noise, pruning's draws)
 DP_BATCHES = "dp-batches"  # DP-SGD's Poisson sampling of its batches
 DP_NOISE = "dp-noise"  # DP-SGD's noise on the clipped sum
+AUGMENT = "augment"  # an ATS client's augmentation draws (crops, flips, chains, signs)
 
 
 def stream_seed(*parts: object) -> int:
@@ -42,7 +43,8 @@ def stream_seed(*parts: object) -> int:
 
 
 def generator(seed: int | None, purpose: str, *index: int) -> torch.Generator:
-    """A torch generator for ``purpose`` (:data:`DEFENSE`, :data:`DP_BATCHES`, :data:`DP_NOISE`) under ``seed``,
+    """A torch generator for ``purpose`` (:data:`DEFENSE`, :data:`DP_BATCHES`, :data:`DP_NOISE`, :data:`AUGMENT`)
+    under ``seed``,
     independent of the model's initialisation by ``seed`` and of the other purposes' streams; ``seed`` None: one
     seeded from the operating system's entropy, another at every call."""
     if seed is None:

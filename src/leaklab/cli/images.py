@@ -28,7 +28,9 @@ def _echo_summary(out: Path, results: dict) -> None:
         parts.append("labels given")
     elif s.get("label_accuracy") is not None:
         parts.append(f"labels {percent_text(s['label_accuracy'])}")
-    if results.get("view", {}).get("defense") and s.get("update_cosine_median") is not None:  # as captured
+    capture = results.get("config", {}).get("capture") or {}
+    defended = results.get("view", {}).get("defense") or capture.get("soteria_layer")  # what changes the update
+    if defended and s.get("update_cosine_median") is not None:  # as captured
         parts.append(f"update kept (cosine with the true one) {cosine_text(s['update_cosine_median'])}")
     parts.append(f"{plural(s['images'], 'image') if 'images' in s else '? images'}, {s.get('seconds', 0):.1f} s")
     typer.echo(f"wrote {out}: " + ", ".join(parts))
@@ -49,8 +51,8 @@ ImageSeedOpt = Annotated[Optional[int], _seed_opt("which images (default 0)", "-
                                                      rich_help_panel=CAPTURE)]
 SizeOpt = Annotated[Optional[int], typer.Option("--image-size", help="pixels per side (default 32)",
                                                 rich_help_panel=CAPTURE)]
-WidthOpt = Annotated[Optional[int], typer.Option("--width", help="model width (convnet 64, resnet18 64, "
-                                                 "mlp 500, cnn 32 by default; lenet has none)",
+WidthOpt = Annotated[Optional[int], typer.Option("--width", help="model width (convnet 64, resnet18 64, mlp 500, "
+                                                 "cnn 32, convbig 32, precode 500 by default; lenet has none)",
                                                  rich_help_panel=CAPTURE)]
 DefenseOpt = Annotated[Optional[str], typer.Option("--defense",
                                                    help="defense chain, e.g. prune:0.5,gaussian:0.1 "
@@ -73,12 +75,22 @@ AdversarialOpt = Annotated[Optional[float], typer.Option("--adversarial-eps", he
                                                          "adversarially (--train-steps and its update): Madry's L2 "
                                                          "PGD of this radius, pixels in [0, 1] (default: it does "
                                                          "not)", rich_help_panel=CAPTURE)]
+AtsOpt = Annotated[Optional[str], typer.Option("--ats", help="ATS (seed 001 section 5): the client augments its "
+                                                "training and private images with this policy of ATS's table, e.g. "
+                                                "7-4-15 or 21-13-3+7-4-15 (default: it does not)",
+                                                rich_help_panel=CAPTURE)]
+SoteriaLayerOpt = Annotated[Optional[str], typer.Option("--soteria-layer", help="Soteria (seed 001 section 5) "
+                                                        "prunes this fully connected layer's weight gradient, e.g. "
+                                                        "classifier.0 (default: no Soteria)",
+                                                        rich_help_panel=CAPTURE)]
+SoteriaRateOpt = Annotated[Optional[float], typer.Option("--soteria-rate", help="the fraction of its columns "
+                                                         "Soteria prunes (default 0.8)", rich_help_panel=CAPTURE)]
 
 CaseOpt = Annotated[Optional[Path], typer.Option("--case", help="case folder from `leaklab capture`; without it, "
                                                 "the capture options make one in OUT/case")]
 _CAPTURE_FIELDS = ("model", "data", "batch_size", "num_images", "image_seed", "image_size", "width",
                    "defense", "train_steps", "knows_labels", "update", "local_steps", "local_lr", "bn_stats",
-                   "adversarial_eps")
+                   "adversarial_eps", "ats", "soteria_layer", "soteria_rate")
 
 
 def _capture_fields(options: dict[str, Any]) -> dict[str, Any]:
@@ -107,7 +119,8 @@ def capture(
     seed: Annotated[Optional[int], _seed_opt("model initialisation and defense noise (default 0)")] = None,
     train_steps: TrainOpt = None, knows_labels: KnowsLabelsOpt = None, update: UpdateOpt = None,
     local_steps: LocalStepsOpt = None, local_lr: LocalLrOpt = None, bn_stats: BnStatsOpt = None,
-    adversarial_eps: AdversarialOpt = None,
+    adversarial_eps: AdversarialOpt = None, ats: AtsOpt = None, soteria_layer: SoteriaLayerOpt = None,
+    soteria_rate: SoteriaRateOpt = None,
 ) -> None:
     """Capture what the server sees of a client round (view, model, updates) and the client's truth."""
     from leaklab.experiments import capture as capture_mod
@@ -160,6 +173,10 @@ def attack_inversion(
     init: Annotated[Optional[str], _attack_opt("--init", "the starting images", "init")] = None,
     mc_samples: Annotated[Optional[int], _attack_opt("--mc-samples", "k of Algorithm 1", "mc_samples")] = None,
     mc_radius: Annotated[Optional[float], _attack_opt("--mc-radius", "delta of Algorithm 1", "mc_radius")] = None,
+    drop: Annotated[Optional[list[str]], typer.Option("--drop", help="a parameter tensor left out of the "
+                                                      "comparison, repeatable (seed 001's attack on Soteria drops "
+                                                      "the defended layer's weight, e.g. classifier.0.weight)",
+                                                      rich_help_panel=ATTACK)] = None,
     config_file: Annotated[Optional[Path], typer.Option("--config", help="YAML/JSON file of "
                                                         "InversionConfig fields; options override it",
                                                         rich_help_panel=ATTACK)] = None,
@@ -168,7 +185,8 @@ def attack_inversion(
     image_seed: ImageSeedOpt = None, image_size: SizeOpt = None, width: WidthOpt = None,
     defense: DefenseOpt = None, train_steps: TrainOpt = None, knows_labels: KnowsLabelsOpt = None,
     update: UpdateOpt = None, local_steps: LocalStepsOpt = None, local_lr: LocalLrOpt = None,
-    bn_stats: BnStatsOpt = None, adversarial_eps: AdversarialOpt = None,
+    bn_stats: BnStatsOpt = None, adversarial_eps: AdversarialOpt = None, ats: AtsOpt = None,
+    soteria_layer: SoteriaLayerOpt = None, soteria_rate: SoteriaRateOpt = None,
 ) -> None:
     """Gradient inversion (DLG, Inverting Gradients, Bayes) of every update of a case."""
     from leaklab.experiments import image_attack
@@ -193,7 +211,7 @@ def attack_inversion(
         config = image_attack.inversion_config(
             base, objective=objective, optimizer=optimizer, iterations=iterations, lr=lr, schedule=schedule,
             priors=image_attack.parse_priors(prior, tv), restarts=restarts, precision=precision, init=init,
-            mc_samples=mc_samples, mc_radius=mc_radius, seed=seed)
+            mc_samples=mc_samples, mc_radius=mc_radius, drop=tuple(drop) if drop else None, seed=seed)
     except ValidationError as e:  # the file's rule the options left broken is named in the file
         if alone is not None and validation_message(e) == alone:
             raise LeaklabError(f"--config {config_file}: {alone}") from None
@@ -212,7 +230,8 @@ def attack_analytic(
     image_seed: ImageSeedOpt = None, image_size: SizeOpt = None, width: WidthOpt = None,
     defense: DefenseOpt = None, train_steps: TrainOpt = None, knows_labels: KnowsLabelsOpt = None,
     update: UpdateOpt = None, local_steps: LocalStepsOpt = None, local_lr: LocalLrOpt = None,
-    bn_stats: BnStatsOpt = None, adversarial_eps: AdversarialOpt = None,
+    bn_stats: BnStatsOpt = None, adversarial_eps: AdversarialOpt = None, ats: AtsOpt = None,
+    soteria_layer: SoteriaLayerOpt = None, soteria_rate: SoteriaRateOpt = None,
 ) -> None:
     """Exact recovery of the input of a first fully connected layer (MLP, one image per update)."""
     capture_fields = _capture_fields(locals())
@@ -249,7 +268,8 @@ def attack_features(
     bn_stats: Annotated[Optional[str], _choice("--bn-stats", BN_STATS_NAMES, "(BatchNorm statistics on the "
                                                "client; default running: the attack cannot reproduce one image's "
                                                "features under a batch's)", rich_help_panel=CAPTURE)] = None,
-    adversarial_eps: AdversarialOpt = None,
+    adversarial_eps: AdversarialOpt = None, ats: AtsOpt = None, soteria_layer: SoteriaLayerOpt = None,
+    soteria_rate: SoteriaRateOpt = None,
 ) -> None:
     """Seed 004's two-step attack: each image's feature from the last layer's batch gradient, then the image."""
     from leaklab.attacks.inversion.config import FeatureInversionConfig

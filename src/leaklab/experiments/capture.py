@@ -3,8 +3,10 @@
 ``capture(CaptureConfig(...))`` builds the model (initialised by ``seed``, optionally trained for
 ``train_steps`` on other images of the same dataset), loads the client's private images, computes one
 update per group of ``batch_size`` images (FedSGD gradient, or FedAvg weight delta; with ``adversarial_eps`` the
-training and the client's update are Madry's adversarial training, seed 004), and applies the
-defense chain with ``seed``'s defense stream (:mod:`leaklab.seeds`). :func:`run` writes the result as a case
+training and the client's update are Madry's adversarial training, seed 004), and applies the client's
+defenses: ATS's augmentation of the training and the private images (``ats``), Soteria's pruning of one layer's
+gradient (``soteria_layer``; both seed 001 section 5), then the defense chain with ``seed``'s defense stream
+(:mod:`leaklab.seeds`). :func:`run` writes the result as a case
 folder (``leaklab capture``); the format is in docs/formats.md.
 """
 
@@ -15,11 +17,13 @@ from pathlib import Path
 from typing import Literal
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from leaklab import seeds
 from leaklab.data import DATASET_NAMES, among, load_images
+from leaklab.data.augment import augment, parse_policy
 from leaklab.defenses import parse_defense
+from leaklab.defenses.soteria import apply_soteria, linear_layer
 from leaklab.errors import LeaklabError
 from leaklab.experiments import ProgressFn
 from leaklab.fields import DefenseOption, Seed
@@ -63,6 +67,30 @@ class CaptureConfig(BaseModel):
     adversarial_eps: float | None = Field(
         default=None, gt=0, le=1000, description="the client trains adversarially (Madry's L2 PGD, 7 steps, of this "
                                                  "radius, pixels in [0, 1]): the --train-steps and the update")
+    ats: str | None = Field(
+        default=None, max_length=200, description="ATS (seed 001 section 5): the client augments its training and "
+                                                  "private images with this policy, e.g. 7-4-15 or 21-13-3+7-4-15")
+    soteria_layer: str | None = Field(
+        default=None, max_length=200, description="Soteria (seed 001 section 5) prunes this fully connected "
+                                                  "layer's weight gradient, e.g. classifier.0")
+    soteria_rate: float = Field(default=0.8, gt=0, lt=1, description="the fraction of its columns Soteria prunes")
+
+    @field_validator("ats")
+    @classmethod
+    def _known_policy(cls, value: str | None) -> str | None:
+        if value is not None:
+            parse_policy(value)
+        return value
+
+    @model_validator(mode="after")
+    def _defenses_that_apply(self) -> "CaptureConfig":
+        if "soteria_rate" in self.model_fields_set and self.soteria_layer is None:
+            raise ValueError("soteria_rate (--soteria-rate) applies with soteria_layer (--soteria-layer)")
+        if self.soteria_layer is not None and self.update != "fedsgd":
+            raise ValueError("Soteria prunes a gradient: use update fedsgd (--update fedsgd)")
+        if self.adversarial_eps is not None and (self.soteria_layer is not None or self.ats is not None):
+            raise ValueError("an adversarially training client (adversarial_eps) takes no Soteria or ATS here")
+        return self
 
     @property
     def adversarial(self) -> AdversarialConfig | None:
@@ -72,7 +100,8 @@ class CaptureConfig(BaseModel):
 @dataclass
 class Capture:
     """The captured round: the server's side (spec, state, metadata, capabilities, defense, updates)
-    and the client's truth (images, labels; ``labels[i]`` belongs to ``updates[i]``)."""
+    and the client's truth (images, labels; ``labels[i]`` belongs to ``updates[i]``; an ATS client's images are
+    the augmented ones its updates were computed on)."""
 
     config: CaptureConfig
     spec: ModelSpec
@@ -90,6 +119,17 @@ class Capture:
     def provenance(self) -> dict:
         return {"capture": self.config.model_dump(mode="json"), "dataset": self.config.data,
                 "update_cosine": self.kept}
+
+
+def defenses_text(config: dict) -> str | None:
+    """The client's defenses in a capture config (as results.json records it), for a title: the chain, ATS's
+    policy, Soteria's layer and rate; None without any."""
+    parts = [config.get("defense")]
+    if config.get("ats"):
+        parts.append(f"ATS {config['ats']}")
+    if config.get("soteria_layer"):
+        parts.append(f"Soteria {config['soteria_layer']} {config.get('soteria_rate', 0.8):g}")
+    return ", ".join(p for p in parts if p) or None
 
 
 def has_batchnorm(config: CaptureConfig) -> bool:
@@ -115,6 +155,14 @@ def capture(config: CaptureConfig, progress: ProgressFn | None = None) -> Captur
                      in_channels=batch.images.shape[1], image_size=config.image_size,
                      width=config.width, mean=batch.mean, std=batch.std)
     model = build_model(spec, seed=config.seed)
+    if config.soteria_layer is not None:
+        linear_layer(model, config.soteria_layer)  # a layer the network lacks: refused before any training
+    ats = private_ats = None
+    if config.ats is not None:  # the client's own draws: neither the server's initialisation nor the defense's;
+        policy = parse_policy(config.ats)  # the private images' own stream, the same whatever the training drew
+        training_draws, private_draws = (seeds.generator(config.seed, seeds.AUGMENT, i) for i in (0, 1))
+        ats = lambda images: augment(images, policy, training_draws)  # noqa: E731
+        private_ats = lambda images: augment(images, policy, private_draws)  # noqa: E731
     if config.train_steps:
         used = config.image_offset + config.num_images
         available = _POOL_SIZES.get(config.data, 10**9) - used
@@ -125,14 +173,16 @@ def capture(config: CaptureConfig, progress: ProgressFn | None = None) -> Captur
                            seed=config.image_seed, offset=used)
         apart = ~among(pool.images, batch.images)  # photos' draws may share a client's image: never trained on
         train_steps(model, pool.images[apart], pool.labels[apart], config.train_steps, seed=config.seed,
-                    adversarial=config.adversarial, progress=progress)
+                    adversarial=config.adversarial, progress=progress, augment=ats)
     model.eval()
+    # an ATS client's update is of its augmented images
+    private = batch.images if private_ats is None else private_ats(batch.images)
 
     generator = seeds.generator(config.seed, seeds.DEFENSE)
     b = config.batch_size
     updates, labels, kept = [], [], []
     for start in range(0, config.num_images, b):
-        x, y = batch.images[start:start + b], batch.labels[start:start + b]
+        x, y = private[start:start + b], batch.labels[start:start + b]
         if config.update == "fedsgd":
             clean = fedsgd_update(model, x, y, train_mode=config.bn_stats == "batch", adversarial=config.adversarial)
         else:
@@ -144,13 +194,15 @@ def capture(config: CaptureConfig, progress: ProgressFn | None = None) -> Captur
                                    "--train-steps; capture with fewer")
             raise LeaklabError(f"the client's update is not finite (NaN or Inf): its {config.local_steps} local "
                                f"steps at --local-lr {config.local_lr:g} diverged; lower --local-lr")
-        updates.append(chain.apply(clean, generator))
+        sent = clean if config.soteria_layer is None else apply_soteria(clean, model, config.soteria_layer, x,
+                                                                           config.soteria_rate)
+        updates.append(chain.apply(sent, generator))
         kept.append(update_cosine(clean.tensors, updates[-1].tensors))
         labels.append(y.clone())
     state = {k: v.detach().clone() for k, v in model.state_dict().items()}
     return Capture(config=config, spec=spec, state=state, metadata=updates[0].metadata,
                    capabilities=Capabilities(knows_labels=config.knows_labels), defense=chain.spec,
-                   updates=updates, labels=labels, images=batch.images, truth_labels=batch.labels, kept=kept)
+                   updates=updates, labels=labels, images=private, truth_labels=batch.labels, kept=kept)
 
 
 def write(result: Capture, folder: Path) -> None:

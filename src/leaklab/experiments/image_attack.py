@@ -275,8 +275,10 @@ def _attack_and_write(case: Case, case_ref: str, out: Path, method: Method,
         rows = [("original", truth[0]), ("reconstruction", images)]
     else:
         captions, rows = None, [("reconstruction", images)]
+    capture = results["config"]["capture"]  # the client's defenses where the truth records them, else the view's
+    defended = capture_mod.defenses_text(capture) if capture else view.defense
     title = f"{method}" + (f" ({config.objective}, {config.optimizer})" if method == "inversion" and config
-                           else "") + f" on {view.spec.name}, defense {view.defense or 'none'}"
+                           else "") + f" on {view.spec.name}, defense {defended or 'none'}"
     image_grid(rows, out / PNG_FILE, captions=captions, title=title)
     write_json(out / RESULTS_FILE, results)
     return results

@@ -30,15 +30,18 @@ def _check_batch(images: torch.Tensor, labels: torch.Tensor) -> None:
 
 
 def _loss(model: nn.Module, images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """The mean cross-entropy of ``model`` on a (mini-)batch; a train-mode BatchNorm that sees one value per
+    """The mean cross-entropy of ``model`` on a (mini-)batch, plus the model's ``extra_loss()`` where it has one
+    (:class:`~leaklab.models.vision.PrecodeMLP`); a train-mode BatchNorm that sees one value per
     channel (one image whose feature map has shrunk to 1x1, e.g. resnet18 at 8 px) is a one-line error."""
     try:
-        return F.cross_entropy(model(images), labels)
+        loss = F.cross_entropy(model(images), labels)
     except ValueError as e:
         if "more than 1 value per channel" not in str(e):
             raise
         raise LeaklabError(f"a BatchNorm layer in train mode sees one value per channel ({e}); use a batch of "
                            "2 or more images, larger images, or the running statistics (--bn-stats running)") from None
+    extra = getattr(model, "extra_loss", None)  # a model's own term of the training loss (PRECODE's KL)
+    return loss if extra is None else loss + extra()
 
 
 @contextmanager
@@ -137,12 +140,15 @@ def _private_fedavg(model: nn.Module, images: torch.Tensor, labels: torch.Tensor
 def train_steps(model: nn.Module, images: torch.Tensor, labels: torch.Tensor, steps: int,
                 lr: float = 0.01, batch_size: int = 32, seed: int = 0,
                 adversarial: AdversarialConfig | None = None,
-                progress: Callable[[str, int, int], None] | None = None) -> nn.Module:
+                progress: Callable[[str, int, int], None] | None = None,
+                augment: Callable[[torch.Tensor], torch.Tensor] | None = None) -> nn.Module:
     """Ordinary training of ``model`` in place (SGD with momentum 0.9) for ``steps`` mini-batches
     drawn from ``images``; used to attack a network "at train step N" (seed 001 Table 2). Its DP-SGD
     counterpart, reporting the epsilon spent, is :func:`leaklab.privacy.dpsgd.train_private`.
     ``adversarial``: Madry's adversarial training (seed 004), each mini-batch replaced by its adversarial
-    examples against the model of that step. ``progress(task, step, steps)`` is told of each step."""
+    examples against the model of that step. ``augment``: each mini-batch is replaced by ``augment(mini-batch)``
+    (ATS, seed 001 section 5: :func:`leaklab.data.augment.augment`). ``progress(task, step, steps)`` is told of each
+    step."""
     if steps <= 0:
         return model
     g = torch.Generator().manual_seed(seed)
@@ -152,7 +158,8 @@ def train_steps(model: nn.Module, images: torch.Tensor, labels: torch.Tensor, st
     for step in range(steps):
         idx = torch.randint(0, len(images), (min(batch_size, len(images)),), generator=g)
         opt.zero_grad()
-        _loss(model, _inputs(model, images[idx], labels[idx], adversarial), labels[idx]).backward()
+        batch = images[idx] if augment is None else augment(images[idx])
+        _loss(model, _inputs(model, batch, labels[idx], adversarial), labels[idx]).backward()
         opt.step()
         if progress:
             progress(task, step + 1, steps)

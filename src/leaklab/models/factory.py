@@ -9,7 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from torch import nn
 
 from leaklab.errors import LeaklabError
-from leaklab.models.vision import CNN, MLP, ConvNet, LeNetDLG, ResNet18
+from leaklab.models.vision import CNN, MLP, ConvBig, ConvNet, LeNetDLG, PrecodeMLP, ResNet18
 from leaklab.names import MODEL_NAMES
 
 
@@ -55,4 +55,8 @@ def build_model(spec: ModelSpec, seed: int | None = None) -> nn.Module:
         return MLP(**common, width=spec.width or 500)
     if spec.name == "cnn":
         return CNN(**common, width=spec.width or 32)
+    if spec.name == "convbig":
+        return ConvBig(**common, width=spec.width or 32)
+    if spec.name == "precode":
+        return PrecodeMLP(**common, width=spec.width or 500)
     raise LeaklabError(f"unknown model {spec.name!r}; choose one of {', '.join(MODEL_NAMES)}")

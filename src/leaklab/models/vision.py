@@ -7,6 +7,7 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
+from leaklab.errors import LeaklabError
 from leaklab.models.layers import Normalize
 
 
@@ -115,7 +116,7 @@ class MLP(nn.Module):
     """Fully connected ReLU network on flattened images; ``depth`` hidden layers of ``width`` units.
 
     Its first layer is the one whose input the analytic attack of Phong et al. (2017) recovers
-    exactly (the attack seed 001's section 5 breaks PRECODE with; its 5 layers of 500 are ``depth=5``).
+    exactly (the attack seed 001's section 5 breaks PRECODE with: :class:`PrecodeMLP`).
     """
 
     def __init__(self, num_classes: int, in_channels: int, image_size: int,
@@ -161,3 +162,73 @@ class CNN(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.classifier(self.features(self.normalize(x)))
+
+
+class ConvBig(nn.Module):
+    """ConvBig of seed 001's Table 3 (appendix A.1), the network its attack on Soteria is measured on: a 3x3 conv
+    (``width``) + ReLU + 2x2 average pool, a 1x1 conv with padding 1 (``2 * width``) + ReLU + 2x2 average pool, then
+    linear layers of 2,000 and 1,000 ReLU units and a linear classifier. With ``width`` 32 and 32x32 images the first
+    linear layer (5,184 -> 2,000) holds about 80% of the weights and the second 20%: the layers Soteria defends."""
+
+    def __init__(self, num_classes: int, in_channels: int, image_size: int,
+                 mean: Sequence[float], std: Sequence[float], width: int = 32):
+        super().__init__()
+        self.normalize = Normalize(mean, std)
+        self.features = nn.Sequential(
+            nn.Conv2d(in_channels, width, 3, padding=1), nn.ReLU(), nn.AvgPool2d(2),
+            nn.Conv2d(width, 2 * width, 1, padding=1), nn.ReLU(), nn.AvgPool2d(2),
+            nn.Flatten(),
+        )
+        side = (image_size // 2 + 2) // 2
+        self.classifier = nn.Sequential(nn.Linear(2 * width * side * side, 2000), nn.ReLU(),
+                                        nn.Linear(2000, 1000), nn.ReLU(),
+                                        nn.Linear(1000, num_classes))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.classifier(self.features(self.normalize(x)))
+
+
+class PrecodeMLP(nn.Module):
+    """The MLP of seed 001's PRECODE experiment (section 6) with PRECODE's variational bottleneck (Scheliga et
+    al., 2021) before its last layers: five linear layers of ``width`` ReLU units and one of ``bottleneck`` units
+    encode the image into ``z``; the bottleneck draws ``b = mu(z) + exp(log_var(z) / 2) * eps`` with fresh
+    standard-normal ``eps`` at every forward pass (training and inference alike, as the seed's code), and a
+    ``width`` ReLU layer and the classifier decode ``b``. The client's loss adds ``kl_weight`` (0.003, the seed's
+    code) times the mean KL divergence of ``N(mu, exp(log_var))`` from ``N(0, I)`` (:meth:`extra_loss`; the seed's
+    code puts ``log_var`` in the place of ``mu`` there, a slip leaklab does not copy).
+    Weights and biases are uniform in [-0.05, 0.05], the seed's initialisation."""
+
+    kl_weight = 0.003
+
+    def __init__(self, num_classes: int, in_channels: int, image_size: int,
+                 mean: Sequence[float], std: Sequence[float], width: int = 500, depth: int = 5,
+                 bottleneck: int = 256):
+        super().__init__()
+        self.normalize = Normalize(mean, std)
+        layers: list[nn.Module] = [nn.Flatten()]
+        cin = in_channels * image_size * image_size
+        for size in [width] * depth + [bottleneck]:
+            layers += [nn.Linear(cin, size), nn.ReLU()]
+            cin = size
+        self.encoder = nn.Sequential(*layers)
+        self.mu = nn.Linear(bottleneck, bottleneck)
+        self.log_var = nn.Linear(bottleneck, bottleneck)
+        self.decoder = nn.Sequential(nn.Linear(bottleneck, width), nn.ReLU(), nn.Linear(width, num_classes))
+        for module in self.modules():
+            if isinstance(module, nn.Linear):
+                nn.init.uniform_(module.weight, -0.05, 0.05)
+                nn.init.uniform_(module.bias, -0.05, 0.05)
+        self._kl: torch.Tensor | None = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        z = self.encoder(self.normalize(x))
+        mu, log_var = self.mu(z), self.log_var(z)
+        self._kl = (-0.5 * (1 + log_var - mu * mu - log_var.exp()).sum(1)).mean()
+        b = mu + torch.exp(0.5 * log_var) * torch.randn_like(mu)
+        return self.decoder(b)
+
+    def extra_loss(self) -> torch.Tensor:
+        """``kl_weight`` times the KL term of the last forward pass (added to the client's cross-entropy)."""
+        if self._kl is None:
+            raise LeaklabError("PrecodeMLP.extra_loss needs a forward pass first")
+        return self.kl_weight * self._kl

@@ -1,7 +1,7 @@
 """Exact recovery of a fully connected layer's input from its weight and bias gradients.
 
-Phong et al. (2017), the attack seed 001's section 5 breaks PRECODE with (leaklab has no PRECODE, Soteria
-or ATS defense: README, "Not implemented"): for ``y = A x + b`` and one sample,
+Phong et al. (2017), the attack seed 001's section 5 breaks PRECODE with (``--model precode``: its variational
+bottleneck sits behind the first layer, whose gradient stays exact): for ``y = A x + b`` and one sample,
 ``dl/dA_i = (dl/db_i) x^T``, so every row with a non-zero bias gradient gives ``x`` exactly. We combine all
 rows by least squares, ``x = sum_i (dl/db_i) dl/dA_i / sum_i (dl/db_i)^2``, in float64. The same rule
 holds for a FedAvg delta of one local step (both sides are scaled by ``-lr``).

@@ -4,11 +4,12 @@ The attack reads only the server's view and the client updates. Labels come from
 capability ``knows_labels`` grants them, otherwise from the last layer's update (iDLG for one image,
 for a batch the classes whose last-layer row holds a negative entry: :mod:`.labels`). Several updates of the
 same round are reconstructed together, each with ``config.restarts`` random starts; the start with the lowest
-final loss is kept.
+final loss is kept. The tensors ``config.drop`` names are left out of the comparison (seed 001's attack on Soteria).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -46,6 +47,30 @@ def _labels_for(view: ServerView, update: ClientUpdate, batch_size: int) -> torc
     return recover_labels(view.model, update, batch_size)
 
 
+def _kept_tensors(model: torch.nn.Module, drop: tuple[str, ...]) -> list[int]:
+    """The positions, among the update's tensors, of those the data term compares (all but ``drop``)."""
+    names = [n for n, p in model.named_parameters() if p.requires_grad]
+    unknown = [n for n in drop if n not in names]
+    if unknown:
+        raise LeaklabError(f"--drop {unknown[0]!r} names no parameter of this network; it has {', '.join(names)}")
+    kept = [i for i, n in enumerate(names) if n not in drop]
+    if not kept:
+        raise LeaklabError("--drop leaves no parameter to compare: drop fewer")
+    return kept
+
+
+class _Kept:
+    """A simulator whose updates hold only the tensors at positions ``kept`` (the others are dropped from the data
+    term: :attr:`~leaklab.attacks.inversion.config.InversionConfig.drop`)."""
+
+    def __init__(self, simulator: Callable[[torch.Tensor, torch.Tensor], list[torch.Tensor]], kept: list[int]):
+        self.simulator, self.kept = simulator, kept
+
+    def __call__(self, images: torch.Tensor, labels: torch.Tensor) -> list[torch.Tensor]:
+        updates = self.simulator(images, labels)
+        return updates if len(self.kept) == len(updates) else [updates[i] for i in self.kept]
+
+
 def invert(view: ServerView, updates: ClientUpdate | list[ClientUpdate], config: InversionConfig,
            progress: Progress | None = None, device: torch.device | None = None) -> list[Reconstruction]:
     """Reconstruct the private batch behind each update (all from the same round and model)."""
@@ -71,14 +96,15 @@ def invert(view: ServerView, updates: ClientUpdate | list[ClientUpdate], config:
 
         restarts = config.restarts
         labels = torch.stack([_labels_for(view, u, batch) for u in updates])
+        kept = _kept_tensors(model, config.drop)
         observed = [torch.stack([t for t in ts for _ in range(restarts)]).to(device)
-                    for ts in zip(*(u.ordered(model) for u in updates))]
+                    for i, ts in enumerate(zip(*(u.ordered(model) for u in updates))) if i in kept]
         instance_labels = labels.repeat_interleave(restarts, 0)
         c, s = view.spec.in_channels, view.spec.image_size
         mean = torch.tensor(view.spec.mean).view(1, 1, c, 1, 1)
         std = torch.tensor(view.spec.std).view(1, 1, c, 1, 1)
 
-        simulator = make_simulator(model, meta, precision=config.precision)
+        simulator = _Kept(make_simulator(model, meta, precision=config.precision), kept)
         objective = Objective(config.objective, observed, defense, config.layer_weighting)
         loop = InversionLoop(config, simulator, objective, instance_labels, (batch, c, s, s), mean, std, device)
         result = loop.run(progress)

@@ -40,6 +40,9 @@ class InversionConfig(BaseModel):
     priors: dict[str, float] = Field(default_factory=lambda: {"tv": 0.2})
     prior_scale: Literal["relative", "absolute"] = "relative"
     layer_weighting: Literal[LAYER_WEIGHTING_NAMES] = "none"
+    drop: tuple[str, ...] = Field(default=(), max_length=1000, description=(
+        "parameter tensors left out of the data term, e.g. classifier.0.weight: seed 001's attack on Soteria drops "
+        "the defended layer's gradient (the layer-wise Gaussian of appendix A.5, eq. 6)"))
     restarts: int = Field(default=1, ge=1, le=64)
     mc_samples: int = Field(default=1, ge=1, le=64, description="k of Algorithm 1")
     mc_radius: float = Field(default=0.0, ge=0, le=1e4, description="delta of Algorithm 1 (L2, pixel units)")
@@ -61,14 +64,17 @@ class InversionConfig(BaseModel):
 
     @model_validator(mode="after")
     def _settings_that_apply(self) -> "InversionConfig":
-        """Refuse a setting the attack would record but not apply: a layer weighting of the Bayes objective (the
-        likelihood weighs every entry), clamping L-BFGS's iterates (only Adam's are clamped; both reconstructions
-        are clipped to [0, 1] at the end); L-BFGS's default ``clamp`` is taken as False; Adam's schedule, its decay
-        and signed steps with L-BFGS, L-BFGS's inner iterations with Adam, a decay without the exp schedule
-        (written to results.json, the reconstructions the same bit for bit)."""
+        """Refuse a setting the attack would record but not apply: a layer weighting or dropped tensors of the Bayes
+        objective (the likelihood weighs every entry), clamping L-BFGS's iterates (only Adam's are clamped; both
+        reconstructions are clipped to [0, 1] at the end); L-BFGS's default ``clamp`` is taken as False; Adam's
+        schedule, its decay and signed steps with L-BFGS, L-BFGS's inner iterations with Adam, a decay without the exp
+        schedule (written to results.json, the reconstructions the same bit for bit)."""
         if self.objective == "bayes" and self.layer_weighting != "none":
             raise ValueError("the bayes objective weighs every entry by the defense's likelihood: layer_weighting "
                              "applies to l2, l1 and cosine")
+        if self.objective == "bayes" and self.drop:
+            raise ValueError("the bayes objective's likelihood covers the whole update: drop applies to l2, l1 and "
+                             "cosine (seed 001's eq. 6, a layer-wise Gaussian, is l2 over the tensors kept)")
         if self.optimizer == "lbfgs" and self.clamp:
             if "clamp" in self.model_fields_set:
                 raise ValueError("clamp applies to adam's iterates: L-BFGS runs unclamped (its reconstruction is "

@@ -51,12 +51,12 @@ from torch import nn
 
 from leaklab.errors import LeaklabError
 from leaklab.models.layers import Normalize
-from leaklab.models.vision import MLP, BasicBlock, ConvNet, LeNetDLG, ResNet18
+from leaklab.models.vision import MLP, BasicBlock, ConvBig, ConvNet, LeNetDLG, ResNet18
 from leaklab.threat import UpdateMetadata
 
 # Models whose forward only combines their layers with per-channel operations (residual sums,
 # flatten from dim 1, activations), so that swapping the layers below keeps instances apart.
-SUPPORTED_MODELS = (LeNetDLG, ConvNet, ResNet18, MLP)
+SUPPORTED_MODELS = (LeNetDLG, ConvNet, ResNet18, MLP, ConvBig)
 _CONTAINERS = (nn.Sequential, BasicBlock) + SUPPORTED_MODELS
 _PER_CHANNEL = (nn.ReLU, nn.Sigmoid, nn.Tanh, nn.MaxPool2d, nn.AvgPool2d, nn.AdaptiveAvgPool2d,
                 nn.AdaptiveMaxPool2d, nn.Identity)

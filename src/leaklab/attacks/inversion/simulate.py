@@ -68,7 +68,9 @@ class UpdateSimulator:
               labels: torch.Tensor) -> torch.Tensor:
         with self._autocast(images.device):
             logits = functional_call(self.model, (params, self.buffers), (images,))
-        return F.cross_entropy(logits.float(), labels)
+        loss = F.cross_entropy(logits.float(), labels)
+        extra = getattr(self.model, "extra_loss", None)  # the client's loss has it too (leaklab.fl.client)
+        return loss if extra is None else loss + extra()
 
     def _gradient(self, params: dict[str, torch.Tensor], images: torch.Tensor,
                   labels: torch.Tensor) -> list[torch.Tensor]:
@@ -101,7 +103,7 @@ class UpdateSimulator:
 def make_simulator(model: nn.Module, metadata: UpdateMetadata,
                    precision: str = "fp32") -> GroupedSimulator | UpdateSimulator:
     """The simulator an attack should use: grouped when it supports ``model`` and ``metadata``
-    (FedSGD on LeNet, ConvNet, ResNet-18, MLP), else the per-instance loop. Both return the same
+    (FedSGD on LeNet, ConvNet, ResNet-18, MLP, ConvBig), else the per-instance loop. Both return the same
     updates (to float rounding); take the attack's gradient with ``torch.autograd.grad(loss, x)``."""
     if supports(model, metadata):
         return GroupedSimulator(model, metadata, precision)
