@@ -41,13 +41,14 @@ def test_convbig_is_table_3_with_most_weights_in_its_first_linear_layer():
 
 def test_soteria_scores_are_the_per_feature_jacobian_norms_over_the_shifted_feature():
     _, model, x, _ = _net("convbig", size=8, width=2)
+    assert not torch.allclose(model.normalize.std, torch.ones(1))  # the normalised image's Jacobian differs
     scores = representation_scores(model, "classifier.0", x)
     expected = torch.zeros_like(scores)
     for image in x:
         for f in range(len(scores)):
             xi = image[None].clone().requires_grad_()
             r = model.features(model.normalize(xi))[0, f]
-            grad = torch.autograd.grad(r, xi)[0]
+            grad = torch.autograd.grad(r, xi)[0] * model.normalize.std  # d r / d((x - mean) / std)
             expected[f] += grad.norm().double() / (r.detach().double() + 0.1)
     assert torch.allclose(scores, expected, rtol=1e-5)
 
@@ -85,7 +86,7 @@ def test_dropping_the_defended_layer_breaks_soteria():
     update = apply_soteria(fedsgd_update(model, x, y, train_mode=False), model, "classifier.0", x, 0.8)
     view = make_view(spec, model.state_dict(), update.metadata, Capabilities())
     direct = invert(view, update, InversionConfig(iterations=100))[0]
-    dropped = invert(view, update, InversionConfig(iterations=100, drop=("classifier.0.weight",)))[0]
+    dropped = invert(view, update, InversionConfig(iterations=100, drop=["classifier.0.weight"]))[0]
     assert float(psnr(dropped.images, x)) > float(psnr(direct.images, x)) + 3
 
 
@@ -94,12 +95,13 @@ def test_drop_names_are_checked_and_the_bayes_objective_refuses_them():
     update = fedsgd_update(model, x[:1], y[:1], train_mode=False)
     view = make_view(spec, model.state_dict(), update.metadata, Capabilities())
     with pytest.raises(LeaklabError, match="names no parameter"):
-        invert(view, update, InversionConfig(iterations=1, drop=("fc.weights",)))
-    everything = tuple(n for n, _ in model.named_parameters())
+        invert(view, update, InversionConfig(iterations=1, drop=["fc.weights"]))
+    everything = [n for n, _ in model.named_parameters()]
     with pytest.raises(LeaklabError, match="no parameter to compare"):
         invert(view, update, InversionConfig(iterations=1, drop=everything))
     with pytest.raises(ValidationError, match="bayes"):
-        InversionConfig(objective="bayes", drop=("fc.weight",))
+        InversionConfig(objective="bayes", drop=["fc.weight"])
+    assert InversionConfig(drop=["fc.weight", "fc.weight"]).drop == ["fc.weight"]
 
 
 def test_precode_samples_its_bottleneck_and_adds_its_kl_term():
@@ -162,3 +164,15 @@ def test_reproduce_breaking_defenses_quick(tmp_path):
         assert rows["precode", "analytic", step]["psnr_mean"] > 100
         assert rows["soteria", "drop", step]["psnr_mean"] > rows["soteria", "direct", step]["psnr_mean"]
     assert "PSNR" in result.output
+
+
+def test_a_dropped_tensor_keeps_the_others_layer_weights_at_their_positions():
+    from leaklab.attacks.inversion.objectives import Objective, layer_weights
+    from leaklab.defenses import parse_defense
+
+    observed = [torch.ones(1, 3), torch.ones(1, 2)]
+    every = layer_weights(4, "linear")
+    kept = Objective("l2", observed, parse_defense(None), [every[0], every[3]])
+    assert kept.weights == [1.0, 0.25] and kept.instance(0).weights == kept.weights
+    with pytest.raises(LeaklabError, match="3 layer weights for 2"):
+        Objective("l2", observed, parse_defense(None), every[:3])

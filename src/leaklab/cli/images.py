@@ -128,8 +128,9 @@ def capture(
     config = _capture_config(seed, **_capture_fields(locals()))
     with _progress() as progress:
         result = capture_mod.run(config, out, progress)
+    defended = capture_mod.defenses_text(config.model_dump()) or "none"
     typer.echo(f"wrote {out}: {plural(len(result.updates), 'update')} of {plural(config.batch_size, 'image')}, "
-               f"model {result.spec.name}, defense {result.defense or 'none'}")
+               f"model {result.spec.name}, defense {defended}")
 
 
 def _attack_opt(flag: str, text: str, field: str, more: str = "", key: str | None = None) -> Any:
@@ -211,7 +212,7 @@ def attack_inversion(
         config = image_attack.inversion_config(
             base, objective=objective, optimizer=optimizer, iterations=iterations, lr=lr, schedule=schedule,
             priors=image_attack.parse_priors(prior, tv), restarts=restarts, precision=precision, init=init,
-            mc_samples=mc_samples, mc_radius=mc_radius, drop=tuple(drop) if drop else None, seed=seed)
+            mc_samples=mc_samples, mc_radius=mc_radius, drop=drop or None, seed=seed)
     except ValidationError as e:  # the file's rule the options left broken is named in the file
         if alone is not None and validation_message(e) == alone:
             raise LeaklabError(f"--config {config_file}: {alone}") from None
@@ -233,7 +234,7 @@ def attack_analytic(
     bn_stats: BnStatsOpt = None, adversarial_eps: AdversarialOpt = None, ats: AtsOpt = None,
     soteria_layer: SoteriaLayerOpt = None, soteria_rate: SoteriaRateOpt = None,
 ) -> None:
-    """Exact recovery of the input of a first fully connected layer (MLP, one image per update)."""
+    """Exact recovery of the input of a first fully connected layer (mlp, precode; one image per update)."""
     capture_fields = _capture_fields(locals())
     if case is not None and seed is not None:
         raise LeaklabError("--seed is the one-shot capture's seed; the analytic attack of --case draws nothing")

@@ -5,16 +5,18 @@ of ``r`` that moves a reconstruction most). As the seed observes, to a server th
 perturbation the defense is a change of one gradient, ``dW_l``, and the change Sun et al.'s code makes (the seed's
 copy of it, ``defense_attacks/soteria``) is a pruning of its columns: for every feature ``f`` of ``r`` it scores
 
-    s_f = sum over the batch's images of ||d r_f / d x|| / (r_f + 0.1)
+    s_f = sum over the batch's images x of ||d r_f / d x|| / (r_f + 0.1)
 
 (a feature that moves little with the image but carries a large value reveals the image most), and zeroes the
 columns of ``dW_l`` whose score lies under the ``rate`` quantile of all scores (linear interpolation, as NumPy's
-``percentile``; the seed prunes 80%). The other layers' gradients, the bias of layer ``l`` included, leave the
+``percentile``; the seed prunes 80%). Which layer: the seed's text defends ConvBig's largest linear layer
+(``classifier.0``), its code the second (``classifier.2``, whose input is the first one's output). The other layers' gradients, the bias of layer ``l`` included, leave the
 client unchanged: the seed's attack simply leaves ``dW_l`` out of its objective
 (:attr:`~leaklab.attacks.inversion.config.InversionConfig.drop`).
 
-Scores are taken with the network as the client holds it (the seed's code: eval mode), one batched
-vector-Jacobian product per chunk of features.
+Scores are taken with the network as the client holds it (the seed's code: eval mode), with respect to the
+normalised image the network's first layer reads (the seed's code differentiates ``(x - mean) / std``; the pixels'
+gradient times each channel's std), one batched vector-Jacobian product per chunk of features.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import torch
 from torch import nn
 
 from leaklab.errors import LeaklabError
+from leaklab.models.layers import Normalize
 from leaklab.threat import ClientUpdate
 
 SHIFT = 0.1  # added to r_f in the score's denominator (Sun et al.'s code)
@@ -51,6 +54,8 @@ def representation_scores(model: nn.Module, layer: str, images: torch.Tensor) ->
         hook.remove()
     r = seen[0]
     b, f = r.shape
+    normalize = next((m for m in model.modules() if isinstance(m, Normalize)), None)
+    std = 1.0 if normalize is None else normalize.std.to(x.dtype)
     per_feature = max(1, _CHUNK_ELEMENTS // max(1, x.numel()))
     norms = []
     for start in range(0, f, per_feature):
@@ -58,7 +63,7 @@ def representation_scores(model: nn.Module, layer: str, images: torch.Tensor) ->
         picks = torch.zeros(stop - start, b, f, dtype=r.dtype, device=r.device)
         picks[torch.arange(stop - start), :, torch.arange(start, stop)] = 1
         jac = torch.autograd.grad(r, x, grad_outputs=picks, is_grads_batched=True, retain_graph=stop < f)[0]
-        norms.append(jac.flatten(2).norm(dim=2))  # (chunk, B): ||d r_f / d x_b||
+        norms.append((jac * std).flatten(2).norm(dim=2))  # (chunk, B): ||d r_f / d x_b||, x_b normalised
     norms_t = torch.cat(norms).double()  # (F, B)
     return (norms_t / (r.detach().double().T + SHIFT)).sum(1)
 

@@ -64,7 +64,8 @@ class BreakingDefensesConfig(BaseModel):
     image_size: int = Field(default=32, ge=8, le=64)
     images: int = Field(default=2, ge=1, le=64, description="private images per cell, one per update")
     train_steps: list[int] = Field(default_factory=lambda: [0, 10, 50], min_length=1)
-    soteria_layers: list[str] = Field(default_factory=lambda: ["classifier.0"], description="convbig layers")
+    soteria_layers: list[str] = Field(default_factory=lambda: ["classifier.0", "classifier.2"], description=(
+        "convbig's defended layers: the largest (the seed's text) and the second (its code, Fig. 5d)"))
     soteria_rate: float = Field(default=0.8, gt=0, lt=1)
     soteria_iterations: int = Field(default=2000, ge=1, le=100_000, description="the seed: 4,000")
     ats_policies: list[str] = Field(default_factory=lambda: ["7-4-15", "21-13-3", "21-13-3+7-4-15"])
@@ -128,7 +129,7 @@ def _cells(config: BreakingDefensesConfig) -> list[tuple[str, str, dict, list[tu
     ig = lambda iterations, **more: InversionConfig(iterations=iterations, seed=config.seed, **more)  # noqa: E731
     cells = [("soteria", layer, {"model": "convbig", "soteria_layer": layer, "soteria_rate": config.soteria_rate},
               [("direct", ig(config.soteria_iterations)),
-               ("drop", ig(config.soteria_iterations, drop=(f"{layer}.weight",)))])
+               ("drop", ig(config.soteria_iterations, drop=[f"{layer}.weight"]))])
              for layer in config.soteria_layers]
     cells += [("ats", policy, {"model": "convnet", "width": config.ats_width, "bn_stats": "running", "ats": policy},
                [("inverting gradients", ig(config.ats_iterations))]) for policy in config.ats_policies]
@@ -154,7 +155,7 @@ def run(out: Path, config: BreakingDefensesConfig | None = None, quick: bool = F
                     row, images = _attacked(case, attack, inversion)
                     rows.append({"defense": defense, "setting": setting, "train_step": step, **row})
                     if step == picture_step:
-                        pictures.append((f"{defense} {setting}: {attack}", case.images, images, row["psnr"]))
+                        pictures.append((f"{defense} {setting}", attack, case.images, images, row["psnr"]))
                     done += 1
                     if progress:
                         progress(f"{defense} {setting}, step {step}: {attack}", done, total)
@@ -166,9 +167,9 @@ def run(out: Path, config: BreakingDefensesConfig | None = None, quick: bool = F
         from leaklab.report.plots import image_grid
 
         grid, captions = [], []
-        for name, truth, images, scores in pictures:
-            grid += [(f"{name}, private", truth), (f"{name}, attack", images)]
-            captions += [None, [f"{p:.1f} dB" for p in scores]]
+        for setting, attack, truth, images, scores in pictures:
+            grid += [("private", truth), (attack, images)]
+            captions += [[setting] * len(truth), [f"{p:.1f} dB" for p in scores]]
         image_grid(grid, tmp / IMAGES_FILE, captions=captions, max_cols=max(config.images, 2),
                    title=f"after {picture_step} training steps (PSNR against the private image)")
     return results
@@ -192,7 +193,7 @@ def _plot(path: Path, rows: list[dict]) -> None:
         ax.plot(list(base), list(base.values()), ":", color="grey", label="constant image")
         ax.set_title(defense, fontsize=10)
         ax.set_xlabel("training steps before the round")
-        ax.set_ylabel("PSNR (dB)")
+        ax.set_ylabel("PSNR (dB; shown at most 160)")
         ax.legend(fontsize=7)
     fig.suptitle("Attacks on heuristic defenses early in training (seed 001, Fig. 2)", fontsize=10)
     fig.tight_layout()

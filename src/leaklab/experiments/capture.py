@@ -89,7 +89,8 @@ class CaptureConfig(BaseModel):
         if self.soteria_layer is not None and self.update != "fedsgd":
             raise ValueError("Soteria prunes a gradient: use update fedsgd (--update fedsgd)")
         if self.adversarial_eps is not None and (self.soteria_layer is not None or self.ats is not None):
-            raise ValueError("an adversarially training client (adversarial_eps) takes no Soteria or ATS here")
+            raise ValueError("an adversarially training client (adversarial_eps, --adversarial-eps) takes no Soteria "
+                             "(--soteria-layer) or ATS (--ats) here")
         return self
 
     @property

@@ -232,3 +232,27 @@ class PrecodeMLP(nn.Module):
         if self._kl is None:
             raise LeaklabError("PrecodeMLP.extra_loss needs a forward pass first")
         return self.kl_weight * self._kl
+
+
+class InferenceTargetCNN(nn.Module):
+    """The deployed classifier of seed 002, chapter 6 (section 6.5.1, after Yang et al., 2019) that membership
+    inference and model inversion query: three blocks of a 3x3 convolution, BatchNorm, 2x2 max-pool and ReLU
+    (``width``, ``2 * width``, ``4 * width`` channels; the thesis gives no widths: Yang et al.'s code uses 128), then
+    a linear layer of 50 units, dropout 0.5 and the classifier."""
+
+    def __init__(self, num_classes: int, in_channels: int, image_size: int,
+                 mean: Sequence[float], std: Sequence[float], width: int = 32):
+        super().__init__()
+        self.normalize = Normalize(mean, std)
+        blocks: list[nn.Module] = []
+        cin = in_channels
+        for cout in (width, 2 * width, 4 * width):
+            blocks += [nn.Conv2d(cin, cout, 3, padding=1), nn.BatchNorm2d(cout), nn.MaxPool2d(2), nn.ReLU()]
+            cin = cout
+        self.features = nn.Sequential(*blocks, nn.Flatten())
+        side = image_size // 8
+        self.classifier = nn.Sequential(nn.Linear(cin * side * side, 50), nn.ReLU(), nn.Dropout(0.5),
+                                        nn.Linear(50, num_classes))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.classifier(self.features(self.normalize(x)))

@@ -46,7 +46,7 @@ def first_linear_on_input(model: nn.Module) -> tuple[str, nn.Linear, Normalize |
         elif any(p.requires_grad for p in module.parameters(recurse=False)):
             break
     raise LeaklabError("analytic recovery needs a model whose first layer is fully connected "
-                       "(use --model mlp)")
+                       "(use --model mlp or precode)")
 
 
 def recover_input(view: ServerView, update: ClientUpdate) -> torch.Tensor:

@@ -16,7 +16,7 @@ import torch
 
 from leaklab.attacks.inversion.config import InversionConfig
 from leaklab.attacks.inversion.labels import recover_labels
-from leaklab.attacks.inversion.objectives import Objective
+from leaklab.attacks.inversion.objectives import Objective, layer_weights
 from leaklab.attacks.inversion.optimize import InversionLoop, Progress
 from leaklab.attacks.inversion.simulate import make_simulator
 from leaklab.defenses import parse_defense
@@ -47,9 +47,8 @@ def _labels_for(view: ServerView, update: ClientUpdate, batch_size: int) -> torc
     return recover_labels(view.model, update, batch_size)
 
 
-def _kept_tensors(model: torch.nn.Module, drop: tuple[str, ...]) -> list[int]:
-    """The positions, among the update's tensors, of those the data term compares (all but ``drop``)."""
-    names = [n for n, p in model.named_parameters() if p.requires_grad]
+def _kept_tensors(names: list[str], drop: list[str]) -> list[int]:
+    """The positions, among the update's tensors ``names``, of those the data term compares (all but ``drop``)."""
     unknown = [n for n in drop if n not in names]
     if unknown:
         raise LeaklabError(f"--drop {unknown[0]!r} names no parameter of this network; it has {', '.join(names)}")
@@ -96,7 +95,8 @@ def invert(view: ServerView, updates: ClientUpdate | list[ClientUpdate], config:
 
         restarts = config.restarts
         labels = torch.stack([_labels_for(view, u, batch) for u in updates])
-        kept = _kept_tensors(model, config.drop)
+        names = [n for n, p in model.named_parameters() if p.requires_grad]
+        kept = _kept_tensors(names, config.drop)
         observed = [torch.stack([t for t in ts for _ in range(restarts)]).to(device)
                     for i, ts in enumerate(zip(*(u.ordered(model) for u in updates))) if i in kept]
         instance_labels = labels.repeat_interleave(restarts, 0)
@@ -105,7 +105,9 @@ def invert(view: ServerView, updates: ClientUpdate | list[ClientUpdate], config:
         std = torch.tensor(view.spec.std).view(1, 1, c, 1, 1)
 
         simulator = _Kept(make_simulator(model, meta, precision=config.precision), kept)
-        objective = Objective(config.objective, observed, defense, config.layer_weighting)
+        weighting = config.layer_weighting if len(kept) == len(names) else \
+            [w for i, w in enumerate(layer_weights(len(names), config.layer_weighting)) if i in kept]
+        objective = Objective(config.objective, observed, defense, weighting)
         loop = InversionLoop(config, simulator, objective, instance_labels, (batch, c, s, s), mean, std, device)
         result = loop.run(progress)
 

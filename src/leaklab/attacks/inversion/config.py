@@ -40,7 +40,7 @@ class InversionConfig(BaseModel):
     priors: dict[str, float] = Field(default_factory=lambda: {"tv": 0.2})
     prior_scale: Literal["relative", "absolute"] = "relative"
     layer_weighting: Literal[LAYER_WEIGHTING_NAMES] = "none"
-    drop: tuple[str, ...] = Field(default=(), max_length=1000, description=(
+    drop: list[str] = Field(default_factory=list, max_length=1000, description=(
         "parameter tensors left out of the data term, e.g. classifier.0.weight: seed 001's attack on Soteria drops "
         "the defended layer's gradient (the layer-wise Gaussian of appendix A.5, eq. 6)"))
     restarts: int = Field(default=1, ge=1, le=64)
@@ -91,6 +91,11 @@ class InversionConfig(BaseModel):
             raise ValueError(f"lr_decay is the exp schedule's final lr / initial lr; the {self.schedule} schedule "
                              "takes none")
         return self
+
+    @field_validator("drop")
+    @classmethod
+    def _once_each(cls, value: list[str]) -> list[str]:
+        return list(dict.fromkeys(value))
 
     @field_validator("priors")
     @classmethod

@@ -91,10 +91,12 @@ class _SquaredDistance(torch.autograd.Function):
 
 
 class Objective:
-    """A data term comparing simulated updates with the observed one, one value per instance."""
+    """A data term comparing simulated updates with the observed one, one value per instance. ``weighting``: a
+    layer weighting's name, or the weights themselves, one per observed tensor (those the whole update's weighting
+    gives the tensors an attack keeps when it drops some: their positions, not their count, set their weights)."""
 
     def __init__(self, name: str, observed: list[torch.Tensor], defense: DefenseChain,
-                 weighting: str = "none"):
+                 weighting: str | list[float] = "none"):
         if name not in OBJECTIVE_NAMES:
             raise LeaklabError(f"unknown objective {name!r}; choose one of {', '.join(OBJECTIVE_NAMES)}")
         if name == "bayes" and defense.steps and not defense.has_density:
@@ -103,15 +105,19 @@ class Objective:
         self.name = name
         self.observed = observed
         self.defense = defense
-        self.weighting = weighting
-        self.weights = layer_weights(len(observed), "none" if name == "bayes" else weighting)
+        if isinstance(weighting, str):
+            self.weights = layer_weights(len(observed), "none" if name == "bayes" else weighting)
+        elif len(weighting) == len(observed):
+            self.weights = list(weighting)
+        else:
+            raise LeaklabError(f"{len(weighting)} layer weights for {len(observed)} observed tensors")
         self._observed_norm = torch.sqrt(sum(w * (o * o).flatten(1).sum(1)
                                              for w, o in zip(self.weights, observed)))
         self._relaid: dict[int, torch.Tensor] = {}
 
     def instance(self, j: int) -> "Objective":
         """The same data term for instance ``j`` alone."""
-        return Objective(self.name, [o[j:j + 1] for o in self.observed], self.defense, self.weighting)
+        return Objective(self.name, [o[j:j + 1] for o in self.observed], self.defense, self.weights)
 
     def _observed_like(self, i: int, g: torch.Tensor) -> torch.Tensor:
         """Observed tensor ``i`` in the memory layout of the simulated ``g`` (k, R, *shape), copied

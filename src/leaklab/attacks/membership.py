@@ -1,0 +1,212 @@
+"""Membership inference from a deployed classifier's confidence vectors: the two attacks of seed 002, chapter 6
+(section 6.5, Table 6.2), which the One Parameter Defense is measured against.
+
+* :func:`ml_leaks`: ML-Leaks (A. Salem, Y. Zhang, M. Humbert, P. Berrang, M. Fritz and M. Backes, "ML-Leaks: Model
+  and Data Independent Membership Inference Attacks and Defenses on Machine Learning Models", NDSS 2019). The
+  attacker knows no membership: it trains an attack model on a shadow model's answers (the shadow's own members and
+  non-members) and applies it to the target's.
+* :func:`nsh`: M. Nasr, R. Shokri and A. Houmansadr, "Machine Learning with Membership Privacy using Adversarial
+  Regularization", CCS 2018. The attacker knows which of its queries were members and trains on the target's own
+  answers, the confidence vector and the class label together.
+
+Both attacks see confidence vectors only, as the prediction API returns them (after any post-processing defense),
+and return an accuracy: 0.5 is guessing. Every random draw (the networks' initial weights, the batches' order)
+follows :attr:`AttackTraining.seed`; the global generator is left as it was.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+
+import torch
+import torch.nn.functional as F
+from pydantic import BaseModel, ConfigDict, Field
+from torch import nn
+
+from leaklab.errors import LeaklabError
+from leaklab.fields import Seed
+from leaklab.seeds import stream_seed
+
+__all__ = ["AttackTraining", "checked_confidences", "ml_leaks", "nsh"]
+
+ML_LEAKS_TOP = 3  # ML-Leaks' attack model reads the 3 largest posteriors, sorted in descending order
+_BATCHES = "attack-batches"  # the purpose of the stream that orders an attack network's mini-batches
+
+
+class AttackTraining(BaseModel):
+    """How an attack network is trained (Adam on mini-batches, reshuffled every epoch); the thesis gives none of
+    these, so they are leaklab's defaults."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+    epochs: int = Field(default=80, ge=1, le=10_000)
+    lr: float = Field(default=1e-3, gt=0, description="Adam's learning rate")
+    batch_size: int = Field(default=64, ge=1, le=65_536)
+    seed: Seed = 0
+
+
+def ml_leaks(shadow_in: torch.Tensor, shadow_out: torch.Tensor, target_in: torch.Tensor, target_out: torch.Tensor,
+             training: AttackTraining = AttackTraining()) -> float:
+    """ML-Leaks (Salem et al., NDSS 2019), as seed 002 chapter 6 uses it: the attacker trains a shadow model (the
+    caller does: same architecture, its own data) and, on the shadow's confidence vectors of its members (label 1,
+    ``shadow_in`` (N, k)) and non-members (label 0, ``shadow_out`` (M, k)), an attack model: an MLP on the top-3
+    sorted posteriors (descending; when k < 3, zero-padded), one hidden layer of 64 ReLU units, a sigmoid output,
+    trained with binary cross-entropy and Adam. Returns the attack's accuracy on the target's members ``target_in``
+    and non-members ``target_out`` (predict member when the output > 0.5), each set counting as many as it holds
+    (the caller balances them)."""
+    _check_training(training)
+    sets = _confidence_sets({"shadow_in": shadow_in, "shadow_out": shadow_out, "target_in": target_in,
+                             "target_out": target_out})
+    shadow_in, shadow_out, target_in, target_out = [(_top_posteriors(c),) for c in sets]
+    net = _fit(lambda: _mlp(ML_LEAKS_TOP, 64, 1), shadow_in, shadow_out, training)
+    return _accuracy(net, target_in, target_out)
+
+
+def nsh(train_in: tuple[torch.Tensor, torch.Tensor], train_out: tuple[torch.Tensor, torch.Tensor],
+        test_in: tuple[torch.Tensor, torch.Tensor], test_out: tuple[torch.Tensor, torch.Tensor],
+        training: AttackTraining = AttackTraining()) -> float:
+    """Nasr, Shokri and Houmansadr (CCS 2018), as seed 002 chapter 6 uses it: the attacker knows which of its queries
+    were members and trains on the target's own answers. Each argument is a pair (confidences (N, k), labels (N,)
+    int64 class indices). Three networks: on the confidence vector, k -> 1024 -> 512 -> 64; on the one-hot label,
+    k -> 512 -> 64; on their concatenation, 128 -> 256 -> 64 -> 1 with a sigmoid (ReLU between layers; the thesis'
+    "100" input is Nasr's class count, here k; its "256" after the concatenation is taken as the first hidden width,
+    64 + 64 = 128 being the input). Trained end to end with BCE and Adam on train_in (1) / train_out (0); returns
+    the accuracy on test_in / test_out."""
+    _check_training(training)
+    pairs = {"train_in": train_in, "train_out": train_out, "test_in": test_in, "test_out": test_out}
+    for name, pair in pairs.items():
+        if not isinstance(pair, (tuple, list)) or len(pair) != 2:
+            got = f"{len(pair)} items" if isinstance(pair, (tuple, list)) else type(pair).__name__
+            raise LeaklabError(f"{name} must be a pair (confidences (N, k), labels (N,)); got {got}")
+    confidences = _confidence_sets({name: pair[0] for name, pair in pairs.items()})
+    k = confidences[0].shape[1]
+    sets = [(c, F.one_hot(_labels(pair[1], c, k, name), k).float())
+            for c, (name, pair) in zip(confidences, pairs.items())]
+    net = _fit(lambda: _NshNet(k), sets[0], sets[1], training)
+    return _accuracy(net, sets[2], sets[3])
+
+
+class _NshNet(nn.Module):
+    """Nasr et al.'s attack network: a confidence branch and a label branch, joined by a third network that gives
+    the membership logit (the sigmoid is applied by the loss and at prediction)."""
+
+    def __init__(self, k: int):
+        super().__init__()
+        self.confidence = _mlp(k, 1024, 512, 64, last_relu=True)
+        self.label = _mlp(k, 512, 64, last_relu=True)
+        self.joint = _mlp(128, 256, 64, 1)
+
+    def forward(self, confidences: torch.Tensor, one_hot: torch.Tensor) -> torch.Tensor:
+        return self.joint(torch.cat([self.confidence(confidences), self.label(one_hot)], dim=1))
+
+
+def _mlp(*widths: int, last_relu: bool = False) -> nn.Sequential:
+    """Linear layers of the given widths with ReLU between them (and after the last with ``last_relu``)."""
+    layers: list[nn.Module] = []
+    for i, (fan_in, fan_out) in enumerate(zip(widths, widths[1:])):
+        layers.append(nn.Linear(fan_in, fan_out))
+        if last_relu or i < len(widths) - 2:
+            layers.append(nn.ReLU())
+    return nn.Sequential(*layers)
+
+
+def _top_posteriors(confidences: torch.Tensor) -> torch.Tensor:
+    """ML-Leaks' features: the 3 largest entries of each row in descending order, zeros after the k-th when k < 3."""
+    top = confidences.sort(dim=1, descending=True).values[:, :ML_LEAKS_TOP]
+    return F.pad(top, (0, ML_LEAKS_TOP - top.shape[1]))
+
+
+def _fit(build: Callable[[], nn.Module], members: Sequence[torch.Tensor], non_members: Sequence[torch.Tensor],
+         training: AttackTraining) -> nn.Module:
+    """A network from ``build`` (its initial weights drawn from ``training.seed``) trained to tell ``members``
+    (label 1) from ``non_members`` (label 0), each a tuple of the network's inputs: binary cross-entropy on its
+    logit, weighted so that both sets count equally, and Adam on mini-batches reshuffled every epoch."""
+    device = members[0].device
+    net = _seeded(build, training.seed).to(device).train()
+    inputs = [torch.cat([m, n]) for m, n in zip(members, non_members)]
+    n_in, n_out = len(members[0]), len(non_members[0])
+    targets = torch.cat([torch.ones(n_in), torch.zeros(n_out)]).to(device)
+    # mean weight 1: each set weighs half of the total, whatever its size
+    weights = torch.cat([torch.full((n_in,), (n_in + n_out) / (2 * n_in)),
+                         torch.full((n_out,), (n_in + n_out) / (2 * n_out))]).to(device)
+    optimizer = torch.optim.Adam(net.parameters(), lr=training.lr)
+    for batch in _batches(n_in + n_out, training, device):
+        logits = net(*(x[batch] for x in inputs)).squeeze(1)
+        loss = F.binary_cross_entropy_with_logits(logits, targets[batch], weight=weights[batch])
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    return net.eval()
+
+
+def _seeded(build: Callable[[], nn.Module], seed: int) -> nn.Module:
+    """The network ``build`` makes, its initial weights drawn from ``seed`` (on the CPU; the global generator is
+    restored afterwards)."""
+    with torch.random.fork_rng(devices=[]):
+        torch.random.default_generator.manual_seed(seed)
+        return build()
+
+
+def _batches(n: int, training: AttackTraining, device: torch.device) -> Iterator[torch.Tensor]:
+    """The row indices of ``training.epochs`` epochs of mini-batches of ``n`` rows, reshuffled every epoch by a
+    generator of its own, seeded by ``training.seed``."""
+    order = torch.Generator().manual_seed(stream_seed(training.seed, _BATCHES))
+    for _ in range(training.epochs):
+        yield from torch.randperm(n, generator=order).to(device).split(training.batch_size)
+
+
+@torch.no_grad()
+def _accuracy(net: nn.Module, members: Sequence[torch.Tensor], non_members: Sequence[torch.Tensor]) -> float:
+    """The share of rows ``net`` (in eval mode) gets right, predicting member where its sigmoid output > 0.5."""
+    hits_in = (torch.sigmoid(net(*members).squeeze(1)) > 0.5).sum().item()
+    hits_out = (torch.sigmoid(net(*non_members).squeeze(1)) <= 0.5).sum().item()
+    return (hits_in + hits_out) / (len(members[0]) + len(non_members[0]))
+
+
+def _check_training(training: object) -> None:
+    if not isinstance(training, AttackTraining):
+        raise LeaklabError(f"training must be an AttackTraining (got {type(training).__name__})")
+
+
+def _confidence_sets(sets: dict[str, object]) -> list[torch.Tensor]:
+    """The named sets of confidence vectors, checked: 2-D float tensors with one k, finite, at least one row each;
+    returned detached, on the first set's device."""
+    checked = [checked_confidences(value, name) for name, value in sets.items()]
+    first = next(iter(sets))
+    k = checked[0].shape[1]
+    for name, c in zip(sets, checked):
+        if c.shape[1] != k:
+            raise LeaklabError(f"{name} has {c.shape[1]} classes per row and {first} {k}: every set must come from "
+                               "the same k-class classifier")
+    return [c.to(checked[0].device) for c in checked]
+
+
+def checked_confidences(value: object, name: str) -> torch.Tensor:
+    """``value`` checked as a set of confidence vectors (a 2-D float tensor, (N, k), N and k >= 1, finite), detached
+    and in float32 (the attack networks'); else a :class:`~leaklab.errors.LeaklabError` naming it as ``name``."""
+    if not isinstance(value, torch.Tensor):
+        raise LeaklabError(f"{name} must be a torch tensor of confidence vectors (N, k); got {type(value).__name__}")
+    if not value.is_floating_point():
+        raise LeaklabError(f"{name} must hold floats (confidence vectors); got {value.dtype}")
+    if value.ndim != 2 or 0 in value.shape:
+        raise LeaklabError(f"{name} must be a 2-D tensor (N, k) with at least one row and one class; got shape "
+                           f"{tuple(value.shape)}")
+    value = value.detach().float()
+    if not torch.isfinite(value).all():
+        raise LeaklabError(f"{name} holds NaN or infinite values (in float32); confidence vectors must be finite")
+    return value
+
+
+def _labels(value: object, confidences: torch.Tensor, k: int, name: str) -> torch.Tensor:
+    """``value`` checked as the class labels of the rows of ``confidences``: integers in [0, k), one per row."""
+    if not isinstance(value, torch.Tensor) or value.is_floating_point() or value.is_complex() or \
+            value.dtype == torch.bool:
+        what = value.dtype if isinstance(value, torch.Tensor) else type(value).__name__
+        raise LeaklabError(f"{name}'s labels must be an integer tensor of class indices (int64); got {what}")
+    if value.shape != (len(confidences),):
+        raise LeaklabError(f"{name}'s labels must have shape ({len(confidences)},), one per confidence vector; got "
+                           f"{tuple(value.shape)}")
+    if ((value < 0) | (value >= k)).any():
+        raise LeaklabError(f"{name}'s labels must be class indices in [0, {k - 1}]; got values from "
+                           f"{value.min().item()} to {value.max().item()}")
+    return value.detach().to(confidences.device, torch.int64)
