@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import nn
 
-from leaklab.attacks.membership import AttackTraining, ml_leaks, nsh
+from leaklab.attacks.membership import AttackTraining, _top_posteriors, ml_leaks, nsh
 from leaklab.attacks.model_inversion import InversionNet, inversion_error, train_inversion
 from leaklab.errors import LeaklabError
 
@@ -39,6 +39,12 @@ def test_ml_leaks_tells_peaked_members_from_flat_non_members():
 def test_ml_leaks_guesses_when_both_sets_share_a_distribution():
     sets = _dirichlet(300, 1.0, 1), _dirichlet(300, 1.0, 2), _dirichlet(200, 1.0, 3), _dirichlet(200, 1.0, 4)
     assert 0.35 <= ml_leaks(*sets, training=FAST) <= 0.65
+
+
+def test_ml_leaks_reads_the_three_largest_posteriors_in_descending_order():
+    rows = torch.tensor([[0.05, 0.6, 0.05, 0.3], [0.1, 0.2, 0.3, 0.4]])
+    assert torch.equal(_top_posteriors(rows), torch.tensor([[0.6, 0.3, 0.05], [0.4, 0.3, 0.2]]))
+    assert torch.equal(_top_posteriors(torch.tensor([[0.25, 0.75]])), torch.tensor([[0.75, 0.25, 0.0]]))
 
 
 def test_ml_leaks_with_two_classes():
@@ -124,12 +130,22 @@ def test_attack_training_is_checked():
         ml_leaks(*(_dirichlet(10, 1.0, i) for i in range(4)), training={"epochs": 1})
 
 
+def _untrained(num_classes: int, channels: int, width: int) -> InversionNet:
+    """A fresh inversion network, its weights drawn from seed 0 (the global generator is given back)."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        return InversionNet(num_classes, channels, width)
+
+
 def test_inversion_net_gives_images_in_the_unit_range():
-    net = InversionNet(num_classes=K, channels=3, width=4).eval()
+    net = _untrained(K, 3, 4).eval()
     with torch.no_grad():
-        out = net(_dirichlet(5, 1.0, 0))
-    assert out.shape == (5, 3, 32, 32)
-    assert out.min() >= 0 and out.max() <= 1
+        assert net(_dirichlet(5, 1.0, 0)).shape == (5, 3, 32, 32)
+        for bias in (-50.0, 50.0):  # pushed to either end, the output stays in [0, 1] and reaches it
+            net.blocks[-1][0].bias.fill_(bias)
+            out = net(_dirichlet(5, 1.0, 0))
+            assert out.min() >= 0 and out.max() <= 1
+            assert (out - float(bias > 0)).abs().max() < 1e-6
     with pytest.raises(LeaklabError, match="width"):
         InversionNet(K, 1, width=0)
 
@@ -150,7 +166,7 @@ def test_train_inversion_learns_a_mapping_an_untrained_net_does_not_know():
     net = train_inversion(confidences, images, training, width=8)
     assert not net.training and torch.equal(torch.get_rng_state(), state)
     trained = inversion_error(net, *held_out)
-    untrained = inversion_error(InversionNet(4, 1, width=8), *held_out)
+    untrained = inversion_error(_untrained(4, 1, 8), *held_out)
     assert trained < 0.2 * untrained
     assert inversion_error(train_inversion(confidences, images, training, width=8), *held_out) == trained
 
@@ -175,7 +191,7 @@ def test_inversion_error_is_the_mean_squared_error_per_pixel():
 
 
 def test_inversion_error_keeps_the_network_modes():
-    net = InversionNet(4, 1, width=4).train()
+    net = _untrained(4, 1, 4).train()
     before = {k: v.clone() for k, v in net.state_dict().items()}
     inversion_error(net, *_templates_problem(8, 1))
     assert net.training and all(m.training for m in net.modules())

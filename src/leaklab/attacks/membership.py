@@ -10,8 +10,10 @@
   answers, the confidence vector and the class label together.
 
 Both attacks see confidence vectors only, as the prediction API returns them (after any post-processing defense),
-and return an accuracy: 0.5 is guessing. Every random draw (the networks' initial weights, the batches' order)
-follows :attr:`AttackTraining.seed`; the global generator is left as it was.
+and return an accuracy: 0.5 is guessing. The attack networks give a logit: their sigmoid output is folded into the
+loss (binary cross-entropy on logits, for numerical stability) and applied at prediction. Every random draw (the
+networks' initial weights, the batches' order) follows :attr:`AttackTraining.seed`; the global generator is left
+as it was.
 """
 
 from __future__ import annotations
@@ -57,9 +59,9 @@ def ml_leaks(shadow_in: torch.Tensor, shadow_out: torch.Tensor, target_in: torch
     _check_training(training)
     sets = _confidence_sets({"shadow_in": shadow_in, "shadow_out": shadow_out, "target_in": target_in,
                              "target_out": target_out})
-    shadow_in, shadow_out, target_in, target_out = [(_top_posteriors(c),) for c in sets]
-    net = _fit(lambda: _mlp(ML_LEAKS_TOP, 64, 1), shadow_in, shadow_out, training)
-    return _accuracy(net, target_in, target_out)
+    features = [(_top_posteriors(c),) for c in sets]
+    net = _fit(lambda: _mlp(ML_LEAKS_TOP, 64, 1), features[0], features[1], training)
+    return _accuracy(net, features[2], features[3])
 
 
 def nsh(train_in: tuple[torch.Tensor, torch.Tensor], train_out: tuple[torch.Tensor, torch.Tensor],
@@ -164,6 +166,7 @@ def _accuracy(net: nn.Module, members: Sequence[torch.Tensor], non_members: Sequ
 
 
 def _check_training(training: object) -> None:
+    """Refuse a ``training`` other than an :class:`AttackTraining` (a dict would fail later, far from the cause)."""
     if not isinstance(training, AttackTraining):
         raise LeaklabError(f"training must be an AttackTraining (got {type(training).__name__})")
 

@@ -44,7 +44,7 @@ class InversionNet(nn.Module):
             _block(num_classes, 8 * width, stride=1, padding=0),  # 1x1 -> 4x4
             _block(8 * width, 4 * width),  # 8x8
             _block(4 * width, 2 * width),  # 16x16
-            nn.Sequential(nn.ConvTranspose2d(2 * width, channels, 4, stride=2, padding=1), nn.Tanh()),  # 32x32
+            nn.Sequential(nn.ConvTranspose2d(2 * width, channels, 4, stride=2, padding=1), nn.Sigmoid()),  # 32x32
         )
 
     def forward(self, confidences: torch.Tensor) -> torch.Tensor:
