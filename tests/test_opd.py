@@ -76,3 +76,30 @@ def test_bad_settings_are_refused():
             one_parameter_defense(y, eps, _g(), m=m, sensitivity=sensitivity)
     with pytest.raises(LeaklabError):
         query_bound(10, 0, 10)
+
+
+def test_reproduce_opd_table_quick(tmp_path):
+    import json
+
+    from typer.testing import CliRunner
+
+    from leaklab.cli import app
+
+    out = tmp_path / "opd"
+    result = CliRunner().invoke(app, ["reproduce", "opd-table", "--quick", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    data = json.loads((out / "results.json").read_text())
+    assert (out / "opd_table.png").stat().st_size > 0 and (out / "opd_inversions.png").stat().st_size > 0
+    rows = data["rows"]
+    assert [r["eps"] for r in rows] == [None, *data["config"]["epsilons"]]
+    assert len({(r["train_accuracy"], r["test_accuracy"]) for r in rows}) == 1  # the argmax never changes
+    assert rows[0]["distortion"] == 0 and all(r["distortion"] > 0 for r in rows[1:])
+    assert all(0 <= r[k] <= 1 for r in rows for k in ("ml_leaks", "nsh"))
+    assert "ML-Leaks" in result.output
+
+
+def test_a_tie_for_the_top_keeps_argmax_s_class_and_a_zero_score_has_no_matching_eps():
+    y = torch.tensor([[0.5, 0.5, 0.0], [0.45, 0.45, 0.1], [0.1, 0.45, 0.45]], dtype=torch.float64)
+    for seed in range(5):
+        assert torch.equal(one_parameter_defense(y, 1.0, _g(seed)).argmax(1), y.argmax(1))
+    assert torch.isinf(matching_eps(y[:1], divide_and_modify(y[:1], 1.0, _g()))).all()

@@ -281,5 +281,5 @@ def reproduce_opd_table(
     for r in result["rows"]:
         typer.echo(f"  {r['defense']:>12s}: accuracy {100 * r['train_accuracy']:.2f}% train, "
                    f"{100 * r['test_accuracy']:.2f}% test; distortion {r['distortion']:.3f}; membership inference "
-                   f"ML-Leaks {100 * r['ml_leaks']:.1f}%, NSH {100 * r['nsh']:.1f}%; inversion error "
-                   f"{r['inversion_error_train']:.4f} / {r['inversion_error_test']:.4f}")
+                   f"ML-Leaks {100 * r['ml_leaks']:.1f}%, NSH {100 * r['nsh']:.1f}%; inversion error (MSE) "
+                   f"{r['inversion_error_train']:.4f} members, {r['inversion_error_test']:.4f} non-members")

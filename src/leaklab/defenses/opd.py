@@ -10,7 +10,8 @@ a leftover of uniform sub-ranges: leaklab uses the candidates it draws from; a c
 utility and is chosen). The sub-ranges are disjoint and ordered, so ``y'`` keeps the order of ``y`` (Lemma 6.4).
 
 Phase 2 (eq. 6.2, section 6.3.3): ``z = softmax(eps y' / (2 Delta_u))``, order-preserving for ``eps > 0``
-(Property 6.1): the argmax, hence accuracy, is unchanged. ``Delta_u`` is 1 in the thesis (``sensitivity``); the
+(Property 6.1): the argmax, hence accuracy, is unchanged (of tied top scores the first class keeps the top, as
+``argmax`` reads it). ``Delta_u`` is 1 in the thesis (``sensitivity``); the
 thesis' distortions for eps >= 0.7 (Table 6.2) match a smaller value (notes-002, section 5.6): it is the one knob.
 
 Privacy (Theorem 6.1): each of the ``k`` draws is eps-DP, so a query costs ``k eps``; Theorem 6.3 bounds the queries
@@ -48,16 +49,19 @@ def divide_and_modify(y: torch.Tensor, eps: float, generator: torch.Generator, m
     _check_eps(eps, sensitivity)
     if not 1 <= m <= 10_000:
         raise LeaklabError(f"OPD's granularity m is a count of candidates from 1 to 10,000, not {m!r}")
-    scores, order = torch.sort(y.double(), dim=1, stable=True)
+    # ascending, a tie's lower class ranked higher (as argmax picks it): its class keeps the top of a tied pair
+    k = y.shape[1]
+    scores, flipped = torch.sort(y.double().flip(1), dim=1, stable=True)
+    order = k - 1 - flipped
     mid = (scores[:, 1:] + scores[:, :-1]) / 2
     lo = torch.cat([torch.zeros_like(scores[:, :1]), mid], 1)
     hi = torch.cat([mid, torch.ones_like(scores[:, :1])], 1)
-    steps = torch.arange(m, dtype=torch.float64)
+    steps = torch.arange(m, dtype=torch.float64, device=y.device)
     candidates = lo[..., None] + steps * ((hi - lo) / m)[..., None]  # (N, k, m)
     utility = 1 / (scores[..., None] - candidates).abs().clamp_min(MIN_GAP)
     logits = eps * utility / (2 * sensitivity)
-    gumbel = -torch.log(-torch.log(torch.rand(logits.shape, generator=generator, dtype=torch.float64)
-                                   .clamp_min(torch.finfo(torch.float64).tiny)))
+    uniform = torch.rand(logits.shape, generator=generator, dtype=torch.float64, device=generator.device)
+    gumbel = -torch.log(-torch.log(uniform.to(y.device).clamp_min(torch.finfo(torch.float64).tiny)))
     picked = candidates.gather(2, (logits + gumbel).argmax(2, keepdim=True))[..., 0]  # exponential mechanism
     return torch.empty_like(picked).scatter_(1, order, picked)
 
@@ -84,9 +88,11 @@ def query_bound(total_eps: float, eps: float, k: int) -> float:
 
 def matching_eps(y: torch.Tensor, y_prime: torch.Tensor) -> torch.Tensor:
     """``eps*`` per row (section 6.4.2): the eps at which phase 2 gives back ``y`` from ``y'``, fitted by least squares
-    to ``ln y_i = (eps / 2) y'_i + c`` (the thesis' eq. 6.5 has one unknown and ``k`` equations); shape (N,)."""
+    to ``ln y_i = (eps / 2) y'_i + c`` (the thesis' eq. 6.5 has one unknown and ``k`` equations); shape (N,). A row
+    with a score of 0 has none (a softmax is never 0): inf."""
     _check(y)
     log_y = y.double().clamp_min(torch.finfo(torch.float64).tiny).log()
     yp = y_prime.double()
     centred = yp - yp.mean(1, keepdim=True)
-    return 2 * (centred * (log_y - log_y.mean(1, keepdim=True))).sum(1) / (centred * centred).sum(1)
+    fitted = 2 * (centred * (log_y - log_y.mean(1, keepdim=True))).sum(1) / (centred * centred).sum(1)
+    return torch.where((y == 0).any(1), torch.inf, fitted)
