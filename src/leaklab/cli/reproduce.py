@@ -266,6 +266,9 @@ def reproduce_opd_table(
     quick: QuickOpt = False,
     seed: SeedOpt = 0,
     out: Annotated[Optional[Path], _run_out("opd-table")] = None,
+    sensitivity: Annotated[Optional[float], typer.Option(
+        "--sensitivity", help="OPD's Delta_u (default 1, the thesis' eq. 6.2; 0.3 gives its Table 6.2 "
+                              "distortions)")] = None,
 ) -> None:
     """Seed 002, Table 6.2: the One Parameter Defense against membership inference (ML-Leaks, NSH) and model
     inversion through a classifier's confidence vectors (MNIST; --quick: digits, tiny networks)."""
@@ -274,6 +277,8 @@ def reproduce_opd_table(
 
     make = opd_table.OpdTableConfig
     config = make.quick(seed) if quick else make(seed=seed)
+    if sensitivity is not None:
+        config = make.model_validate({**config.model_dump(), "sensitivity": sensitivity})
     out = out or new_run_dir("opd-table")
     with _progress() as progress:
         result = opd_table.run(out, config, quick=quick, progress=progress)
