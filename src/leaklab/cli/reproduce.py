@@ -183,6 +183,23 @@ def reproduce_inversion_checks(
         typer.echo(f"  {name:9s} " + ", ".join(f"{k} {v:.4g}" for k, v in figures.items()))
 
 
+def _experiment(module: Any, make: Any, name: str, quick: bool, seed: int, out: Path | None,
+                **fields: Any) -> dict:
+    """Run the reproduction ``module`` (its ``run(out, config, quick, progress)``) on the config class ``make``'s
+    quick or full config for ``seed`` (``fields`` given: set on it), into ``out`` or a fresh ``runs/NAME-...``
+    folder, with progress bars; says where it wrote."""
+    from leaklab.io import new_run_dir
+
+    config = make.quick(seed) if quick else make(seed=seed)
+    if fields:
+        config = make.model_validate({**config.model_dump(), **fields})
+    out = out or new_run_dir(name)
+    with _progress() as progress:
+        result = module.run(out, config, quick=quick, progress=progress)
+    typer.echo(f"wrote {out / 'results.json'}")
+    return result
+
+
 @reproduce_app.command("dp-vs-inversion")
 @_guard
 def reproduce_dp_vs_inversion(
@@ -192,15 +209,9 @@ def reproduce_dp_vs_inversion(
 ) -> None:
     """DP-SGD on MNIST at epsilon 3 (accuracy beside non-private) and inversion PSNR vs epsilon."""
     from leaklab.experiments import dp_vs_inversion
-    from leaklab.io import new_run_dir
 
-    make = dp_vs_inversion.DpVsInversionConfig
-    config = make.quick(seed) if quick else make(seed=seed)
-    out = out or new_run_dir("dp-vs-inversion")
-    with _progress() as progress:
-        result = dp_vs_inversion.run(out, config, quick=quick, progress=progress)
+    result = _experiment(dp_vs_inversion, dp_vs_inversion.DpVsInversionConfig, "dp-vs-inversion", quick, seed, out)
     u = result["utility"]
-    typer.echo(f"wrote {out / 'results.json'}")
     typer.echo(f"  DP-SGD epsilon {u['private']['epsilon']:.3f} (delta {u['private']['delta']:g}): test accuracy "
                f"{100 * u['private']['accuracy']:.1f}%, non-private {100 * u['non_private']['accuracy']:.1f}%")
     for row in result["attack"]["rows"]:
@@ -218,14 +229,8 @@ def reproduce_at_features(
     """Seed 004: features, then images, restored from batch gradients of vanilla and adversarially trained
     networks (MNIST, distinct labels per batch; --quick: digits 8x8)."""
     from leaklab.experiments import at_features
-    from leaklab.io import new_run_dir
 
-    make = at_features.AtFeaturesConfig
-    config = make.quick(seed) if quick else make(seed=seed)
-    out = out or new_run_dir("at-features")
-    with _progress() as progress:
-        result = at_features.run(out, config, quick=quick, progress=progress)
-    typer.echo(f"wrote {out / 'results.json'}")
+    result = _experiment(at_features, at_features.AtFeaturesConfig, "at-features", quick, seed, out)
     for row in result["rows"]:
         restored = ", ".join(f"batch {r['batch_size']}: cosine {r['cosine_mean']:.3f} "
                              f"({100 * r['nearly_perfect']:.0f}% >= {at_features.NEARLY_PERFECT}; nonnegative part "
@@ -246,14 +251,9 @@ def reproduce_breaking_defenses(
     """Seed 001, section 6: Soteria, ATS and PRECODE attacked early in training (photos 32x32, one image per
     update; --quick: 16x16, small networks)."""
     from leaklab.experiments import breaking_defenses
-    from leaklab.io import new_run_dir
 
-    make = breaking_defenses.BreakingDefensesConfig
-    config = make.quick(seed) if quick else make(seed=seed)
-    out = out or new_run_dir("breaking-defenses")
-    with _progress() as progress:
-        result = breaking_defenses.run(out, config, quick=quick, progress=progress)
-    typer.echo(f"wrote {out / 'results.json'}")
+    result = _experiment(breaking_defenses, breaking_defenses.BreakingDefensesConfig, "breaking-defenses", quick,
+                         seed, out)
     for row in result["rows"]:
         typer.echo(f"  {row['defense']:>8s} {row['setting']:>15s} step {row['train_step']:>4d} {row['attack']:>20s}: "
                    f"PSNR {row['psnr_mean']:.2f} dB (constant image {row['psnr_baseline_mean']:.2f}), "
@@ -273,16 +273,9 @@ def reproduce_opd_table(
     """Seed 002, Table 6.2: the One Parameter Defense against membership inference (ML-Leaks, NSH) and model
     inversion through a classifier's confidence vectors (MNIST; --quick: digits, tiny networks)."""
     from leaklab.experiments import opd_table
-    from leaklab.io import new_run_dir
 
-    make = opd_table.OpdTableConfig
-    config = make.quick(seed) if quick else make(seed=seed)
-    if sensitivity is not None:
-        config = make.model_validate({**config.model_dump(), "sensitivity": sensitivity})
-    out = out or new_run_dir("opd-table")
-    with _progress() as progress:
-        result = opd_table.run(out, config, quick=quick, progress=progress)
-    typer.echo(f"wrote {out / 'results.json'}")
+    result = _experiment(opd_table, opd_table.OpdTableConfig, "opd-table", quick, seed, out,
+                         **({} if sensitivity is None else {"sensitivity": sensitivity}))
     for r in result["rows"]:
         typer.echo(f"  {r['defense']:>12s}: accuracy {100 * r['train_accuracy']:.2f}% train, "
                    f"{100 * r['test_accuracy']:.2f}% test; distortion {r['distortion']:.3f}; membership inference "

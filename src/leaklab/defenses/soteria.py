@@ -10,9 +10,9 @@ copy of it, ``defense_attacks/soteria``) is a pruning of its columns: for every 
 (a feature that moves little with the image but carries a large value reveals the image most), and zeroes the
 columns of ``dW_l`` whose score lies under the ``rate`` quantile of all scores (linear interpolation, as NumPy's
 ``percentile``; the seed prunes 80%). Which layer: the seed's text defends ConvBig's largest linear layer
-(``classifier.0``), its code the second (``classifier.2``, whose input is the first one's output). The other layers' gradients, the bias of layer ``l`` included, leave the
-client unchanged: the seed's attack simply leaves ``dW_l`` out of its objective
-(:attr:`~leaklab.attacks.inversion.config.InversionConfig.drop`).
+(``classifier.0``), its code the second (``classifier.2``, whose input is the first one's output). The other
+layers' gradients, the bias of layer ``l`` included, leave the client unchanged: the seed's attack simply leaves
+``dW_l`` out of its objective (:attr:`~leaklab.attacks.inversion.config.InversionConfig.drop`).
 
 Scores are taken with the network as the client holds it (the seed's code: eval mode), with respect to the
 normalised image the network's first layer reads (the seed's code differentiates ``(x - mean) / std``; the pixels'
