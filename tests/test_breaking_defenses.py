@@ -144,6 +144,7 @@ def test_capture_applies_ats_and_soteria_and_refuses_what_does_not_apply():
     assert zero_columns >= 0.9
     with pytest.raises(ValidationError, match="soteria_layer"):
         CaptureConfig(**common, soteria_rate=0.5)
+    assert CaptureConfig(**CaptureConfig(**common).model_dump()) == CaptureConfig(**common)  # a dumped config loads
     with pytest.raises(ValidationError, match="fedsgd"):
         CaptureConfig(**common, soteria_layer="classifier.0", update="fedavg")
     with pytest.raises(ValidationError, match="0..49"):

@@ -84,7 +84,8 @@ class CaptureConfig(BaseModel):
 
     @model_validator(mode="after")
     def _defenses_that_apply(self) -> "CaptureConfig":
-        if "soteria_rate" in self.model_fields_set and self.soteria_layer is None:
+        # a rate other than the default (a config dumped from results.json sets every field, as it was)
+        if self.soteria_rate != type(self).model_fields["soteria_rate"].default and self.soteria_layer is None:
             raise ValueError("soteria_rate (--soteria-rate) applies with soteria_layer (--soteria-layer)")
         if self.soteria_layer is not None and self.update != "fedsgd":
             raise ValueError("Soteria prunes a gradient: use update fedsgd (--update fedsgd)")
