@@ -5,7 +5,7 @@ The images of ``data`` (resized to 32x32, as the thesis) are cut into four disjo
 training set (its members) and test set (non-members), the attacker's training and test sets (the thesis' Table 6.1
 names the datasets' whole splits for both sides, which leaves its measured sets empty: leaklab keeps them apart).
 The target (:class:`~leaklab.models.vision.InferenceTargetCNN`) trains on its set; the attacker's shadow model, of the
-same architecture, on the attacker's training set. The attack models are trained on undefended confidence vectors
+same architecture (its own initialisation and batches), on the attacker's training set. The attack models are trained on undefended confidence vectors
 (the thesis: training them on defended ones did not converge) and attack the defended interface:
 
 * ML-Leaks (:func:`~leaklab.attacks.membership.ml_leaks`): trained on the shadow's members and non-members;
@@ -119,10 +119,12 @@ def run(out: Path, config: OpdTableConfig | None = None, quick: bool = False,
     steps = config.epochs * -(-n // config.batch_size)
     models = []
     for name, images, labels in (("target", x[0], y[0]), ("shadow", x[2], y[2])):
-        torch.manual_seed(config.seed)
+        # the shadow's own initialisation and batches: a black-box attacker cannot copy the target's
+        own = config.seed if name == "target" else seeds.stream_seed(config.seed, "shadow")
+        torch.manual_seed(own)
         model = InferenceTargetCNN(data.num_classes, data.images.shape[1], IMAGE_SIZE, data.mean, data.std,
                                    width=config.width)
-        train_steps(model, images, labels, steps, lr=config.lr, batch_size=config.batch_size, seed=config.seed,
+        train_steps(model, images, labels, steps, lr=config.lr, batch_size=config.batch_size, seed=own,
                     progress=None if progress is None else
                     lambda task, done, total, name=name: progress(f"{name} model: {task}", done, total))
         models.append(model)
