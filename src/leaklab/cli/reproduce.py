@@ -186,13 +186,16 @@ def reproduce_inversion_checks(
 def _experiment(module: Any, make: Any, name: str, quick: bool, seed: int, out: Path | None,
                 **fields: Any) -> dict:
     """Run the reproduction ``module`` (its ``run(out, config, quick, progress)``) on the config class ``make``'s
-    quick or full config for ``seed`` (``fields`` given: set on it), into ``out`` or a fresh ``runs/NAME-...``
-    folder, with progress bars; says where it wrote."""
+    quick or full config for ``seed`` (``fields`` given: set on it; a dict updates a nested config's fields), into
+    ``out`` or a fresh ``runs/NAME-...`` folder, with progress bars; says where it wrote."""
     from leaklab.io import new_run_dir
 
     config = make.quick(seed) if quick else make(seed=seed)
     if fields:
-        config = make.model_validate({**config.model_dump(), **fields})
+        merged = config.model_dump()
+        for key, value in fields.items():
+            merged[key] = {**merged[key], **value} if isinstance(value, dict) else value
+        config = make.model_validate(merged)
     out = out or new_run_dir(name)
     with _progress() as progress:
         result = module.run(out, config, quick=quick, progress=progress)
@@ -281,3 +284,41 @@ def reproduce_opd_table(
                    f"{100 * r['test_accuracy']:.2f}% test; distortion {r['distortion']:.3f}; membership inference "
                    f"ML-Leaks {100 * r['ml_leaks']:.1f}%, NSH {100 * r['nsh']:.1f}%; inversion error (MSE) "
                    f"{r['inversion_error_train']:.4f} members, {r['inversion_error_test']:.4f} non-members")
+
+
+@reproduce_app.command("dp-drl")
+@_guard
+def reproduce_dp_drl(
+    quick: QuickOpt = False,
+    seed: SeedOpt = 0,
+    out: Annotated[Optional[Path], _run_out("dp-drl")] = None,
+    maps: Annotated[Optional[int], typer.Option("--maps", help="random maps per size (default 2)",
+                                                callback=_checked("--maps", lambda v: 1 <= v <= 100,
+                                                                  "a whole number from 1 to 100"))] = None,
+    episodes: Annotated[Optional[int], typer.Option(
+        "--episodes", help="DQN episodes per agent (default 2,000; the thesis: 100,000)",
+        callback=_checked("--episodes", lambda v: 1 <= v <= 1_000_000, "a whole number from 1 to 1,000,000"))] = None,
+    generations: Annotated[Optional[int], typer.Option(
+        "--generations", help="the genetic search's generations (default 100)",
+        callback=_checked("--generations", lambda v: 0 <= v <= 100_000, "a whole number from 0 to 100,000"))] = None,
+) -> None:
+    """Seed 002, chapter 5 (Tables 5.1-5.3, Fig. 5.5): DP-DRL against the genetic search for a DQN agent's floor
+    plan, on random grid maps of 7x7, 9x9, 11x11 and 12x11 (--quick: one 6x6 map, a few episodes)."""
+    from leaklab.experiments import dp_drl_table
+
+    fields: dict[str, Any] = {} if maps is None else {"maps": maps}
+    if episodes is not None:
+        fields["training"] = {"episodes": episodes}
+    if generations is not None:
+        fields["search"] = {"generations": generations}
+    result = _experiment(dp_drl_table, dp_drl_table.DpDrlTableConfig, "dp-drl", quick, seed, out, **fields)
+    for row in result["table"]:
+        typer.echo(f"  {row['size']:>5s} {row['defense']:>8s}: GRR {100 * row['grr']:.2f}%, NRR {100 * row['nrr']:.2f}% "
+                   f"(random maps under the constraints: NRR {100 * row['prior_nrr']:.2f}%), {plural(row['maps'], 'map')}")
+    for row in result["utility"]:
+        typer.echo(f"  {row['size']:>5s} {row['defense']:>8s}: final stage return {row['final_reward_mean']:.2f}, "
+                   f"{row['final_steps_mean']:.1f} steps; initial stage return {row['initial_reward_mean']:.2f}, "
+                   f"{row['initial_steps_mean']:.1f} steps")
+    t = result["timing"]
+    typer.echo(f"  one agent's step: {t['drl'] * 1e3:.3f} ms undefended, {t['dp_drl'] * 1e3:.3f} ms with DP-DRL, of "
+               f"which the obfuscation {t['obfuscation'] * 1e3:.3f} ms")
