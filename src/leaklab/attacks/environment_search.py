@@ -34,8 +34,8 @@ import numpy as np
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
-from leaklab.rl.envs.grid_world import (NEIGHBOURS, GridMap, add_walls, distances, observations,
-                                        open_plan, optimal_actions, violations)
+from leaklab.rl.envs.grid_world import (NEIGHBOURS, GridMap, add_walls, distances, observations, open_plan,
+                                        optimal_actions, violations)
 
 ProgressFn = Callable[[int, int], None]
 _CODES = 1 << len(NEIGHBOURS)  # 256 binary observations
@@ -54,8 +54,8 @@ class SearchConfig(BaseModel):
     crossover: float = Field(default=0.7, ge=0, le=1, description="probability a child is a crossover")
     mutation_cells: int = Field(default=3, ge=1, description="a mutation flips 1 to this many interior cells")
     retries: int = Field(default=20, ge=1)
-    polish: bool = Field(default=True, description="each generation, the fittest map takes its best single-cell flip")
     temperature: float = Field(default=0.01, gt=0, description="of the softmax over the target's Q values")
+    polish: bool = Field(default=True, description="each generation, the fittest map takes its best single-cell flip")
     wall_fraction: float = Field(default=0.3, ge=0, lt=1, description="of the initial random maps")
     seed: int = 0
 
@@ -77,8 +77,7 @@ def policy_table(q_function: Callable[[torch.Tensor], torch.Tensor], temperature
     codes = np.arange(_CODES)
     obs = torch.from_numpy(((codes[:, None] >> np.arange(len(NEIGHBOURS))) & 1).astype(np.float32))
     with torch.no_grad():
-        q = q_function(obs).double()
-    return torch.softmax(q / temperature, dim=1).numpy()
+        return torch.softmax(q_function(obs).double() / temperature, dim=1).numpy()
 
 
 def fitness(free: np.ndarray, start: tuple[int, int], goal: tuple[int, int], table: np.ndarray) -> float:

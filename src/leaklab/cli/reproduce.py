@@ -296,7 +296,7 @@ def reproduce_dp_drl(
                                                 callback=_checked("--maps", lambda v: 1 <= v <= 100,
                                                                   "a whole number from 1 to 100"))] = None,
     episodes: Annotated[Optional[int], typer.Option(
-        "--episodes", help="DQN episodes per agent (default 2,000; the thesis: 100,000)",
+        "--episodes", help="DQN episodes per agent (default 1,500; the thesis: 100,000)",
         callback=_checked("--episodes", lambda v: 1 <= v <= 1_000_000, "a whole number from 1 to 1,000,000"))] = None,
     generations: Annotated[Optional[int], typer.Option(
         "--generations", help="the genetic search's generations (default 100)",

@@ -3,7 +3,8 @@ environment-inference (privacy-leakage) attack on grid-world DQN agents.
 
 For every map size, ``maps`` random floor plans under the structural constraints
 (:func:`~leaklab.rl.envs.grid_world.random_map`; the thesis' own maps, Pan et al.'s 12x11 example among them, are
-published only as pictures), and for every map one DQN agent per defense setting: none, DP-DRL at each fixed eps,
+published only as pictures), by default only maps whose shortest path a memoryless agent seeing its 8 neighbours
+can walk (the thesis' agents walked theirs), and for every map one DQN agent per defense setting: none, DP-DRL at each fixed eps,
 and DP-DRL with the dynamic budget (:mod:`leaklab.rl.agents.grid_dqn`, all agents in one batch). The attacker then
 runs the genetic search (:mod:`leaklab.attacks.environment_search`) against each trained policy, queried with the
 true observations of its candidates (the defense is training-time only), and scores the recovered map's GRR and
@@ -71,6 +72,7 @@ class DpDrlTableConfig(BaseModel):
     sizes: list[tuple[int, int]] = Field(default_factory=lambda: [(7, 7), (9, 9), (11, 11), (12, 11)], min_length=1)
     maps: int = Field(default=2, ge=1, le=100, description="random maps per size")
     wall_fraction: float = Field(default=0.3, ge=0, lt=1)
+    reactive: bool = Field(default=True, description="only maps whose shortest path an agent seeing 8 cells can walk")
     epsilons: list[float] = Field(default_factory=lambda: [1.0, 0.7, 0.4, 0.1])
     dynamic: bool = Field(default=True, description="also DP-DRL with the dynamic budget arctan(d_max - d_min)")
     training: GridDQNConfig = GridDQNConfig()
@@ -149,7 +151,7 @@ def run(out: Path, config: DpDrlTableConfig | None = None, quick: bool = False,
     config = config or (DpDrlTableConfig.quick() if quick else DpDrlTableConfig())
     start = time.perf_counter()
     map_rng = np.random.default_rng(seeds.stream_seed(config.seed, "grid-maps"))
-    grids = [(size, i, random_map(*size, map_rng, config.wall_fraction))
+    grids = [(size, i, random_map(*size, map_rng, config.wall_fraction, reactive=config.reactive))
              for size in config.sizes for i in range(config.maps)]
     budgets = config.budgets()
     agents = [(size, i, grid, b) for size, i, grid in grids for b in budgets]

@@ -37,7 +37,7 @@ class GridDQNConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    episodes: int = Field(default=2000, ge=1, le=1_000_000)
+    episodes: int = Field(default=1500, ge=1, le=1_000_000)
     max_steps: int = Field(default=500, ge=1, le=100_000)
     hidden: int = Field(default=32, ge=1, le=4096)
     lr: float = Field(default=1e-3, gt=0)

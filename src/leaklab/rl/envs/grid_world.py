@@ -181,13 +181,24 @@ def open_plan(height: int, width: int) -> np.ndarray:
 
 
 def random_map(height: int, width: int, rng: np.random.Generator, wall_fraction: float = 0.3,
-               min_distance: float = 0.75) -> GridMap:
+               min_distance: float = 0.75, reactive: bool = False, tries: int = 1000) -> GridMap:
     """A random map under the constraints: the interior starts free and walls are added at random cells
     (:func:`add_walls`) until ``wall_fraction`` of the interior is wall or no cell can take one. The start is a
     random free cell, the goal a random free cell at least ``min_distance`` of the farthest free cell's distance from
-    it (the thesis' generator is not published; its 12x11 example's shortest path is 17 moves)."""
+    it (the thesis' generator is not published; its 12x11 example's shortest path is 17 moves). With ``reactive``,
+    maps are drawn again (up to ``tries`` times) until :func:`reactive_path` holds: the thesis' agents, which see
+    only their 8 neighbours, walked their maps' shortest paths (Table 5.3's 17 moves), which such a map allows."""
     if not 0 <= wall_fraction < 1:
         raise LeaklabError(f"wall_fraction must lie in [0, 1), not {wall_fraction}")
+    for _ in range(tries):
+        grid = _draw_map(height, width, rng, wall_fraction, min_distance)
+        if not reactive or reactive_path(grid):
+            return grid
+    raise LeaklabError(f"no {height}x{width} map in {tries} draws lets an agent that sees 8 cells walk a shortest path")
+
+
+def _draw_map(height: int, width: int, rng: np.random.Generator, wall_fraction: float, min_distance: float
+              ) -> GridMap:
     free = open_plan(height, width)
     free = add_walls(free, rng, int(round(wall_fraction * (height - 2) * (width - 2))))
     cells = np.argwhere(free)
@@ -196,6 +207,32 @@ def random_map(height: int, width: int, rng: np.random.Generator, wall_fraction:
     far = np.argwhere(dist >= max(1, int(np.ceil(min_distance * dist.max()))))
     goal = tuple(int(v) for v in far[rng.integers(len(far))])
     return GridMap(free, start, goal)
+
+
+def reactive_path(grid: GridMap, budget: int = 20_000) -> bool:
+    """Whether an agent that sees only its 8 neighbours can walk a shortest path from the start to the goal: some
+    shortest path on which every observation seen at two cells is followed by the same move (so one memoryless
+    policy walks it). A depth-first search over the shortest paths, given up (False) after ``budget`` cells."""
+    dist = distances(grid.free, grid.goal)
+    if dist[grid.start] <= 0:
+        return False
+    best = optimal_actions(dist)
+    codes = np.zeros(grid.shape, dtype=np.int64)
+    cells = np.argwhere(grid.free)
+    codes[grid.free] = (observations(grid.free, cells) @ (1 << np.arange(len(NEIGHBOURS)))).astype(np.int64)
+    expanded = 0
+    stack: list[tuple[tuple[int, int], dict[int, int]]] = [(grid.start, {})]
+    while stack and expanded < budget:
+        cell, policy = stack.pop()
+        if cell == grid.goal:
+            return True
+        expanded += 1
+        code = int(codes[cell])
+        moves = [policy[code]] if code in policy else np.flatnonzero(best[cell]).tolist()
+        for a in moves:
+            if best[cell][a]:
+                stack.append(((cell[0] + int(MOVES[a][0]), cell[1] + int(MOVES[a][1])), {**policy, code: a}))
+    return False
 
 
 class GridBatch:
