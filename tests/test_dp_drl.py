@@ -13,7 +13,7 @@ from leaklab.defenses.dp_drl import flips, obfuscate, scores, selection_probabil
 from leaklab.errors import LeaklabError
 from leaklab.rl.agents.grid_dqn import GridDQNConfig, StackedMLP, q_values, train_grid_dqn
 from leaklab.rl.envs.grid_world import (NEIGHBOURS, GridBatch, GridMap, connected, distances, observations,
-                                        optimal_actions, random_map, two_by_two_walls, violations)
+                                        optimal_actions, random_map, reactive_path, two_by_two_walls, violations)
 
 UP, DOWN, LEFT, RIGHT, STAY = range(5)
 
@@ -434,3 +434,54 @@ def test_grid_dqn_config_forbids_unknown_fields():
     with pytest.raises(pydantic.ValidationError):
         GridDQNConfig(episodes=0)
     assert GridDQNConfig().n_scale == 10.0
+
+
+def _walkable_by_brute_force(grid: GridMap) -> bool:
+    """Every shortest path enumerated; one whose cells of one observation all take one move."""
+    dist = distances(grid.free, grid.goal)
+    best = optimal_actions(dist)
+
+    def paths(cell):
+        if cell == grid.goal:
+            yield []
+            return
+        for a in np.flatnonzero(best[cell]):
+            step = ((-1, 0), (1, 0), (0, -1), (0, 1))[a]
+            for rest in paths((cell[0] + step[0], cell[1] + step[1])):
+                yield [(cell, a)] + rest
+
+    weights = 1 << np.arange(8)
+    for path in paths(grid.start):
+        moves = {}
+        if all(moves.setdefault(int((observations(grid.free, np.array([c])) @ weights)[0]), a) == a for c, a in path):
+            return True
+    return False
+
+
+def test_reactive_path_agrees_with_every_shortest_path_enumerated():
+    rng = np.random.default_rng(7)
+    answers = []
+    for _ in range(40):
+        grid = random_map(7, 7, rng)
+        answers.append(reactive_path(grid))
+        assert answers[-1] == _walkable_by_brute_force(grid)
+    assert any(answers) and not all(answers)
+
+
+def test_random_map_reactive_draws_only_walkable_maps():
+    rng = np.random.default_rng(4)
+    for size in ((9, 9), (12, 11)):
+        for _ in range(5):
+            assert reactive_path(random_map(*size, rng, reactive=True))
+    seed = next(s for s in range(100) if not reactive_path(random_map(12, 11, np.random.default_rng(s))))
+    with pytest.raises(LeaklabError, match="8 cells"):
+        random_map(12, 11, np.random.default_rng(seed), reactive=True, tries=1)
+
+
+def test_train_grid_dqn_with_position_feeds_ten_inputs():
+    maps = [random_map(5, 5, np.random.default_rng(s)) for s in (0, 1)]
+    net, training = train_grid_dqn(maps, [None, "dynamic"], _tiny_config(position=True))
+    assert net.params[0].shape == (2, 10, 16)
+    assert [len(r) for r in training.returns] == [30, 30]
+    x = torch.rand(2, 3, 10)
+    assert torch.allclose(net(x)[1], q_values(net.agent(1), x[1]), atol=1e-6)

@@ -166,3 +166,35 @@ def test_reproduce_dp_drl_refuses_bad_options(tmp_path):
                                       str(tmp_path / "x")])
     assert result.exit_code == 2 and "--episodes" in result.output
     assert not (tmp_path / "x").exists()
+
+
+def test_policy_table_for_an_agent_that_sees_its_position():
+    def q(x):  # action 0 for the top half of the map, 1 for the bottom: the row feature decides
+        row = x[:, 8]
+        return torch.stack([1 - row, row, torch.zeros(len(x)), torch.zeros(len(x)), torch.zeros(len(x))], 1)
+
+    table = policy_table(q, temperature=0.01, shape=(5, 4))
+    assert table.shape == (5, 4, 256, 5)
+    assert (table[0, :, :, 0] > 0.99).all() and (table[4, :, :, 1] > 0.99).all()
+    assert np.allclose(table[2, 1], table[2, 3])  # the column feature is ignored by q
+
+
+def test_fitness_reads_a_per_cell_table_as_a_shared_one_when_they_agree():
+    grid = random_map(7, 7, np.random.default_rng(5))
+    shared = _oracle_table(grid)
+    per_cell = np.broadcast_to(shared, (*grid.shape, *shared.shape))
+    assert fitness(grid.free, grid.start, grid.goal, per_cell) == fitness(grid.free, grid.start, grid.goal, shared)
+
+
+def test_reproduce_dp_drl_with_position(tmp_path):
+    from typer.testing import CliRunner
+
+    from leaklab.cli import app
+
+    out = tmp_path / "pos"
+    result = CliRunner().invoke(app, ["reproduce", "dp-drl", "--quick", "--position", "--episodes", "10", "--out",
+                                      str(out)])
+    assert result.exit_code == 0, result.output
+    data = json.loads((out / "results.json").read_text())
+    assert data["config"]["training"]["position"] is True and data["config"]["training"]["episodes"] == 10
+    assert all(len(r["nrr_per_generation"]) == data["config"]["search"]["generations"] + 1 for r in data["rows"])

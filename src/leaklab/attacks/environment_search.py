@@ -20,8 +20,9 @@ policy is to the target's"). The thesis gives no fitness, population, operators 
   flip (``polish``). With that policy on four 9x9 maps, populations of 200 recovered three maps whole in 100
   generations; a population of 60 (100 generations) or of 100 (200 generations, no polish), one.
 
-The policy is a function of the 8 binary cells alone, so its answers for all 256 observations are read once
-(:func:`policy_table`); the search itself queries no network. The recovered map is the fittest of the last
+The policy is a function of the 8 binary cells alone (and of its cell, for an agent that also observes its
+position), so its answers for all 256 observations (at every cell) are read once (:func:`policy_table`); the search
+itself queries no network. The recovered map is the fittest of the last
 generation; GRR is its agreement with the truth over all cells, NRR over the interior (section 5.6.3; notes-002
 4.5: ``GRR = (B + I NRR) / (B + I)``, start and goal included in the interior).
 """
@@ -71,13 +72,23 @@ class SearchResult(BaseModel):
     prior_nrr: float | None  # the initial random population's mean NRR: what the constraints alone recover
 
 
-def policy_table(q_function: Callable[[torch.Tensor], torch.Tensor], temperature: float) -> np.ndarray:
-    """``[256, 5]``: the target's action probabilities ``softmax(Q / temperature)`` for every binary observation
-    (row = the observation's code, element ``i`` worth ``2**i``)."""
+def policy_table(q_function: Callable[[torch.Tensor], torch.Tensor], temperature: float,
+                 shape: tuple[int, int] | None = None) -> np.ndarray:
+    """The target's action probabilities ``softmax(Q / temperature)`` for every binary observation: ``[256, 5]``
+    (row = the observation's code, element ``i`` worth ``2**i``); with ``shape``, for an agent that also observes its
+    position (:class:`~leaklab.rl.agents.grid_dqn.GridDQNConfig`'s ``position``), ``[rows, columns, 256, 5]``, the
+    observation at every cell of a map of that shape."""
     codes = np.arange(_CODES)
     obs = torch.from_numpy(((codes[:, None] >> np.arange(len(NEIGHBOURS))) & 1).astype(np.float32))
+    if shape is not None:
+        h, w = shape
+        where = torch.from_numpy(np.stack(np.meshgrid(np.arange(h) / (h - 1), np.arange(w) / (w - 1), indexing="ij"),
+                                          axis=-1).astype(np.float32))  # [h, w, 2]
+        obs = torch.cat([obs.expand(h, w, -1, -1), where[:, :, None, :].expand(-1, -1, _CODES, -1)], dim=-1)
+        obs = obs.reshape(-1, len(NEIGHBOURS) + 2)
     with torch.no_grad():
-        return torch.softmax(q_function(obs).double() / temperature, dim=1).numpy()
+        table = torch.softmax(q_function(obs).double() / temperature, dim=-1).numpy()
+    return table if shape is None else table.reshape(*shape, _CODES, -1)
 
 
 def fitness(free: np.ndarray, start: tuple[int, int], goal: tuple[int, int], table: np.ndarray) -> float:
@@ -90,7 +101,8 @@ def fitness(free: np.ndarray, start: tuple[int, int], goal: tuple[int, int], tab
     best = optimal_actions(dist)
     cells = np.argwhere(dist > 0)
     codes = (observations(free, cells) @ _WEIGHTS).astype(np.int64)
-    return float((table[codes] * best[cells[:, 0], cells[:, 1]]).sum(axis=1).mean())
+    probs = table[codes] if table.ndim == 2 else table[cells[:, 0], cells[:, 1], codes]
+    return float((probs * best[cells[:, 0], cells[:, 1]]).sum(axis=1).mean())
 
 
 def recovery_rates(recovered: np.ndarray, truth: np.ndarray) -> tuple[float, float]:

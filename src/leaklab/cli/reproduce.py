@@ -301,14 +301,18 @@ def reproduce_dp_drl(
     generations: Annotated[Optional[int], typer.Option(
         "--generations", help="the genetic search's generations (default 100)",
         callback=_checked("--generations", lambda v: 0 <= v <= 100_000, "a whole number from 0 to 100,000"))] = None,
+    position: Annotated[bool, typer.Option(
+        "--position", help="agents that also observe their (row, column): not the thesis' agent, which sees only its "
+                           "8 neighbours")] = False,
 ) -> None:
     """Seed 002, chapter 5 (Tables 5.1-5.3, Fig. 5.5): DP-DRL against the genetic search for a DQN agent's floor
     plan, on random grid maps of 7x7, 9x9, 11x11 and 12x11 (--quick: one 6x6 map, a few episodes)."""
     from leaklab.experiments import dp_drl_table
 
     fields: dict[str, Any] = {} if maps is None else {"maps": maps}
-    if episodes is not None:
-        fields["training"] = {"episodes": episodes}
+    training = {**({} if episodes is None else {"episodes": episodes}), **({"position": True} if position else {})}
+    if training:
+        fields["training"] = training
     if generations is not None:
         fields["search"] = {"generations": generations}
     result = _experiment(dp_drl_table, dp_drl_table.DpDrlTableConfig, "dp-drl", quick, seed, out, **fields)

@@ -162,7 +162,8 @@ def run(out: Path, config: DpDrlTableConfig | None = None, quick: bool = False,
         rows, recovered = [], {}
         for k, (size, i, grid, budget) in enumerate(agents):
             weights = net.agent(k)
-            table = policy_table(lambda x, w=weights: q_values(w, x), config.search.temperature)
+            table = policy_table(lambda x, w=weights: q_values(w, x), config.search.temperature,
+                                 grid.shape if config.training.position else None)
             found = search(table, grid.shape, grid.start, grid.goal,
                            config.search.model_copy(update={"seed": seeds.stream_seed(config.search.seed, "search",
                                                                                       k)}),

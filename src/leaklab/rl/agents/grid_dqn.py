@@ -50,6 +50,8 @@ class GridDQNConfig(BaseModel):
     explore_end: float = Field(default=0.1, ge=0, le=1, description="after the decay (the thesis' eps_g = 0.9)")
     explore_episodes: float = Field(default=0.2, gt=0, le=1, description="share of the episodes of the decay")
     n_scale: float = Field(default=dp_drl.DEFAULT_N, gt=1, description="DP-DRL's N")
+    position: bool = Field(default=False, description="the agent also observes its (row, column), scaled to [0, 1] "
+                                                      "(not the thesis' agent; DP-DRL still flips only the 8 cells)")
     seed: int = 0
 
     def exploration(self, episode: np.ndarray) -> np.ndarray:
@@ -59,11 +61,11 @@ class GridDQNConfig(BaseModel):
 
 
 class StackedMLP:
-    """``K`` MLPs ``8 -> hidden -> hidden -> 5`` (ReLU) as stacked weights, each initialised as
-    ``torch.nn.Linear`` is (uniform in ±1/sqrt(fan_in))."""
+    """``K`` MLPs ``inputs -> hidden -> hidden -> 5`` (ReLU; 8 inputs, the thesis' agent) as stacked weights, each
+    initialised as ``torch.nn.Linear`` is (uniform in ±1/sqrt(fan_in))."""
 
-    def __init__(self, k: int, hidden: int, generator: torch.Generator):
-        sizes = [len(NEIGHBOURS), hidden, hidden, len(ACTIONS)]
+    def __init__(self, k: int, hidden: int, generator: torch.Generator, inputs: int = len(NEIGHBOURS)):
+        sizes = [inputs, hidden, hidden, len(ACTIONS)]
         self.params: list[torch.Tensor] = []
         for fan_in, fan_out in zip(sizes[:-1], sizes[1:]):
             bound = 1 / math.sqrt(fan_in)
@@ -153,13 +155,13 @@ def train_grid_dqn(maps: list[GridMap], budgets: list[float | str | None], confi
         raise ValueError("one budget per map")
     rng = np.random.default_rng(config.seed)
     torch_gen = torch.Generator().manual_seed(config.seed)
-    net = StackedMLP(k_agents, config.hidden, torch_gen)
+    n_obs = len(NEIGHBOURS) + 2 * config.position
+    net = StackedMLP(k_agents, config.hidden, torch_gen, n_obs)
     target = net.copy()
     optimizer = _MaskedAdam(net.params, config.lr)
     env = GridBatch(maps, config.max_steps)
     defended = torch.tensor([b is not None for b in budgets])
     eps = torch.tensor([math.nan if b in (None, "dynamic") else float(b) for b in budgets])
-    n_obs = len(NEIGHBOURS)
     cap = config.buffer_size
     buf_obs = torch.zeros(k_agents, cap, n_obs)
     buf_next = torch.zeros(k_agents, cap, n_obs)
@@ -174,13 +176,23 @@ def train_grid_dqn(maps: list[GridMap], budgets: list[float | str | None], confi
     ep_return = np.zeros(k_agents)
     rows = torch.arange(k_agents)
 
+    scale = torch.from_numpy(np.array([m.shape for m in maps], dtype=np.float32) - 1)
+
     def observe(true_obs: np.ndarray) -> tuple[torch.Tensor, float]:
-        obs = torch.from_numpy(true_obs)
-        if not defended.any():
-            return obs, 0.0
-        begin = time.perf_counter()
-        fake, _, _ = dp_drl.obfuscate(obs, net, eps, rng, config.n_scale)
-        return torch.where(defended[:, None], fake, obs), time.perf_counter() - begin
+        """The 8 cells (one flipped by DP-DRL for the defended agents), then the position if the agent sees it."""
+        cells = torch.from_numpy(true_obs)
+        where = torch.from_numpy(env.pos.astype(np.float32)) / scale
+
+        def with_position(x: torch.Tensor) -> torch.Tensor:
+            return torch.cat([x, where[:, None, :].expand(-1, x.shape[1], -1)], dim=2) if config.position else x
+
+        seconds = 0.0
+        if defended.any():
+            begin = time.perf_counter()
+            fake, _, _ = dp_drl.obfuscate(cells, lambda x: net(with_position(x)), eps, rng, config.n_scale)
+            cells = torch.where(defended[:, None], fake, cells)
+            seconds = time.perf_counter() - begin
+        return with_position(cells[:, None, :])[:, 0], seconds
 
     obs, obf_seconds = observe(env.observe())
     steps = 0
