@@ -297,7 +297,7 @@ def reproduce_dp_drl(
                                                                   "a whole number from 1 to 100"))] = None,
     episodes: Annotated[Optional[int], typer.Option(
         "--episodes", help="DQN episodes per agent (default 1,500; the thesis: 100,000)",
-        callback=_checked("--episodes", lambda v: 1 <= v <= 1_000_000, "a whole number from 1 to 1,000,000"))] = None,
+        callback=_checked("--episodes", lambda v: 2 <= v <= 1_000_000, "a whole number from 2 to 1,000,000"))] = None,
     generations: Annotated[Optional[int], typer.Option(
         "--generations", help="the genetic search's generations (default 100)",
         callback=_checked("--generations", lambda v: 0 <= v <= 100_000, "a whole number from 0 to 100,000"))] = None,
@@ -317,12 +317,15 @@ def reproduce_dp_drl(
         fields["search"] = {"generations": generations}
     result = _experiment(dp_drl_table, dp_drl_table.DpDrlTableConfig, "dp-drl", quick, seed, out, **fields)
     for row in result["table"]:
-        typer.echo(f"  {row['size']:>5s} {row['defense']:>8s}: GRR {100 * row['grr']:.2f}%, NRR {100 * row['nrr']:.2f}% "
-                   f"(random maps under the constraints: NRR {100 * row['prior_nrr']:.2f}%), {plural(row['maps'], 'map')}")
+        typer.echo(f"  {row['size']:>5s} {row['defense']:>8s}: GRR {100 * row['grr']:.2f}%, "
+                   f"NRR {100 * row['nrr']:.2f}% "
+                   f"(no information: random maps {100 * row['prior_nrr']:.2f}%, all free "
+                   f"{100 * row['free_guess_nrr']:.2f}%), {plural(row['maps'], 'map')}; final goal rate "
+                   f"{100 * row['final_goal_rate']:.0f}%")
     for row in result["utility"]:
         typer.echo(f"  {row['size']:>5s} {row['defense']:>8s}: final stage return {row['final_reward_mean']:.2f}, "
                    f"{row['final_steps_mean']:.1f} steps; initial stage return {row['initial_reward_mean']:.2f}, "
                    f"{row['initial_steps_mean']:.1f} steps")
     t = result["timing"]
-    typer.echo(f"  one agent's step: {t['drl'] * 1e3:.3f} ms undefended, {t['dp_drl'] * 1e3:.3f} ms with DP-DRL, of "
-               f"which the obfuscation {t['obfuscation'] * 1e3:.3f} ms")
+    typer.echo(f"  one agent's step with DP-DRL: {t['dp_drl'] * 1e3:.3f} ms, of which the obfuscation "
+               f"{t['obfuscation'] * 1e3:.3f} ms and the DQN step {t['drl'] * 1e3:.3f} ms")

@@ -62,8 +62,8 @@ def obfuscate(observations: torch.Tensor, q_function: QFunction, eps: torch.Tens
               rng: np.random.Generator, n_scale: float = DEFAULT_N) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Algorithm 10 on ``K`` binary observations ``[K, n]``: each gets one element flipped, drawn by the exponential
     mechanism over Algorithm 9's scores under ``q_function`` (one call on the ``[K, 1 + n, n]`` true and flipped
-    observations). ``eps`` ``[K]`` the budgets, NaN (or ``eps`` None: every one) for the dynamic
-    ``arctan(d_max - d_min)``. The draw is
+    observations); an element of probability 0 is never drawn. ``eps`` ``[K]`` the budgets, NaN (or ``eps`` None:
+    every one) for the dynamic ``arctan(d_max - d_min)``. The draw is
     a roulette wheel on one uniform number per observation from ``rng``.
 
     Returns the obfuscated observations ``[K, n]``, the flipped element ``[K]`` and the budget used ``[K]``."""
@@ -76,6 +76,6 @@ def obfuscate(observations: torch.Tensor, q_function: QFunction, eps: torch.Tens
     budget = dynamic if eps is None else torch.where(torch.isnan(eps), dynamic, eps.to(sr.dtype))
     p = selection_probabilities(sr, budget)
     wheel = p.double().cumsum(dim=1)
-    wheel[:, -1] = 1.0  # rounding must not leave a draw past the wheel's end
-    chosen = (wheel < torch.from_numpy(rng.random(k))[:, None]).sum(dim=1)
+    target = torch.from_numpy(rng.random(k)) * wheel[:, -1]  # on the wheel's own length: rounding leaves no gap
+    chosen = (wheel <= target[:, None]).sum(dim=1)  # the first element whose cumulative share exceeds the draw
     return flipped[torch.arange(k), chosen], chosen, budget

@@ -3,13 +3,14 @@ environment-inference (privacy-leakage) attack on grid-world DQN agents.
 
 For every map size, ``maps`` random floor plans under the structural constraints
 (:func:`~leaklab.rl.envs.grid_world.random_map`; the thesis' own maps, Pan et al.'s 12x11 example among them, are
-published only as pictures), by default only maps whose shortest path a memoryless agent seeing its 8 neighbours
-can walk (the thesis' agents walked theirs), and for every map one DQN agent per defense setting: none, DP-DRL at each fixed eps,
-and DP-DRL with the dynamic budget (:mod:`leaklab.rl.agents.grid_dqn`, all agents in one batch). The attacker then
-runs the genetic search (:mod:`leaklab.attacks.environment_search`) against each trained policy, queried with the
-true observations of its candidates (the defense is training-time only), and scores the recovered map's GRR and
-NRR. Beside them: ``prior_nrr``, what random maps under the same constraints recover (the attack's no-information
-baseline).
+published only as pictures), by default only maps whose shortest path a memoryless agent seeing its 8 neighbours can
+walk (the thesis' agents walked theirs), and for every map one DQN agent per defense setting: none, DP-DRL at each
+fixed eps, and DP-DRL with the dynamic budget (:mod:`leaklab.rl.agents.grid_dqn`, all agents in one batch). The
+attacker then runs the genetic search (:mod:`leaklab.attacks.environment_search`) against each trained policy,
+queried with the true observations of its candidates (the defense is training-time only), and scores the recovered
+map's GRR and NRR. Beside them, two no-information baselines: ``prior_nrr``, what random maps under the same
+constraints recover, and ``free_guess_nrr``, what guessing every interior cell free recovers (the best constant
+guess on maps with fewer walls than free cells).
 
 Utility (Table 5.3) on the largest size: episode return and length in the initial stage (the thesis: epochs
 300-1000 of 100,000) and the final stage (its last 1,000), and the first episode that reached the goal; leaklab's
@@ -94,6 +95,12 @@ class DpDrlTableConfig(BaseModel):
         return sorted(v, reverse=True)
 
     @model_validator(mode="after")
+    def _stages(self) -> "DpDrlTableConfig":
+        if self.training.episodes < 2:
+            raise ValueError("the utility's two stages need at least 2 episodes")
+        return self
+
+    @model_validator(mode="after")
     def _one_seed(self) -> "DpDrlTableConfig":
         """Training and search draw from the run's seed unless their own configs are given."""
         if "training" not in self.model_fields_set:
@@ -123,11 +130,11 @@ def stages(episodes: int) -> tuple[tuple[int, int], tuple[int, int]]:
     return (int(0.15 * episodes), episodes // 2), (episodes // 2, episodes)
 
 
-def utility(returns: list[float], lengths: list[int], episodes: int) -> dict:
-    """Table 5.3's statistics of one agent's episodes."""
+def utility(returns: list[float], lengths: list[int], goals: list[bool], episodes: int) -> dict:
+    """Table 5.3's statistics of one agent's episodes (``goals``: whether each reached the goal)."""
     (a, b), (c, d) = stages(episodes)
     r, n = np.array(returns), np.array(lengths)
-    reached = np.flatnonzero(r > 0)
+    reached = np.flatnonzero(goals)
     return {"initial": {"reward_min": float(r[a:b].min()), "reward_mean": float(r[a:b].mean()),
                         "reward_max": float(r[a:b].max()), "steps_max": int(n[a:b].max()),
                         "steps_mean": float(n[a:b].mean()), "steps_min": int(n[a:b].min())},
@@ -137,12 +144,12 @@ def utility(returns: list[float], lengths: list[int], episodes: int) -> dict:
 
 
 def _single_agent_timing(grid: GridMap, config: GridDQNConfig) -> dict:
-    """Seconds per step of one agent trained alone, without and with DP-DRL (dynamic), and of the obfuscation."""
+    """Seconds per step of one agent trained alone with DP-DRL (dynamic budget): the whole step (``dp_drl``), its
+    obfuscation, and the rest (``drl``, the step an undefended agent takes), as the thesis' two columns."""
     short = config.model_copy(update={"episodes": 5, "max_steps": 200, "learning_starts": 100})
-    _, plain = train_grid_dqn([grid], [None], short)
     _, private = train_grid_dqn([grid], ["dynamic"], short)
-    return {"drl": plain.seconds_per_step, "dp_drl": private.seconds_per_step,
-            "obfuscation": private.obfuscation_seconds_per_step}
+    return {"drl": private.seconds_per_step - private.obfuscation_seconds_per_step,
+            "dp_drl": private.seconds_per_step, "obfuscation": private.obfuscation_seconds_per_step}
 
 
 def run(out: Path, config: DpDrlTableConfig | None = None, quick: bool = False,
@@ -160,6 +167,7 @@ def run(out: Path, config: DpDrlTableConfig | None = None, quick: bool = False,
         progress=None if progress is None else lambda done, total: progress("DQN episodes", done, total))
     with atomic_dir(out, DP_DRL_TABLE_FORMAT) as tmp:
         rows, recovered = [], {}
+        final_stage = stages(config.training.episodes)[1][0]
         for k, (size, i, grid, budget) in enumerate(agents):
             weights = net.agent(k)
             table = policy_table(lambda x, w=weights: q_values(w, x), config.search.temperature,
@@ -170,10 +178,13 @@ def run(out: Path, config: DpDrlTableConfig | None = None, quick: bool = False,
                            truth=grid.free)
             grr, nrr = recovery_rates(found.recovered.free, grid.free)
             rows.append({"size": f"{size[0]}x{size[1]}", "map": i, "defense": budget_name(budget), "grr": grr,
-                         "nrr": nrr, "prior_nrr": found.prior_nrr, "fitness": found.fitness[-1],
+                         "nrr": nrr, "prior_nrr": found.prior_nrr,
+                         "free_guess_nrr": float(grid.free[1:-1, 1:-1].mean()), "fitness": found.fitness[-1],
                          "nrr_per_generation": found.nrr, "shortest_path": int(distances(grid.free, grid.goal)[
                              grid.start]),
-                         "utility": utility(training.returns[k], training.lengths[k], config.training.episodes),
+                         "utility": utility(training.returns[k], training.lengths[k], training.reached[k],
+                                            config.training.episodes),
+                         "final_goal_rate": float(np.mean(training.reached[k][final_stage:])),
                          "recovered": found.recovered.to_json()})
             recovered[(size, i, budget_name(budget))] = found.recovered
             if progress:
@@ -201,14 +212,20 @@ def _table(rows: list[dict], budgets: list) -> list[dict]:
         for b in map(budget_name, budgets):
             cell = [r for r in rows if r["size"] == size and r["defense"] == b]
             table.append({"size": size, "defense": b, "maps": len(cell),
-                          **{key: float(np.mean([r[key] for r in cell])) for key in ("grr", "nrr", "prior_nrr")}})
+                          **{key: float(np.mean([r[key] for r in cell]))
+                             for key in ("grr", "nrr", "prior_nrr", "free_guess_nrr", "final_goal_rate")}})
     return table
+
+
+def _largest(rows: list[dict]) -> str:
+    """The size with the most cells (the first of equals)."""
+    return max(dict.fromkeys(r["size"] for r in rows), key=lambda s: int(s.split("x")[0]) * int(s.split("x")[1]))
 
 
 def _utility_table(rows: list[dict], budgets: list) -> list[dict]:
     """Table 5.3 on the largest size: per defense, the stages' statistics over its maps (min of the minima, mean of
     the means, max of the maxima)."""
-    largest = rows[-1]["size"]
+    largest = _largest(rows)
     out = []
     for b in map(budget_name, budgets):
         cell = [r["utility"] for r in rows if r["size"] == largest and r["defense"] == b]
@@ -290,7 +307,7 @@ def _plot_curves(path: Path, rows: list[dict], returns: list[list[float]]) -> No
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    largest = rows[-1]["size"]
+    largest = _largest(rows)
     fig, ax = plt.subplots(figsize=(6, 3.2))
     for b in dict.fromkeys(r["defense"] for r in rows):
         curves = np.array([returns[k] for k, r in enumerate(rows) if r["size"] == largest and r["defense"] == b])

@@ -1,14 +1,16 @@
 """Deep Q-learning with DP-DRL in the grid worlds (seed 002, chapter 5, Algorithm 11), many agents at once.
 
-Each of ``K`` agents trains its own Q network (an MLP from the 8 observed cells to the 5 actions' values, ReLU;
-the thesis gives only the input and output sizes) in its own map, with or without DP-DRL
+Each of ``K`` agents trains its own Q network (an MLP from the 8 observed cells to the 5 actions' values, ReLU; the
+thesis gives only the input and output sizes) in its own map, with or without DP-DRL
 (:mod:`leaklab.defenses.dp_drl`) at its own budget. The agents step in lockstep: one batched matrix product per
 layer serves all of them (a stacked MLP, :class:`StackedMLP`), which is the same arithmetic as ``K`` separate
-networks. Per agent, Algorithm 11: observe, obfuscate (DP-DRL agents), act ε-greedily on the obfuscated
-observation, store ``(O'(s), a, r, O'(s'))`` (the obfuscated next observation is the one the agent acts on at the
-next step), sample a minibatch from its own replay memory and take one step of Adam on the squared TD error
-(:func:`leaklab.rl.losses.dqn_loss`); the target network is copied every ``target_sync`` steps. The
-unspecified hyper-parameters (notes-002 4.6 item 5) are this module's defaults.
+networks. Per agent, Algorithm 11: observe, obfuscate (DP-DRL agents), act ε-greedily on the obfuscated observation,
+store ``(O'(s), a, r, O'(s'))`` (the obfuscated next observation is the one the agent acts on at the next step),
+sample a minibatch from its own replay memory and take one step of Adam on the squared TD error
+(:func:`leaklab.rl.losses.dqn_loss`); the target network is copied every ``target_sync`` steps. Only the goal ends a
+transition without bootstrapping: an episode cut at ``max_steps`` bootstraps from its last state (the printed line
+17 would not; the cut is the run's budget, not the environment's end). The unspecified hyper-parameters (notes-002
+4.6 item 5) are this module's defaults.
 
 An agent stops after ``episodes`` episodes (an episode ends at the goal or after ``max_steps`` moves); the batch
 runs until every agent has. One seed fixes every draw of a batch (the maps, defenses and the batch's order
@@ -141,6 +143,7 @@ class GridTraining(BaseModel):
 
     returns: list[list[float]]
     lengths: list[list[int]]
+    reached: list[list[bool]]  # whether each episode ended at the goal (a return can be <= 0 even then)
     steps: int  # lockstep steps of the batch
     seconds_per_step: float  # the batch's training step (acting, stepping, storing, updating), per agent
     obfuscation_seconds_per_step: float  # DP-DRL's score function and draw, per agent and step (0: none)
@@ -173,6 +176,7 @@ def train_grid_dqn(maps: list[GridMap], budgets: list[float | str | None], confi
     episode = np.zeros(k_agents, dtype=np.int64)
     returns: list[list[float]] = [[] for _ in range(k_agents)]
     lengths: list[list[int]] = [[] for _ in range(k_agents)]
+    goals: list[list[bool]] = [[] for _ in range(k_agents)]
     ep_return = np.zeros(k_agents)
     rows = torch.arange(k_agents)
 
@@ -242,6 +246,7 @@ def train_grid_dqn(maps: list[GridMap], budgets: list[float | str | None], confi
         for j in np.flatnonzero(ended):
             returns[j].append(float(ep_return[j]))
             lengths[j].append(int(env.steps[j]))
+            goals[j].append(bool(reached[j]))
         episode += ended
         ep_return[ended] = 0.0
         env.reset(ended)
@@ -255,6 +260,6 @@ def train_grid_dqn(maps: list[GridMap], budgets: list[float | str | None], confi
             progress(int(np.minimum(episode, config.episodes).sum()), config.episodes * k_agents)
     elapsed = time.perf_counter() - begin
     per_agent_steps = max(int(agent_steps.sum()), 1)
-    return net, GridTraining(returns=returns, lengths=lengths, steps=steps,
+    return net, GridTraining(returns=returns, lengths=lengths, reached=goals, steps=steps,
                              seconds_per_step=elapsed / per_agent_steps,
                              obfuscation_seconds_per_step=obf_seconds / per_agent_steps if defended.any() else 0.0)

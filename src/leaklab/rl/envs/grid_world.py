@@ -59,16 +59,16 @@ class GridMap:
     @classmethod
     def from_json(cls, data: dict) -> "GridMap":
         """A map from :meth:`to_json`'s form (``#`` wall, ``.`` free); refused unless it meets the constraints."""
+        if not isinstance(data, dict):
+            raise LeaklabError("a grid map is an object with its rows, start and goal")
         rows = data.get("rows")
         if not isinstance(rows, list) or not rows or any(not isinstance(r, str) for r in rows) \
                 or len({len(r) for r in rows}) != 1 or any(set(r) - {"#", "."} for r in rows):
             raise LeaklabError("a grid map's rows must be equal-length strings of '#' (wall) and '.' (free)")
-        try:
-            start, goal = tuple(int(v) for v in data["start"]), tuple(int(v) for v in data["goal"])
-        except (KeyError, TypeError, ValueError):
-            raise LeaklabError("a grid map needs its start and goal as [row, column]") from None
-        if len(start) != 2 or len(goal) != 2:
-            raise LeaklabError("a grid map needs its start and goal as [row, column]")
+        cells = [data.get("start"), data.get("goal")]
+        if any(not isinstance(c, list) or len(c) != 2 or any(type(v) is not int for v in c) for c in cells):
+            raise LeaklabError("a grid map needs its start and goal as [row, column], two whole numbers")
+        start, goal = (tuple(c) for c in cells)
         grid = cls(np.array([[ch == "." for ch in r] for r in rows]), start, goal)
         problems = violations(grid.free, grid.start, grid.goal)
         if problems:
