@@ -9,7 +9,7 @@ import pydantic
 import pytest
 import torch
 
-from leaklab.defenses.dp_drl import flips, obfuscate, scores, selection_probabilities
+from leaklab.defenses.dp_drl import flips, obfuscate, roulette, scores, selection_probabilities
 from leaklab.errors import LeaklabError
 from leaklab.rl.agents.grid_dqn import GridDQNConfig, StackedMLP, q_values, train_grid_dqn
 from leaklab.rl.envs.grid_world import (NEIGHBOURS, GridBatch, GridMap, connected, distances, observations,
@@ -485,3 +485,32 @@ def test_train_grid_dqn_with_position_feeds_ten_inputs():
     assert [len(r) for r in training.returns] == [30, 30]
     x = torch.rand(2, 3, 10)
     assert torch.allclose(net(x)[1], q_values(net.agent(1), x[1]), atol=1e-6)
+
+
+def test_roulette_leaves_no_gap_at_the_wheel_end_and_skips_zero_probabilities():
+    p = torch.tensor([[0.7, 0.2, 0.1, 0, 0, 0, 0, 0]], dtype=torch.float32)  # sums to 1 - 7.45e-9 in float32
+    assert roulette(p, torch.tensor([np.nextafter(1.0, 0.0)])).tolist() == [2]
+    assert roulette(p, torch.tensor([0.0])).tolist() == [0]
+    assert roulette(p, torch.tensor([0.75])).tolist() == [1]
+
+
+@pytest.mark.parametrize("data", [
+    ["#####"],
+    {"rows": GOOD, "start": [float("inf"), 1], "goal": [4, 4]},
+    {"rows": GOOD, "start": "11", "goal": [4, 4]},
+    {"rows": GOOD, "start": [1.9, 1.2], "goal": [4, 4]},
+    {"rows": GOOD, "start": [True, 1], "goal": [4, 4]},
+])
+def test_grid_map_from_json_refuses_what_is_not_two_whole_numbers(data):
+    with pytest.raises(LeaklabError):
+        GridMap.from_json(data)
+
+
+def test_utility_counts_the_first_goal_even_with_a_negative_return():
+    from leaklab.experiments.dp_drl_table import utility
+
+    returns = [-1.0, -0.5, 0.6, 1.0]
+    goals = [False, True, True, True]  # the second episode reached the goal after 15 bumps
+    u = utility(returns, [500, 30, 5, 3], goals, episodes=4)
+    assert u["first_goal_episode"] == 2
+    assert u["final"]["steps_min"] == 3 and u["initial"]["steps_max"] == 500

@@ -198,3 +198,15 @@ def test_reproduce_dp_drl_with_position(tmp_path):
     data = json.loads((out / "results.json").read_text())
     assert data["config"]["training"]["position"] is True and data["config"]["training"]["episodes"] == 10
     assert all(len(r["nrr_per_generation"]) == data["config"]["search"]["generations"] + 1 for r in data["rows"])
+
+
+def test_reproduce_dp_drl_refuses_one_episode(tmp_path):
+    from typer.testing import CliRunner
+
+    from leaklab.cli import app
+    from leaklab.experiments.dp_drl_table import DpDrlTableConfig
+
+    result = CliRunner().invoke(app, ["reproduce", "dp-drl", "--quick", "--episodes", "1", "--out", str(tmp_path / "y")])
+    assert result.exit_code == 2 and "from 2" in result.output
+    with pytest.raises(ValueError, match="2 episodes"):
+        DpDrlTableConfig.model_validate({**DpDrlTableConfig.quick().model_dump(), "training": {"episodes": 1}})

@@ -58,6 +58,14 @@ def selection_probabilities(sr: torch.Tensor, eps: torch.Tensor) -> torch.Tensor
     return weights / weights.sum(dim=1, keepdim=True)
 
 
+def roulette(p: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """Algorithm 10's roulette wheel: for each row of probabilities ``p`` ``[K, n]`` and uniform ``u`` ``[K]`` in
+    [0, 1), the first element whose cumulative probability exceeds ``u`` times the row's total (so that rounding in
+    the sum leaves no gap at the wheel's end, and an element of probability 0 is never drawn)."""
+    wheel = p.double().cumsum(dim=1)
+    return (wheel <= (u.double() * wheel[:, -1])[:, None]).sum(dim=1)
+
+
 def obfuscate(observations: torch.Tensor, q_function: QFunction, eps: torch.Tensor | None,
               rng: np.random.Generator, n_scale: float = DEFAULT_N) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Algorithm 10 on ``K`` binary observations ``[K, n]``: each gets one element flipped, drawn by the exponential
@@ -75,7 +83,5 @@ def obfuscate(observations: torch.Tensor, q_function: QFunction, eps: torch.Tens
     dynamic = torch.atan(spread)
     budget = dynamic if eps is None else torch.where(torch.isnan(eps), dynamic, eps.to(sr.dtype))
     p = selection_probabilities(sr, budget)
-    wheel = p.double().cumsum(dim=1)
-    target = torch.from_numpy(rng.random(k)) * wheel[:, -1]  # on the wheel's own length: rounding leaves no gap
-    chosen = (wheel <= target[:, None]).sum(dim=1)  # the first element whose cumulative share exceeds the draw
+    chosen = roulette(p, torch.from_numpy(rng.random(k)))
     return flipped[torch.arange(k), chosen], chosen, budget
