@@ -18,7 +18,8 @@ runs are shorter, so with fewer than 2,000 episodes the stages are the episodes 
 time per step of DP-DRL's obfuscation and of a whole training step is measured on one agent alone, as the thesis'
 (the batch's amortised times are in ``training``).
 
-Writes ``OUT/results.json``, ``OUT/recovered_maps.png`` (Table 5.2), ``OUT/nrr_generations.png`` (Fig. 5.5) and
+Writes ``OUT/results.json``, ``OUT/policies.safetensors`` (the trained networks, row ``k`` of each tensor the
+agent of ``rows[k]``), ``OUT/recovered_maps.png`` (Table 5.2), ``OUT/nrr_generations.png`` (Fig. 5.5) and
 ``OUT/learning_curves.png`` atomically; same seed, same numbers.
 """
 
@@ -29,6 +30,7 @@ from pathlib import Path
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from safetensors.torch import save_file
 
 from leaklab import seeds
 from leaklab.attacks.environment_search import SearchConfig, policy_table, recovery_rates, search
@@ -38,6 +40,7 @@ from leaklab.io import DP_DRL_TABLE_FORMAT, RESULTS_FILE, atomic_dir, write_json
 from leaklab.rl.agents.grid_dqn import GridDQNConfig, q_values, train_grid_dqn
 from leaklab.rl.envs.grid_world import GridMap, distances, random_map
 
+POLICIES_FILE = "policies.safetensors"
 MAPS_FILE = "recovered_maps.png"
 NRR_FILE = "nrr_generations.png"
 CURVES_FILE = "learning_curves.png"
@@ -199,6 +202,8 @@ def run(out: Path, config: DpDrlTableConfig | None = None, quick: bool = False,
                                 "obfuscation_seconds_per_agent_step": training.obfuscation_seconds_per_step},
                    "published": PUBLISHED, "seconds": time.perf_counter() - start}
         write_json(tmp / RESULTS_FILE, results)
+        save_file({f"{'weight' if i % 2 == 0 else 'bias'}{i // 2}": p.detach().contiguous()
+                   for i, p in enumerate(net.params)}, str(tmp / POLICIES_FILE))
         _plot_maps(tmp / MAPS_FILE, grids, recovered, budgets)
         _plot_nrr(tmp / NRR_FILE, rows, budgets)
         _plot_curves(tmp / CURVES_FILE, rows, training.returns)
