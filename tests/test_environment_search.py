@@ -138,6 +138,10 @@ def test_reproduce_dp_drl_quick(tmp_path):
     data = json.loads((out / "results.json").read_text())
     for name in ("recovered_maps.png", "nrr_generations.png", "learning_curves.png"):
         assert (out / name).stat().st_size > 0
+    from safetensors.torch import load_file
+
+    policies = load_file(str(out / "policies.safetensors"))
+    assert policies["weight0"].shape[:2] == (len(data["rows"]), 8) and policies["bias2"].shape[-1] == 5
     config = data["config"]
     defenses = ["none", *map(str, config["epsilons"]), "dynamic"]
     assert [r["defense"] for r in data["rows"]] == defenses * config["maps"] * len(config["sizes"])

@@ -246,6 +246,10 @@ def _utility_table(rows: list[dict], budgets: list) -> list[dict]:
     return out
 
 
+def _label(defense: str) -> str:
+    return {"none": "no defense", "dynamic": "dynamic eps"}.get(defense, f"eps {defense}")
+
+
 def _draw(ax, grid: GridMap, truth: GridMap | None, title: str) -> None:
     picture = np.where(grid.free, 0.92, 0.15)[..., None].repeat(3, axis=2)
     if truth is not None:  # wrongly recovered cells in orange
@@ -275,7 +279,7 @@ def _plot_maps(path: Path, grids: list, recovered: dict, budgets: list) -> None:
         for ax, b in zip(row[1:], columns):
             found = recovered[(size, 0, b)]
             _, nrr = recovery_rates(found.free, grid.free)
-            _draw(ax, found, grid, f"{'no defense' if b == 'none' else 'eps ' + b} (NRR {100 * nrr:.0f}%)")
+            _draw(ax, found, grid, f"{_label(b)} (NRR {100 * nrr:.0f}%)")
     fig.suptitle("recovered floor plans (seed 002, Table 5.2): orange = wrong; green start, red goal", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
@@ -289,17 +293,18 @@ def _plot_nrr(path: Path, rows: list[dict], budgets: list) -> None:
     import matplotlib.pyplot as plt
 
     sizes = list(dict.fromkeys(r["size"] for r in rows))
-    fig, axes = plt.subplots(1, len(sizes), figsize=(3.4 * len(sizes), 3), squeeze=False)
+    fig, axes = plt.subplots(1, len(sizes), figsize=(max(5.5, 3.4 * len(sizes)), 3), squeeze=False)
     for ax, size in zip(axes[0], sizes):
         for b in map(budget_name, budgets):
             curves = np.array([r["nrr_per_generation"] for r in rows if r["size"] == size and r["defense"] == b])
-            ax.plot(100 * curves.mean(axis=0), label="no defense" if b == "none" else f"eps {b}")
-        prior = np.mean([r["prior_nrr"] for r in rows if r["size"] == size])
-        ax.axhline(100 * prior, color="grey", linestyle=":", linewidth=0.8)
+            ax.plot(100 * curves.mean(axis=0), label=_label(b))
+        for key, style in (("prior_nrr", ":"), ("free_guess_nrr", "--")):
+            ax.axhline(100 * np.mean([r[key] for r in rows if r["size"] == size]), color="grey", linestyle=style,
+                       linewidth=0.8)
         ax.set_title(size, fontsize=9)
         ax.set_xlabel("generation")
         ax.set_ylabel("NRR of the fittest map (%)")
-    axes[0][0].legend(fontsize=7, title="dotted: random maps", title_fontsize=7)
+    axes[0][0].legend(fontsize=7, title="dotted: random maps; dashed: all free", title_fontsize=7)
     fig.suptitle("the genetic search against each policy (seed 002, Fig. 5.5)", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
@@ -319,8 +324,7 @@ def _plot_curves(path: Path, rows: list[dict], returns: list[list[float]]) -> No
         mean = curves.mean(axis=0)
         window = max(1, len(mean) // 50)
         smooth = np.convolve(mean, np.ones(window) / window, mode="valid")
-        ax.plot(np.arange(len(smooth)) + window, smooth, label="no defense" if b == "none" else f"eps {b}",
-                linewidth=0.9)
+        ax.plot(np.arange(len(smooth)) + window, smooth, label=_label(b), linewidth=0.9)
     ax.set_xlabel("episode")
     ax.set_ylabel(f"return (moving mean of {max(1, len(returns[0]) // 50)})")
     ax.set_title(f"DQN on the {largest} maps with and without DP-DRL (seed 002, Table 5.3)", fontsize=9)
