@@ -133,7 +133,7 @@ def test_reproduce_dp_drl_quick(tmp_path):
     from leaklab.cli import app
 
     out = tmp_path / "dp-drl"
-    result = CliRunner().invoke(app, ["reproduce", "dp-drl", "--quick", "--out", str(out)])
+    result = CliRunner().invoke(app, ["reproduce", "dp-drl", "--quick", "--workers", "1", "--out", str(out)])
     assert result.exit_code == 0, result.output
     data = json.loads((out / "results.json").read_text())
     for name in ("recovered_maps.png", "nrr_generations.png", "learning_curves.png"):
@@ -156,7 +156,8 @@ def test_reproduce_dp_drl_quick(tmp_path):
     assert data["timing"]["obfuscation"] > 0
     assert "NRR" in result.output and "obfuscation" in result.output
     again = tmp_path / "again"
-    assert CliRunner().invoke(app, ["reproduce", "dp-drl", "--quick", "--out", str(again)]).exit_code == 0
+    rerun = ["reproduce", "dp-drl", "--quick", "--workers", "1", "--out", str(again)]
+    assert CliRunner().invoke(app, rerun).exit_code == 0
     first, second = data["rows"], json.loads((again / "results.json").read_text())["rows"]
     assert [r["recovered"] for r in first] == [r["recovered"] for r in second]  # same seed, same maps
 
@@ -196,8 +197,8 @@ def test_reproduce_dp_drl_with_position(tmp_path):
     from leaklab.cli import app
 
     out = tmp_path / "pos"
-    result = CliRunner().invoke(app, ["reproduce", "dp-drl", "--quick", "--position", "--episodes", "10", "--out",
-                                      str(out)])
+    result = CliRunner().invoke(app, ["reproduce", "dp-drl", "--quick", "--position", "--episodes", "10", "--workers",
+                                      "1", "--out", str(out)])
     assert result.exit_code == 0, result.output
     data = json.loads((out / "results.json").read_text())
     assert data["config"]["training"]["position"] is True and data["config"]["training"]["episodes"] == 10
@@ -210,7 +211,18 @@ def test_reproduce_dp_drl_refuses_one_episode(tmp_path):
     from leaklab.cli import app
     from leaklab.experiments.dp_drl_table import DpDrlTableConfig
 
-    result = CliRunner().invoke(app, ["reproduce", "dp-drl", "--quick", "--episodes", "1", "--out", str(tmp_path / "y")])
+    result = CliRunner().invoke(app, ["reproduce", "dp-drl", "--quick", "--episodes", "1", "--out",
+                                      str(tmp_path / "y")])
     assert result.exit_code == 2 and "from 2" in result.output
     with pytest.raises(ValueError, match="2 episodes"):
         DpDrlTableConfig.model_validate({**DpDrlTableConfig.quick().model_dump(), "training": {"episodes": 1}})
+
+
+def test_dp_drl_searches_in_processes_give_the_same_maps(tmp_path):
+    from leaklab.experiments import dp_drl_table
+
+    config = dp_drl_table.DpDrlTableConfig.quick()
+    one = dp_drl_table.run(tmp_path / "one", config, quick=True, workers=1)
+    two = dp_drl_table.run(tmp_path / "two", config, quick=True, workers=2)
+    assert [r["recovered"] for r in one["rows"]] == [r["recovered"] for r in two["rows"]]
+    assert [r["nrr_per_generation"] for r in one["rows"]] == [r["nrr_per_generation"] for r in two["rows"]]

@@ -184,10 +184,11 @@ def reproduce_inversion_checks(
 
 
 def _experiment(module: Any, make: Any, name: str, quick: bool, seed: int, out: Path | None,
-                **fields: Any) -> dict:
+                workers: int | None = None, **fields: Any) -> dict:
     """Run the reproduction ``module`` (its ``run(out, config, quick, progress)``) on the config class ``make``'s
     quick or full config for ``seed`` (``fields`` given: set on it; a dict updates a nested config's fields), into
-    ``out`` or a fresh ``runs/NAME-...`` folder, with progress bars; says where it wrote."""
+    ``out`` or a fresh ``runs/NAME-...`` folder, with progress bars (``workers`` given: passed on to the run); says
+    where it wrote."""
     from leaklab.io import new_run_dir
 
     config = make.quick(seed) if quick else make(seed=seed)
@@ -198,7 +199,8 @@ def _experiment(module: Any, make: Any, name: str, quick: bool, seed: int, out: 
         config = make.model_validate(merged)
     out = out or new_run_dir(name)
     with _progress() as progress:
-        result = module.run(out, config, quick=quick, progress=progress)
+        result = module.run(out, config, quick=quick, progress=progress,
+                            **({} if workers is None else {"workers": workers}))
     typer.echo(f"wrote {out / 'results.json'}")
     return result
 
@@ -304,6 +306,8 @@ def reproduce_dp_drl(
     position: Annotated[bool, typer.Option(
         "--position", help="agents that also observe their (row, column): not the thesis' agent, which sees only its "
                            "8 neighbours")] = False,
+    workers: Annotated[int, typer.Option("--workers", help="search processes (0: one per core)", callback=_checked(
+        "--workers", lambda v: v >= 0, "0 (one per core) or more"))] = 0,
 ) -> None:
     """Seed 002, chapter 5 (Tables 5.1-5.3, Fig. 5.5): DP-DRL against the genetic search for a DQN agent's floor
     plan, on random grid maps of 7x7, 9x9, 11x11 and 12x11 (--quick: one 6x6 map, a few episodes)."""
@@ -315,7 +319,7 @@ def reproduce_dp_drl(
         fields["training"] = training
     if generations is not None:
         fields["search"] = {"generations": generations}
-    result = _experiment(dp_drl_table, dp_drl_table.DpDrlTableConfig, "dp-drl", quick, seed, out, **fields)
+    result = _experiment(dp_drl_table, dp_drl_table.DpDrlTableConfig, "dp-drl", quick, seed, out, workers, **fields)
     for row in result["table"]:
         typer.echo(f"  {row['size']:>5s} {row['defense']:>8s}: GRR {100 * row['grr']:.2f}%, "
                    f"NRR {100 * row['nrr']:.2f}% "

@@ -25,7 +25,11 @@ agent of ``rows[k]``), ``OUT/recovered_maps.png`` (Table 5.2), ``OUT/nrr_generat
 
 from __future__ import annotations
 
+import multiprocessing
+import os
 import time
+from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 
 import numpy as np
@@ -33,7 +37,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from safetensors.torch import save_file
 
 from leaklab import seeds
-from leaklab.attacks.environment_search import SearchConfig, policy_table, recovery_rates, search
+from leaklab.attacks.environment_search import SearchConfig, SearchResult, policy_table, recovery_rates, search
 from leaklab.experiments import ProgressFn
 from leaklab.fields import Seed
 from leaklab.io import DP_DRL_TABLE_FORMAT, RESULTS_FILE, atomic_dir, write_json
@@ -155,9 +159,36 @@ def _single_agent_timing(grid: GridMap, config: GridDQNConfig) -> dict:
             "dp_drl": private.seconds_per_step, "obfuscation": private.obfuscation_seconds_per_step}
 
 
+def _search_job(job: tuple) -> SearchResult:
+    table, grid, search_config = job
+    return search(table, grid.shape, grid.start, grid.goal, search_config, truth=grid.free)
+
+
+def _searches(jobs: list[tuple], workers: int, done: Callable[[int], None] | None) -> list[SearchResult]:
+    """Each job's genetic search, in ``workers`` processes (0: one per core); each search has its own seed, so the
+    results do not depend on the number of workers."""
+    workers = workers or os.cpu_count() or 1
+    if workers == 1 or len(jobs) == 1:
+        results = []
+        for job in jobs:
+            results.append(_search_job(job))
+            if done:
+                done(len(results))
+        return results
+    results: list[SearchResult | None] = [None] * len(jobs)
+    with ProcessPoolExecutor(min(workers, len(jobs)), mp_context=multiprocessing.get_context("spawn")) as pool:
+        futures = {pool.submit(_search_job, job): k for k, job in enumerate(jobs)}
+        for n, future in enumerate(as_completed(futures), start=1):
+            results[futures[future]] = future.result()
+            if done:
+                done(n)
+    return results
+
+
 def run(out: Path, config: DpDrlTableConfig | None = None, quick: bool = False,
-        progress: ProgressFn | None = None) -> dict:
-    """Generate, train, attack and write ``out`` atomically; returns the results (also ``results.json``)."""
+        progress: ProgressFn | None = None, workers: int = 1) -> dict:
+    """Generate, train, attack (in ``workers`` processes, 0: one per core) and write ``out`` atomically; returns the
+    results (also ``results.json``)."""
     config = config or (DpDrlTableConfig.quick() if quick else DpDrlTableConfig())
     start = time.perf_counter()
     map_rng = np.random.default_rng(seeds.stream_seed(config.seed, "grid-maps"))
@@ -171,14 +202,13 @@ def run(out: Path, config: DpDrlTableConfig | None = None, quick: bool = False,
     with atomic_dir(out, DP_DRL_TABLE_FORMAT) as tmp:
         rows, recovered = [], {}
         final_stage = stages(config.training.episodes)[1][0]
-        for k, (size, i, grid, budget) in enumerate(agents):
-            weights = net.agent(k)
-            table = policy_table(lambda x, w=weights: q_values(w, x), config.search.temperature,
-                                 grid.shape if config.training.position else None)
-            found = search(table, grid.shape, grid.start, grid.goal,
-                           config.search.model_copy(update={"seed": seeds.stream_seed(config.search.seed, "search",
-                                                                                      k)}),
-                           truth=grid.free)
+        jobs = [(policy_table(lambda x, k=k: q_values(net.agent(k), x), config.search.temperature,
+                              grid.shape if config.training.position else None), grid,
+                 config.search.model_copy(update={"seed": seeds.stream_seed(config.search.seed, "search", k)}))
+                for k, (_, _, grid, _) in enumerate(agents)]
+        found_all = _searches(jobs, workers, None if progress is None else
+                              lambda done: progress("policies attacked", done, len(agents)))
+        for k, ((size, i, grid, budget), found) in enumerate(zip(agents, found_all)):
             grr, nrr = recovery_rates(found.recovered.free, grid.free)
             rows.append({"size": f"{size[0]}x{size[1]}", "map": i, "defense": budget_name(budget), "grr": grr,
                          "nrr": nrr, "prior_nrr": found.prior_nrr,
@@ -190,8 +220,6 @@ def run(out: Path, config: DpDrlTableConfig | None = None, quick: bool = False,
                          "final_goal_rate": float(np.mean(training.reached[k][final_stage:])),
                          "recovered": found.recovered.to_json()})
             recovered[(size, i, budget_name(budget))] = found.recovered
-            if progress:
-                progress("policies attacked", k + 1, len(agents))
         results = {"format": DP_DRL_TABLE_FORMAT, "format_version": 1, "quick": quick,
                    "config": config.model_dump(mode="json"),
                    "maps": [{"size": f"{s[0]}x{s[1]}", "map": i, **g.to_json()} for s, i, g in grids],
