@@ -244,7 +244,7 @@ def train_grid_dqn(maps: list[GridMap], budgets: list[float | str | None], confi
 
         ended = active & (reached | truncated)
         for j in np.flatnonzero(ended):
-            returns[j].append(float(ep_return[j]))
+            returns[j].append(round(float(ep_return[j]), 9))  # a sum of tenths, without its float dust
             lengths[j].append(int(env.steps[j]))
             goals[j].append(bool(reached[j]))
         episode += ended
