@@ -365,8 +365,8 @@ def test_a_worker_ignores_ctrl_c_and_ends_with_its_parent():
     """A parent killed outright (SIGKILL, the OOM killer) left its workers running on, 400 MB each; a Ctrl-C to
     the process group printed an idle worker's traceback before the parent's one line."""
     code = ("import ctypes, os, signal\n"
-            "from leaklab.experiments.attack_pool import _start_worker\n"
-            "_start_worker(None, False, os.getppid())\n"
+            "from leaklab.experiments.attack_pool import start_worker\n"
+            "start_worker(None, False, os.getppid())\n"
             "got = ctypes.c_int()\n"
             "ctypes.CDLL(None).prctl(2, ctypes.byref(got))  # PR_GET_PDEATHSIG\n"
             "print(signal.getsignal(signal.SIGINT) == signal.SIG_IGN, got.value == signal.SIGTERM)\n")

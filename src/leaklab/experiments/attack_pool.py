@@ -69,7 +69,7 @@ class JobList(Sequence[Job]):
 _progress_queue: Any = None
 
 
-def _start_worker(queue: Any, fault_handler: bool, parent: int) -> None:
+def start_worker(queue: Any, fault_handler: bool, parent: int) -> None:
     """A worker's set-up: the queue its attacks report progress to, and the parent's fault handler (a crash
     in native code prints the worker's Python traceback before the pool reports that a worker died). Ctrl-C is
     the parent's to handle (it stops the workers; an idle worker printed a traceback of its own), and on Linux a
@@ -213,7 +213,7 @@ def run_jobs(jobs: Sequence[Job], workers: int, on_result: Callable[[int, RoomRe
         return resumed
     context = multiprocessing.get_context("spawn")
     queue = context.SimpleQueue() if on_progress else None
-    pool = ProcessPoolExecutor(max_workers=workers, mp_context=context, initializer=_start_worker,
+    pool = ProcessPoolExecutor(max_workers=workers, mp_context=context, initializer=start_worker,
                                initargs=(queue, faulthandler.is_enabled(), os.getpid()))
     waiting = iter(todo)  # in index order: the job to deliver next is always handed over first
     futures: dict[int, Future] = {}
@@ -251,7 +251,7 @@ def run_jobs(jobs: Sequence[Job], workers: int, on_result: Callable[[int, RoomRe
             read_reports()
             deliver(i, pickle.loads(futures.pop(i).result()))
     except (KeyboardInterrupt, SystemExit):  # asked to stop: not after the queued attacks have run
-        _stop_workers(pool)
+        stop_workers(pool)
         raise
     except BrokenProcessPool:
         raise LeaklabError("an attack worker process ended abruptly (killed, for memory say, or crashed); the "
@@ -262,7 +262,7 @@ def run_jobs(jobs: Sequence[Job], workers: int, on_result: Callable[[int, RoomRe
     return resumed
 
 
-def _stop_workers(pool: ProcessPoolExecutor) -> None:
+def stop_workers(pool: ProcessPoolExecutor) -> None:
     """Terminate a pool's worker processes now (Python 3.11 has no public call for it; 3.14's
     ``terminate_workers`` does the same from the same process table)."""
     for process in list((pool._processes or {}).values()):

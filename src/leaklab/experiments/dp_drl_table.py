@@ -25,22 +25,25 @@ agent of ``rows[k]``), ``OUT/recovered_maps.png`` (Table 5.2), ``OUT/nrr_generat
 
 from __future__ import annotations
 
+import faulthandler
 import multiprocessing
 import os
 import time
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
-from safetensors.torch import save_file
 
 from leaklab import seeds
 from leaklab.attacks.environment_search import SearchConfig, SearchResult, policy_table, recovery_rates, search
+from leaklab.errors import LeaklabError
 from leaklab.experiments import ProgressFn
+from leaklab.experiments.attack_pool import start_worker, stop_workers, worker_count
 from leaklab.fields import Seed
-from leaklab.io import DP_DRL_TABLE_FORMAT, RESULTS_FILE, atomic_dir, write_json
+from leaklab.io import DP_DRL_TABLE_FORMAT, RESULTS_FILE, atomic_dir, save_tensors, write_json
 from leaklab.rl.agents.grid_dqn import GridDQNConfig, q_values, train_grid_dqn
 from leaklab.rl.envs.grid_world import GridMap, distances, random_map
 
@@ -165,24 +168,35 @@ def _search_job(job: tuple) -> SearchResult:
 
 
 def _searches(jobs: list[tuple], workers: int, done: Callable[[int], None] | None) -> list[SearchResult]:
-    """Each job's genetic search, in ``workers`` processes (0: one per core); each search has its own seed, so the
-    results do not depend on the number of workers."""
-    workers = workers or os.cpu_count() or 1
-    if workers == 1 or len(jobs) == 1:
+    """Each job's genetic search, in ``workers`` spawned processes (0: one per usable core), set up as the room
+    attacks' workers are (:func:`~leaklab.experiments.attack_pool.start_worker`: Ctrl-C is the parent's, a worker
+    ends with its parent); each search has its own seed, so the results do not depend on the number of workers."""
+    workers = worker_count(workers, len(jobs))
+    if workers == 1:
         results = []
         for job in jobs:
             results.append(_search_job(job))
             if done:
                 done(len(results))
         return results
-    results: list[SearchResult | None] = [None] * len(jobs)
-    with ProcessPoolExecutor(min(workers, len(jobs)), mp_context=multiprocessing.get_context("spawn")) as pool:
+    found: list[SearchResult | None] = [None] * len(jobs)
+    pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"), initializer=start_worker,
+                               initargs=(None, faulthandler.is_enabled(), os.getpid()))
+    try:
         futures = {pool.submit(_search_job, job): k for k, job in enumerate(jobs)}
         for n, future in enumerate(as_completed(futures), start=1):
-            results[futures[future]] = future.result()
+            found[futures[future]] = future.result()
             if done:
                 done(n)
-    return results
+    except (KeyboardInterrupt, SystemExit):
+        stop_workers(pool)
+        raise
+    except BrokenProcessPool:
+        raise LeaklabError("a search worker process ended abruptly (killed, for memory say, or crashed); nothing "
+                           "is written, and fewer --workers need less memory") from None
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+    return found
 
 
 def run(out: Path, config: DpDrlTableConfig | None = None, quick: bool = False,
@@ -230,8 +244,8 @@ def run(out: Path, config: DpDrlTableConfig | None = None, quick: bool = False,
                                 "obfuscation_seconds_per_agent_step": training.obfuscation_seconds_per_step},
                    "published": PUBLISHED, "seconds": time.perf_counter() - start}
         write_json(tmp / RESULTS_FILE, results)
-        save_file({f"{'weight' if i % 2 == 0 else 'bias'}{i // 2}": p.detach().contiguous()
-                   for i, p in enumerate(net.params)}, str(tmp / POLICIES_FILE))
+        save_tensors(tmp / POLICIES_FILE, {f"{'weight' if i % 2 == 0 else 'bias'}{i // 2}": p
+                                           for i, p in enumerate(net.params)})
         _plot_maps(tmp / MAPS_FILE, grids, recovered, budgets)
         _plot_nrr(tmp / NRR_FILE, rows, budgets)
         _plot_curves(tmp / CURVES_FILE, rows, training.returns)
@@ -325,14 +339,14 @@ def _plot_nrr(path: Path, rows: list[dict], budgets: list) -> None:
     for ax, size in zip(axes[0], sizes):
         for b in map(budget_name, budgets):
             curves = np.array([r["nrr_per_generation"] for r in rows if r["size"] == size and r["defense"] == b])
-            ax.plot(100 * curves.mean(axis=0), label=_label(b))
+            ax.plot(100 * curves.mean(axis=0), label=_label(b), marker="o" if curves.shape[1] == 1 else None)
         for key, style in (("prior_nrr", ":"), ("free_guess_nrr", "--")):
             ax.axhline(100 * np.mean([r[key] for r in rows if r["size"] == size]), color="grey", linestyle=style,
                        linewidth=0.8)
         ax.set_title(size, fontsize=9)
         ax.set_xlabel("generation")
         ax.set_ylabel("NRR of the fittest map (%)")
-    axes[0][0].legend(fontsize=7, title="dotted: random maps; dashed: all free", title_fontsize=7)
+    axes[0][0].legend(fontsize=7, title="dotted: random maps; dashed: all free", title_fontsize=7, loc="best")
     fig.suptitle("the genetic search against each policy (seed 002, Fig. 5.5)", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
