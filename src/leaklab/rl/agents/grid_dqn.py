@@ -1,12 +1,12 @@
 """Deep Q-learning with DP-DRL in the grid worlds (seed 002, chapter 5, Algorithm 11), many agents at once.
 
-Each of ``K`` agents trains its own Q network (an MLP from the 8 observed cells to the 5 actions' values, ReLU; the
-thesis gives only the input and output sizes) in its own map, with or without DP-DRL
-(:mod:`leaklab.defenses.dp_drl`) at its own budget. The agents step in lockstep: one batched matrix product per
-layer serves all of them (a stacked MLP, :class:`StackedMLP`), which is the same arithmetic as ``K`` separate
-networks. Per agent, Algorithm 11: observe, obfuscate (DP-DRL agents), act ε-greedily on the obfuscated observation,
-store ``(O'(s), a, r, O'(s'))`` (the obfuscated next observation is the one the agent acts on at the next step),
-sample a minibatch from its own replay memory and take one step of Adam on the squared TD error
+Each of ``K`` agents trains its own Q network (an MLP from the 8 observed cells, and with ``position`` the agent's
+cell, to the 5 actions' values, ReLU; the thesis gives only the input and output sizes) in its own map, with or
+without DP-DRL (:mod:`leaklab.defenses.dp_drl`) at its own budget. The agents step in lockstep: one batched matrix
+product per layer serves all of them (a stacked MLP, :class:`StackedMLP`), which is the same arithmetic as ``K``
+separate networks. Per agent, Algorithm 11: observe, obfuscate (DP-DRL agents), act ε-greedily on the obfuscated
+observation, store ``(O'(s), a, r, O'(s'))`` (the obfuscated next observation is the one the agent acts on at the
+next step), sample a minibatch from its own replay memory and take one step of Adam on the squared TD error
 (:func:`leaklab.rl.losses.dqn_loss`); the target network is copied every ``target_sync`` steps. Only the goal ends a
 transition without bootstrapping: an episode cut at ``max_steps`` bootstraps from its last state (the printed line
 17 would not; the cut is the run's budget, not the environment's end). The unspecified hyper-parameters (notes-002
