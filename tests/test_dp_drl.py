@@ -514,3 +514,14 @@ def test_utility_counts_the_first_goal_even_with_a_negative_return():
     u = utility(returns, [500, 30, 5, 3], goals, episodes=4)
     assert u["first_goal_episode"] == 2
     assert u["final"]["steps_min"] == 3 and u["initial"]["steps_max"] == 500
+
+
+def test_observation_codes_weigh_element_i_by_two_to_the_i():
+    from leaklab.rl.envs.grid_world import observation_codes
+
+    grid = _good()
+    cells = np.argwhere(grid.free)
+    expected = [int(sum(int(v) << i for i, v in enumerate(row))) for row in observations(grid.free, cells)]
+    assert observation_codes(grid.free, cells).tolist() == expected
+    corner = np.array([[1, 1]])  # free below (element 1) and to the right (3); down-right (2, 2) is a wall
+    assert observation_codes(grid.free, corner).tolist() == [2 + 8]

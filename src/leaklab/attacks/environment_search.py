@@ -11,8 +11,8 @@ policy is to the target's"). The thesis gives no fitness, population, operators 
 * fitness: at every free cell of the candidate but the goal, the target sees the candidate's 8 neighbours there
   and puts probability ``softmax(Q / temperature)`` on the candidate's optimal actions (those one step closer to
   the goal); the fitness is the mean of that probability over the cells. A policy that learnt the true map scores
-  it near 1 where its observations are not aliased. (A fitness over the candidate's shortest path alone recovered
-  less than random maps do, with a policy that knew the true map exactly: most cells are off that path.)
+  it near 1 where its observations are not aliased. (With a policy built from the true map, a fitness over the
+  candidate's shortest path alone recovered 57-78% of 9x9 interiors, random maps 60-63%, this one 61-92%.)
 * population: random maps under the constraints (the same generator as the truth's, with the start and goal
   fixed); tournament selection of 3, elitism, block crossover (a random rectangle from the second parent), and
   mutation flipping 1 to ``mutation_cells`` interior cells; a child that breaks a constraint is drawn again (up to
@@ -35,12 +35,10 @@ import numpy as np
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
-from leaklab.rl.envs.grid_world import (NEIGHBOURS, GridMap, add_walls, distances, observations, open_plan,
+from leaklab.rl.envs.grid_world import (NEIGHBOURS, GridMap, add_walls, distances, observation_codes, open_plan,
                                         optimal_actions, violations)
 
-ProgressFn = Callable[[int, int], None]
 _CODES = 1 << len(NEIGHBOURS)  # 256 binary observations
-_WEIGHTS = 1 << np.arange(len(NEIGHBOURS))  # observation -> its code
 
 
 class SearchConfig(BaseModel):
@@ -100,7 +98,7 @@ def fitness(free: np.ndarray, start: tuple[int, int], goal: tuple[int, int], tab
         return 0.0
     best = optimal_actions(dist)
     cells = np.argwhere(dist > 0)
-    codes = (observations(free, cells) @ _WEIGHTS).astype(np.int64)
+    codes = observation_codes(free, cells)
     probs = table[codes] if table.ndim == 2 else table[cells[:, 0], cells[:, 1], codes]
     return float((probs * best[cells[:, 0], cells[:, 1]]).sum(axis=1).mean())
 
@@ -153,8 +151,7 @@ def _polish(free: np.ndarray, score: float, start: tuple[int, int], goal: tuple[
 
 
 def search(table: np.ndarray, shape: tuple[int, int], start: tuple[int, int], goal: tuple[int, int],
-           config: SearchConfig = SearchConfig(), truth: np.ndarray | None = None,
-           progress: ProgressFn | None = None) -> SearchResult:
+           config: SearchConfig = SearchConfig(), truth: np.ndarray | None = None) -> SearchResult:
     """Run the genetic algorithm against the policy whose :func:`policy_table` is ``table`` on a map of ``shape``
     with this start and goal. With ``truth`` (the true free cells), record the best map's NRR per generation."""
     rng = np.random.default_rng(config.seed)
@@ -196,7 +193,5 @@ def search(table: np.ndarray, shape: tuple[int, int], start: tuple[int, int], go
             top = int(scores.argmax())
             population[top], scores[top] = _polish(population[top], float(scores[top]), start, goal, table)
         record()
-        if progress is not None:
-            progress(generation + 1, config.generations)
     best = population[int(scores.argmax())]
     return SearchResult(recovered=GridMap(best, start, goal), fitness=history, nrr=nrr, prior_nrr=prior_nrr)

@@ -180,6 +180,11 @@ def open_plan(height: int, width: int) -> np.ndarray:
     return free
 
 
+def observation_codes(free: np.ndarray, cells: np.ndarray) -> np.ndarray:
+    """Each cell's :func:`observations` as one whole number in [0, 256): element ``i`` worth ``2**i``."""
+    return (observations(free, cells) @ (1 << np.arange(len(NEIGHBOURS)))).astype(np.int64)
+
+
 def random_map(height: int, width: int, rng: np.random.Generator, wall_fraction: float = 0.3,
                min_distance: float = 0.75, reactive: bool = False, tries: int = 1000) -> GridMap:
     """A random map under the constraints: the interior starts free and walls are added at random cells
@@ -219,7 +224,7 @@ def reactive_path(grid: GridMap, budget: int = 20_000) -> bool:
     best = optimal_actions(dist)
     codes = np.zeros(grid.shape, dtype=np.int64)
     cells = np.argwhere(grid.free)
-    codes[grid.free] = (observations(grid.free, cells) @ (1 << np.arange(len(NEIGHBOURS)))).astype(np.int64)
+    codes[grid.free] = observation_codes(grid.free, cells)
     expanded = 0
     stack: list[tuple[tuple[int, int], dict[int, int]]] = [(grid.start, {})]
     while stack and expanded < budget:
