@@ -83,6 +83,8 @@ AT_FEATURES_FORMAT = "leaklab.at-features"
 BREAKING_DEFENSES_FORMAT = "leaklab.breaking-defenses"
 OPD_TABLE_FORMAT = "leaklab.opd-table"
 DP_DRL_TABLE_FORMAT = "leaklab.dp-drl"
+POLICY_SYNTHESIS_FORMAT = "leaklab.policy-synthesis"
+PRIVATE_PLAN_FORMAT = "leaklab.private-plan"
 _WRITTEN_BY = {AUDIT_FORMAT: "leaklab audit", REPRODUCTION_FORMAT: "leaklab reproduce room-table1|room-table2",
                BAYES_TABLE2_FORMAT: "leaklab reproduce bayes-table2",
                ROOM_ATTACK_FORMAT: "leaklab attack qgi|rgi", ROOM_CAPTURE_FORMAT: "leaklab env capture",
@@ -91,7 +93,9 @@ _WRITTEN_BY = {AUDIT_FORMAT: "leaklab audit", REPRODUCTION_FORMAT: "leaklab repr
                INVERSION_CHECKS_FORMAT: "leaklab reproduce inversion-checks",
                AT_FEATURES_FORMAT: "leaklab reproduce at-features",
                BREAKING_DEFENSES_FORMAT: "leaklab reproduce breaking-defenses",
-               OPD_TABLE_FORMAT: "leaklab reproduce opd-table", DP_DRL_TABLE_FORMAT: "leaklab reproduce dp-drl"}
+               OPD_TABLE_FORMAT: "leaklab reproduce opd-table", DP_DRL_TABLE_FORMAT: "leaklab reproduce dp-drl",
+               POLICY_SYNTHESIS_FORMAT: "leaklab reproduce policy-synthesis",
+               PRIVATE_PLAN_FORMAT: "leaklab plan private"}
 # the commands that write into their --out in place (finished cells, checks) instead of replacing it whole
 _IN_PLACE = frozenset({REPRODUCTION_FORMAT, BAYES_TABLE2_FORMAT, INVERSION_CHECKS_FORMAT})
 

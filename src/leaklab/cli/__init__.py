@@ -9,10 +9,10 @@ checked while they are parsed, and each command imports what it runs.
 Modules: :mod:`~leaklab.cli.app` (the application, its groups and the error guard),
 :mod:`~leaklab.cli.options` (option callbacks and shared options), :mod:`~leaklab.cli.progress`, and the
 commands by subject: :mod:`~leaklab.cli.images`, :mod:`~leaklab.cli.rooms`, :mod:`~leaklab.cli.reproduce`,
-:mod:`~leaklab.cli.mechanisms` (imported here in the order ``leaklab --help`` lists them).
+:mod:`~leaklab.cli.mechanisms`, :mod:`~leaklab.cli.planning` (imported here in the order ``leaklab --help`` lists them).
 """
 
-from leaklab.cli import images, rooms, reproduce, mechanisms  # noqa: F401  (they register their commands)
+from leaklab.cli import images, rooms, reproduce, mechanisms, planning  # noqa: F401  (they register their commands)
 from leaklab.cli.app import app
 
 __all__ = ["app"]

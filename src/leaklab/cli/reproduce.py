@@ -333,3 +333,38 @@ def reproduce_dp_drl(
     t = result["timing"]
     typer.echo(f"  one agent's step with DP-DRL: {t['dp_drl'] * 1e3:.3f} ms, of which the obfuscation "
                f"{t['obfuscation'] * 1e3:.3f} ms and the DQN step {t['drl'] * 1e3:.3f} ms")
+
+
+@reproduce_app.command("policy-synthesis")
+@_guard
+def reproduce_policy_synthesis(
+    quick: QuickOpt = False,
+    seed: SeedOpt = 0,
+    out: Annotated[Optional[Path], _run_out("policy-synthesis")] = None,
+    runs: Annotated[Optional[int], typer.Option("--runs", help="privatisations per example and k (default 50, the "
+                                                               "thesis')", callback=_checked(
+        "--runs", lambda v: 1 <= v <= 10_000, "a whole number from 1 to 10,000"))] = None,
+    beta: Annotated[Optional[float], typer.Option("--beta", help="the concentration bound's failure probability "
+                                                                 "(default 0.05)", callback=_checked(
+        "--beta", lambda v: 0 < v < 1, "a number in (0, 1)"))] = None,
+) -> None:
+    """Seed 003, chapter 2 (Fig. 2.1): Algorithm 1's privately synthesised policies and the bounds on their cost of
+    privacy over a range of Dirichlet concentrations k, on an investment MDP and a random one (--quick: small)."""
+    from leaklab.experiments import policy_synthesis
+
+    fields = {**({} if runs is None else {"runs": runs}), **({} if beta is None else {"beta": beta})}
+    result = _experiment(policy_synthesis, policy_synthesis.PolicySynthesisConfig, "policy-synthesis", quick, seed,
+                         out, **fields)
+    for r in result["rows"]:
+        typer.echo(f"  {r['example']:>15s} k {r['k']:>7g}: released V-bar {r['private_mean']:.3f}, true V "
+                   f"{r['true_mean']:.3f} (optimal {r['optimal']:.3f}); bounds [{r['lower_mean']:.3f}, "
+                   f"{r['upper_mean']:.3f}]: cost bound {r['bound_mean']:.3f} (union radius {r['union_bound_mean']:.3f}), "
+                   f"realised {r['cost_mean']:.3f}; "
+                   f"true V bracketed in {100 * r['bracketed']:.0f}% of runs")
+    for r in result["lemma_2_2"]:
+        typer.echo(f"  Lemma 2.2, k {r['k']:>7g}, {r['p']}: P(||Dir_k(p) - p||_inf >= alpha) {r['exceed']:.4f} "
+                   f"(beta {r['beta']:g}); with the union radius {r['union_exceed']:.4f}")
+    for t in result["timing"]:
+        lp = f"; the thesis' linear programs {t['lp_seconds']:.2f} s" if "lp_seconds" in t else ""
+        typer.echo(f"  {t['setting']}: {t['synthesis_and_bounds_seconds'] * 1e3:.2f} ms per k{lp} (thesis: "
+                   f"{policy_synthesis.PUBLISHED['seconds_per_k'].get(t['setting'], float('nan')):g} s)")
