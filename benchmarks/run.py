@@ -25,6 +25,10 @@ process of one torch thread per core), wall clock of the attack phase: the pool'
 the workers, their imports and first calls; 4.4 s of S2's 23.3 s on 8 samples in session 49), so fewer samples
 give a lower rate.
 
+``planning_speed``: seed 003 chapter 2's cost-of-privacy bounds on Example 2 (20 states, 5 actions, T = 10) and its
+doublings (T = 20; 10 actions), per k: leaklab's closed form against the thesis' linear programs (one HiGHS solve
+per stage, state, action and sense), beside the thesis' seconds (``leaklab.experiments.policy_synthesis.timing``).
+
 ``inversion_speed``'s rates use the optimisation loop's own clock (``Reconstruction.seconds``: after set-up and
 the prior calibration), after a short warm-up run that pays oneDNN's one-time kernel creation. No speed is
 asserted anywhere: the numbers depend on the machine and on what else runs on it, so the file
@@ -220,6 +224,25 @@ def room_speed(out: Path, quick: bool, samples: int, log, arch: str = DEFAULT_AR
     return result
 
 
+def planning_speed(out: Path, quick: bool, log) -> dict:
+    """Seed 003 chapter 2: seconds per k to bound the cost of privacy of Example 2 (20 states, 5 actions, T = 10)
+    and its two doublings, by leaklab's closed form and by the thesis' linear programs (HiGHS)."""
+    from leaklab.experiments import policy_synthesis
+
+    config = (policy_synthesis.PolicySynthesisConfig.quick() if quick
+              else policy_synthesis.PolicySynthesisConfig())
+    result: dict = {"benchmark": "planning_speed", "timestamp": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                    "quick": quick, "cpu": processor(), "load_average_before": _load(),
+                    "published": policy_synthesis.PUBLISHED["seconds_per_k"], "states": config.states,
+                    "settings": policy_synthesis.timing(config)}
+    for row in result["settings"]:
+        log(f"planning {row['setting']}: {1e3 * row['synthesis_and_bounds_seconds']:.2f} ms per k (closed form), "
+            f"{row['lp_seconds']:.2f} s (linear programs)")
+    result.update(load_average_after=_load(), complete=True)
+    write_json(out / "planning_speed.json", result)
+    return result
+
+
 def _positive(text: str) -> int:
     """An argparse type: a whole number of at least 1 (0 read as the default, -1 a traceback)."""
     try:
@@ -244,14 +267,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--iterations", type=_positive, default=None, help="single-attack iterations (inversion)")
     parser.add_argument("--batched-iterations", type=_positive, default=None, help="inversion")
     parser.add_argument("--instances", type=_positive, default=None, help="inversion")
-    parser.add_argument("--only", default="inversion,rooms", help="benchmarks to run: inversion, rooms")
+    parser.add_argument("--only", default="inversion,rooms,planning",
+                        help="benchmarks to run: inversion, rooms, planning")
     parser.add_argument("--room-samples", type=_positive, default=None, help="samples per setting (rooms)")
     parser.add_argument("--arch", default=DEFAULT_ARCH, choices=ARCH_NAMES, help="perception network (rooms)")
     args = parser.parse_args(argv)
     only = [b for b in args.only.split(",") if b]
-    if not only or set(only) - {"inversion", "rooms"}:
-        print(f"unknown benchmark {(sorted(set(only) - {'inversion', 'rooms'}) or [args.only])[0]!r}; choose from "
-              "inversion, rooms", file=sys.stderr)
+    known = {"inversion", "rooms", "planning"}
+    if not only or set(only) - known:
+        print(f"unknown benchmark {(sorted(set(only) - known) or [args.only])[0]!r}; choose from "
+              "inversion, rooms, planning", file=sys.stderr)
         return 2
     if args.threads is not None:
         torch.set_num_threads(args.threads)
@@ -277,6 +302,8 @@ def main(argv: list[str] | None = None) -> int:
                         instances=_given(args.instances, 3 if args.quick else 16), log=log)
     if "rooms" in only:
         room_speed(args.out, args.quick, _given(args.room_samples, 2 if args.quick else 8), log, args.arch)
+    if "planning" in only:
+        planning_speed(args.out, args.quick, log)
     return 0
 
 

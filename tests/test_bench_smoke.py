@@ -55,6 +55,16 @@ def test_quick_room_benchmark_writes_its_json(tmp_path):
     assert data["complete"] is True and not (tmp_path / "inversion_speed.json").exists()
 
 
+def test_quick_planning_benchmark_writes_its_json(tmp_path):
+    assert _bench().main(["--out", str(tmp_path), "--quick", "--only", "planning"]) == 0
+    data = json.loads((tmp_path / "planning_speed.json").read_text())
+    assert data["benchmark"] == "planning_speed" and data["complete"] is True and len(data["settings"]) == 3
+    for row in data["settings"]:
+        assert row["synthesis_and_bounds_seconds"] > 0 and row["lp_seconds"] > 0
+        assert row["lp_vs_closed_form_max_difference"] < 1e-9
+    assert not (tmp_path / "room_speed.json").exists()
+
+
 def test_a_stopped_benchmark_leaves_a_file_that_says_so(tmp_path, monkeypatch):
     """A run of fp32 and bf16 stopped during bf16 left a file shaped as a finished fp32-only run."""
     bench = _bench()
