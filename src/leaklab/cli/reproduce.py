@@ -387,7 +387,9 @@ def reproduce_dp_advising(
                          **({} if runs is None else {"runs": runs}))
     for experiment, rows in result["experiments"].items():
         for name, r in rows.items():
-            gains = ", ".join(f"{k} {100 * v:+.2f}" for k, v in r["gain_over_no_advice"].items())
+            gains = ", ".join(f"{k} {100 * v:+.2f}" + ("" if r["gain_standard_error"][k] is None else
+                                                       f" ± {100 * r['gain_standard_error'][k]:.2f}")
+                              for k, v in r["gain_over_no_advice"].items())
             good = "" if r["optimal_advice_share"] is None else \
                 f", {100 * r['optimal_advice_share']:.0f}% of it the optimal server"
             typer.echo(f"  {experiment.replace('_', ' ')}, {name:>22s}: final ratio {100 * r['final_ratio']:.2f}%, "

@@ -12,7 +12,7 @@ budgets 30, S = 1, 700 epochs), in the layouts of :mod:`leaklab.rl.envs.cloud_ta
 Every strategy runs ``runs`` times (the thesis does not say how often), run r of every strategy on the same reward
 table (a paired comparison). Recorded per strategy: the convergence ratio per epoch (mean and standard deviation
 over the runs), its difference from no advice (the thesis' "performance comparison" figures) averaged over epochs
-1-200, 201-400 and 401-700, the first epoch at which the mean ratio reaches 92% (the thesis' plateau), the advice
+1-200, 201-400 and 401-700 with its standard error over the runs, the first epoch at which the mean ratio reaches 92% (the thesis' plateau), the advice
 given per epoch, and the share of that advice that named the task's optimal server.
 
 Writes ``OUT/results.json`` and ``OUT/advising_curves.png`` atomically; same seed, same numbers.
@@ -83,7 +83,9 @@ class DpAdvisingConfig(BaseModel):
                                  *[(f"DP advising, eps {e:g}", "dp", "one-different", e) for e in self.epsilons]]}
 
 
-def _strategy(config: DpAdvisingConfig, experiment: str, strategy: str, layout_name: str, eps: float) -> dict:
+def _strategy(config: DpAdvisingConfig, experiment: str, strategy: str, layout_name: str,
+              eps: float) -> tuple[dict, np.ndarray]:
+    """One strategy's runs: its row of results and every run's ratios ``[runs, epochs + 1]``."""
     learner = config.learner.model_copy(update={"strategy": strategy, "epsilon": eps, "epochs": config.epochs})
     ratios, advice, optimal = [], [], []
     for r in range(config.runs):
@@ -102,7 +104,7 @@ def _strategy(config: DpAdvisingConfig, experiment: str, strategy: str, layout_n
             "final_ratio": float(mean[-1]), "epoch_reaching_plateau": int(reached[0]) if len(reached) else None,
             "advice_per_epoch": advice.mean(axis=0).tolist(), "advice_total": float(advice.sum(axis=1).mean()),
             "optimal_advice_share": float(optimal.sum() / advice.sum()) if advice.sum() else None,
-            "last_advice_epoch": float(np.mean([np.flatnonzero(a)[-1] + 1 if a.any() else 0 for a in advice]))}
+            "last_advice_epoch": float(np.mean([np.flatnonzero(a)[-1] + 1 if a.any() else 0 for a in advice]))}, ratios
 
 
 def run(out: Path, config: DpAdvisingConfig | None = None, quick: bool = False,
@@ -114,17 +116,18 @@ def run(out: Path, config: DpAdvisingConfig | None = None, quick: bool = False,
     total, done = sum(len(v) for v in plan.values()), 0
     experiments = {}
     for experiment, strategies in plan.items():
-        rows = {}
+        rows, ratios = {}, {}
         for name, strategy, layout_name, eps in strategies:
-            rows[name] = _strategy(config, experiment, strategy, layout_name, eps)
+            rows[name], ratios[name] = _strategy(config, experiment, strategy, layout_name, eps)
             done += 1
             if progress is not None:
                 progress("strategies", done, total)
-        base = np.array(rows["no advice"]["ratio_mean"])
-        for row in rows.values():
-            gain = np.array(row["ratio_mean"]) - base
-            row["gain_over_no_advice"] = {f"epochs {a}-{b}": float(gain[a:b + 1].mean())
-                                          for a, b in WINDOWS if a <= config.epochs}
+        for name, row in rows.items():  # run r of each strategy shares run r's reward table: paired differences
+            gain = ratios[name] - ratios["no advice"]
+            windows = {f"epochs {a}-{b}": gain[:, a:b + 1].mean(axis=1) for a, b in WINDOWS if a <= config.epochs}
+            row["gain_over_no_advice"] = {k: float(v.mean()) for k, v in windows.items()}
+            row["gain_standard_error"] = {k: float(v.std(ddof=1) / np.sqrt(len(v))) if len(v) > 1 else None
+                                          for k, v in windows.items()}
         experiments[experiment] = rows
     with atomic_dir(out, DP_ADVISING_FORMAT) as tmp:
         results = {"format": DP_ADVISING_FORMAT, "format_version": 1, "quick": quick,
