@@ -14,7 +14,7 @@ from leaklab.planning import (TabularMDP, concentration_radius, evaluate, invest
                               privatize_transitions, random_mdp, robust_evaluation, robust_expectation,
                               synthesize_private_policy)
 from leaklab.planning.mdp import q_values
-from leaklab.planning.private_synthesis import robust_expectation_lp
+from leaklab.planning.private_synthesis import extreme_distribution, robust_expectation_lp
 
 
 def _rng(seed=0):
@@ -47,6 +47,18 @@ def test_closed_form_edges_and_batching():
         robust_expectation(p, v, 0.1, 0.05, "mean")
     with pytest.raises(LeaklabError, match="one number per state"):
         robust_expectation(p, v[:5], 0.1, 0.05, "min")
+
+
+def test_extreme_distribution_lies_in_the_set():
+    rng = _rng(21)
+    p, v = rng.dirichlet(np.ones(7), size=5), rng.normal(size=7)
+    for alpha, beta, sense in ((0.1, 0.05, "min"), (0.3, 0.2, "max"), (0.0, 0.0, "min")):
+        x = extreme_distribution(p, v, alpha, beta, sense)
+        assert np.allclose(x.sum(axis=1), 1) and x.min() >= 0
+        extreme = np.eye(7)[v.argmin() if sense == "min" else v.argmax()]
+        p2 = x - beta * extreme  # (1 - beta) P2
+        assert np.abs(p2 - (1 - beta) * p).max() <= (1 - beta) * alpha + 1e-12
+        assert np.allclose(x @ v, robust_expectation(p, v, alpha, beta, sense))
 
 
 def test_concentration_radius_is_lemma_2_2():
@@ -118,9 +130,14 @@ def test_mdp_json_round_trip_and_errors():
     again = TabularMDP.from_json(json.loads(json.dumps(mdp.to_json())))
     assert np.array_equal(again.transitions, mdp.transitions) and np.array_equal(again.terminal, mdp.terminal)
     assert again.horizon == 3 and again.start == 0
-    for bad in ([], {"transitions": [[[1.0]]]}, {**mdp.to_json(), "extra": 1}, {**mdp.to_json(), "rewards": "x"}):
+    for bad in ([], {"transitions": [[[1.0]]]}, {**mdp.to_json(), "extra": 1}, {**mdp.to_json(), "rewards": "x"},
+                {**mdp.to_json(), "start": True}, {**mdp.to_json(), "discount": True},
+                {**mdp.to_json(), "rewards": [[True, 0.0]] * 4}, {**mdp.to_json(), "rewards": [["0.5", 0.0]] * 4},
+                {**mdp.to_json(), "terminal": [10 ** 400] * 4}, {**mdp.to_json(), "rewards": [[1e300, 0.0]] * 4}):
         with pytest.raises(LeaklabError):
             TabularMDP.from_json(bad)
+    with pytest.raises(LeaklabError, match="2 states or more"):
+        privatize_transitions(np.ones((1, 1, 1)), 10, _rng())
     with pytest.raises(ValueError):  # read-only arrays: an MDP cannot change after its checks
         mdp.transitions[0, 0, 0] = 1.0
 
@@ -180,6 +197,34 @@ def test_infinite_horizon_bounds_are_fixed_points():
         assert np.abs(again - values).max() < 1e-9
 
 
+def test_infinite_horizon_bounds_ignore_actions_the_policy_never_takes():
+    """The fixed point is solved exactly: a huge reward on an unused action once inflated the stopping tolerance
+    (1e-10 * max |R|) and stopped the iteration after one step, with a bound ten times too small."""
+    mdp = random_mdp(20, 5, None, _rng(15), discount=0.9)
+    out = synthesize_private_policy(mdp, 100, _rng(16))
+    rewards = out.private_mdp.rewards.copy()
+    unused = np.ones_like(rewards, dtype=bool)
+    unused[np.arange(20), out.policy] = False
+    rewards[unused] = -1e12
+    loud = TabularMDP(out.private_mdp.transitions, rewards, None, 0.9)
+    for sense, values in (("min", out.lower), ("max", out.upper)):
+        assert np.allclose(robust_evaluation(loud, out.policy, out.alpha, 0.05, sense), values, atol=1e-9)
+        v = values.copy()  # the plain iteration of L1 from far away lands on the same fixed point
+        v[:] = 0
+        p = out.private_mdp
+        for _ in range(600):
+            v = p.rewards[np.arange(20), out.policy] + 0.9 * robust_expectation(
+                p.transitions[np.arange(20), out.policy], v, out.alpha, 0.05, sense)
+        assert np.allclose(v, values, atol=1e-9)
+
+
+def test_discount_near_one_is_solved_exactly():
+    mdp = random_mdp(3, 2, None, _rng(17), discount=0.999999)
+    out = synthesize_private_policy(mdp, 50, _rng(18))
+    assert (out.lower <= out.values + 1e-6).all() and (out.values <= out.upper + 1e-6).all()
+    assert np.isfinite(out.cost_bound)
+
+
 def test_large_k_recovers_the_optimal_policy_and_is_reproducible():
     mdp = random_mdp(10, 4, 5, _rng(12))
     optimal = optimal_policy(mdp)[1][0, 0]
@@ -235,9 +280,11 @@ def test_plan_private_on_a_users_mdp(tmp_path):
     mdp = investment_mdp()
     mdp_file.write_text(json.dumps(mdp.to_json()))
     out = tmp_path / "plan"
-    result = CliRunner().invoke(app, ["plan", "private", "--mdp", str(mdp_file), "--k", "50", "--out", str(out)])
+    result = CliRunner().invoke(app, ["plan", "private", "--mdp", str(mdp_file), "--k", "50", "--seed", "3", "--out",
+                                      str(out)])
     assert result.exit_code == 0, result.output
     data = json.loads((out / "results.json").read_text())
+    assert data["private"] is False and "not private" in result.output
     private = TabularMDP.from_json({**mdp.to_json(), "transitions": data["private_transitions"]})
     assert not np.allclose(private.transitions, mdp.transitions)  # the released transitions are the privatised ones
     assert np.allclose(evaluate(private, np.array(data["policy"])), data["values"])
@@ -245,10 +292,23 @@ def test_plan_private_on_a_users_mdp(tmp_path):
     assert data["cost_bound"] == pytest.approx(data["upper_value"] - data["lower_value"])
     assert "cost of privacy at most" in result.output
     union = CliRunner().invoke(app, ["plan", "private", "--mdp", str(mdp_file), "--k", "50", "--union-bound",
-                                     "--out", str(tmp_path / "union")])
+                                     "--seed", "3", "--out", str(tmp_path / "union")])
     assert union.exit_code == 0
     assert json.loads((tmp_path / "union" / "results.json").read_text())["cost_bound"] > data["cost_bound"]
+    releases = []
+    for name in ("a", "b"):  # no seed: the operating system's entropy, a different release each time
+        assert CliRunner().invoke(app, ["plan", "private", "--mdp", str(mdp_file), "--k", "50", "--out",
+                                        str(tmp_path / name)]).exit_code == 0
+        released = json.loads((tmp_path / name / "results.json").read_text())
+        assert released["private"] is True and released["seed"] is None
+        releases.append(released["private_transitions"])
+    assert releases[0] != releases[1]
     mdp_file.write_text(json.dumps({**mdp.to_json(), "start": 9}))
     bad = CliRunner().invoke(app, ["plan", "private", "--mdp", str(mdp_file), "--k", "50", "--out",
                                    str(tmp_path / "bad")])
     assert bad.exit_code == 2 and "start state" in bad.output and not (tmp_path / "bad").exists()
+    foreign = tmp_path / "foreign"
+    foreign.mkdir()
+    (foreign / "notes.txt").write_text("mine")
+    refused = CliRunner().invoke(app, ["reproduce", "policy-synthesis", "--quick", "--out", str(foreign)])
+    assert refused.exit_code == 2 and (foreign / "notes.txt").read_text() == "mine"

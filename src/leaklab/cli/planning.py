@@ -4,12 +4,12 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Optional
 
 import typer
 
 from leaklab.cli.app import _guard, plan_app
-from leaklab.cli.options import OutOpt, SeedOpt, _checked
+from leaklab.cli.options import OutOpt, _checked, _seed_opt
 
 
 @plan_app.command("private")
@@ -25,14 +25,16 @@ def plan_private(
     union_bound: Annotated[bool, typer.Option(
         "--union-bound", help="bound with the union-bound radius, which holds for every transition vector (Lemma "
                               "2.2's printed radius fails for many small entries at small k)")] = False,
-    seed: SeedOpt = 0,
+    seed: Annotated[Optional[int], _seed_opt(
+        "fix the Dirichlet draws: reproducible, but whoever knows the seed can redraw the release, so NOT private "
+        "(default: the operating system's entropy)")] = None,
 ) -> None:
     """Seed 003, Algorithm 1: privatise the MDP's transitions (Dirichlet mechanism), synthesise an optimal policy of
     the privatised MDP, and bound its cost of privacy (Theorems 2.4 and 2.6)."""
     from leaklab.experiments.private_plan import plan
 
     result = plan(mdp, out, k, beta, union_bound, seed)
-    typer.echo(f"wrote {out / 'results.json'}")
+    typer.echo(f"wrote {out / 'results.json'}" + ("" if seed is None else " (seeded: reproducible, not private)"))
     typer.echo(f"  released value at s0 {result['private_value']:.4g}; bounds [{result['lower_value']:.4g}, "
                f"{result['upper_value']:.4g}] on it and on the expected value under the true transitions (beta "
                f"{result['beta']:g}, alpha {result['alpha']:.4g}): cost of privacy at most {result['cost_bound']:.4g}")

@@ -29,7 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from leaklab import seeds
 from leaklab.experiments import ProgressFn
 from leaklab.fields import Seed
-from leaklab.io import DP_ADVISING_FORMAT, RESULTS_FILE, atomic_dir, write_json
+from leaklab.io import DP_ADVISING_FORMAT, RESULTS_FILE, atomic_dir, check_out, write_json
 from leaklab.rl.agents.advising import AdvisingConfig, simulate
 from leaklab.rl.envs.cloud_tasks import CloudScenario
 
@@ -111,6 +111,7 @@ def run(out: Path, config: DpAdvisingConfig | None = None, quick: bool = False,
         progress: ProgressFn | None = None) -> dict:
     """Run the three experiments; write ``out`` atomically; returns the results (also ``results.json``)."""
     config = config or (DpAdvisingConfig.quick() if quick else DpAdvisingConfig())
+    check_out(out, DP_ADVISING_FORMAT)  # before the work, not after it
     start = time.perf_counter()
     plan = config.experiments()
     total, done = sum(len(v) for v in plan.values()), 0

@@ -34,7 +34,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from leaklab import seeds
 from leaklab.experiments import ProgressFn
 from leaklab.fields import Seed
-from leaklab.io import POLICY_SYNTHESIS_FORMAT, RESULTS_FILE, atomic_dir, write_json
+from leaklab.io import POLICY_SYNTHESIS_FORMAT, RESULTS_FILE, atomic_dir, check_out, write_json
 from leaklab.planning.mdp import TabularMDP, evaluate, investment_mdp, optimal_policy, random_mdp
 from leaklab.planning.private_synthesis import (concentration_radius, robust_evaluation, robust_expectation_lp,
                                                 synthesize_private_policy)
@@ -178,6 +178,7 @@ def run(out: Path, config: PolicySynthesisConfig | None = None, quick: bool = Fa
     """Run every example at every k, the Lemma 2.2 check and the timing; write ``out`` atomically; returns the
     results (also ``results.json``)."""
     config = config or (PolicySynthesisConfig.quick() if quick else PolicySynthesisConfig())
+    check_out(out, POLICY_SYNTHESIS_FORMAT)  # before the work, not after it
     start = time.perf_counter()
     mdps = examples(config)
     rows, per_run = [], {}

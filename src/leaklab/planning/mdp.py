@@ -21,8 +21,11 @@ from leaklab.errors import LeaklabError
 
 __all__ = ["TabularMDP", "q_values", "optimal_policy", "check_policy", "evaluate", "random_mdp", "investment_mdp"]
 
-MAX_STATES = 2_000  # the [S, A, S] transition array stays below a few hundred MB
+MAX_STATES = 2_000
+MAX_TRANSITIONS = 20_000_000  # entries of the [S, A, S] array: 160 MB of float64
+MAX_STAGE_VALUES = 2_000_000  # (T + 1) * S: a finite horizon's value and policy tables
 MAX_HORIZON = 100_000
+MAX_REWARD = 1e100  # |R|, |R_T|: values stay finite for every horizon and discount allowed
 ROW_TOLERANCE = 1e-9  # how far a transition vector's sum may be from 1
 
 
@@ -49,13 +52,17 @@ class TabularMDP:
             raise LeaklabError(f"transitions are an [S, A, S] array with 1 <= S <= {MAX_STATES} and A >= 1 "
                                f"(got shape {tuple(p.shape)})")
         n, a = p.shape[:2]
+        if p.size > MAX_TRANSITIONS:
+            raise LeaklabError(f"an MDP has at most {MAX_TRANSITIONS:,} transition probabilities (S * A * S; got "
+                               f"{p.size:,})")
         if r.shape != (n, a):
             raise LeaklabError(f"rewards are an [S, A] = [{n}, {a}] array (got shape {tuple(r.shape)})")
-        if not (np.isfinite(p).all() and np.isfinite(r).all()):
-            raise LeaklabError("transitions and rewards must be finite")
+        if not (np.isfinite(p).all() and np.isfinite(r).all()) or np.abs(r).max() > MAX_REWARD:
+            raise LeaklabError(f"transitions and rewards must be finite, rewards at most {MAX_REWARD:g} in size")
         if p.min() < 0 or np.abs(p.sum(axis=2) - 1).max() > ROW_TOLERANCE:
             raise LeaklabError("every transition vector P(s, a) has nonnegative entries summing to 1")
-        if not (isinstance(self.discount, (int, float)) and 0 < self.discount <= 1):
+        if not (isinstance(self.discount, (int, float)) and not isinstance(self.discount, bool)
+                and 0 < self.discount <= 1):
             raise LeaklabError(f"the discount is in (0, 1] (got {self.discount!r})")
         if self.horizon is None:
             if self.discount >= 1:
@@ -68,10 +75,14 @@ class TabularMDP:
                     and 1 <= self.horizon <= MAX_HORIZON):
                 raise LeaklabError(f"the horizon is a whole number from 1 to {MAX_HORIZON}, or None for an infinite "
                                    f"one (got {self.horizon!r})")
+            if (self.horizon + 1) * n > MAX_STAGE_VALUES:
+                raise LeaklabError(f"(horizon + 1) * states is at most {MAX_STAGE_VALUES:,} (got "
+                                   f"{(self.horizon + 1) * n:,})")
             terminal = np.zeros(n) if self.terminal is None else np.array(self.terminal, dtype=float)
-            if terminal.shape != (n,) or not np.isfinite(terminal).all():
-                raise LeaklabError(f"terminal rewards are {n} finite numbers, one per state")
-        if not (isinstance(self.start, (int, np.integer)) and 0 <= self.start < n):
+            if terminal.shape != (n,) or not np.isfinite(terminal).all() or np.abs(terminal).max() > MAX_REWARD:
+                raise LeaklabError(f"terminal rewards are {n} finite numbers, one per state, at most {MAX_REWARD:g} "
+                                   "in size")
+        if not (isinstance(self.start, (int, np.integer)) and not isinstance(self.start, bool) and 0 <= self.start < n):
             raise LeaklabError(f"the start state is one of 0..{n - 1} (got {self.start!r})")
         for name, value in (("transitions", p), ("rewards", r), ("terminal", terminal)):
             if value is not None:
@@ -104,13 +115,20 @@ class TabularMDP:
         if not isinstance(data, dict) or not {"transitions", "rewards", "horizon"} <= set(data) <= keys:
             raise LeaklabError(f"an MDP is a JSON object with transitions, rewards and horizon, optionally discount, "
                                f"terminal and start (keys: {', '.join(sorted(keys))})")
-        try:
-            transitions = np.array(data["transitions"], dtype=float)
-            rewards = np.array(data["rewards"], dtype=float)
-            terminal = None if data.get("terminal") is None else np.array(data["terminal"], dtype=float)
-        except (TypeError, ValueError) as e:
-            raise LeaklabError(f"an MDP's transitions, rewards and terminal are arrays of numbers ({e})") from None
+        transitions, rewards = _numbers(data["transitions"], "transitions"), _numbers(data["rewards"], "rewards")
+        terminal = None if data.get("terminal") is None else _numbers(data["terminal"], "terminal")
         return cls(transitions, rewards, data["horizon"], data.get("discount", 1.0), terminal, data.get("start", 0))
+
+
+def _numbers(value: Any, name: str) -> np.ndarray:
+    """A JSON array of numbers (no booleans, strings or ragged rows) as floats, or a one-line error."""
+    array = np.array(value, dtype=object)
+    if not all(type(x) in (int, float) for x in array.flat):
+        raise LeaklabError(f"an MDP's {name} is a rectangular array of numbers (no booleans, strings or ragged rows)")
+    try:
+        return array.astype(float)
+    except OverflowError:
+        raise LeaklabError(f"an MDP's {name} holds a number too large for a float") from None
 
 
 def q_values(mdp: TabularMDP, values: np.ndarray, transitions: np.ndarray | None = None) -> np.ndarray:

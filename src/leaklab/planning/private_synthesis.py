@@ -31,16 +31,22 @@ from leaklab.errors import LeaklabError
 from leaklab.planning.mdp import TabularMDP, check_policy, evaluate, optimal_policy
 from leaklab.privacy.dirichlet import MAX_K
 
-__all__ = ["PrivateSynthesis", "concentration_radius", "privatize_transitions", "robust_expectation",
+__all__ = ["PrivateSynthesis", "concentration_radius", "privatize_transitions", "extreme_distribution",
+           "robust_expectation",
            "robust_expectation_lp", "robust_evaluation", "synthesize_private_policy"]
 
 Sense = Literal["min", "max"]
-FIXED_POINT_TOLERANCE = 1e-10  # the infinite-horizon bounds' distance to their fixed points, relative to R_max
+FIXED_POINT_TOLERANCE = 1e-12  # the infinite-horizon bounds' Bellman residual, relative to their largest value
+MAX_ADVERSARY_STEPS = 1000
+
+
+def _check_k(k: float) -> None:
+    if not (isinstance(k, (int, float)) and not isinstance(k, bool) and math.isfinite(k) and 0 < k <= MAX_K):
+        raise LeaklabError(f"the Dirichlet concentration k is in (0, {MAX_K:g}] (got {k!r})")
 
 
 def _check_k_beta(k: float, beta: float) -> None:
-    if not (isinstance(k, (int, float)) and math.isfinite(k) and 0 < k <= MAX_K):
-        raise LeaklabError(f"the Dirichlet concentration k is in (0, {MAX_K:g}] (got {k!r})")
+    _check_k(k)
     if not (isinstance(beta, (int, float)) and 0 < beta < 1):
         raise LeaklabError(f"beta, the concentration bound's failure probability, is in (0, 1) (got {beta!r})")
 
@@ -63,14 +69,15 @@ def privatize_transitions(transitions: Any, k: float, rng: np.random.Generator) 
     """Algorithm 1, step 1: every P(s, a) (the last axis) replaced by a draw of Dir(k P(s, a)), independently.
     The mechanism is defined on the simplex interior, so every entry must be positive (a zero would be released
     as a certain zero: the support is not private)."""
-    if not (isinstance(k, (int, float)) and math.isfinite(k) and 0 < k <= MAX_K):
-        raise LeaklabError(f"the Dirichlet concentration k is in (0, {MAX_K:g}] (got {k!r})")
+    _check_k(k)
     p = np.asarray(transitions, dtype=float)
-    if p.ndim < 1 or p.shape[-1] < 2 or not np.isfinite(p).all() or p.min() <= 0 \
+    if p.ndim < 1 or p.shape[-1] < 2:
+        raise LeaklabError("the Dirichlet mechanism privatises distributions over 2 states or more (a one-state "
+                           "MDP's transitions are certain and have nothing to hide)")
+    if not np.isfinite(p).all() or p.min() <= 0 \
             or np.abs(p.sum(axis=-1) - 1).max() > 1e-9:
-        raise LeaklabError("the Dirichlet mechanism privatises probability vectors (last axis, 2 entries or more) "
-                           "with every entry positive and summing to 1: mix a vector with zeros with a little of the "
-                           "uniform distribution first")
+        raise LeaklabError("the Dirichlet mechanism privatises probability vectors with every entry positive and "
+                           "summing to 1: mix a vector with zeros with a little of the uniform distribution first")
     rows = p.reshape(-1, p.shape[-1])
     return np.stack([rng.dirichlet(k * row) for row in rows]).reshape(p.shape)
 
@@ -84,10 +91,11 @@ def _check_set(p_bar: np.ndarray, values: np.ndarray, alpha: float, beta: float,
         raise LeaklabError(f"the uncertainty set needs alpha >= 0 and beta in [0, 1] (got {alpha!r}, {beta!r})")
 
 
-def robust_expectation(p_bar: Any, values: Any, alpha: float, beta: float, sense: Sense) -> np.ndarray:
-    """min (or max) of p . values over p in eq. 2.2's set around each vector ``p_bar[..., :]``, in closed form:
-    beta * (the extreme value) + (1 - beta) * the fractional knapsack over the box [P-bar - alpha, P-bar + alpha]
-    clipped to [0, 1], intersected with the simplex. Equal to the linear program (P) of Sec. 2.6."""
+def extreme_distribution(p_bar: Any, values: Any, alpha: float, beta: float, sense: Sense) -> np.ndarray:
+    """The distribution in eq. 2.2's set around each vector ``p_bar[..., :]`` that minimises (or maximises)
+    p . values, in closed form: beta on the state of extreme value, plus (1 - beta) times the fractional knapsack
+    over the box [P-bar - alpha, P-bar + alpha] clipped to [0, 1], intersected with the simplex (start at the box's
+    lower ends, pour the remaining mass into states in order of value, each up to its upper end)."""
     p_bar = np.asarray(p_bar, dtype=float)
     v = np.asarray(values, dtype=float)
     _check_set(p_bar, v, alpha, beta, sense)
@@ -96,9 +104,17 @@ def robust_expectation(p_bar: Any, values: Any, alpha: float, beta: float, sense
     room = np.clip(p_bar + alpha, 0.0, 1.0)[..., order] - low
     left = 1.0 - low.sum(axis=-1, keepdims=True)  # >= 0: P-bar itself lies in the box
     before = np.cumsum(room, axis=-1) - room
-    p2 = low + np.clip(left - before, 0.0, room)
-    extreme = v.min() if sense == "min" else v.max()
-    return beta * extreme + (1 - beta) * (p2 @ v[order])
+    p2 = np.empty_like(p_bar)
+    p2[..., order] = low + np.clip(left - before, 0.0, room)
+    p = (1 - beta) * p2
+    p[..., order[0]] += beta
+    return p
+
+
+def robust_expectation(p_bar: Any, values: Any, alpha: float, beta: float, sense: Sense) -> np.ndarray:
+    """min (or max) of p . values over p in eq. 2.2's set around each vector ``p_bar[..., :]``
+    (:func:`extreme_distribution`'s p . values). Equal to the linear program (P) of Sec. 2.6."""
+    return extreme_distribution(p_bar, values, alpha, beta, sense) @ np.asarray(values, dtype=float)
 
 
 def robust_expectation_lp(p_bar: Any, values: Any, alpha: float, beta: float, sense: Sense) -> float:
@@ -129,8 +145,10 @@ def robust_evaluation(mdp: TabularMDP, policy: Any, alpha: float, beta: float, s
     """The pessimistic (``sense`` 'min') or optimistic ('max') value of a deterministic ``policy`` when every
     transition vector of ``mdp`` (the privatised M-bar) may move within eq. 2.2's set, chosen anew at each stage:
     Theorem 2.4's recursion from v_T = R_T for a finite horizon (``[T + 1, S]``), Theorem 2.6's fixed point of the
-    gamma-contraction L1 (Lemma 2.5) for an infinite one (``[S]``), iterated from the policy's value under M-bar
-    until within :data:`FIXED_POINT_TOLERANCE` * max(1, R_max) of the fixed point (Sec. 2.6.2's bound)."""
+    gamma-contraction L1 (Lemma 2.5) for an infinite one (``[S]``), solved exactly rather than by Sec. 2.6.2's
+    iteration (whose step count grows as 1 / (1 - gamma)): the adversary's extreme distributions and the linear
+    system they give alternate until the Bellman residual is below :data:`FIXED_POINT_TOLERANCE` times the
+    values' size."""
     pi = check_policy(mdp, policy)
     rows = np.arange(mdp.n_states)
     if mdp.horizon is not None:
@@ -140,18 +158,18 @@ def robust_evaluation(mdp: TabularMDP, policy: Any, alpha: float, beta: float, s
             inner = robust_expectation(mdp.transitions[rows, pi[t]], values[t + 1], alpha, beta, sense)
             values[t] = mdp.rewards[rows, pi[t]] + mdp.discount * inner
         return values
-    gamma = mdp.discount
-    tolerance = FIXED_POINT_TOLERANCE * max(1.0, float(np.abs(mdp.rewards).max()))
+    # the fixed point of L1 (Lemma 2.5) exactly: the adversary's choice depends on the values only through their
+    # order, so alternate choosing it and solving the linear system it gives (policy iteration for the adversary,
+    # monotone and finite)
     p_pi, r_pi = mdp.transitions[rows, pi], mdp.rewards[rows, pi]
     values = evaluate(mdp, pi)
-    for _ in range(math.ceil(math.log(tolerance * (1 - gamma) / (1 + 2 * np.abs(values).max())) / math.log(gamma))
-                  + 2):
-        updated = r_pi + gamma * robust_expectation(p_pi, values, alpha, beta, sense)
-        change = float(np.abs(updated - values).max())
-        values = updated
-        if gamma / (1 - gamma) * change <= tolerance:
-            break
-    return values
+    for _ in range(MAX_ADVERSARY_STEPS):
+        chosen = extreme_distribution(p_pi, values, alpha, beta, sense)
+        values = np.linalg.solve(np.eye(mdp.n_states) - mdp.discount * chosen, r_pi)
+        residual = r_pi + mdp.discount * robust_expectation(p_pi, values, alpha, beta, sense) - values
+        if np.abs(residual).max() <= FIXED_POINT_TOLERANCE * max(1.0, float(np.abs(values).max())):
+            return values
+    raise LeaklabError(f"the robust evaluation did not settle in {MAX_ADVERSARY_STEPS} steps")  # pragma: no cover
 
 
 @dataclass(frozen=True)
