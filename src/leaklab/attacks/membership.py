@@ -5,6 +5,10 @@
   and Data Independent Membership Inference Attacks and Defenses on Machine Learning Models", NDSS 2019). The
   attacker knows no membership: it trains an attack model on a shadow model's answers (the shadow's own members and
   non-members) and applies it to the target's.
+* :func:`shadow_models`: R. Shokri, M. Stronati, C. Song and V. Shmatikov, "Membership Inference Attacks Against
+  Machine Learning Models", S&P 2017, as seed 003 chapter 3 (Sec. 3.4.1) uses it: shadow models trained like the
+  target on the attacker's own data give (confidence vector, one-hot label, membership) triples, and one binary
+  classifier on the first two is applied to the target's answers.
 * :func:`nsh`: M. Nasr, R. Shokri and A. Houmansadr, "Machine Learning with Membership Privacy using Adversarial
   Regularization", CCS 2018. The attacker knows which of its queries were members and trains on the target's own
   answers, the confidence vector and the class label together.
@@ -29,7 +33,7 @@ from leaklab.errors import LeaklabError
 from leaklab.fields import Seed
 from leaklab.seeds import stream_seed
 
-__all__ = ["AttackTraining", "checked_confidences", "ml_leaks", "nsh"]
+__all__ = ["AttackTraining", "checked_confidences", "ml_leaks", "nsh", "shadow_models"]
 
 ML_LEAKS_TOP = 3  # ML-Leaks' attack model reads the 3 largest posteriors, sorted in descending order
 _BATCHES = "attack-batches"  # the purpose of the stream that orders an attack network's mini-batches
@@ -62,6 +66,28 @@ def ml_leaks(shadow_in: torch.Tensor, shadow_out: torch.Tensor, target_in: torch
     features = [(_top_posteriors(c),) for c in sets]
     net = _fit(lambda: _mlp(ML_LEAKS_TOP, 64, 1), features[0], features[1], training)
     return _accuracy(net, features[2], features[3])
+
+
+def shadow_models(shadow_in: tuple[torch.Tensor, torch.Tensor], shadow_out: tuple[torch.Tensor, torch.Tensor],
+                  target_in: tuple[torch.Tensor, torch.Tensor], target_out: tuple[torch.Tensor, torch.Tensor],
+                  training: AttackTraining = AttackTraining()) -> float:
+    """Shokri et al.'s attack with seed 003's single binary classifier (Sec. 3.4.1, step 3): each argument is a
+    pair (confidences (N, k), labels (N,) int64); ``shadow_in`` / ``shadow_out`` are the shadow models' answers on
+    their members and non-members (all shadows' rows together). The classifier, an MLP on the confidence vector
+    concatenated with the one-hot label (2k -> 64 -> 1, ReLU; the thesis leaves it open), is trained with BCE and
+    Adam on the shadows' rows and returns its accuracy on the target's members and non-members."""
+    _check_training(training)
+    pairs = {"shadow_in": shadow_in, "shadow_out": shadow_out, "target_in": target_in, "target_out": target_out}
+    for name, pair in pairs.items():
+        if not isinstance(pair, (tuple, list)) or len(pair) != 2:
+            got = f"{len(pair)} items" if isinstance(pair, (tuple, list)) else type(pair).__name__
+            raise LeaklabError(f"{name} must be a pair (confidences (N, k), labels (N,)); got {got}")
+    confidences = _confidence_sets({name: pair[0] for name, pair in pairs.items()})
+    k = confidences[0].shape[1]
+    sets = [(torch.cat([c, F.one_hot(_labels(pair[1], c, k, name), k).float()], dim=1),)
+            for c, (name, pair) in zip(confidences, pairs.items())]
+    net = _fit(lambda: _mlp(2 * k, 64, 1), sets[0], sets[1], training)
+    return _accuracy(net, sets[2], sets[3])
 
 
 def nsh(train_in: tuple[torch.Tensor, torch.Tensor], train_out: tuple[torch.Tensor, torch.Tensor],
