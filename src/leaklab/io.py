@@ -86,6 +86,7 @@ DP_DRL_TABLE_FORMAT = "leaklab.dp-drl"
 POLICY_SYNTHESIS_FORMAT = "leaklab.policy-synthesis"
 PRIVATE_PLAN_FORMAT = "leaklab.private-plan"
 DP_ADVISING_FORMAT = "leaklab.dp-advising"
+RNN_MEMBERSHIP_FORMAT = "leaklab.rnn-membership"
 _WRITTEN_BY = {AUDIT_FORMAT: "leaklab audit", REPRODUCTION_FORMAT: "leaklab reproduce room-table1|room-table2",
                BAYES_TABLE2_FORMAT: "leaklab reproduce bayes-table2",
                ROOM_ATTACK_FORMAT: "leaklab attack qgi|rgi", ROOM_CAPTURE_FORMAT: "leaklab env capture",
@@ -97,7 +98,8 @@ _WRITTEN_BY = {AUDIT_FORMAT: "leaklab audit", REPRODUCTION_FORMAT: "leaklab repr
                OPD_TABLE_FORMAT: "leaklab reproduce opd-table", DP_DRL_TABLE_FORMAT: "leaklab reproduce dp-drl",
                POLICY_SYNTHESIS_FORMAT: "leaklab reproduce policy-synthesis",
                PRIVATE_PLAN_FORMAT: "leaklab plan private",
-               DP_ADVISING_FORMAT: "leaklab reproduce dp-advising"}
+               DP_ADVISING_FORMAT: "leaklab reproduce dp-advising",
+               RNN_MEMBERSHIP_FORMAT: "leaklab reproduce rnn-membership"}
 # the commands that write into their --out in place (finished cells, checks) instead of replacing it whole
 _IN_PLACE = frozenset({REPRODUCTION_FORMAT, BAYES_TABLE2_FORMAT, INVERSION_CHECKS_FORMAT})
 

@@ -395,3 +395,31 @@ def reproduce_dp_advising(
                 f", {100 * r['optimal_advice_share']:.0f}% of it the optimal server"
             typer.echo(f"  {experiment.replace('_', ' ')}, {name:>22s}: final ratio {100 * r['final_ratio']:.2f}%, "
                        f"points over no advice: {gains}; advice {r['advice_total']:.0f} per run{good}")
+
+
+@reproduce_app.command("rnn-membership")
+@_guard
+def reproduce_rnn_membership(
+    quick: QuickOpt = False,
+    seed: SeedOpt = 0,
+    out: Annotated[Optional[Path], _run_out("rnn-membership")] = None,
+    pairs: Annotated[Optional[int], typer.Option("--pairs", help="SensitivitySampler pairs n (default 20; the thesis: "
+                                                                 "500)", callback=_checked(
+        "--pairs", lambda v: 1 <= v <= 1000, "a whole number from 1 to 1,000"))] = None,
+) -> None:
+    """Seed 003, chapter 3 (Figs. 3.4, 3.8, Table 3.1) on MNIST: membership inference against an RNN and an FFNN
+    of nearly equal size, and the Gaussian privacy module calibrated by the SensitivitySampler (--quick: digits)."""
+    from leaklab.experiments import rnn_membership
+
+    result = _experiment(rnn_membership, rnn_membership.RnnMembershipConfig, "rnn-membership", quick, seed, out,
+                         **({} if pairs is None else {"sampler_pairs": pairs}))
+    for r in result["vulnerability"]:
+        typer.echo(f"  {r['arch']} after {r['epochs']:>3d} epochs: attack {100 * r['attack_accuracy']:.1f}%, "
+                   f"accuracy {100 * r['train_accuracy']:.1f}% train / {100 * r['test_accuracy']:.1f}% test, "
+                   f"entropy {r['entropy_members']:.3f} members / {r['entropy_non_members']:.3f} non-members")
+    for arch, s in result["sampler"].items():
+        typer.echo(f"  {arch}: empirical sensitivity {s['sensitivity']:.4g} from {s['pairs']} pairs "
+                   f"(confidence gamma {s['gamma']:.3f})")
+    for r in result["defense"]:
+        typer.echo(f"  GPM sigma {r['sigma']:.4g}, {r['arch']}: utility loss {100 * r['utility_loss']:.1f}%, attack "
+                   f"{100 * r['attack_accuracy']:.1f}%, epsilon {r['epsilon']:.3g} at delta {result['delta']:g}")

@@ -1,0 +1,131 @@
+"""Seed 003, chapter 3: the sensitivity bound and sampler (Theorem 3.2, Algorithm 3, Theorem 3.3), the Gaussian
+privacy module (Algorithm 2), Shokri et al.'s shadow-model attack, the RNN classifier, and ``leaklab reproduce
+rnn-membership``."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+from leaklab.attacks.membership import AttackTraining, shadow_models
+from leaklab.defenses.gpm import gaussian_privacy_module, utility_loss
+from leaklab.errors import LeaklabError
+from leaklab.models.vision import MLP, RowLSTM
+from leaklab.privacy.sensitivity import (flat_parameters, random_dp_confidence, sensitivity_sampler,
+                                         smoothed_sgd_sensitivity_bound)
+
+
+def test_random_dp_confidence_is_theorem_3_3():
+    rho, gamma = random_dp_confidence(500)
+    assert rho == pytest.approx(0.007109, abs=1e-6) and gamma == pytest.approx(0.0774, abs=1e-4)  # "gamma < 0.08"
+    assert 0 < rho < 1 and random_dp_confidence(5000)[1] < gamma  # more samples, more confidence
+    with pytest.raises(LeaklabError):
+        random_dp_confidence(0)
+
+
+def test_smoothed_sgd_bound_is_theorem_3_2():
+    assert smoothed_sgd_sensitivity_bound(0.1, 2.0, 3, 11, 1.0) == pytest.approx(2 * (1.2 ** 3 - 1) / (10 * 2.0))
+    # the recursion of eq. 3.20 from d_0 = 0 stays below the closed form
+    d = 0.0
+    for _ in range(50):
+        d = 2 * 0.1 * 1.0 / 11 + (1 + 0.1 * (1 - 1 / 11) * 2.0) * d
+    assert d <= smoothed_sgd_sensitivity_bound(0.1, 2.0, 50, 11, 1.0)
+    assert smoothed_sgd_sensitivity_bound(1.0, 1e3, 10 ** 6, 32, 1.0) == math.inf
+    with pytest.raises(LeaklabError):
+        smoothed_sgd_sensitivity_bound(0.1, 2.0, 3, 1, 1.0)
+
+
+def test_sensitivity_sampler_replaces_the_nth_record():
+    """A_H = the mean of the records: neighbouring datasets differ by (x_{N+1} - x_N) / N, known exactly."""
+    values = torch.arange(100, dtype=torch.float64) ** 1.5
+    seen = []
+
+    def train(records):
+        seen.append(list(records))
+        model = torch.nn.Linear(1, 1, bias=False)
+        with torch.no_grad():
+            model.weight.fill_(float(values[list(records)].mean()))
+        return model
+
+    draws = {0: [3, 9, 4, 20], 1: [50, 7, 8, 99]}
+    estimate = sensitivity_sampler(train, lambda count, i: draws[i][:count], n=2, size=3)
+    assert seen == [[3, 9, 4], [3, 9, 20], [50, 7, 8], [50, 7, 99]]
+    expected = [float(abs(values[20] - values[4]) / 3), float(abs(values[99] - values[8]) / 3)]
+    assert estimate.samples == pytest.approx(expected, rel=1e-6) and estimate.sensitivity == max(estimate.samples)
+    assert estimate.gamma == pytest.approx(random_dp_confidence(2)[1])
+    with pytest.raises(LeaklabError, match="N \\+ 1"):
+        sensitivity_sampler(train, lambda count, i: [1, 2], n=1, size=3)
+
+
+def test_gaussian_privacy_module_perturbs_a_copy_once():
+    model = MLP(10, 1, 8, (0.5,), (0.25,), width=16, depth=1)
+    before = flat_parameters(model).clone()
+    noisy = gaussian_privacy_module(model, 0.3, torch.Generator().manual_seed(1))
+    assert torch.equal(flat_parameters(model), before)  # the trained network is left as it was
+    noise = flat_parameters(noisy) - before
+    assert noise.std().item() == pytest.approx(0.3, rel=0.1) and abs(noise.mean().item()) < 0.03
+    again = gaussian_privacy_module(model, 0.3, torch.Generator().manual_seed(1))
+    assert torch.equal(flat_parameters(again), flat_parameters(noisy))
+    assert torch.equal(flat_parameters(gaussian_privacy_module(model, 0.0, torch.Generator())), before)
+    assert utility_loss(0.9, 1.0) == pytest.approx(0.1)
+    with pytest.raises(LeaklabError):
+        gaussian_privacy_module(model, -1.0, torch.Generator())
+
+
+def test_row_lstm_reads_rows_as_a_sequence():
+    net = RowLSTM(10, 1, 16, (0.5,), (0.25,), hidden=64)
+    assert sum(p.numel() for p in net.parameters()) == 21_642
+    assert sum(p.numel() for p in MLP(10, 1, 16, (0.5,), (0.25,), width=64, depth=2).parameters()) == 21_258
+    x = torch.rand(2, 1, 16, 16)
+    flipped = x.flip(2)  # the order of the rows matters to a recurrent network
+    assert net(x).shape == (2, 10) and not torch.allclose(net(x), net(flipped))
+
+
+def test_shadow_models_attack_separates_confident_members():
+    g = torch.Generator().manual_seed(0)
+
+    def answers(n, confident):
+        labels = torch.randint(0, 4, (n,), generator=g)
+        logits = torch.randn(n, 4, generator=g)
+        logits[torch.arange(n), labels] += 6.0 if confident else 0.5
+        return torch.softmax(logits, 1), labels
+
+    accuracy = shadow_models(answers(200, True), answers(200, False), answers(100, True), answers(100, False),
+                             AttackTraining(epochs=30))
+    assert accuracy > 0.9
+    same = shadow_models(answers(200, True), answers(200, True), answers(100, True), answers(100, True),
+                         AttackTraining(epochs=30))
+    assert 0.35 < same < 0.65  # nothing to tell apart: a guess
+    with pytest.raises(LeaklabError, match="pair"):
+        shadow_models(answers(10, True)[0], answers(10, False), answers(10, True), answers(10, False))
+
+
+def test_reproduce_rnn_membership_quick(tmp_path):
+    from typer.testing import CliRunner
+
+    from leaklab.cli import app
+
+    out = tmp_path / "rnn"
+    result = CliRunner().invoke(app, ["reproduce", "rnn-membership", "--quick", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    data = json.loads((out / "results.json").read_text())
+    for name in ("membership_vs_epochs.png", "gpm_tradeoff.png"):
+        assert (out / name).stat().st_size > 0
+    config = data["config"]
+    assert [(r["arch"], r["epochs"]) for r in data["vulnerability"]] == [
+        (a, e) for a in ("FFNN", "RNN") for e in config["epochs"]]
+    for arch, s in data["sampler"].items():
+        assert len(s["samples"]) == config["sampler_pairs"] and s["sensitivity"] == max(s["samples"]) > 0
+    assert len(data["defense"]) == 2 * len(config["sigma_multiples"])
+    assert all(0 <= r["attack_accuracy"] <= 1 and r["epsilon"] > 0 for r in data["defense"])
+    assert "empirical sensitivity" in result.output
+    again = tmp_path / "again"
+    assert CliRunner().invoke(app, ["reproduce", "rnn-membership", "--quick", "--out", str(again)]).exit_code == 0
+    second = json.loads((again / "results.json").read_text())
+    assert second["vulnerability"] == data["vulnerability"] and second["sampler"] == data["sampler"]
+    bad = CliRunner().invoke(app, ["reproduce", "rnn-membership", "--quick", "--pairs", "0", "--out",
+                                   str(tmp_path / "x")])
+    assert bad.exit_code == 2 and "--pairs" in bad.output and not (tmp_path / "x").exists()
