@@ -119,7 +119,7 @@ def test_reproduce_rnn_membership_quick(tmp_path):
         (a, e) for a in ("FFNN", "RNN") for e in config["epochs"]]
     for arch, s in data["sampler"].items():
         assert len(s["samples"]) == config["sampler_pairs"] and s["sensitivity"] == max(s["samples"]) > 0
-    assert len(data["defense"]) == 2 * len(config["sigma_multiples"])
+    assert len(data["defense"]) == 2 * len(config["sigmas"])
     assert all(0 <= r["attack_accuracy"] <= 1 and r["epsilon"] > 0 for r in data["defense"])
     assert "empirical sensitivity" in result.output
     again = tmp_path / "again"

@@ -16,8 +16,8 @@ non-members (``members`` each), and the attacker's pools A and B (twice as many 
   H_APE (eq. 3.3) on members and non-members.
 * Defense (Fig. 3.8, bottom; Table 3.1): the SensitivitySampler (Algorithm 3) with ``sampler_pairs`` pairs of
   adjacent training sets of ``members`` records drawn from the data, the victim's training algorithm (same
-  initialisation and batch order) to the last epoch count; then the GPM (Algorithm 2) at sigma = a multiple of the
-  larger of the two estimates, with each architecture's utility loss (Definition 3.4, test accuracy), the attack's
+  initialisation and batch order) to the last epoch count; then the GPM (Algorithm 2) at each of ``sigmas`` (the
+  same for both networks), with each architecture's utility loss (Definition 3.4, test accuracy), the attack's
   accuracy (its shadows perturbed the same way: the attacker knows the mechanism) and the epsilon of (eps, delta)
   random DP (Theorem 3.3) at ``delta`` with the architecture's own estimate and the sampler's confidence gamma.
 
@@ -74,12 +74,13 @@ class RnnMembershipConfig(BaseModel):
     lr_rnn: float = Field(default=1e-2, gt=0, description="Adam (the thesis, image task)")
     batch_size: int = Field(default=64, ge=1, le=4096)
     sampler_pairs: int = Field(default=20, ge=1, le=1000, description="Algorithm 3's n (the thesis: 500)")
-    sigma_multiples: list[float] = Field(default_factory=lambda: [0.5, 1, 2, 4, 8, 16, 32], min_length=1)
+    sigmas: list[float] = Field(default_factory=lambda: [0.001, 0.003, 0.01, 0.03, 0.1, 0.3, 1.0], min_length=1,
+                                description="the GPM's noise scales (the same for both networks)")
     delta: float = Field(default=1e-5, gt=0, lt=1)
     attack: AttackTraining = AttackTraining(epochs=60)
     seed: Seed = 0
 
-    @field_validator("epochs", "sigma_multiples")
+    @field_validator("epochs", "sigmas")
     @classmethod
     def _positive_distinct(cls, v: list) -> list:
         if any(x <= 0 for x in v) or len(set(v)) != len(v):
@@ -89,7 +90,7 @@ class RnnMembershipConfig(BaseModel):
     @classmethod
     def quick(cls, seed: int = 0) -> "RnnMembershipConfig":
         return cls(dataset="digits", image_size=8, members=60, shadows=2, epochs=[1, 3], sampler_pairs=2,
-                   sigma_multiples=[1, 8], attack=AttackTraining(epochs=5, seed=seed), seed=seed)
+                   sigmas=[0.01, 1.0], attack=AttackTraining(epochs=5, seed=seed), seed=seed)
 
 
 def build(arch: str, data, seed: int) -> torch.nn.Module:
@@ -207,19 +208,17 @@ def run(out: Path, config: RnnMembershipConfig | None = None, quick: bool = Fals
             config.sampler_pairs, config.members, progress=lambda i, n: (tick(), tick()))
         sampler[arch] = {"sensitivity": estimate.sensitivity, "samples": list(estimate.samples),
                          "gamma": estimate.gamma, "pairs": config.sampler_pairs}
-    largest = max(s["sensitivity"] for s in sampler.values())
     defense = []
-    for multiple in config.sigma_multiples:
-        sigma = multiple * largest
+    for sigma in config.sigmas:
         for arch in ARCHS:
             victim, shadows = final[arch]
-            noise = torch.Generator().manual_seed(seeds.stream_seed(config.seed, arch, "gpm", multiple))
+            noise = torch.Generator().manual_seed(seeds.stream_seed(config.seed, arch, "gpm", sigma))
             noisy = gaussian_privacy_module(victim, sigma, noise)
             noisy_shadows = [gaussian_privacy_module(s, sigma, noise) for s in shadows]
             test = split["victim_out"]
             clean_acc = float((confidences(victim, data.images[test]).argmax(1) == data.labels[test]).float().mean())
             noisy_acc = float((confidences(noisy, data.images[test]).argmax(1) == data.labels[test]).float().mean())
-            defense.append({"arch": arch, "sigma": sigma, "sigma_multiple": multiple, "test_accuracy": noisy_acc,
+            defense.append({"arch": arch, "sigma": sigma, "test_accuracy": noisy_acc,
                             "utility_loss": utility_loss(noisy_acc, clean_acc),
                             "attack_accuracy": _attack(noisy, noisy_shadows, shadow_sets, split, data, config.attack),
                             "epsilon": analytic_gaussian_epsilon(sigma, config.delta, sampler[arch]["sensitivity"])
