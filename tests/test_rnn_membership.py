@@ -129,3 +129,24 @@ def test_reproduce_rnn_membership_quick(tmp_path):
     bad = CliRunner().invoke(app, ["reproduce", "rnn-membership", "--quick", "--pairs", "0", "--out",
                                    str(tmp_path / "x")])
     assert bad.exit_code == 2 and "--pairs" in bad.output and not (tmp_path / "x").exists()
+
+
+def test_config_seeds_the_attack_and_refuses_one_pair():
+    from leaklab.experiments.rnn_membership import RnnMembershipConfig
+
+    assert RnnMembershipConfig(seed=7).attack.seed == 7 and RnnMembershipConfig.quick(7).attack.seed == 7
+    assert RnnMembershipConfig(seed=7, attack=AttackTraining(seed=3)).attack.seed == 3
+    with pytest.raises(ValueError):
+        RnnMembershipConfig(sampler_pairs=1)
+    assert random_dp_confidence(1)[1] > 1  # one pair: no guarantee
+    with pytest.raises(LeaklabError):
+        smoothed_sgd_sensitivity_bound(math.inf, 1.0, 0, 2, 1.0)
+
+
+def test_out_under_a_file_is_refused_before_the_work(tmp_path):
+    from leaklab.io import check_out
+
+    (tmp_path / "afile").write_text("x")
+    with pytest.raises(LeaklabError, match="not a folder"):
+        check_out(tmp_path / "afile" / "sub" / "out", "leaklab.rnn-membership")
+    assert check_out(tmp_path / "new" / "out", "leaklab.rnn-membership") == tmp_path / "new" / "out"

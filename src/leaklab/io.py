@@ -390,6 +390,11 @@ def check_out(out: Path, writes: str, inputs: Sequence[Path] = ()) -> Path:
             raise LeaklabError(f"--out {out} is inside the input {given}, which a new run writing there (a capture "
                                "again, say) would replace with all it holds; choose a folder outside it")
     if not out.exists():
+        ancestor = out.absolute().parent
+        while not ancestor.exists() and not ancestor.is_symlink():
+            ancestor = ancestor.parent
+        if not ancestor.is_dir():  # found now, not after the run's work
+            raise LeaklabError(f"--out {out}: {ancestor} is not a folder; choose a folder leaklab can create")
         return out
     if not out.is_dir():
         raise LeaklabError(f"--out {out} is a file; choose a new folder (leaklab replaces only its own earlier output)")

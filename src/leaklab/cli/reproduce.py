@@ -388,6 +388,10 @@ def reproduce_dp_advising(
                          **({} if runs is None else {"runs": runs}))
     for experiment, rows in result["experiments"].items():
         for name, r in rows.items():
+            if r["strategy"] == "none":
+                typer.echo(f"  {experiment.replace('_', ' ')}, {name:>22s}: final ratio {100 * r['final_ratio']:.2f}%, "
+                           f"92% first reached at epoch {r['epoch_reaching_plateau']}")
+                continue
             gains = ", ".join(f"{k} {100 * v:+.2f}" + ("" if r["gain_standard_error"][k] is None else
                                                        f" ± {100 * r['gain_standard_error'][k]:.2f}")
                               for k, v in r["gain_over_no_advice"].items())
@@ -405,7 +409,7 @@ def reproduce_rnn_membership(
     out: Annotated[Optional[Path], _run_out("rnn-membership")] = None,
     pairs: Annotated[Optional[int], typer.Option("--pairs", help="SensitivitySampler pairs n (default 20; the thesis: "
                                                                  "500)", callback=_checked(
-        "--pairs", lambda v: 1 <= v <= 1000, "a whole number from 1 to 1,000"))] = None,
+        "--pairs", lambda v: 2 <= v <= 1000, "a whole number from 2 to 1,000 (1 pair guarantees nothing)"))] = None,
 ) -> None:
     """Seed 003, chapter 3 (Figs. 3.4, 3.8, Table 3.1) on MNIST: membership inference against an RNN and an FFNN
     of nearly equal size, and the Gaussian privacy module calibrated by the SensitivitySampler (--quick: digits)."""
@@ -418,8 +422,8 @@ def reproduce_rnn_membership(
                    f"accuracy {100 * r['train_accuracy']:.1f}% train / {100 * r['test_accuracy']:.1f}% test, "
                    f"entropy {r['entropy_members']:.3f} members / {r['entropy_non_members']:.3f} non-members")
     for arch, s in result["sampler"].items():
-        typer.echo(f"  {arch}: empirical sensitivity {s['sensitivity']:.4g} from {s['pairs']} pairs "
-                   f"(confidence gamma {s['gamma']:.3f})")
+        typer.echo(f"  {arch}: empirical sensitivity {s['sensitivity']:.4g} from {s['pairs']} pairs (random DP "
+                   f"holds with probability 1 - gamma = {1 - s['gamma']:.3f})")
     for r in result["defense"]:
         typer.echo(f"  GPM sigma {r['sigma']:.4g}, {r['arch']}: utility loss {100 * r['utility_loss']:.1f}%, attack "
                    f"{100 * r['attack_accuracy']:.1f}%, epsilon {r['epsilon']:.3g} at delta {result['delta']:g}")

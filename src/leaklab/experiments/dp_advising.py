@@ -125,14 +125,16 @@ def run(out: Path, config: DpAdvisingConfig | None = None, quick: bool = False,
                 progress("strategies", done, total)
         for name, row in rows.items():  # run r of each strategy shares run r's reward table: paired differences
             gain = ratios[name] - ratios["no advice"]
-            windows = {f"epochs {a}-{b}": gain[:, a:b + 1].mean(axis=1) for a, b in WINDOWS if a <= config.epochs}
+            windows = {f"epochs {a}-{min(b, config.epochs)}": gain[:, a:b + 1].mean(axis=1)
+                       for a, b in WINDOWS if a <= config.epochs}
             row["gain_over_no_advice"] = {k: float(v.mean()) for k, v in windows.items()}
             row["gain_standard_error"] = {k: float(v.std(ddof=1) / np.sqrt(len(v))) if len(v) > 1 else None
                                           for k, v in windows.items()}
         experiments[experiment] = rows
     with atomic_dir(out, DP_ADVISING_FORMAT) as tmp:
         results = {"format": DP_ADVISING_FORMAT, "format_version": 1, "quick": quick,
-                   "config": config.model_dump(mode="json"), "plateau": PLATEAU, "experiments": experiments,
+                   "config": config.model_dump(mode="json", exclude={"learner": {"strategy", "epochs"}}),
+                   "plateau": PLATEAU, "experiments": experiments,
                    "published": PUBLISHED, "seconds": time.perf_counter() - start}
         write_json(tmp / RESULTS_FILE, results)
         _plot(tmp / FIGURE_FILE, experiments)

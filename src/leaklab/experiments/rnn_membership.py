@@ -34,7 +34,7 @@ from typing import Literal
 
 import numpy as np
 import torch
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from leaklab import seeds
 from leaklab.attacks.membership import AttackTraining, shadow_models
@@ -73,7 +73,8 @@ class RnnMembershipConfig(BaseModel):
     lr_ffnn: float = Field(default=1e-3, gt=0, description="Adam (the thesis, image task)")
     lr_rnn: float = Field(default=1e-2, gt=0, description="Adam (the thesis, image task)")
     batch_size: int = Field(default=64, ge=1, le=4096)
-    sampler_pairs: int = Field(default=20, ge=1, le=1000, description="Algorithm 3's n (the thesis: 500)")
+    sampler_pairs: int = Field(default=20, ge=2, le=1000, description="Algorithm 3's n (the thesis: 500; 1 gives "
+                                                                      "a confidence gamma above 1, no guarantee)")
     sigmas: list[float] = Field(default_factory=lambda: [0.001, 0.003, 0.01, 0.03, 0.1, 0.3, 1.0], min_length=1,
                                 description="the GPM's noise scales (the same for both networks)")
     delta: float = Field(default=1e-5, gt=0, lt=1)
@@ -86,6 +87,13 @@ class RnnMembershipConfig(BaseModel):
         if any(x <= 0 for x in v) or len(set(v)) != len(v):
             raise ValueError("values are distinct and positive")
         return sorted(v)
+
+    @model_validator(mode="after")
+    def _one_seed(self) -> "RnnMembershipConfig":
+        """The attack networks draw from the run's seed unless their own training is given."""
+        if "attack" not in self.model_fields_set:
+            self.attack = self.attack.model_copy(update={"seed": self.seed})
+        return self
 
     @classmethod
     def quick(cls, seed: int = 0) -> "RnnMembershipConfig":

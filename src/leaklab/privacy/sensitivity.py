@@ -30,7 +30,7 @@ __all__ = ["SensitivityEstimate", "flat_parameters", "random_dp_confidence", "se
 
 def smoothed_sgd_sensitivity_bound(lr: float, beta: float, steps: int, batch_size: int, clip: float) -> float:
     """Theorem 3.2: 2 ((1 + lr beta)^steps - 1) / ((batch_size - 1) beta) clip (eq. 3.10)."""
-    if not (lr > 0 and beta > 0 and clip > 0 and isinstance(steps, int) and steps >= 0
+    if not (all(math.isfinite(x) and x > 0 for x in (lr, beta, clip)) and isinstance(steps, int) and steps >= 0
             and isinstance(batch_size, int) and batch_size >= 2):
         raise LeaklabError("the bound needs lr, beta and clip > 0, steps >= 0 and a minibatch of 2 or more")
     try:
@@ -41,7 +41,8 @@ def smoothed_sgd_sensitivity_bound(lr: float, beta: float, steps: int, batch_siz
 
 
 def random_dp_confidence(n: int) -> tuple[float, float]:
-    """Theorem 3.3 (eq. 3.23): (rho, gamma) for a sensitivity estimated from ``n`` samples."""
+    """Theorem 3.3 (eq. 3.23): (rho, gamma) for a sensitivity estimated from ``n`` samples; the random-DP
+    guarantee holds with probability 1 - gamma over the datasets, so it says nothing for n = 1 (gamma 1.07)."""
     if not (isinstance(n, int) and not isinstance(n, bool) and n >= 1):
         raise LeaklabError(f"the sampler's sample count is a whole number of at least 1 (got {n!r})")
     rho = math.exp(0.5 * special.lambertw(-1 / (4 * n), k=-1).real)

@@ -1,0 +1,212 @@
+"""Training a team of Q-learning agents on cooperative navigation (:mod:`leaklab.rl.envs.cooperative_navigation`)
+with independent learners (IQL, the thesis' baseline), centralised VDN, PE-VDN (:mod:`leaklab.rl.marl.pe_vdn`:
+the team TD error through a secure sum, each agent updating only its own network), or PE-VDN with DP-SGD on every
+agent's parameters: seed 003 (Gohari, thesis 2023), chapter 4, Secs. 4.3-4.4.
+
+Every agent has its own Q network (an MLP on its observation; the thesis' agents add a GRU for SMAC's partial
+observations), target network (copied every ``target_sync`` updates) and optimizer. The transitions of
+``envs`` parallel episodes go into one FIFO replay buffer whose rows are aligned across agents (one team reward),
+one update per environment step. Without DP: Adam at 5e-4 (the thesis) on uniform minibatches. With DP (Sec. 4.4):
+each agent's network takes opacus' per-sample clipping and Gaussian noise (:mod:`leaklab.privacy.dpsgd`), SGD
+at lr 1e-3 with momentum 0.9 and weight decay 0.01 (the thesis), the minibatch a Poisson sample of the buffer at
+rate batch / buffer with the same indices for every agent (one shared draw), and training starts once the buffer is
+full. The epsilon is Theorem 4.2's: a transition stays in the buffer for buffer / envs updates, so the run is
+(eps(ceil(buffer / envs)), delta)-DP for one transition whatever its length
+(:func:`leaklab.privacy.accounting.replay_buffer_epsilon`; the theorem takes one insertion per step, here ``envs``).
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Literal
+
+import numpy as np
+import torch
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+from torch import nn
+
+from leaklab import seeds
+from leaklab.fields import Seed
+from leaklab.privacy.accounting import replay_buffer_epsilon
+from leaklab.privacy.dpsgd import DPConfig
+from leaklab.rl.agents.private import make_private_agent
+from leaklab.rl.envs.cooperative_navigation import MOVES, NavigationBatch, observation_size
+from leaklab.rl.marl.pe_vdn import pe_vdn_losses, vdn_loss
+
+__all__ = ["TeamConfig", "TeamRun", "train_team"]
+
+Method = Literal["iql", "vdn", "pe-vdn"]
+
+
+class TeamConfig(BaseModel):
+    """One team's training; the thesis' settings where it gives them, leaklab's choices otherwise."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+    method: Method = "pe-vdn"
+    agents: int = Field(default=3, ge=2, le=8)
+    size: int = Field(default=5, ge=3, le=20)
+    horizon: int = Field(default=8, ge=1, le=100)
+    envs: int = Field(default=16, ge=1, le=1024, description="parallel episodes")
+    env_steps: int = Field(default=4000, ge=1, le=10_000_000, description="steps of every parallel episode batch")
+    buffer: int = Field(default=8000, ge=2, le=1_000_000, description="FIFO replay buffer, transitions")
+    batch: int = Field(default=64, ge=1, le=65_536)
+    hidden: int = Field(default=64, ge=1, le=4096)
+    lr: float = Field(default=5e-4, gt=0, description="Adam without DP (the thesis)")
+    gamma: float = Field(default=0.95, gt=0, le=1)
+    target_sync: int = Field(default=200, ge=1)
+    explore: float = Field(default=0.4, gt=0, le=1, description="share of the steps over which epsilon-greedy "
+                                                                "decays from 1 to 0.05")
+    eval_every: int = Field(default=250, ge=1, description="environment steps between greedy evaluations")
+    eval_episodes: int = Field(default=200, ge=1, le=100_000)
+    privacy: DPConfig | None = None
+    dp_lr: float = Field(default=1e-3, gt=0, description="SGD with DP (the thesis)")
+    seed: Seed = 0
+
+    @model_validator(mode="after")
+    def _sizes(self) -> "TeamConfig":
+        if self.batch > self.buffer:
+            raise ValueError("the minibatch is at most the buffer")
+        if self.privacy is not None and self.method != "pe-vdn":
+            raise ValueError("DP-SGD is for PE-VDN (each agent trains its own network)")
+        if 2 * self.agents > self.size ** 2:
+            raise ValueError("the grid has no room for every agent and landmark")
+        return self
+
+
+@dataclass
+class TeamRun:
+    """Greedy evaluations every ``eval_every`` steps (``eval_steps``, ``win_rate``, ``returns``), the updates made,
+    the seconds, and the privacy spent (None without DP)."""
+
+    eval_steps: list[int] = field(default_factory=list)
+    win_rate: list[float] = field(default_factory=list)
+    returns: list[float] = field(default_factory=list)
+    updates: int = 0
+    seconds: float = 0.0
+    privacy: dict | None = None
+
+
+def _net(config: TeamConfig) -> nn.Module:
+    return nn.Sequential(nn.Linear(observation_size(config.agents), config.hidden), nn.ReLU(),
+                         nn.Linear(config.hidden, config.hidden), nn.ReLU(), nn.Linear(config.hidden, len(MOVES)))
+
+
+@torch.no_grad()
+def _greedy(nets: list[nn.Module], obs: np.ndarray) -> np.ndarray:
+    x = torch.from_numpy(obs)
+    return np.stack([net(x[:, i]).argmax(1).numpy() for i, net in enumerate(nets)], axis=1)
+
+
+def evaluate(nets: list[nn.Module], config: TeamConfig, rng: np.random.Generator) -> tuple[float, float]:
+    """Greedy play of ``eval_episodes`` fresh episodes: the share won and the mean return."""
+    batch = NavigationBatch(config.eval_episodes, config.agents, config.size, config.horizon)
+    obs, total, done = batch.reset(rng), np.zeros(config.eval_episodes), False
+    while not done:
+        obs, reward, done, won = batch.step(_greedy(nets, obs))
+        total += reward
+    return float(won.mean()), float(total.mean())
+
+
+def train_team(config: TeamConfig, progress: Callable[[int, int], None] | None = None) -> tuple[TeamRun, list]:
+    """Train the team; returns the run's record and the agents' networks."""
+    start = time.perf_counter()
+    rng = np.random.default_rng(seeds.stream_seed(config.seed, "team", "environment"))
+    eval_rng_seed = seeds.stream_seed(config.seed, "team", "evaluation")
+    sum_rng = np.random.default_rng(seeds.stream_seed(config.seed, "team", "secret-shares"))
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seeds.stream_seed(config.seed, "team", "networks"))
+        nets = [_net(config) for _ in range(config.agents)]
+    targets = [copy.deepcopy(n).eval() for n in nets]
+    private, models, optimizers = [], nets, None
+    if config.privacy is not None:
+        q = config.batch / config.buffer
+        for i, net in enumerate(nets):
+            sgd = torch.optim.SGD(net.parameters(), lr=config.dp_lr, momentum=0.9, weight_decay=0.01)
+            private.append(make_private_agent(net, sgd, config.privacy, sample_rate=q, expected_batch_size=config.batch,
+                                              steps=math.ceil(config.buffer / config.envs),
+                                              seed=seeds.stream_seed(config.seed, "team", "dp-noise", i)))
+        models = [p.model for p in private]
+    else:
+        optimizers = [torch.optim.Adam(n.parameters(), lr=config.lr) for n in nets]
+    obs_size = observation_size(config.agents)
+    buf = {"obs": np.zeros((config.buffer, config.agents, obs_size), np.float32),
+           "next": np.zeros((config.buffer, config.agents, obs_size), np.float32),
+           "action": np.zeros((config.buffer, config.agents), np.int64),
+           "reward": np.zeros(config.buffer, np.float32), "done": np.zeros(config.buffer, np.float32)}
+    stored, cursor = 0, 0
+    env = NavigationBatch(config.envs, config.agents, config.size, config.horizon)
+    obs = env.reset(rng)
+    run = TeamRun()
+    for step in range(1, config.env_steps + 1):
+        explore = max(0.05, 1 - 0.95 * step / (config.explore * config.env_steps))
+        actions = _greedy(nets, obs)
+        random = rng.random(actions.shape) < explore
+        actions[random] = rng.integers(0, len(MOVES), random.sum())
+        nxt, reward, done, _ = env.step(actions)
+        rows = (cursor + np.arange(config.envs)) % config.buffer
+        buf["obs"][rows], buf["next"][rows], buf["action"][rows] = obs, nxt, actions
+        buf["reward"][rows], buf["done"][rows] = reward, float(done)
+        cursor, stored = (cursor + config.envs) % config.buffer, min(config.buffer, stored + config.envs)
+        obs = env.reset(rng) if done else nxt
+        ready = stored == config.buffer if private else stored >= config.batch
+        if ready:
+            if private:
+                picked = np.flatnonzero(rng.random(stored) < config.batch / config.buffer)
+            else:
+                picked = rng.choice(stored, config.batch, replace=False)
+            _update(models, targets, optimizers, private, {k: torch.from_numpy(v[picked]) for k, v in buf.items()},
+                    config, sum_rng)
+            run.updates += 1
+            if run.updates % config.target_sync == 0:
+                for net, target in zip(nets, targets):
+                    target.load_state_dict(net.state_dict())
+        if step % config.eval_every == 0 or step == config.env_steps:
+            win, ret = evaluate(nets, config, np.random.default_rng(eval_rng_seed))
+            run.eval_steps.append(step)
+            run.win_rate.append(win)
+            run.returns.append(ret)
+        if progress is not None:
+            progress(step, config.env_steps)
+    if private:
+        for p in private:
+            p.model.remove_hooks()
+        c = config.privacy
+        sigma = private[0].noise_multiplier
+        windows = math.ceil(config.buffer / config.envs)
+        run.privacy = {"epsilon": replay_buffer_epsilon(config.batch / config.buffer, sigma, windows, c.delta,
+                                                        c.accountant),
+                       "delta": c.delta, "noise_multiplier": sigma, "clip": c.clip,
+                       "sample_rate": config.batch / config.buffer, "accounted_steps": windows,
+                       "updates": run.updates, "accountant": c.accountant}
+    run.seconds = time.perf_counter() - start
+    return run, nets
+
+
+def _update(models: list[nn.Module], targets: list[nn.Module], optimizers: list | None, private: list,
+            batch: dict[str, torch.Tensor], config: TeamConfig, sum_rng: np.random.Generator) -> None:
+    obs, nxt, actions = batch["obs"], batch["next"], batch["action"]
+    chosen = [m(obs[:, i]).gather(1, actions[:, i:i + 1]).squeeze(1) for i, m in enumerate(models)]
+    with torch.no_grad():
+        target_max = [t(nxt[:, i]).max(1).values for i, t in enumerate(targets)]
+    reward, done = batch["reward"], batch["done"]
+    if config.method == "iql":
+        losses = [((q - (reward + config.gamma * (1 - done) * t)) ** 2).mean() for q, t in zip(chosen, target_max)]
+    elif config.method == "vdn":
+        losses = [vdn_loss(chosen, target_max, reward, done, config.gamma)]
+    else:
+        losses, _ = pe_vdn_losses(chosen, target_max, reward, done, config.gamma, sum_rng)
+    if private:
+        for agent, loss in zip(private, losses):
+            agent.step(loss)
+        return
+    for opt in optimizers:
+        opt.zero_grad(set_to_none=True)
+    for loss in losses:
+        loss.backward()
+    for opt in optimizers:
+        opt.step()
