@@ -99,3 +99,30 @@ def test_cooperative_navigation():
     assert (batch.positions[:, 0] == 0).all() and (batch.positions[:, 1] == [0, 0]).all() and moved[1].max() < 0
     with pytest.raises(LeaklabError):
         NavigationBatch(1, agents=5, size=3)
+
+
+def test_reproduce_pe_marl_quick(tmp_path):
+    import json
+
+    from typer.testing import CliRunner
+
+    from leaklab.cli import app
+
+    out = tmp_path / "marl"
+    result = CliRunner().invoke(app, ["reproduce", "pe-marl", "--quick", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    data = json.loads((out / "results.json").read_text())
+    assert (out / "learning_curves.png").stat().st_size > 0
+    assert list(data["methods"]) == ["iql", "vdn", "pe-vdn", "dp-pe-vdn"]
+    dp = data["methods"]["dp-pe-vdn"]["privacy"]
+    assert dp["epsilon"] <= data["config"]["epsilon"] + 1e-6 and dp["delta"] == pytest.approx(80 ** -1.1)
+    assert all(r["privacy"] is None for m, r in data["methods"].items() if m != "dp-pe-vdn")
+    assert "win rate" in result.output
+    again = tmp_path / "again"
+    assert CliRunner().invoke(app, ["reproduce", "pe-marl", "--quick", "--out", str(again)]).exit_code == 0
+    def timeless(methods):
+        return {m: {k: v for k, v in r.items() if k != "seconds_per_run"} for m, r in methods.items()}
+
+    assert timeless(json.loads((again / "results.json").read_text())["methods"]) == timeless(data["methods"])
+    bad = CliRunner().invoke(app, ["reproduce", "pe-marl", "--quick", "--runs", "0", "--out", str(tmp_path / "x")])
+    assert bad.exit_code == 2 and "--runs" in bad.output and not (tmp_path / "x").exists()

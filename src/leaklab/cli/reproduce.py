@@ -427,3 +427,30 @@ def reproduce_rnn_membership(
     for r in result["defense"]:
         typer.echo(f"  GPM sigma {r['sigma']:.4g}, {r['arch']}: utility loss {100 * r['utility_loss']:.1f}%, attack "
                    f"{100 * r['attack_accuracy']:.1f}%, epsilon {r['epsilon']:.3g} at delta {result['delta']:g}")
+
+
+@reproduce_app.command("pe-marl")
+@_guard
+def reproduce_pe_marl(
+    quick: QuickOpt = False,
+    seed: SeedOpt = 0,
+    out: Annotated[Optional[Path], _run_out("pe-marl")] = None,
+    runs: Annotated[Optional[int], typer.Option("--runs", help="training runs per method (default 5)", callback=_checked(
+        "--runs", lambda v: 1 <= v <= 1000, "a whole number from 1 to 1,000"))] = None,
+    epsilon: Annotated[Optional[float], typer.Option("--epsilon", help="the DP runs' target epsilon (default 2.90, "
+                                                                       "the thesis')", callback=_checked(
+        "--epsilon", lambda v: 0 < v <= 100, "a number in (0, 100]"))] = None,
+) -> None:
+    """Seed 003, chapter 4 (Figs. 4.12-4.16): IQL, VDN, PE-VDN (secret-shared team TD error) and PE-VDN with DP-SGD
+    (Theorem 4.2) on cooperative navigation (--quick: a few steps)."""
+    from leaklab.experiments import pe_marl
+
+    fields = {**({} if runs is None else {"runs": runs}), **({} if epsilon is None else {"epsilon": epsilon})}
+    result = _experiment(pe_marl, pe_marl.PeMarlConfig, "pe-marl", quick, seed, out, **fields)
+    for method, r in result["methods"].items():
+        dp = "" if r["privacy"] is None else \
+            f"; ({r['privacy']['epsilon']:.2f}, {r['privacy']['delta']:.2g})-DP, noise multiplier " \
+            f"{r['privacy']['noise_multiplier']:.3g}"
+        typer.echo(f"  {method:>9s}: final win rate {100 * r['final_win_rate']:.1f}% ± "
+                   f"{100 * r['final_win_rate_std']:.1f} (best {100 * r['best_win_rate']:.1f}%), return "
+                   f"{r['final_return']:.3f}, {r['seconds_per_run']:.1f} s per run{dp}")

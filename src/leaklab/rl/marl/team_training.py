@@ -7,8 +7,10 @@ Every agent has its own Q network (an MLP on its observation; the thesis' agents
 observations), target network (copied every ``target_sync`` updates) and optimizer. The transitions of
 ``envs`` parallel episodes go into one FIFO replay buffer whose rows are aligned across agents (one team reward),
 one update per environment step. Without DP: Adam at 5e-4 (the thesis) on uniform minibatches. With DP (Sec. 4.4):
-each agent's network takes opacus' per-sample clipping and Gaussian noise (:mod:`leaklab.privacy.dpsgd`), SGD
-at lr 1e-3 with momentum 0.9 and weight decay 0.01 (the thesis), the minibatch a Poisson sample of the buffer at
+each agent's network takes opacus' per-sample clipping and Gaussian noise (:mod:`leaklab.privacy.dpsgd`), then
+Adam on the noisy gradients (post-processing; the thesis' SGD at lr 1e-3 with momentum 0.9 and weight decay 0.01,
+``dp_optimizer="sgd"``, did not learn this task in 4,000 steps even without noise: measured, win rate under 2%
+against Adam's 90%+), the minibatch a Poisson sample of the buffer at
 rate batch / buffer with the same indices for every agent (one shared draw), and training starts once the buffer is
 full. The epsilon is Theorem 4.2's: a transition stays in the buffer for buffer / envs updates, so the run is
 (eps(ceil(buffer / envs)), delta)-DP for one transition whatever its length
@@ -64,6 +66,9 @@ class TeamConfig(BaseModel):
     eval_every: int = Field(default=250, ge=1, description="environment steps between greedy evaluations")
     eval_episodes: int = Field(default=200, ge=1, le=100_000)
     privacy: DPConfig | None = None
+    dp_optimizer: Literal["adam", "sgd"] = Field(
+        default="adam", description="with DP: Adam at lr (the noisy gradients post-processed), or the thesis' SGD at "
+                                    "dp_lr with momentum 0.9 and weight decay 0.01 (it did not learn this task)")
     dp_lr: float = Field(default=1e-3, gt=0, description="SGD with DP (the thesis)")
     seed: Seed = 0
 
@@ -126,8 +131,9 @@ def train_team(config: TeamConfig, progress: Callable[[int, int], None] | None =
     if config.privacy is not None:
         q = config.batch / config.buffer
         for i, net in enumerate(nets):
-            sgd = torch.optim.SGD(net.parameters(), lr=config.dp_lr, momentum=0.9, weight_decay=0.01)
-            private.append(make_private_agent(net, sgd, config.privacy, sample_rate=q, expected_batch_size=config.batch,
+            optimizer = torch.optim.Adam(net.parameters(), lr=config.lr) if config.dp_optimizer == "adam" else \
+                torch.optim.SGD(net.parameters(), lr=config.dp_lr, momentum=0.9, weight_decay=0.01)
+            private.append(make_private_agent(net, optimizer, config.privacy, sample_rate=q, expected_batch_size=config.batch,
                                               steps=math.ceil(config.buffer / config.envs),
                                               seed=seeds.stream_seed(config.seed, "team", "dp-noise", i)))
         models = [p.model for p in private]
@@ -178,8 +184,8 @@ def train_team(config: TeamConfig, progress: Callable[[int, int], None] | None =
         c = config.privacy
         sigma = private[0].noise_multiplier
         windows = math.ceil(config.buffer / config.envs)
-        run.privacy = {"epsilon": replay_buffer_epsilon(config.batch / config.buffer, sigma, windows, c.delta,
-                                                        c.accountant),
+        run.privacy = {"epsilon": math.inf if sigma == 0 else replay_buffer_epsilon(
+                           config.batch / config.buffer, sigma, windows, c.delta, c.accountant),
                        "delta": c.delta, "noise_multiplier": sigma, "clip": c.clip,
                        "sample_rate": config.batch / config.buffer, "accounted_steps": windows,
                        "updates": run.updates, "accountant": c.accountant}
