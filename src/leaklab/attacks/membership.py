@@ -77,15 +77,9 @@ def shadow_models(shadow_in: tuple[torch.Tensor, torch.Tensor], shadow_out: tupl
     concatenated with the one-hot label (2k -> 64 -> 1, ReLU; the thesis leaves it open), is trained with BCE and
     Adam on the shadows' rows and returns its accuracy on the target's members and non-members."""
     _check_training(training)
-    pairs = {"shadow_in": shadow_in, "shadow_out": shadow_out, "target_in": target_in, "target_out": target_out}
-    for name, pair in pairs.items():
-        if not isinstance(pair, (tuple, list)) or len(pair) != 2:
-            got = f"{len(pair)} items" if isinstance(pair, (tuple, list)) else type(pair).__name__
-            raise LeaklabError(f"{name} must be a pair (confidences (N, k), labels (N,)); got {got}")
-    confidences = _confidence_sets({name: pair[0] for name, pair in pairs.items()})
-    k = confidences[0].shape[1]
-    sets = [(torch.cat([c, F.one_hot(_labels(pair[1], c, k, name), k).float()], dim=1),)
-            for c, (name, pair) in zip(confidences, pairs.items())]
+    k, labelled = _labelled_sets({"shadow_in": shadow_in, "shadow_out": shadow_out, "target_in": target_in,
+                                  "target_out": target_out})
+    sets = [(torch.cat([c, one_hot], dim=1),) for c, one_hot in labelled]
     net = _fit(lambda: _mlp(2 * k, 64, 1), sets[0], sets[1], training)
     return _accuracy(net, sets[2], sets[3])
 
@@ -101,17 +95,22 @@ def nsh(train_in: tuple[torch.Tensor, torch.Tensor], train_out: tuple[torch.Tens
     64 + 64 = 128 being the input). Trained end to end with BCE and Adam on train_in (1) / train_out (0); returns
     the accuracy on test_in / test_out."""
     _check_training(training)
-    pairs = {"train_in": train_in, "train_out": train_out, "test_in": test_in, "test_out": test_out}
+    k, sets = _labelled_sets({"train_in": train_in, "train_out": train_out, "test_in": test_in, "test_out": test_out})
+    net = _fit(lambda: _NshNet(k), sets[0], sets[1], training)
+    return _accuracy(net, sets[2], sets[3])
+
+
+def _labelled_sets(pairs: dict[str, object]) -> tuple[int, list[tuple[torch.Tensor, torch.Tensor]]]:
+    """The named (confidences, labels) pairs checked: the class count k and, per pair, the confidences and the
+    one-hot labels."""
     for name, pair in pairs.items():
         if not isinstance(pair, (tuple, list)) or len(pair) != 2:
             got = f"{len(pair)} items" if isinstance(pair, (tuple, list)) else type(pair).__name__
             raise LeaklabError(f"{name} must be a pair (confidences (N, k), labels (N,)); got {got}")
     confidences = _confidence_sets({name: pair[0] for name, pair in pairs.items()})
     k = confidences[0].shape[1]
-    sets = [(c, F.one_hot(_labels(pair[1], c, k, name), k).float())
-            for c, (name, pair) in zip(confidences, pairs.items())]
-    net = _fit(lambda: _NshNet(k), sets[0], sets[1], training)
-    return _accuracy(net, sets[2], sets[3])
+    return k, [(c, F.one_hot(_labels(pair[1], c, k, name), k).float())
+               for c, (name, pair) in zip(confidences, pairs.items())]
 
 
 class _NshNet(nn.Module):
