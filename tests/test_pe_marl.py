@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from leaklab.errors import LeaklabError
-from leaklab.privacy.accounting import dpsgd_epsilon, replay_buffer_epsilon
+from leaklab.privacy.accounting import dpsgd_epsilon
+from leaklab.privacy.dpsgd import replay_buffer_epsilon
 from leaklab.privacy.secret_sharing import FIELD, decode, encode, reconstruct, secure_sum, share
 from leaklab.rl.envs.cooperative_navigation import NavigationBatch, observation_size
 from leaklab.rl.marl.pe_vdn import pe_vdn_losses, vdn_loss
@@ -81,6 +82,11 @@ def test_replay_buffer_epsilon_is_theorem_4_2():
         dpsgd_epsilon(32 / 1024, 0.8, 1024, 1024 ** -1.1, "rdp"))
     # notes-003: the authors' default noise (0.8) gives about 9.2 at the thesis' delta, not its 2.90
     assert replay_buffer_epsilon(32 / 1024, 0.8, 1024, 1024 ** -1.1, "rdp") == pytest.approx(9.17, abs=0.05)
+    # 16 insertions per step: an element is in ceil(1024 / 16) = 64 windows
+    assert replay_buffer_epsilon(0.05, 1.0, 1024, 1e-5, "rdp", inserted_per_step=16) == pytest.approx(
+        dpsgd_epsilon(0.05, 1.0, 64, 1e-5, "rdp"))
+    assert replay_buffer_epsilon(1.0, 2.0, 10, 1e-5, inserted_per_step=10) < replay_buffer_epsilon(
+        1.0, 2.0, 10, 1e-5, inserted_per_step=1)
 
 
 def test_cooperative_navigation():
@@ -116,6 +122,11 @@ def test_reproduce_pe_marl_quick(tmp_path):
     assert list(data["methods"]) == ["iql", "vdn", "pe-vdn", "dp-pe-vdn"]
     dp = data["methods"]["dp-pe-vdn"]["privacy"]
     assert dp["epsilon"] <= data["config"]["epsilon"] + 1e-6 and dp["delta"] == pytest.approx(80 ** -1.1)
+    agents = data["config"]["team"]["agents"]  # accounted jointly: each agent's noise sqrt(N) times the team's
+    assert dp["noise_multiplier"] == pytest.approx(dp["joint_noise_multiplier"] * agents ** 0.5)
+    assert dp["epsilon"] == pytest.approx(replay_buffer_epsilon(dp["sample_rate"], dp["joint_noise_multiplier"],
+                                                                data["config"]["team"]["buffer"], dp["delta"],
+                                                                dp["accountant"], data["config"]["team"]["envs"]))
     assert all(r["privacy"] is None for m, r in data["methods"].items() if m != "dp-pe-vdn")
     assert "win rate" in result.output
     again = tmp_path / "again"

@@ -7,7 +7,8 @@ Minibatches of 512 transitions and clipping at 0.1 (measured: at 64 and 1.0, DP-
 win rate, the noise drowning per-sample gradients far below the clip; at 512 and 0.1 one run reached 90%).
 Recorded per method: the greedy win rate and return every ``eval_every`` steps (mean and standard deviation over
 the runs), the final values, the seconds per run, and for the DP runs the noise multiplier that reaches the target
-and the epsilon spent (Theorem 4.2: one transition of the replay buffer is the unit). PE-VDN's gradients equal
+and the epsilon spent (Theorem 4.2: one transition of the replay buffer is the unit; the agents accounted jointly,
+:mod:`leaklab.rl.marl.team_training`). PE-VDN's gradients equal
 VDN's up to the secure sum's fixed-point rounding (10^-5 per term, ``tests/test_pe_marl.py``); their runs drift
 apart from that rounding on, so beside their curves the record gives the largest difference between the two.
 
@@ -22,6 +23,7 @@ from pathlib import Path
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
+from leaklab import seeds
 from leaklab.experiments import ProgressFn
 from leaklab.fields import Seed
 from leaklab.io import PE_MARL_FORMAT, RESULTS_FILE, atomic_dir, check_out, write_json
@@ -42,7 +44,7 @@ class PeMarlConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
-    team: TeamConfig = TeamConfig(agents=2, size=4, horizon=6, env_steps=8000, batch=512, eval_every=500)
+    team: TeamConfig = TeamConfig(agents=3, size=4, horizon=6, env_steps=8000, batch=512, eval_every=500)
     runs: int = Field(default=5, ge=1, le=1000, description="training runs per method (seeds)")
     epsilon: float = Field(default=2.90, gt=0, le=100, description="the DP runs' target epsilon (the thesis')")
     delta: float | None = Field(default=None, gt=0, lt=1, description="default: buffer^-1.1 (the thesis' rule)")
@@ -56,7 +58,7 @@ class PeMarlConfig(BaseModel):
 
     @classmethod
     def quick(cls, seed: int = 0) -> "PeMarlConfig":
-        return cls(team=TeamConfig(agents=2, size=4, horizon=3, envs=4, env_steps=60, buffer=80, batch=16,
+        return cls(team=TeamConfig(agents=3, size=4, horizon=3, envs=4, env_steps=60, buffer=80, batch=16,
                                    hidden=16, eval_every=30, eval_episodes=20), runs=1, seed=seed)
 
 
@@ -65,13 +67,15 @@ def run(out: Path, config: PeMarlConfig | None = None, quick: bool = False,
     """Train every method ``runs`` times; write ``out`` atomically; returns the results (also ``results.json``)."""
     config = config or (PeMarlConfig.quick() if quick else PeMarlConfig())
     check_out(out, PE_MARL_FORMAT)  # before the work, not after it
+    train_team(config.team.model_copy(update={"env_steps": 2}))  # the one-time warm-up, untimed
     start = time.perf_counter()
     rows, done = {}, 0
     for method in METHODS:
         runs = []
         for r in range(config.runs):
             team = config.team.model_copy(update={
-                "method": "pe-vdn" if method == "dp-pe-vdn" else method, "seed": config.seed * 1000 + r,
+                "method": "pe-vdn" if method == "dp-pe-vdn" else method,
+                "seed": seeds.stream_seed(config.seed, "pe-marl", r),
                 "privacy": config.privacy() if method == "dp-pe-vdn" else None})
             runs.append(train_team(TeamConfig.model_validate(team.model_dump()))[0])
             done += 1

@@ -38,7 +38,7 @@ from leaklab.errors import LeaklabError
 from leaklab.names import ACCOUNTANT_NAMES
 
 __all__ = ["COMPOSE_ACCOUNTANTS", "DEFAULT_ACCOUNTANT", "Ledger", "compose", "dpsgd_epsilon",
-           "dpsgd_sigma", "gaussian", "laplace", "replay_buffer_epsilon", "subsampled_gaussian"]
+           "dpsgd_sigma", "gaussian", "laplace", "subsampled_gaussian"]
 
 COMPOSE_ACCOUNTANTS = ("rdp", "pld")
 DEFAULT_ACCOUNTANT = "prv"
@@ -194,15 +194,6 @@ def dpsgd_sigma(q: float, steps: int, epsilon: float, delta: float, accountant: 
     while dpsgd_epsilon(q, sigma, steps, delta, accountant) > epsilon:  # the safe side of the root
         sigma *= 1 + rtol / 2
     return sigma
-
-
-def replay_buffer_epsilon(q: float, sigma: float, buffer_size: int, delta: float,
-                          accountant: str = DEFAULT_ACCOUNTANT) -> float:
-    """Seed 003, Theorem 4.2: DP-SGD that starts once a FIFO replay buffer of ``buffer_size`` elements is full, one
-    step per element the buffer takes in, is (eps(B), delta)-DP for every number of steps, where eps(B) is the
-    epsilon of ``buffer_size`` DP-SGD steps on a static dataset (each element is in at most B windows: maximum-
-    overlap parallel composition, Smith et al. 2022)."""
-    return dpsgd_epsilon(q, sigma, buffer_size, delta, accountant)
 
 
 @dataclass

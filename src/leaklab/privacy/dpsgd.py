@@ -90,6 +90,19 @@ def spent_epsilon(q: float, noise_multiplier: float, steps: int, delta: float,
     return dpsgd_epsilon(q, noise_multiplier, steps, delta, accountant)
 
 
+def replay_buffer_epsilon(q: float, noise_multiplier: float, buffer_size: int, delta: float,
+                          accountant: str = DEFAULT_ACCOUNTANT, inserted_per_step: int = 1) -> float:
+    """Seed 003, Theorem 4.2: DP-SGD that starts once a FIFO replay buffer of ``buffer_size`` elements is full, each
+    step on a Poisson sample of the buffer at rate ``q``, is (eps, delta)-DP for one element whatever the number of
+    steps, eps being that of the steps the element can be sampled in (maximum-overlap parallel composition, Smith et
+    al. 2022): ``buffer_size`` with one insertion per step (the theorem), ceil(buffer_size / inserted_per_step) with
+    more (:func:`spent_epsilon` of that many steps)."""
+    if not (isinstance(buffer_size, int) and buffer_size >= 1 and isinstance(inserted_per_step, int)
+            and inserted_per_step >= 1):
+        raise LeaklabError("the buffer holds 1 element or more, and 1 or more enter it per step")
+    return spent_epsilon(q, noise_multiplier, math.ceil(buffer_size / inserted_per_step), delta, accountant)
+
+
 def _check_clip_noise(clip: float, noise_multiplier: float) -> None:
     if not (clip > 0 and math.isfinite(clip)):
         raise LeaklabError(f"the clipping norm must be a positive number (got {clip!r})")

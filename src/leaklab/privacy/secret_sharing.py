@@ -7,7 +7,8 @@ the aggregation layer of the privacy-engineered value factorisations (PE-VDN, PE
   reconstruct(shares) = sum mod p. Any n - 1 shares are uniform and independent of s.
 * :func:`secure_sum`, the three-step protocol: every agent shares its secret and sends share j to agent j; every
   agent adds the shares it received and broadcasts that sum; everyone adds the broadcasts. Only the total is
-  revealed (for n = 2, the total minus one's own secret is the other's: the thesis' 3-agent task avoids that).
+  revealed. With n = 2 it hides nothing: the total minus one's own secret is the other's (the thesis' 3m has 3
+  agents); with n >= 3 it reveals the sum of the others' secrets.
 
 Defaults as the authors' code: p = 2^31 - 1, precision 5 (so |sum| must stay below about 10,737). Arithmetic is in
 int64 (the authors' int32 casts can overflow when shares are summed); p is at most 2^62 so that no sum of two
@@ -31,7 +32,8 @@ MAX_FIELD = 2 ** 62
 
 
 def _check_field(p: int, precision: int) -> None:
-    if not (isinstance(p, int) and 2 < p <= MAX_FIELD and isinstance(precision, int) and 0 <= precision <= 15):
+    if not (isinstance(p, (int, np.integer)) and 2 < p <= MAX_FIELD and isinstance(precision, (int, np.integer))
+            and 0 <= precision <= 15):
         raise LeaklabError(f"the field size p is a whole number in (2, 2^62] and the precision 0 to 15 digits "
                            f"(got {p!r}, {precision!r})")
 

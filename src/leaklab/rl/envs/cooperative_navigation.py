@@ -6,8 +6,10 @@ step every agent moves (stay, up, down, left, right; a move off the grid stays).
 step, minus the sum over landmarks of the Manhattan distance to the nearest agent, divided by N G (as in the
 multi-agent particle environment's "simple spread"). An episode lasts ``horizon`` steps; it is won when every
 landmark has an agent on it at the end (the thesis' win rate). Agent i observes its own cell (scaled to [0, 1]),
-every landmark's offset from it and every other agent's offset (scaled by G): 2 + 2N + 2(N - 1) numbers, a
-partial view in the sense that no agent sees the others' observations or actions. :class:`NavigationBatch` steps
+every landmark's offset from it and every other agent's offset (scaled by G): 2 + 2N + 2(N - 1) numbers. The task
+is fully observable: each observation determines the others', so a teammate's observations are no secret here and
+the privacy layers of PE-VDN protect the agents' data against outsiders and their networks' parameters, not
+observations from teammates (SMAC's sight ranges make the thesis' task partial). :class:`NavigationBatch` steps
 many independent episodes at once (numpy).
 """
 

@@ -14,7 +14,15 @@ against Adam's 90%+), the minibatch a Poisson sample of the buffer at
 rate batch / buffer with the same indices for every agent (one shared draw), and training starts once the buffer is
 full. The epsilon is Theorem 4.2's: a transition stays in the buffer for buffer / envs updates, so the run is
 (eps(ceil(buffer / envs)), delta)-DP for one transition whatever its length
-(:func:`leaklab.privacy.accounting.replay_buffer_epsilon`; the theorem takes one insertion per step, here ``envs``).
+(:func:`leaklab.privacy.dpsgd.replay_buffer_epsilon`; the theorem takes one insertion per step, here ``envs``).
+
+The agents are accounted jointly, not one by one as the thesis does: one transition (a row of the team's buffer)
+enters every agent's loss, through its own Q value and through the revealed sum, so removing it moves each of the N
+agents' clipped sums by up to C: sensitivity sqrt(N) C against independent noise sigma C per agent, i.e. a noise
+multiplier of sigma / sqrt(N) for the team's release (and each agent's network depends on the others' through the
+data they collect and the sums). Each agent's noise is therefore sqrt(N) times what one mechanism at the target
+needs. The exact sums revealed at every update are outside the guarantee (as in the thesis): it covers the
+networks.
 """
 
 from __future__ import annotations
@@ -33,8 +41,7 @@ from torch import nn
 
 from leaklab import seeds
 from leaklab.fields import Seed
-from leaklab.privacy.accounting import replay_buffer_epsilon
-from leaklab.privacy.dpsgd import DPConfig
+from leaklab.privacy.dpsgd import DPConfig, replay_buffer_epsilon
 from leaklab.rl.agents.private import make_private_agent
 from leaklab.rl.envs.cooperative_navigation import MOVES, NavigationBatch, observation_size
 from leaklab.rl.marl.pe_vdn import pe_vdn_losses, vdn_loss
@@ -129,12 +136,15 @@ def train_team(config: TeamConfig, progress: Callable[[int, int], None] | None =
     targets = [copy.deepcopy(n).eval() for n in nets]
     private, models, optimizers = [], nets, None
     if config.privacy is not None:
-        q = config.batch / config.buffer
+        q, windows = config.batch / config.buffer, math.ceil(config.buffer / config.envs)
+        joint = config.privacy.noise_for(q, windows)  # the team's noise multiplier
+        per_agent = config.privacy.model_copy(update={"noise_multiplier": math.sqrt(config.agents) * joint,
+                                                      "target_epsilon": None})
         for i, net in enumerate(nets):
             optimizer = torch.optim.Adam(net.parameters(), lr=config.lr) if config.dp_optimizer == "adam" else \
                 torch.optim.SGD(net.parameters(), lr=config.dp_lr, momentum=0.9, weight_decay=0.01)
-            private.append(make_private_agent(net, optimizer, config.privacy, sample_rate=q, expected_batch_size=config.batch,
-                                              steps=math.ceil(config.buffer / config.envs),
+            private.append(make_private_agent(net, optimizer, per_agent, sample_rate=q,
+                                              expected_batch_size=config.batch, steps=windows,
                                               seed=seeds.stream_seed(config.seed, "team", "dp-noise", i)))
         models = [p.model for p in private]
     else:
@@ -183,12 +193,13 @@ def train_team(config: TeamConfig, progress: Callable[[int, int], None] | None =
             p.model.remove_hooks()
         c = config.privacy
         sigma = private[0].noise_multiplier
-        windows = math.ceil(config.buffer / config.envs)
-        run.privacy = {"epsilon": math.inf if sigma == 0 else replay_buffer_epsilon(
-                           config.batch / config.buffer, sigma, windows, c.delta, c.accountant),
-                       "delta": c.delta, "noise_multiplier": sigma, "clip": c.clip,
-                       "sample_rate": config.batch / config.buffer, "accounted_steps": windows,
-                       "updates": run.updates, "accountant": c.accountant}
+        joint = sigma / math.sqrt(config.agents)
+        run.privacy = {"epsilon": replay_buffer_epsilon(config.batch / config.buffer, joint, config.buffer, c.delta,
+                                                        c.accountant, inserted_per_step=config.envs),
+                       "delta": c.delta, "noise_multiplier": sigma, "joint_noise_multiplier": joint, "clip": c.clip,
+                       "sample_rate": config.batch / config.buffer,
+                       "accounted_steps": math.ceil(config.buffer / config.envs), "updates": run.updates,
+                       "accountant": c.accountant}
     run.seconds = time.perf_counter() - start
     return run, nets
 
