@@ -147,6 +147,6 @@ def test_out_under_a_file_is_refused_before_the_work(tmp_path):
     from leaklab.io import check_out
 
     (tmp_path / "afile").write_text("x")
-    with pytest.raises(LeaklabError, match="not a folder"):
+    with pytest.raises(LeaklabError, match="cannot create the folder .*afile is a file"):
         check_out(tmp_path / "afile" / "sub" / "out", "leaklab.rnn-membership")
     assert check_out(tmp_path / "new" / "out", "leaklab.rnn-membership") == tmp_path / "new" / "out"

@@ -396,7 +396,8 @@ def check_out(out: Path, writes: str, inputs: Sequence[Path] = ()) -> Path:
         while not ancestor.exists() and not ancestor.is_symlink():
             ancestor = ancestor.parent
         if not ancestor.is_dir():  # found now, not after the run's work
-            raise LeaklabError(f"--out {out}: {ancestor} is not a folder; choose a folder leaklab can create")
+            raise LeaklabError(f"--out {out}: cannot create the folder {out.parent}: {ancestor} is "
+                               f"{'a file' if ancestor.is_file() else 'not a folder'}; choose another folder")
         return out
     if not out.is_dir():
         raise LeaklabError(f"--out {out} is a file; choose a new folder (leaklab replaces only its own earlier output)")
