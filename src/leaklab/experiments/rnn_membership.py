@@ -140,7 +140,8 @@ def prediction_entropy(conf: torch.Tensor) -> float:
     return float(-(conf * conf.clamp_min(1e-30).log()).sum(1).mean())
 
 
-def _split(data, config: RnnMembershipConfig) -> dict[str, list[int]]:
+def _split(config: RnnMembershipConfig) -> dict[str, list[int]]:
+    """Disjoint index ranges of the loaded images: the victim's members and non-members, the attacker's pools."""
     n = config.members
     return {"victim_in": list(range(n)), "victim_out": list(range(n, 2 * n)),
             "pool_a": list(range(2 * n, 4 * n)), "pool_b": list(range(4 * n, 6 * n))}
@@ -157,10 +158,11 @@ def _attack(victim, shadows, shadow_sets, split, data, training: AttackTraining)
     def answers(model, indices):
         return confidences(model, data.images[indices]), data.labels[indices]
 
-    shadow_in = [answers(m, s[0]) for m, s in zip(shadows, shadow_sets)]
-    shadow_out = [answers(m, s[1]) for m, s in zip(shadows, shadow_sets)]
-    stack = lambda pairs: (torch.cat([p[0] for p in pairs]), torch.cat([p[1] for p in pairs]))  # noqa: E731
-    return shadow_models(stack(shadow_in), stack(shadow_out), answers(victim, split["victim_in"]),
+    def stacked(side: int) -> tuple[torch.Tensor, torch.Tensor]:  # every shadow's members (0) or non-members (1)
+        pairs = [answers(m, s[side]) for m, s in zip(shadows, shadow_sets)]
+        return torch.cat([p[0] for p in pairs]), torch.cat([p[1] for p in pairs])
+
+    return shadow_models(stacked(0), stacked(1), answers(victim, split["victim_in"]),
                          answers(victim, split["victim_out"]), training)
 
 
@@ -172,14 +174,15 @@ def run(out: Path, config: RnnMembershipConfig | None = None, quick: bool = Fals
     start = time.perf_counter()
     data = load_images(config.dataset, 6 * config.members, config.image_size,
                        seed=seeds.stream_seed(config.seed, "rnn-membership", "data"))
-    split, shadow_sets = _split(data, config), _shadow_sets(_split(data, config), config)
+    split = _split(config)
+    shadow_sets = _shadow_sets(split, config)
     last = config.epochs[-1]
     steps = len(ARCHS) * (1 + config.shadows + 2 * config.sampler_pairs)
     done = 0
 
-    def tick() -> None:
+    def tick(count: int = 1) -> None:
         nonlocal done
-        done += 1
+        done += count
         if progress is not None:
             progress("networks trained", done, steps)
 
@@ -213,7 +216,7 @@ def run(out: Path, config: RnnMembershipConfig | None = None, quick: bool = Fals
             lambda idx, arch=arch: train(arch, data, list(idx), config, seeds.stream_seed(config.seed, arch,
                                                                                              "victim"), [last])[last],
             lambda count, i: draws.choice(len(data.images), count, replace=False).tolist(),
-            config.sampler_pairs, config.members, progress=lambda i, n: (tick(), tick()))
+            config.sampler_pairs, config.members, progress=lambda i, n: tick(2))  # two networks per pair
         sampler[arch] = {"sensitivity": estimate.sensitivity, "samples": list(estimate.samples),
                          "gamma": estimate.gamma, "pairs": config.sampler_pairs}
     defense = []
