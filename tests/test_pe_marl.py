@@ -77,6 +77,36 @@ def test_pe_vdn_gradients_equal_centralised_vdn():
     assert summed.shares.shape[:2] == (3, 3)
 
 
+def test_pe_qmix_gradients_equal_the_centralised_mixer_of_summed_layers():
+    from leaklab.rl.marl.pe_qmix import MixerShare, mixer_messages, pe_qmix_losses, qmix_loss, secure_total
+
+    nets, obs, act, _, reward, done = _team(seed=1)
+    torch.manual_seed(2)
+    shares = [MixerShare(4, hidden=8, embedding=16) for _ in nets]
+    target_total = torch.randn(len(reward))
+
+    def messages():
+        qs = [n(o).gather(1, a[:, None]).squeeze(1) for n, o, a in zip(nets, obs, act)]
+        return mixer_messages(shares, obs, qs)
+
+    params = [[*n.parameters(), *s.parameters()] for n, s in zip(nets, shares)]
+    reference = torch.autograd.grad(qmix_loss(messages(), target_total, reward, done, 0.9), sum(params, []))
+    losses = pe_qmix_losses(messages(), target_total, reward, done, 0.9, np.random.default_rng(0))
+    k = 0
+    for i, loss in enumerate(losses):
+        for g in torch.autograd.grad(loss, params[i], retain_graph=True):
+            assert torch.allclose(g, reference[k], atol=1e-3 * max(1.0, reference[k].abs().max().item()))
+            k += 1
+        others = [p for j, ps in enumerate(params) if j != i for p in ps]
+        assert all(g is None for g in torch.autograd.grad(loss, others, retain_graph=True, allow_unused=True))
+    with torch.no_grad():  # Q_tot is monotonic in every agent's Q value (non-negative mixing weights)
+        base = secure_total(messages(), np.random.default_rng(1))
+        qs = [n(o).gather(1, a[:, None]).squeeze(1) for n, o, a in zip(nets, obs, act)]
+        qs[0] = qs[0] + 1.0
+        raised = secure_total(mixer_messages(shares, obs, qs), np.random.default_rng(1))
+    assert (raised >= base - 1e-4).all()
+
+
 def test_replay_buffer_epsilon_is_theorem_4_2():
     assert replay_buffer_epsilon(32 / 1024, 0.8, 1024, 1024 ** -1.1, "rdp") == pytest.approx(
         dpsgd_epsilon(32 / 1024, 0.8, 1024, 1024 ** -1.1, "rdp"))
@@ -119,7 +149,7 @@ def test_reproduce_pe_marl_quick(tmp_path):
     assert result.exit_code == 0, result.output
     data = json.loads((out / "results.json").read_text())
     assert (out / "learning_curves.png").stat().st_size > 0
-    assert list(data["methods"]) == ["iql", "vdn", "pe-vdn", "dp-pe-vdn"]
+    assert list(data["methods"]) == ["iql", "vdn", "pe-vdn", "pe-qmix", "dp-pe-vdn"]
     dp = data["methods"]["dp-pe-vdn"]["privacy"]
     assert dp["epsilon"] <= data["config"]["epsilon"] + 1e-6 and dp["delta"] == pytest.approx(80 ** -1.1)
     agents = data["config"]["team"]["agents"]  # accounted jointly: each agent's noise sqrt(N) times the team's

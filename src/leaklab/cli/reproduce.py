@@ -441,8 +441,8 @@ def reproduce_pe_marl(
                                                                        "the thesis')", callback=_checked(
         "--epsilon", lambda v: 0 < v <= 100, "a number in (0, 100]"))] = None,
 ) -> None:
-    """Seed 003, chapter 4 (Figs. 4.12-4.16): IQL, VDN, PE-VDN (secret-shared team TD error) and PE-VDN with DP-SGD
-    (Theorem 4.2) on cooperative navigation (--quick: a few steps)."""
+    """Seed 003, chapter 4 (Figs. 4.12-4.16): IQL, VDN, PE-VDN (secret-shared team TD error), PE-QMIX and PE-VDN
+    with DP-SGD (Theorem 4.2) on cooperative navigation (--quick: a few steps)."""
     from leaklab.experiments import pe_marl
 
     fields = {**({} if runs is None else {"runs": runs}), **({} if epsilon is None else {"epsilon": epsilon})}

@@ -1,6 +1,6 @@
 """``leaklab reproduce pe-marl``: seed 003, chapter 4 (Figs. 4.12-4.16) on a task that runs here: IQL, VDN, PE-VDN
-(the team TD error through additively secret-shared sums) and PE-VDN with DP-SGD at a target (eps, delta) by
-Theorem 4.2, each trained ``runs`` times on cooperative navigation
+(the team TD error through additively secret-shared sums), PE-QMIX (each agent's share of the mixer, evaluated layer
+by layer through secure sums) and PE-VDN with DP-SGD at a target (eps, delta) by Theorem 4.2, each trained ``runs`` times on cooperative navigation
 (:mod:`leaklab.rl.envs.cooperative_navigation`; the thesis' SMAC 3m needs StarCraft II).
 
 Minibatches of 512 transitions and clipping at 0.1 (measured: at 64 and 1.0, DP-SGD at eps 2.9 never passed a 6%
@@ -31,7 +31,7 @@ from leaklab.privacy.dpsgd import DPConfig
 from leaklab.rl.marl.team_training import TeamConfig, train_team
 
 FIGURE_FILE = "learning_curves.png"
-METHODS = ("iql", "vdn", "pe-vdn", "dp-pe-vdn")
+METHODS = ("iql", "vdn", "pe-vdn", "pe-qmix", "dp-pe-vdn")
 PUBLISHED = {  # seed 003, Sec. 4.5 (SMAC 3m; figures only but for these)
     "dp_win_rate": "about 80% for PE-VDN and PE-QMIX at (eps, delta) = (2.90, 4.9e-4), anchor models",
     "claims": ["PE-VDN, PE-QMIX and PE-QTRAN all beat IQL in stability and convergence rate",

@@ -1,7 +1,9 @@
 """Training a team of Q-learning agents on cooperative navigation (:mod:`leaklab.rl.envs.cooperative_navigation`)
 with independent learners (IQL, the thesis' baseline), centralised VDN, PE-VDN (:mod:`leaklab.rl.marl.pe_vdn`:
-the team TD error through a secure sum, each agent updating only its own network), or PE-VDN with DP-SGD on every
-agent's parameters: seed 003 (Gohari, thesis 2023), chapter 4, Secs. 4.3-4.4.
+the team TD error through a secure sum, each agent updating only its own network), PE-QMIX
+(:mod:`leaklab.rl.marl.pe_qmix`: each agent also owns an encoder and hypernetworks making its share of the mixer,
+evaluated layer by layer through secure sums), or PE-VDN with DP-SGD on every agent's parameters: seed 003 (Gohari,
+thesis 2023), chapter 4, Secs. 4.3-4.4.
 
 Every agent has its own Q network (an MLP on its observation; the thesis' agents add a GRU for SMAC's partial
 observations), target network (copied every ``target_sync`` updates) and optimizer. The transitions of
@@ -44,11 +46,12 @@ from leaklab.fields import Seed
 from leaklab.privacy.dpsgd import DPConfig, replay_buffer_epsilon
 from leaklab.rl.agents.private import make_private_agent
 from leaklab.rl.envs.cooperative_navigation import MOVES, NavigationBatch, observation_size
+from leaklab.rl.marl.pe_qmix import MixerShare, mixer_messages, pe_qmix_losses, secure_total
 from leaklab.rl.marl.pe_vdn import pe_vdn_losses, vdn_loss
 
 __all__ = ["TeamConfig", "TeamRun", "train_team"]
 
-Method = Literal["iql", "vdn", "pe-vdn"]
+Method = Literal["iql", "vdn", "pe-vdn", "pe-qmix"]
 
 
 class TeamConfig(BaseModel):
@@ -133,7 +136,10 @@ def train_team(config: TeamConfig, progress: Callable[[int, int], None] | None =
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seeds.stream_seed(config.seed, "team", "networks"))
         nets = [_net(config) for _ in range(config.agents)]
+        mixers = [MixerShare(observation_size(config.agents)) for _ in range(config.agents)] \
+            if config.method == "pe-qmix" else []
     targets = [copy.deepcopy(n).eval() for n in nets]
+    target_mixers = [copy.deepcopy(m).eval() for m in mixers]
     private, models, optimizers = [], nets, None
     if config.privacy is not None:
         q, windows = config.batch / config.buffer, math.ceil(config.buffer / config.envs)
@@ -148,7 +154,8 @@ def train_team(config: TeamConfig, progress: Callable[[int, int], None] | None =
                                               seed=seeds.stream_seed(config.seed, "team", "dp-noise", i)))
         models = [p.model for p in private]
     else:
-        optimizers = [torch.optim.Adam(n.parameters(), lr=config.lr) for n in nets]
+        optimizers = [torch.optim.Adam([*n.parameters(), *(mixers[i].parameters() if mixers else ())], lr=config.lr)
+                      for i, n in enumerate(nets)]
     obs_size = observation_size(config.agents)
     buf = {"obs": np.zeros((config.buffer, config.agents, obs_size), np.float32),
            "next": np.zeros((config.buffer, config.agents, obs_size), np.float32),
@@ -175,11 +182,11 @@ def train_team(config: TeamConfig, progress: Callable[[int, int], None] | None =
                 picked = np.flatnonzero(rng.random(stored) < config.batch / config.buffer)
             else:
                 picked = rng.choice(stored, config.batch, replace=False)
-            _update(models, targets, optimizers, private, {k: torch.from_numpy(v[picked]) for k, v in buf.items()},
-                    config, sum_rng)
+            _update(models, targets, (mixers, target_mixers), optimizers, private,
+                    {k: torch.from_numpy(v[picked]) for k, v in buf.items()}, config, sum_rng)
             run.updates += 1
             if run.updates % config.target_sync == 0:
-                for net, target in zip(nets, targets):
+                for net, target in zip([*nets, *mixers], [*targets, *target_mixers]):
                     target.load_state_dict(net.state_dict())
         if step % config.eval_every == 0 or step == config.env_steps:
             win, ret = evaluate(nets, config, np.random.default_rng(eval_rng_seed))
@@ -204,20 +211,27 @@ def train_team(config: TeamConfig, progress: Callable[[int, int], None] | None =
     return run, nets
 
 
-def _update(models: list[nn.Module], targets: list[nn.Module], optimizers: list | None, private: list,
-            batch: dict[str, torch.Tensor], config: TeamConfig, sum_rng: np.random.Generator) -> None:
+def _update(models: list[nn.Module], targets: list[nn.Module], mixing: tuple[list, list], optimizers: list | None,
+            private: list, batch: dict[str, torch.Tensor], config: TeamConfig, sum_rng: np.random.Generator) -> None:
     obs, nxt, actions = batch["obs"], batch["next"], batch["action"]
     chosen = [m(obs[:, i]).gather(1, actions[:, i:i + 1]).squeeze(1) for i, m in enumerate(models)]
     with torch.no_grad():
         target_max = [t(nxt[:, i]).max(1).values for i, t in enumerate(targets)]
     reward, done = batch["reward"], batch["done"]
-    if config.method == "iql":
+    if config.method == "pe-qmix":
+        mixers, target_mixers = mixing
+        with torch.no_grad():
+            target_total = secure_total(mixer_messages(target_mixers, [nxt[:, i] for i in range(config.agents)],
+                                                       target_max), sum_rng)
+        messages = mixer_messages(mixers, [obs[:, i] for i in range(config.agents)], chosen)
+        losses = pe_qmix_losses(messages, target_total, reward, done, config.gamma, sum_rng)
+    elif config.method == "iql":
         losses = [((q - (reward + config.gamma * (1 - done) * t)) ** 2).mean() for q, t in zip(chosen, target_max)]
     elif config.method == "vdn":
         losses = [vdn_loss(chosen, target_max, reward, done, config.gamma)]
     else:
         losses, _ = pe_vdn_losses(chosen, target_max, reward, done, config.gamma, sum_rng)
-    if private:
+    if private:  # (DP-SGD is PE-VDN's only: the config refuses it for the other methods)
         for agent, loss in zip(private, losses):
             agent.step(loss)
         return
