@@ -16,6 +16,15 @@ EntropyWeight = Annotated[float, Field(ge=0, le=MAX_ENTROPY_WEIGHT)]
 EpisodeSteps = Annotated[int, Field(ge=1, le=10_000)]  # an episode's most environment steps (training, capture)
 
 
+def _epsilon_grid(v: list[float]) -> list[float]:
+    if any(not 0 < e <= 1000 for e in v) or len(set(v)) != len(v):
+        raise ValueError("epsilons are distinct values in (0, 1000]")
+    return sorted(v)
+
+
+EpsilonGrid = Annotated[list[float], AfterValidator(_epsilon_grid), Field(min_length=1)]  # an experiment's budgets
+
+
 NOISES = ("gaussian", "laplace")
 MAX_NOISE_SCALE = 1e6  # per gradient entry; 1e39 made float32 updates infinite, caught only when attacked
 MAX_DEFENSE_STEPS = 16  # a chain of 20,000 steps in a case's view.json took 80 s and 2 GB to attack (its title)

@@ -24,11 +24,11 @@ import time
 from pathlib import Path
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field
 
 from leaklab import seeds
 from leaklab.experiments import ProgressFn
-from leaklab.fields import Seed
+from leaklab.fields import EpsilonGrid, Seed
 from leaklab.io import DP_ADVISING_FORMAT, RESULTS_FILE, atomic_dir, check_out, write_json
 from leaklab.rl.agents.advising import AdvisingConfig, simulate
 from leaklab.rl.envs.cloud_tasks import CloudScenario
@@ -55,16 +55,9 @@ class DpAdvisingConfig(BaseModel):
     users: int = Field(default=10, ge=2, le=1000)
     servers: int = Field(default=12, ge=6, le=1000)
     tasks: int = Field(default=10, ge=1, le=1000)
-    epsilons: list[float] = Field(default_factory=lambda: [0.1, 0.4, 0.7, 1.0, 2.0], min_length=1)
+    epsilons: EpsilonGrid = Field(default_factory=lambda: [0.1, 0.4, 0.7, 1.0, 2.0])
     learner: AdvisingConfig = AdvisingConfig()
     seed: Seed = 0
-
-    @field_validator("epsilons")
-    @classmethod
-    def _epsilons(cls, v: list[float]) -> list[float]:
-        if any(not 0 < e <= 1000 for e in v) or len(set(v)) != len(v):
-            raise ValueError("epsilons are distinct values in (0, 1000]")
-        return sorted(v)
 
     @classmethod
     def quick(cls, seed: int = 0) -> "DpAdvisingConfig":

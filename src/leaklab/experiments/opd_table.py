@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Literal
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from leaklab import seeds
 from leaklab.attacks.membership import AttackTraining, ml_leaks, nsh
@@ -39,7 +39,7 @@ from leaklab.data import load_images
 from leaklab.defenses.opd import one_parameter_defense
 from leaklab.errors import LeaklabError
 from leaklab.experiments import ProgressFn
-from leaklab.fields import Seed
+from leaklab.fields import EpsilonGrid, Seed
 from leaklab.fl import train_steps
 from leaklab.io import OPD_TABLE_FORMAT, RESULTS_FILE, atomic_dir, write_json
 from leaklab.metrics import accuracy
@@ -68,19 +68,12 @@ class OpdTableConfig(BaseModel):
     epochs: int = Field(default=30, ge=1, le=1000, description="the target's and the shadow's training epochs")
     lr: float = Field(default=0.01, gt=0, description="SGD (momentum 0.9) learning rate")
     batch_size: int = Field(default=64, ge=1, le=1024)
-    epsilons: list[float] = Field(default_factory=lambda: [0.1, 0.7, 1.4, 2.0], min_length=1)
+    epsilons: EpsilonGrid = Field(default_factory=lambda: [0.1, 0.7, 1.4, 2.0])
     m: int = Field(default=5, ge=1, le=1000, description="OPD's candidates per sub-range")
     sensitivity: float = Field(default=1.0, gt=0, le=100, description="OPD's Delta_u (the thesis: 1)")
     attack: AttackTraining = AttackTraining()
     inversion_width: int = Field(default=32, ge=1, le=256)
     seed: Seed = 0
-
-    @field_validator("epsilons")
-    @classmethod
-    def _epsilons(cls, v: list[float]) -> list[float]:
-        if any(not 0 < e <= 1000 for e in v) or len(set(v)) != len(v):
-            raise ValueError("epsilons are distinct values in (0, 1000]")
-        return sorted(v)
 
     @model_validator(mode="after")
     def _one_seed(self) -> "OpdTableConfig":
