@@ -231,7 +231,8 @@ def planning_speed(out: Path, quick: bool, log) -> dict:
 
     config = (policy_synthesis.PolicySynthesisConfig.quick() if quick
               else policy_synthesis.PolicySynthesisConfig())
-    result: dict = {"benchmark": "planning_speed", "timestamp": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+    result: dict = {"benchmark": "planning_speed",
+                    "timestamp": datetime.now(timezone.utc).isoformat(timespec="seconds"),
                     "quick": quick, "cpu": processor(), "load_average_before": _load(),
                     "published": policy_synthesis.PUBLISHED["seconds_per_k"], "states": config.states,
                     "settings": policy_synthesis.timing(config)}

@@ -72,8 +72,8 @@ def test_pe_vdn_gradients_equal_centralised_vdn():
             k += 1
         others = [p for j, ps in enumerate(params) if j != i for p in ps]  # no gradient reaches another agent
         assert all(g is None for g in torch.autograd.grad(loss, others, retain_graph=True, allow_unused=True))
-    assert float(losses[0].detach()) == pytest.approx(float(vdn_loss([c.detach() for c in chosen()], targets, reward, done,
-                                                            0.99)), rel=1e-4)
+    centralised = vdn_loss([c.detach() for c in chosen()], targets, reward, done, 0.99)
+    assert float(losses[0].detach()) == pytest.approx(float(centralised), rel=1e-4)
     assert summed.shares.shape[:2] == (3, 3)
 
 

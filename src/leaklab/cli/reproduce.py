@@ -358,7 +358,8 @@ def reproduce_policy_synthesis(
     for r in result["rows"]:
         typer.echo(f"  {r['example']:>15s} k {r['k']:>7g}: released V-bar {r['private_mean']:.3f}, true V "
                    f"{r['true_mean']:.3f} (optimal {r['optimal']:.3f}); bounds [{r['lower_mean']:.3f}, "
-                   f"{r['upper_mean']:.3f}]: cost bound {r['bound_mean']:.3f} (union radius {r['union_bound_mean']:.3f}), "
+                   f"{r['upper_mean']:.3f}]: cost bound {r['bound_mean']:.3f} "
+                   f"(union radius {r['union_bound_mean']:.3f}), "
                    f"realised {r['cost_mean']:.3f}; "
                    f"true V bracketed in {100 * r['bracketed']:.0f}% of runs")
     for r in result["lemma_2_2"]:
@@ -377,8 +378,9 @@ def reproduce_dp_advising(
     quick: QuickOpt = False,
     seed: SeedOpt = 0,
     out: Annotated[Optional[Path], _run_out("dp-advising")] = None,
-    runs: Annotated[Optional[int], typer.Option("--runs", help="simulations per strategy (default 50)", callback=_checked(
-        "--runs", lambda v: 1 <= v <= 10_000, "a whole number from 1 to 10,000"))] = None,
+    runs: Annotated[Optional[int], typer.Option(
+        "--runs", help="simulations per strategy (default 50)",
+        callback=_checked("--runs", lambda v: 1 <= v <= 10_000, "a whole number from 1 to 10,000"))] = None,
 ) -> None:
     """Seed 002, chapter 3 (Figs. 3.4-3.9): differentially private advising between agents whose servers differ,
     against traditional advising and no advice, in the cloud-server scenario (--quick: 30 epochs, 2 runs)."""
@@ -435,8 +437,9 @@ def reproduce_pe_marl(
     quick: QuickOpt = False,
     seed: SeedOpt = 0,
     out: Annotated[Optional[Path], _run_out("pe-marl")] = None,
-    runs: Annotated[Optional[int], typer.Option("--runs", help="training runs per method (default 5)", callback=_checked(
-        "--runs", lambda v: 1 <= v <= 1000, "a whole number from 1 to 1,000"))] = None,
+    runs: Annotated[Optional[int], typer.Option(
+        "--runs", help="training runs per method (default 5)",
+        callback=_checked("--runs", lambda v: 1 <= v <= 1000, "a whole number from 1 to 1,000"))] = None,
     epsilon: Annotated[Optional[float], typer.Option("--epsilon", help="the DP runs' target epsilon (default 2.90, "
                                                                        "the thesis')", callback=_checked(
         "--epsilon", lambda v: 0 < v <= 100, "a number in (0, 100]"))] = None,

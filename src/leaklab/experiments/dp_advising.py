@@ -12,8 +12,9 @@ budgets 30, S = 1, 700 epochs), in the layouts of :mod:`leaklab.rl.envs.cloud_ta
 Every strategy runs ``runs`` times (the thesis does not say how often), run r of every strategy on the same reward
 table (a paired comparison). Recorded per strategy: the convergence ratio per epoch (mean and standard deviation
 over the runs), its difference from no advice (the thesis' "performance comparison" figures) averaged over epochs
-1-200, 201-400 and 401-700 with its standard error over the runs, the first epoch at which the mean ratio reaches 92% (the thesis' plateau), the advice
-given per epoch, and the share of that advice that named the task's optimal server.
+1-200, 201-400 and 401-700 with its standard error over the runs, the first epoch at which the mean ratio reaches
+92% (the thesis' plateau), the advice given per epoch, and the share of that advice that named the task's optimal
+server.
 
 Writes ``OUT/results.json`` and ``OUT/advising_curves.png`` atomically; same seed, same numbers.
 """

@@ -1,16 +1,17 @@
-"""``leaklab reproduce pe-marl``: seed 003, chapter 4 (Figs. 4.12-4.16) on a task that runs here: IQL, VDN, PE-VDN
-(the team TD error through additively secret-shared sums), PE-QMIX (each agent's share of the mixer, evaluated layer
-by layer through secure sums) and PE-VDN with DP-SGD at a target (eps, delta) by Theorem 4.2, each trained ``runs`` times on cooperative navigation
-(:mod:`leaklab.rl.envs.cooperative_navigation`; the thesis' SMAC 3m needs StarCraft II).
+"""``leaklab reproduce pe-marl``: seed 003, chapter 4 (Figs. 4.12-4.16) on a task that runs here: IQL, VDN, PE-VDN (the
+team TD error through additively secret-shared sums), PE-QMIX (each agent's share of the mixer, evaluated layer by
+layer through secure sums) and PE-VDN with DP-SGD at a target (eps, delta) by Theorem 4.2, each trained ``runs``
+times on cooperative navigation (:mod:`leaklab.rl.envs.cooperative_navigation`; the thesis' SMAC 3m needs StarCraft
+II).
 
-Minibatches of 512 transitions and clipping at 0.1 (measured: at 64 and 1.0, DP-SGD at eps 2.9 never passed a 6%
-win rate, the noise drowning per-sample gradients far below the clip; at 512 and 0.1 one run reached 90%).
-Recorded per method: the greedy win rate and return every ``eval_every`` steps (mean and standard deviation over
-the runs), the final values, the seconds per run, and for the DP runs the noise multiplier that reaches the target
-and the epsilon spent (Theorem 4.2: one transition of the replay buffer is the unit; the agents accounted jointly,
-:mod:`leaklab.rl.marl.team_training`). PE-VDN's gradients equal
-VDN's up to the secure sum's fixed-point rounding (10^-5 per term, ``tests/test_pe_marl.py``); their runs drift
-apart from that rounding on, so beside their curves the record gives the largest difference between the two.
+Minibatches of 512 transitions and clipping at 0.1 (measured with 2 agents: at 64 and 1.0, DP-SGD at eps 2.9 never
+passed a 6% win rate, the noise drowning per-sample gradients far below the clip; at 512 and 0.1 one run reached
+90%). Recorded per method: the greedy win rate and return every ``eval_every`` steps (mean and standard deviation
+over the runs), the final values, the seconds per run, and for the DP runs the noise multiplier that reaches the
+target and the epsilon spent (Theorem 4.2: one transition of the replay buffer is the unit; the agents accounted
+jointly, :mod:`leaklab.rl.marl.team_training`). PE-VDN's gradients equal VDN's up to the secure sum's fixed-point
+rounding (10^-5 per term, ``tests/test_pe_marl.py``); their runs drift apart from that rounding on, so beside their
+curves the record gives the largest difference between the two.
 
 Writes ``OUT/results.json`` and ``OUT/learning_curves.png`` atomically; same seed, same numbers.
 """
@@ -90,7 +91,8 @@ def run(out: Path, config: PeMarlConfig | None = None, quick: bool = False,
                         "seconds_per_run": float(np.mean([x.seconds for x in runs])),
                         "updates": runs[0].updates, "privacy": runs[0].privacy,
                         "win_rate_per_run": win.tolist()}
-    drift = float(np.abs(np.array(rows["vdn"]["win_rate_per_run"]) - np.array(rows["pe-vdn"]["win_rate_per_run"])).max())
+    drift = float(np.abs(np.array(rows["vdn"]["win_rate_per_run"])
+                         - np.array(rows["pe-vdn"]["win_rate_per_run"])).max())
     with atomic_dir(out, PE_MARL_FORMAT) as tmp:
         results = {"format": PE_MARL_FORMAT, "format_version": 1, "quick": quick,
                    "config": config.model_dump(mode="json"), "methods": rows,

@@ -25,7 +25,8 @@ from scipy import special
 
 from leaklab.errors import LeaklabError
 
-__all__ = ["SensitivityEstimate", "flat_parameters", "random_dp_confidence", "sensitivity_sampler", "smoothed_sgd_sensitivity_bound"]
+__all__ = ["SensitivityEstimate", "flat_parameters", "random_dp_confidence", "sensitivity_sampler",
+           "smoothed_sgd_sensitivity_bound"]
 
 
 def smoothed_sgd_sensitivity_bound(lr: float, beta: float, steps: int, batch_size: int, clip: float) -> float:
