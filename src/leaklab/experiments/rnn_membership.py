@@ -43,6 +43,7 @@ from leaklab.defenses.gpm import gaussian_privacy_module, utility_loss
 from leaklab.experiments import ProgressFn
 from leaklab.fields import Seed
 from leaklab.io import RESULTS_FILE, RNN_MEMBERSHIP_FORMAT, atomic_dir, check_out, write_json
+from leaklab.metrics import accuracy
 from leaklab.models.vision import MLP, RowLSTM
 from leaklab.privacy.mechanisms import analytic_gaussian_epsilon
 from leaklab.privacy.sensitivity import sensitivity_sampler
@@ -227,8 +228,8 @@ def run(out: Path, config: RnnMembershipConfig | None = None, quick: bool = Fals
             noisy = gaussian_privacy_module(victim, sigma, noise)
             noisy_shadows = [gaussian_privacy_module(s, sigma, noise) for s in shadows]
             test = split["victim_out"]
-            clean_acc = float((confidences(victim, data.images[test]).argmax(1) == data.labels[test]).float().mean())
-            noisy_acc = float((confidences(noisy, data.images[test]).argmax(1) == data.labels[test]).float().mean())
+            clean_acc = accuracy(victim, data.images[test], data.labels[test])
+            noisy_acc = accuracy(noisy, data.images[test], data.labels[test])
             defense.append({"arch": arch, "sigma": sigma, "test_accuracy": noisy_acc,
                             "utility_loss": utility_loss(noisy_acc, clean_acc),
                             "attack_accuracy": _attack(noisy, noisy_shadows, shadow_sets, split, data, config.attack),
