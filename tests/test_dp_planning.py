@@ -142,6 +142,12 @@ def test_planners_deliver_along_real_routes_and_respect_the_budget(small_map):
         dl.simulate(lmap, "oracle", rich, np.random.default_rng(9))
 
 
+def test_discovery_stays_within_theorem_4_5(small_map):
+    lmap = small_map[0]
+    counts = [dl.discovery_messages(lmap, a, b) for a in range(lmap.agents) for b in range(lmap.agents) if a != b]
+    assert min(counts) >= 2 and max(counts) <= lmap.capacity_bound()  # a query and a reply at least
+
+
 def test_remembered_plans_cost_only_hand_overs(small_map):
     lmap, released, learning = small_map
     setup = dl.PlanningSetup(budget=10_000, rounds=20, learning=learning)
@@ -188,6 +194,8 @@ def test_reproduce_dp_planning_quick(tmp_path):
     for leak in data["leakage"].values():
         assert leak["inversion_max_error"] < 1e-9 and 0 <= leak["real_routes_kept"] <= 1
     assert all(v > 1 for v in data["histogram_sensitivity"].values())
+    for row in data["theorem_4_5"].values():
+        assert 0 < row["worst_over_bound"] <= 1 and row["worst_discovery"] <= row["mean_bound"]
     assert "length rank correlation" in result.output
     again = tmp_path / "again"
     assert CliRunner().invoke(app, ["reproduce", "dp-planning", "--quick", "--out", str(again)]).exit_code == 0

@@ -491,3 +491,6 @@ def reproduce_dp_planning(
                    f"inverted to {r['inversion_max_error']:.1e}")
     typer.echo("  degree-histogram change when one base goes (thesis: 1): "
                + ", ".join(f"{k} centres {v}" for k, v in result["histogram_sensitivity"].items()))
+    typer.echo("  Theorem 4.5, most discovery messages over the bound sum lc: "
+               + ", ".join(f"{k} centres {r['worst_discovery']} ({r['worst_over_bound']:.2f} of it)"
+                           for k, r in result["theorem_4_5"].items()))

@@ -19,7 +19,9 @@ Leakage of the shared maps (the thesis argues privacy by Theorems 4.3-4.4 and im
 and eps, the released node count against the real one and Corollary 4.1's ceil(d_max / eps), the share of real
 routes the released map keeps and of released routes that are real, the Spearman correlation between a kept real
 route's length and the pseudo-length a receiver reads off its released probability, the largest error of inverting
-Eq. 4.2, and the largest L1 change of a degree histogram when one base goes (the thesis' Delta_S is 1).
+Eq. 4.2, and the largest L1 change of a degree histogram when one base goes (the thesis' Delta_S is 1). And
+Theorem 4.5: the most messages a goal-finding (flood and reply, no budget) takes on each map, over every pair of
+agents, against the bound sum_c lc_c.
 
 Writes ``OUT/results.json`` and ``OUT/dp_planning.png`` atomically; same seed, same numbers.
 """
@@ -37,8 +39,8 @@ from leaklab import seeds
 from leaklab.experiments import ProgressFn
 from leaklab.fields import EpsilonGrid, Seed
 from leaklab.io import DP_PLANNING_FORMAT, RESULTS_FILE, atomic_dir, check_out, write_json
-from leaklab.planning.dp_logistics import APPROACHES, PlanningSetup, ReleasedArea, pseudo_lengths, release_area, \
-    simulate
+from leaklab.planning.dp_logistics import (APPROACHES, PlanningSetup, ReleasedArea, discovery_messages,
+                                           pseudo_lengths, release_area, simulate)
 from leaklab.planning.logistics_map import MAX_CENTRES, LogisticsMap, random_logistics_map
 from leaklab.planning.map_obfuscation import (RouteLearning, hidden_nodes, histogram_sensitivity,
                                               invert_redistribution)
@@ -175,12 +177,14 @@ def run(out: Path, config: DpPlanningConfig | None = None, quick: bool = False,
     # every (experiment, scenario, setting, approach): one list of outcomes per map
     runs: dict[tuple, list] = {}
     leakage: dict[tuple[int, float], list[dict]] = {}
-    sensitivity = {}
+    sensitivity, discovery = {}, {}
     total, done = config.maps * len(sizes), 0
     for m in range(config.maps):
         for size in sizes:
             lmap = random_logistics_map(size, np.random.default_rng(seeds.stream_seed(config.seed, "map", size, m)))
             sensitivity[size] = max(sensitivity.get(size, 0), _sensitivity(lmap))
+            worst = max(discovery_messages(lmap, a, b) for a in range(size) for b in range(size) if a != b)
+            discovery.setdefault(size, []).append((worst, lmap.capacity_bound()))
             wanted = epsilons if size == config.sweep_size else [config.epsilon]
             releases = {}
             for eps in wanted:
@@ -221,6 +225,10 @@ def run(out: Path, config: DpPlanningConfig | None = None, quick: bool = False,
         results = {"format": DP_PLANNING_FORMAT, "format_version": 1, "quick": quick,
                    "config": config.model_dump(mode="json"), "experiments": experiments, "leakage": leaks,
                    "histogram_sensitivity": {str(k): v for k, v in sorted(sensitivity.items())},
+                   "theorem_4_5": {str(k): {"worst_discovery": max(w for w, _ in v),
+                                            "worst_over_bound": max(w / b for w, b in v),
+                                            "mean_bound": float(np.mean([b for _, b in v]))}
+                                   for k, v in sorted(discovery.items())},
                    "published": PUBLISHED, "seconds": time.perf_counter() - start}
         write_json(tmp / RESULTS_FILE, results)
         _plot(tmp / FIGURE_FILE, experiments)

@@ -62,7 +62,7 @@ from leaklab.planning.map_obfuscation import (ObfuscatedArea, RouteLearning, obf
                                                route_probabilities)
 
 __all__ = ["Approach", "APPROACHES", "PlanningSetup", "ReleasedArea", "release_area", "pseudo_lengths",
-           "PackageOutcome", "simulate"]
+           "PackageOutcome", "discovery_messages", "simulate"]
 
 Approach = Literal["dp", "no-privacy", "best-first", "greedy"]
 APPROACHES: tuple[Approach, ...] = ("dp", "no-privacy", "best-first", "greedy")
@@ -216,6 +216,15 @@ def _flood(world: _World, source: int, goal: int) -> list[int] | None:
             return None
         hop = parent[hop]
     return list(parent)
+
+
+def discovery_messages(lmap: LogisticsMap, source: int, goal: int) -> int:
+    """Step 1's messages (the flood and the reply) for agent ``source`` to find agent ``goal`` without a budget,
+    to set beside Theorem 4.5's bound :meth:`~leaklab.planning.logistics_map.LogisticsMap.capacity_bound`."""
+    world = _World(lmap, PlanningSetup(budget=10_000_000), np.random.default_rng(0))
+    if _flood(world, source, goal) is None:
+        raise LeaklabError(f"agent {goal} is not reachable from agent {source}")
+    return world.messages
 
 
 def _high_level_route(world: _World, legs_of: dict[int, dict[tuple[int, int], float]], source: int, start: int,
