@@ -30,11 +30,18 @@ runs a greedy best-first search over the public centres by the same straight-lin
 each expanded centre for the centres they reach (a query and a reply per agent), then sends each chosen agent its
 leg. Neither remembers plans.
 
-Budgets (Sec. 4.6.4): a plan may use ``budget`` (C) messages, every sender's together (the thesis compares C with
-Theorem 4.5's sum_c lc_c, the messages one goal-finding may take, and scales C with the map: 40 at 10 centres to
-80 at 50); a plan that needs more fails, its messages counted. The thesis couples C to eps (eps / C per message);
-that does not set the map noise here (Laplace(d_max / (eps / C)) would have scale 320 at eps 0.5, C = 40): each
-agent releases one map at its eps.
+Budgets (Sec. 4.6.4), leaklab's reading: a plan may use ``budget`` (C) messages, every sender's together, and
+each plan starts afresh. The thesis gives C to each agent, which "ceases to communicate when eps is used up", and
+compares C with Theorem 4.5's sum_c lc_c, the messages one goal-finding may take; with a lifetime budget per agent
+the success rate would depend on how many packages a run makes, which the thesis does not give. A plan that needs
+more than C fails, its messages counted. The thesis couples C to eps (eps / C per message); that does not set the
+map noise here (Laplace(d_max / (eps / C)) would have scale 320 at eps 0.5, C = 40): each agent releases one map.
+
+Privacy of a release: Algorithm 7's histogram is eps-DP (with the thesis' Delta_S = 1, which understates the true
+change); Eq. 4.2 publishes the exponential mechanism's probabilities rather than a draw from them, a deterministic
+function of Algorithm 8's output that :func:`~leaklab.planning.map_obfuscation.invert_redistribution` undoes
+exactly, so the route probabilities, released for every ordered pair of an agent's centres, carry no DP guarantee
+whatever eps, and the released map keeps the real routes that survive the rewiring.
 
 Packet routing (Sec. 4.7.1, 4.8.2.2): with ``dynamism`` p, before each package every agent on its route loses a
 random base with probability p (one whose removal keeps its area connected, never the package's) and gains a new
@@ -75,7 +82,7 @@ class PlanningSetup(BaseModel):
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
-    epsilon: float = Field(default=0.5, gt=0, le=1e6)
+    epsilon: float = Field(default=0.5, gt=0, le=1e3)  # beyond, Eq. 4.2 underflows to probability 0
     budget: int = Field(default=40, ge=1, le=10_000_000)
     rounds: int = Field(default=5, ge=1, le=10_000)
     dynamism: float = Field(default=0.0, ge=0, le=1)
@@ -139,6 +146,7 @@ class _World:
         self.messages = 0
         self.plans: dict[tuple[int, int], list[tuple[int, int, int]]] = {}  # (i, j) -> legs (agent, from, to)
         self.maps: dict[int, set[int]] = {}  # agents whose map agent i holds
+        self._next_id = max(lmap.graph.nodes) + 1  # a joining base's id, never one used before
         self._distances: dict[tuple[int, int], dict[int, float]] = {}
         self._paths: dict[tuple[int, int], dict[int, list[int]]] = {}
 
@@ -183,7 +191,7 @@ class _World:
             nodes = [v for v in self.map.local(area).nodes]
             pos = np.array([graph.nodes[v]["pos"] for v in nodes])
             new_pos = pos[self.rng.integers(len(nodes))] + self.rng.normal(0, 0.2, size=2)
-            new = max(graph.nodes) + 1
+            new, self._next_id = self._next_id, self._next_id + 1
             graph.add_node(new, area=area, pos=new_pos)
             self.map.bases[area].append(new)
             for k in np.argsort(np.linalg.norm(pos - new_pos, axis=1))[:2]:
@@ -277,13 +285,16 @@ def _plan_shared(world: _World, released: dict[int, ReleasedArea] | None, source
         goal_leg = {c: 0.0 if released is not None else world.local_distance(goal, c, goal_base)
                     for c in world.map.centres_of(goal)}
         legs = _high_level_route(world, legs_of, source, start, goal, goal_leg)
-        if legs is None:
+        if legs is None or not _hand_over(world, legs, source):
             return None
-        world.plans[source, goal] = legs
-    for agent in dict.fromkeys(a for a, *_ in legs[1:]):
-        if agent != source and not world.send():
-            return None
-    return legs
+        world.plans[source, goal] = legs  # remembered once its hand-overs went out
+        return legs
+    return legs if _hand_over(world, legs, source) else None
+
+
+def _hand_over(world: _World, legs: list[tuple[int, int, int]], source: int) -> bool:
+    """The initiator sends every other agent of the plan its leg (one message each)."""
+    return all(world.send() for agent in dict.fromkeys(a for a, *_ in legs[1:]) if agent != source)
 
 
 def _plan_greedy(world: _World, source: int, start: int, goal: int) -> list[tuple[int, int, int]] | None:
@@ -301,10 +312,7 @@ def _plan_greedy(world: _World, source: int, start: int, goal: int) -> list[tupl
                 legs.append((agent, previous, node))
                 node = previous
             legs.reverse()
-            for agent in dict.fromkeys(a for a, *_ in legs[1:]):
-                if agent != source and not world.send():
-                    return None
-            return legs
+            return legs if _hand_over(world, legs, source) else None
         for agent in world.map.centre_areas[c]:
             if agent in asked:
                 continue

@@ -21,14 +21,17 @@ What the thesis leaves open, and leaklab's choices (notes-002, section 3.6):
   least total |degree change| (centres always kept, ties broken at random), the slots left over become fake nodes
   and the real bases left over are dropped; real routes between kept nodes are kept while both ends still need
   degree (in random order), the remaining stubs are paired Havel-Hakimi style (largest need first) by fake routes,
-  and stubs no pair can take are left (the realised histogram, recorded, can then differ from the target); the
-  result is made connected (Lemma 4.1 claims it is; a 1K rewiring does not ensure it) by routes from each other
-  component's lowest-degree node to a random node of the centres' component;
+  and stubs no pair can take are left; the result is made connected (Lemma 4.1 claims it is; a 1K rewiring does not ensure it) by routes from each other
+  component's lowest-degree node to a random node of the centres' component. The realised histogram is recorded;
+  it misses the target in most releases (``leaklab reproduce dp-planning`` measures the gap);
 * a fake route's length is uniform on [0.5, 1.5] times the mean real length ("random, based on the average");
 * Algorithm 8's box is one walk: leaklab runs :data:`EPISODES` walks of at most :data:`MAX_STEPS` routes, reward
   200 / length and Q(v, e) initialised to 100 / length (the thesis' examples), pi(v, .) to 1/length normalised;
   line 10 bootstraps on max Q(v', .) also when v' = B (as printed), and line 15 is Algorithm 4 (the chapter 3
-  normalisation: :func:`leaklab.rl.agents.advising.normalize`);
+  normalisation: :func:`leaklab.rl.agents.advising.normalize`). As printed, Algorithm 8 does not learn the way to B:
+  every step earns a positive reward and B is not absorbing, so a walk that loops is worth more than one that
+  arrives (on Fig. 4.4(a)'s map the learned greedy walk never reaches B, :func:`reaches_exit`), and the nodes the
+  walks seldom leave keep their 1/length start, whose inverse is the exact length ratios;
 * Eq. 4.2 uses the full eps as the thesis' worked example does (u = (0.7, 0.3), eps = 2 gives (0.5987, 0.4013));
   Theorem 4.3's accounting charges eps / k per edge, which the formula does not use.
 
@@ -52,7 +55,8 @@ from leaklab.privacy.mechanisms import ExponentialMechanism, LaplaceMechanism, c
 from leaklab.rl.agents.advising import normalize
 
 __all__ = ["degree_histogram", "hidden_nodes", "histogram_sensitivity", "ObfuscatedArea", "obfuscate_topology",
-           "RouteLearning", "route_probabilities", "redistribute", "invert_redistribution", "fixed_point_epsilons"]
+           "RouteLearning", "route_probabilities", "reaches_exit", "redistribute", "invert_redistribution",
+           "fixed_point_epsilons"]
 
 EPISODES = 100
 MAX_STEPS = 50
@@ -178,6 +182,18 @@ def route_probabilities(graph: nx.Graph, start: int, goal: int, rng: np.random.G
             pi[v] = normalize(pi[v] + learning.zeta * (q[v] - pi[v] @ q[v]))
             v = u
     return {v: (order[v], pi[v]) for v in graph.nodes}
+
+
+def reaches_exit(probabilities: dict[int, tuple[list[int], np.ndarray]], start: int, goal: int) -> bool:
+    """Whether the most probable route from each node, followed from ``start``, reaches ``goal`` (within as many
+    steps as there are nodes)."""
+    v = start
+    for _ in range(len(probabilities)):
+        if v == goal:
+            return True
+        order, p = probabilities[v]
+        v = order[int(np.argmax(p))]
+    return v == goal
 
 
 def redistribute(probabilities: np.ndarray, epsilon: float) -> np.ndarray:
