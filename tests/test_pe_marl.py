@@ -107,6 +107,39 @@ def test_pe_qmix_gradients_equal_the_centralised_mixer_of_summed_layers():
     assert (raised >= base - 1e-4).all()
 
 
+def test_pe_qtran_gradients_equal_centralised_qtran():
+    from leaklab.rl.marl.pe_qtran import QtranShare, pe_qtran_losses, qtran_loss, qtran_messages, secure_target
+
+    nets, obs, act, _, reward, done = _team(seed=3)
+    torch.manual_seed(4)
+    shares = [QtranShare(4, 3, embedding=8, hidden=16) for _ in nets]
+
+    def messages():
+        return qtran_messages(shares, obs, act, [n(o) for n, o in zip(nets, obs)])
+
+    target_total = secure_target(shares, obs, act, np.random.default_rng(5))
+    with torch.no_grad():  # the target Q_tot from secure sums is the centralised head on the plain sums
+        first = sum(s.first_q(o, a) for s, o, a in zip(shares, obs, act))
+        plain = torch.relu(first) @ sum(s.q2.weight[0] for s in shares) + sum(s.q2.bias[0] for s in shares)
+    assert torch.allclose(target_total, plain, atol=1e-3)
+    params = [[*n.parameters(), *s.parameters()] for n, s in zip(nets, shares)]
+    central = qtran_loss(messages(), target_total, reward, done, 0.9)
+    reference = torch.autograd.grad(central, sum(params, []))
+    losses = pe_qtran_losses(messages(), target_total, reward, done, 0.9, np.random.default_rng(0))
+    k = 0
+    for i, loss in enumerate(losses):
+        assert float(loss.detach()) == pytest.approx(float(central.detach()), rel=1e-3)
+        grads = torch.autograd.grad(loss, params[i], retain_graph=True, allow_unused=True)
+        for g in grads:
+            ref = reference[k]
+            assert torch.allclose(g if g is not None else torch.zeros_like(ref), ref,
+                                  atol=1e-3 * max(1.0, ref.abs().max().item()))
+            k += 1
+        assert any(g is not None and g.abs().max() > 0 for g in grads[len(list(nets[i].parameters())):])
+        others = [p for j, ps in enumerate(params) if j != i for p in ps]
+        assert all(g is None for g in torch.autograd.grad(loss, others, retain_graph=True, allow_unused=True))
+
+
 def test_replay_buffer_epsilon_is_theorem_4_2():
     assert replay_buffer_epsilon(32 / 1024, 0.8, 1024, 1024 ** -1.1, "rdp") == pytest.approx(
         dpsgd_epsilon(32 / 1024, 0.8, 1024, 1024 ** -1.1, "rdp"))
@@ -149,7 +182,7 @@ def test_reproduce_pe_marl_quick(tmp_path):
     assert result.exit_code == 0, result.output
     data = json.loads((out / "results.json").read_text())
     assert (out / "learning_curves.png").stat().st_size > 0
-    assert list(data["methods"]) == ["iql", "vdn", "pe-vdn", "pe-qmix", "dp-pe-vdn"]
+    assert list(data["methods"]) == ["iql", "vdn", "pe-vdn", "pe-qmix", "pe-qtran", "dp-pe-vdn"]
     dp = data["methods"]["dp-pe-vdn"]["privacy"]
     assert dp["epsilon"] <= data["config"]["epsilon"] + 1e-6 and dp["delta"] == pytest.approx(80 ** -1.1)
     agents = data["config"]["team"]["agents"]  # accounted jointly: each agent's noise sqrt(N) times the team's
@@ -167,3 +200,14 @@ def test_reproduce_pe_marl_quick(tmp_path):
     assert timeless(json.loads((again / "results.json").read_text())["methods"]) == timeless(data["methods"])
     bad = CliRunner().invoke(app, ["reproduce", "pe-marl", "--quick", "--runs", "0", "--out", str(tmp_path / "x")])
     assert bad.exit_code == 2 and "--runs" in bad.output and not (tmp_path / "x").exists()
+    bad = CliRunner().invoke(app, ["reproduce", "pe-marl", "--quick", "--methods", "qtran", "--out",
+                                   str(tmp_path / "x")])
+    assert bad.exit_code == 2 and "--methods" in bad.output and not (tmp_path / "x").exists()
+    some = tmp_path / "some"
+    result = CliRunner().invoke(app, ["reproduce", "pe-marl", "--quick", "--methods", "pe-qtran,iql", "--out",
+                                      str(some)])
+    assert result.exit_code == 0, result.output
+    data = json.loads((some / "results.json").read_text())
+    assert list(data["methods"]) == ["iql", "pe-qtran"] and data["vdn_pe_vdn_largest_win_rate_difference"] is None
+    assert timeless(data["methods"])["pe-qtran"] == timeless(json.loads((again / "results.json").read_text())[
+        "methods"])["pe-qtran"]  # a method's runs do not depend on the others chosen

@@ -35,3 +35,6 @@ MAX_THREADS = 1024  # torch threads (--threads, LEAKLAB_THREADS): a million made
 # the active-perception rooms' movements (seed 000, section III)
 ROOM_ACTION_NAMES = ("forward", "backward", "strafe_left", "strafe_right", "turn_left", "turn_right", "stay")
 MAX_TRAIN_STEPS = 10_000_000  # an agent's most environment steps of training (AgentConfig, --train-steps, --steps)
+
+# ``leaklab reproduce pe-marl``'s methods (seed 003 chapter 4), in the order they train
+PE_MARL_METHODS = ("iql", "vdn", "pe-vdn", "pe-qmix", "pe-qtran", "dp-pe-vdn")

@@ -15,7 +15,7 @@ from leaklab.cli.options import QuickOpt, SeedOpt, _bounded, _checked, _each, _r
 from leaklab.cli.progress import _progress
 from leaklab.cli.rooms import ArchOpt, DeviceOpt, IterationsOpt, LayoutsOpt, ModeOpt, WorkersOpt
 from leaklab.errors import LeaklabError
-from leaklab.names import DEFAULT_ARCH, INVERSION_CHECK_NAMES, MAX_TRAIN_STEPS, TABLE1_CELLS
+from leaklab.names import DEFAULT_ARCH, INVERSION_CHECK_NAMES, MAX_TRAIN_STEPS, PE_MARL_METHODS, TABLE1_CELLS
 from leaklab.words import plural
 
 MAX_IMAGES = 10_000  # images per setting or check (100,000 were taken and ran until killed)
@@ -443,12 +443,18 @@ def reproduce_pe_marl(
     epsilon: Annotated[Optional[float], typer.Option("--epsilon", help="the DP runs' target epsilon (default 2.90, "
                                                                        "the thesis')", callback=_checked(
         "--epsilon", lambda v: 0 < v <= 100, "a number in (0, 100]"))] = None,
+    methods: Annotated[Optional[list[str]], typer.Option(
+        "--methods", help="repeatable or comma-separated, e.g. pe-qmix,pe-qtran (default all: iql, vdn, pe-vdn, "
+                          "pe-qmix, pe-qtran, dp-pe-vdn)", callback=_each(
+            "--methods", lambda m: m if m in PE_MARL_METHODS else None,
+            "methods among " + ", ".join(PE_MARL_METHODS)))] = None,
 ) -> None:
-    """Seed 003, chapter 4 (Figs. 4.12-4.16): IQL, VDN, PE-VDN (secret-shared team TD error), PE-QMIX and PE-VDN
-    with DP-SGD (Theorem 4.2) on cooperative navigation (--quick: a few steps)."""
+    """Seed 003, chapter 4 (Figs. 4.12-4.16): IQL, VDN, PE-VDN (secret-shared team TD error), PE-QMIX, PE-QTRAN and
+    PE-VDN with DP-SGD (Theorem 4.2) on cooperative navigation (--quick: a few steps)."""
     from leaklab.experiments import pe_marl
 
-    fields = {**({} if runs is None else {"runs": runs}), **({} if epsilon is None else {"epsilon": epsilon})}
+    fields = {**({} if runs is None else {"runs": runs}), **({} if epsilon is None else {"epsilon": epsilon}),
+              **({} if methods is None else {"methods": _split(methods)})}
     result = _experiment(pe_marl, pe_marl.PeMarlConfig, "pe-marl", quick, seed, out, **fields)
     for method, r in result["methods"].items():
         dp = "" if r["privacy"] is None else \

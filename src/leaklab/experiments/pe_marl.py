@@ -1,7 +1,7 @@
 """``leaklab reproduce pe-marl``: seed 003, chapter 4 (Figs. 4.12-4.16) on a task that runs here: IQL, VDN, PE-VDN (the
 team TD error through additively secret-shared sums), PE-QMIX (each agent's share of the mixer, evaluated layer by
-layer through secure sums) and PE-VDN with DP-SGD at a target (eps, delta) by Theorem 4.2, each trained ``runs``
-times on cooperative navigation (:mod:`leaklab.rl.envs.cooperative_navigation`; the thesis' SMAC 3m needs StarCraft
+layer through secure sums), PE-QTRAN (each agent's encoders and shares of QTRAN's team and state values) and PE-VDN
+with DP-SGD at a target (eps, delta) by Theorem 4.2, each (or the ``methods`` chosen) trained ``runs`` times on cooperative navigation (:mod:`leaklab.rl.envs.cooperative_navigation`; the thesis' SMAC 3m needs StarCraft
 II).
 
 Minibatches of 512 transitions and clipping at 0.1 (measured with 2 agents: at 64 and 1.0, DP-SGD at eps 2.9 never
@@ -28,11 +28,12 @@ from leaklab import seeds
 from leaklab.experiments import ProgressFn
 from leaklab.fields import Seed
 from leaklab.io import PE_MARL_FORMAT, RESULTS_FILE, atomic_dir, check_out, write_json
+from leaklab.names import PE_MARL_METHODS
 from leaklab.privacy.dpsgd import DPConfig
 from leaklab.rl.marl.team_training import TeamConfig, train_team
 
 FIGURE_FILE = "learning_curves.png"
-METHODS = ("iql", "vdn", "pe-vdn", "pe-qmix", "dp-pe-vdn")
+METHODS = PE_MARL_METHODS
 PUBLISHED = {  # seed 003, Sec. 4.5 (SMAC 3m; figures only but for these)
     "dp_win_rate": "about 80% for PE-VDN and PE-QMIX at (eps, delta) = (2.90, 4.9e-4), anchor models",
     "claims": ["PE-VDN, PE-QMIX and PE-QTRAN all beat IQL in stability and convergence rate",
@@ -51,7 +52,14 @@ class PeMarlConfig(BaseModel):
     delta: float | None = Field(default=None, gt=0, lt=1, description="default: buffer^-1.1 (the thesis' rule)")
     clip: float = Field(default=0.1, gt=0, description="per-sample clipping (the per-sample gradients here are "
                                                        "small: at 1, the noise drowned them)")
+    methods: list[str] = Field(default_factory=lambda: list(METHODS), min_length=1)
     seed: Seed = 0
+
+    def model_post_init(self, _: object) -> None:
+        unknown = [m for m in self.methods if m not in METHODS]
+        if unknown:
+            raise ValueError(f"unknown method {unknown[0]!r}; choose from {', '.join(METHODS)}")
+        self.methods = [m for m in METHODS if m in self.methods]
 
     def privacy(self) -> DPConfig:
         delta = self.delta if self.delta is not None else self.team.buffer ** -1.1
@@ -71,7 +79,7 @@ def run(out: Path, config: PeMarlConfig | None = None, quick: bool = False,
     train_team(config.team.model_copy(update={"env_steps": 2}))  # the one-time warm-up, untimed
     start = time.perf_counter()
     rows, done = {}, 0
-    for method in METHODS:
+    for method in config.methods:
         runs = []
         for r in range(config.runs):
             team = config.team.model_copy(update={
@@ -81,7 +89,7 @@ def run(out: Path, config: PeMarlConfig | None = None, quick: bool = False,
             runs.append(train_team(TeamConfig.model_validate(team.model_dump()))[0])
             done += 1
             if progress is not None:
-                progress("training runs", done, len(METHODS) * config.runs)
+                progress("training runs", done, len(config.methods) * config.runs)
         win, ret = np.array([x.win_rate for x in runs]), np.array([x.returns for x in runs])
         rows[method] = {"eval_steps": runs[0].eval_steps, "win_rate_mean": win.mean(0).tolist(),
                         "win_rate_std": win.std(0).tolist(), "return_mean": ret.mean(0).tolist(),
@@ -91,8 +99,8 @@ def run(out: Path, config: PeMarlConfig | None = None, quick: bool = False,
                         "seconds_per_run": float(np.mean([x.seconds for x in runs])),
                         "updates": runs[0].updates, "privacy": runs[0].privacy,
                         "win_rate_per_run": win.tolist()}
-    drift = float(np.abs(np.array(rows["vdn"]["win_rate_per_run"])
-                         - np.array(rows["pe-vdn"]["win_rate_per_run"])).max())
+    drift = float(np.abs(np.array(rows["vdn"]["win_rate_per_run"]) - np.array(rows["pe-vdn"]["win_rate_per_run"])
+                         ).max()) if {"vdn", "pe-vdn"} <= set(rows) else None
     with atomic_dir(out, PE_MARL_FORMAT) as tmp:
         results = {"format": PE_MARL_FORMAT, "format_version": 1, "quick": quick,
                    "config": config.model_dump(mode="json"), "methods": rows,

@@ -5,5 +5,7 @@
   centralised VDN's;
 * :mod:`leaklab.rl.marl.pe_qmix`: PE-QMIX's per-agent mixer shares, the mixer evaluated layer by layer through secure
   sums, gradients equal to those of the centralised mixer of summed layers;
-* :mod:`leaklab.rl.marl.team_training`: IQL, VDN, PE-VDN, PE-QMIX and DP PE-VDN on cooperative navigation.
+* :mod:`leaklab.rl.marl.pe_qtran`: PE-QTRAN's per-agent encoders and shares of the team and state values, QTRAN's
+  three losses through secure sums, gradients equal to centralised QTRAN's;
+* :mod:`leaklab.rl.marl.team_training`: IQL, VDN, PE-VDN, PE-QMIX, PE-QTRAN and DP PE-VDN on cooperative navigation.
 """

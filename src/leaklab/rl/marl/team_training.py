@@ -2,8 +2,9 @@
 with independent learners (IQL, the thesis' baseline), centralised VDN, PE-VDN (:mod:`leaklab.rl.marl.pe_vdn`:
 the team TD error through a secure sum, each agent updating only its own network), PE-QMIX
 (:mod:`leaklab.rl.marl.pe_qmix`: each agent also owns an encoder and hypernetworks making its share of the mixer,
-evaluated layer by layer through secure sums), or PE-VDN with DP-SGD on every agent's parameters: seed 003 (Gohari,
-thesis 2023), chapter 4, Secs. 4.3-4.4.
+evaluated layer by layer through secure sums), PE-QTRAN (:mod:`leaklab.rl.marl.pe_qtran`: each agent's encoders and
+shares of QTRAN's team and state values, the three losses through secure sums), or PE-VDN with DP-SGD on every
+agent's parameters: seed 003 (Gohari, thesis 2023), chapter 4, Secs. 4.3-4.4.
 
 Every agent has its own Q network (an MLP on its observation; the thesis' agents add a GRU for SMAC's partial
 observations), target network (copied every ``target_sync`` updates) and optimizer. The transitions of
@@ -47,11 +48,12 @@ from leaklab.privacy.dpsgd import DPConfig, replay_buffer_epsilon
 from leaklab.rl.agents.private import make_private_agent
 from leaklab.rl.envs.cooperative_navigation import MOVES, NavigationBatch, observation_size
 from leaklab.rl.marl.pe_qmix import MixerShare, mixer_messages, pe_qmix_losses, secure_total
+from leaklab.rl.marl.pe_qtran import QtranShare, pe_qtran_losses, qtran_messages, secure_target
 from leaklab.rl.marl.pe_vdn import pe_vdn_losses, vdn_loss
 
 __all__ = ["TeamConfig", "TeamRun", "train_team"]
 
-Method = Literal["iql", "vdn", "pe-vdn", "pe-qmix"]
+Method = Literal["iql", "vdn", "pe-vdn", "pe-qmix", "pe-qtran"]
 
 
 class TeamConfig(BaseModel):
@@ -136,8 +138,9 @@ def train_team(config: TeamConfig, progress: Callable[[int, int], None] | None =
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seeds.stream_seed(config.seed, "team", "networks"))
         nets = [_net(config) for _ in range(config.agents)]
-        mixers = [MixerShare(observation_size(config.agents)) for _ in range(config.agents)] \
-            if config.method == "pe-qmix" else []
+        share = {"pe-qmix": lambda: MixerShare(observation_size(config.agents)),
+                 "pe-qtran": lambda: QtranShare(observation_size(config.agents), len(MOVES))}.get(config.method)
+        mixers = [share() for _ in range(config.agents)] if share is not None else []
     targets = [copy.deepcopy(n).eval() for n in nets]
     target_mixers = [copy.deepcopy(m).eval() for m in mixers]
     private, models, optimizers = [], nets, None
@@ -214,11 +217,20 @@ def train_team(config: TeamConfig, progress: Callable[[int, int], None] | None =
 def _update(models: list[nn.Module], targets: list[nn.Module], mixing: tuple[list, list], optimizers: list | None,
             private: list, batch: dict[str, torch.Tensor], config: TeamConfig, sum_rng: np.random.Generator) -> None:
     obs, nxt, actions = batch["obs"], batch["next"], batch["action"]
-    chosen = [m(obs[:, i]).gather(1, actions[:, i:i + 1]).squeeze(1) for i, m in enumerate(models)]
+    q_values = [m(obs[:, i]) for i, m in enumerate(models)]
+    chosen = [q.gather(1, actions[:, i:i + 1]).squeeze(1) for i, q in enumerate(q_values)]
     with torch.no_grad():
-        target_max = [t(nxt[:, i]).max(1).values for i, t in enumerate(targets)]
+        target_best = [t(nxt[:, i]).max(1) for i, t in enumerate(targets)]
+    target_max = [b.values for b in target_best]
     reward, done = batch["reward"], batch["done"]
-    if config.method == "pe-qmix":
+    agents = range(config.agents)
+    if config.method == "pe-qtran":
+        shares, target_shares = mixing
+        target_total = secure_target(target_shares, [nxt[:, i] for i in agents],
+                                     [b.indices for b in target_best], sum_rng)
+        messages = qtran_messages(shares, [obs[:, i] for i in agents], [actions[:, i] for i in agents], q_values)
+        losses = pe_qtran_losses(messages, target_total, reward, done, config.gamma, sum_rng)
+    elif config.method == "pe-qmix":
         mixers, target_mixers = mixing
         with torch.no_grad():
             target_total = secure_total(mixer_messages(target_mixers, [nxt[:, i] for i in range(config.agents)],

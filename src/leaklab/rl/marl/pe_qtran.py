@@ -1,0 +1,143 @@
+"""PE-QTRAN, the privacy-engineered QTRAN of seed 003 (Gohari, thesis 2023), chapter 4, Sec. 4.3.3.
+
+QTRAN (Son et al. 2019; Theorem 4.1) trains a team value Q_tot(h_Q) and a state value V(h_V) on the sums of
+per-agent encodings, h_Q = sum_i h_Qi(tau_i, a_i) and h_V = sum_i h_Vi(tau_i), with three losses (eqs. 4.25-4.28):
+
+* l_td = (r + gamma (1 - done) Q_tot^-(tau', a-bar') - Q_tot(tau, a))^2, a-bar' the target networks' greedy actions;
+* l_opt = (sum_i Q_i(tau_i, a-bar_i) - Q^_tot(tau, a-bar) + V(tau))^2, a-bar the agents' greedy actions;
+* l_nopt = (min(sum_i Q_i(tau_i, a_i) - Q^_tot(tau, a) + V(tau), 0))^2 (the thesis' {z}_+ := min(z, 0));
+
+l = l_td + lambda_opt l_opt + lambda_nopt l_nopt, each the mean over the minibatch, Q^_tot without gradient.
+
+PE-QTRAN (eqs. 4.29-4.31): each agent owns its encoders and a share of Q_tot's and V's layers. The first layers are
+sums of the agents' own pre-activations, sum_i (h_Qi W1_Qi + b1_Qi) and sum_i (h_Vi W1_Vi + b1_Vi) (round 1, with
+the Q value sums of PE-VDN); the second layers' weights and biases are sums of the shares (round 2);
+Q_tot = relu(z1) . W2 + b2 and likewise V, one hidden layer of ``hidden`` units as the authors' code (notes-003,
+4.4). Every sum goes through :func:`leaklab.privacy.secret_sharing.secure_sum` and is revealed; agent i rebuilds
+each as revealed.detach() - own.detach() + own, so its loss has the team's value and a gradient that reaches only
+its own Q network, encoders and shares, equal to the centralised QTRAN's (:func:`qtran_loss`) on those parameters.
+lambda_opt = 1 and lambda_nopt = 0.1 (the authors' code); the thesis gives none.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from leaklab.privacy.secret_sharing import secure_sum
+
+__all__ = ["QtranShare", "QtranMessages", "qtran_messages", "qtran_loss", "pe_qtran_losses", "secure_target"]
+
+LAMBDA_OPT, LAMBDA_NOPT = 1.0, 0.1
+
+
+class QtranShare(nn.Module):
+    """One agent's encoders h_Qi(tau_i, a_i) (observation and one-hot action) and h_Vi(tau_i), and its shares of
+    Q_tot's and V's first layers (on its own encoding) and second layers (summed over the agents)."""
+
+    def __init__(self, observation: int, actions: int, embedding: int = 32, hidden: int = 64):
+        super().__init__()
+        self.actions = actions
+        self.h_q = nn.Sequential(nn.Linear(observation + actions, embedding), nn.ReLU())
+        self.h_v = nn.Sequential(nn.Linear(observation, embedding), nn.ReLU())
+        self.q1, self.q2 = nn.Linear(embedding, hidden), nn.Linear(hidden, 1)
+        self.v1, self.v2 = nn.Linear(embedding, hidden), nn.Linear(hidden, 1)
+
+    def first_q(self, observation: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
+        """Eq. 4.29's term of this agent: h_Qi(tau_i, a_i) W1_Qi + b1_Qi, ``[B, hidden]``."""
+        return self.q1(self.h_q(torch.cat([observation, F.one_hot(action, self.actions).to(observation)], 1)))
+
+    def first_v(self, observation: torch.Tensor) -> torch.Tensor:
+        """Eq. 4.30's term of this agent, ``[B, hidden]``."""
+        return self.v1(self.h_v(observation))
+
+    def second(self) -> tuple[torch.Tensor, ...]:
+        """Eq. 4.31's shares: Q_tot's and V's second-layer weights ``[hidden]`` and biases ``[]``."""
+        return self.q2.weight[0], self.q2.bias[0], self.v2.weight[0], self.v2.bias[0]
+
+
+@dataclass
+class QtranMessages:
+    """One agent's contributions to a minibatch's sums: the first-layer terms at (tau, a) and (tau, a-bar) and of
+    V, its Q values at a and a-bar, and its second-layer shares."""
+
+    first_q: torch.Tensor
+    first_q_best: torch.Tensor
+    first_v: torch.Tensor
+    q: torch.Tensor
+    q_best: torch.Tensor
+    second: tuple[torch.Tensor, ...]
+
+    def parts(self) -> list[torch.Tensor]:
+        return [self.first_q, self.first_q_best, self.first_v, self.q, self.q_best, *self.second]
+
+
+def qtran_messages(shares: Sequence[QtranShare], observations: Sequence[torch.Tensor],
+                   actions: Sequence[torch.Tensor], q_values: Sequence[torch.Tensor]) -> list[QtranMessages]:
+    """Every agent's messages; ``q_values[i]`` is Q_i(tau_i, .) ``[B, actions]`` with its graph, ``actions[i]`` the
+    actions taken."""
+    out = []
+    for share, o, a, q in zip(shares, observations, actions, q_values):
+        best = q.max(1)
+        out.append(QtranMessages(share.first_q(o, a), share.first_q(o, best.indices), share.first_v(o),
+                                 q.gather(1, a[:, None]).squeeze(1), best.values, share.second()))
+    return out
+
+
+def _head(first: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    return F.relu(first) @ weight + bias
+
+
+def _losses(s: list[torch.Tensor], fixed: list[torch.Tensor], target_total: torch.Tensor, reward: torch.Tensor,
+            done: torch.Tensor, gamma: float) -> torch.Tensor:
+    """Eq. 4.28 from the sums ``s`` (in the order of :meth:`QtranMessages.parts`) and their values ``fixed`` (for
+    Q^_tot, whose gradient is stopped)."""
+    first_q, first_q_best, first_v, q, q_best, w_q, b_q, w_v, b_v = s
+    total = _head(first_q, w_q, b_q)
+    v = _head(first_v, w_v, b_v)
+    fixed_total = _head(fixed[0], fixed[5], fixed[6])
+    fixed_best = _head(fixed[1], fixed[5], fixed[6])
+    td = ((reward + gamma * (1 - done) * target_total.detach() - total) ** 2).mean()
+    opt = ((q_best - fixed_best + v) ** 2).mean()
+    nopt = (torch.clamp(q - fixed_total + v, max=0.0) ** 2).mean()
+    return td + LAMBDA_OPT * opt + LAMBDA_NOPT * nopt
+
+
+def qtran_loss(messages: Sequence[QtranMessages], target_total: torch.Tensor, reward: torch.Tensor,
+               done: torch.Tensor, gamma: float) -> torch.Tensor:
+    """Centralised QTRAN on the plain sums of the messages: the reference PE-QTRAN reproduces."""
+    sums = [torch.stack(parts).sum(0) for parts in zip(*(m.parts() for m in messages))]
+    return _losses(sums, [x.detach() for x in sums], target_total, reward, done, gamma)
+
+
+def _revealed(messages: Sequence[QtranMessages], rng: np.random.Generator) -> list[torch.Tensor]:
+    out = []
+    for parts in zip(*(m.parts() for m in messages)):
+        stacked = torch.stack([p.detach() for p in parts]).double().cpu().numpy()
+        out.append(torch.as_tensor(secure_sum(stacked, rng).total, dtype=parts[0].dtype))
+    return out
+
+
+def pe_qtran_losses(messages: Sequence[QtranMessages], target_total: torch.Tensor, reward: torch.Tensor,
+                    done: torch.Tensor, gamma: float, rng: np.random.Generator) -> list[torch.Tensor]:
+    """Each agent's loss from the revealed sums with its own messages in the graph."""
+    sums = _revealed(messages, rng)
+    return [_losses([s - m.detach() + m for s, m in zip(sums, own.parts())], sums, target_total, reward, done,
+                    gamma) for own in messages]
+
+
+def secure_target(shares: Sequence[QtranShare], observations: Sequence[torch.Tensor],
+                  actions: Sequence[torch.Tensor], rng: np.random.Generator) -> torch.Tensor:
+    """Q_tot^-(tau', a-bar') from the target shares through secure sums (no gradient)."""
+    with torch.no_grad():
+        first = [s.first_q(o, a) for s, o, a in zip(shares, observations, actions)]
+        weights = [s.second()[:2] for s in shares]
+        summed = [torch.stack(first)] + [torch.stack([w[k] for w in weights]) for k in range(2)]
+        total = [torch.as_tensor(secure_sum(x.double().cpu().numpy(), rng).total, dtype=first[0].dtype)
+                 for x in summed]
+    return _head(*total)
