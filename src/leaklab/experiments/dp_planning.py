@@ -37,7 +37,6 @@ from pathlib import Path
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
-from scipy import stats
 
 from leaklab import seeds
 from leaklab.experiments import ProgressFn

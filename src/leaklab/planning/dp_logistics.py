@@ -45,9 +45,9 @@ whatever eps, and the released map keeps the real routes that survive the rewiri
 
 Packet routing (Sec. 4.7.1, 4.8.2.2): with ``dynamism`` p, before each package every agent on its route loses a
 random base with probability p (one whose removal keeps its area connected, never the package's) and gains a new
-one with probability p (routes to its two nearest nodes); if a lost base lay on a leg's planned local route, Best-first and Greedy
-launch a new finding process (the hop's broadcast or the whole search again), DP-based and No-privacy re-plan
-locally at no message cost.
+one with probability p (routes to its two nearest nodes); if a lost base lay on a leg's planned local route,
+Best-first and Greedy launch a new finding process (the hop's broadcast or the whole search again), DP-based and
+No-privacy re-plan locally at no message cost.
 
 Packages (Sec. 4.8.1): each round every base creates one with probability 0.2, bound for a uniform base of another
 agent. Per package: delivered or not, the real route length and the messages its plan used.
@@ -350,8 +350,7 @@ def _run_best_first(world: _World, start: int, goal: int, goal_base: int) -> flo
 def _execute(world: _World, legs: list[tuple[int, int, int]], start: int, goal_base: int,
              replan: int | None) -> float | None:
     """Each agent moves the package along its real shortest local route; under dynamism an agent may lose a base
-    first, and a broken planned route costs ``replan`` messages from the initiator (None: local re-planning)."""
-    source = world.map.area_of(start)
+    first, and a broken planned route costs the plan ``replan`` more messages (None: local re-planning)."""
     points = [start if u == "s" else u for _, u, _ in legs] + [goal_base]
     length = 0.0
     for (agent, *_), a, b in zip(legs, points, points[1:]):

@@ -21,9 +21,10 @@ What the thesis leaves open, and leaklab's choices (notes-002, section 3.6):
   least total |degree change| (centres always kept, ties broken at random), the slots left over become fake nodes
   and the real bases left over are dropped; real routes between kept nodes are kept while both ends still need
   degree (in random order), the remaining stubs are paired Havel-Hakimi style (largest need first) by fake routes,
-  and stubs no pair can take are left; the result is made connected (Lemma 4.1 claims it is; a 1K rewiring does not ensure it) by routes from each other
-  component's lowest-degree node to a random node of the centres' component. The realised histogram is recorded;
-  it misses the target in most releases (``leaklab reproduce dp-planning`` measures the gap);
+  and stubs no pair can take are left; the result is made connected (Lemma 4.1 claims it is; a 1K rewiring does
+  not ensure it) by routes from each other component's lowest-degree node to a random node of the centres'
+  component. The realised histogram is recorded; it misses the target in most releases (``leaklab reproduce
+  dp-planning`` measures the gap);
 * a fake route's length is uniform on [0.5, 1.5] times the mean real length ("random, based on the average");
 * Algorithm 8's box is one walk: leaklab runs :data:`EPISODES` walks of at most :data:`MAX_STEPS` routes, reward
   200 / length and Q(v, e) initialised to 100 / length (the thesis' examples), pi(v, .) to 1/length normalised;
