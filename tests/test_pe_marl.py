@@ -107,35 +107,64 @@ def test_pe_qmix_gradients_equal_the_centralised_mixer_of_summed_layers():
     assert (raised >= base - 1e-4).all()
 
 
-def test_pe_qtran_gradients_equal_centralised_qtran():
+def _qtran_by_the_equations(nets, shares, target_nets, target_shares, obs, act, nxt, reward, done, gamma):
+    """Eqs. 4.25-4.28 written out on the agents' networks, apart from leaklab.rl.marl.pe_qtran's code."""
+    def head(parts, first_layer, last_layer):
+        z = sum(first_layer(s)(x) for s, x in zip(parts[0], parts[1]))
+        weight = sum(last_layer(s).weight[0] for s in parts[0])
+        return torch.relu(z) @ weight + sum(last_layer(s).bias[0] for s in parts[0])
+
+    def q_tot(team, o, a):
+        return head((team, [torch.cat([x, torch.nn.functional.one_hot(y, 3).float()], 1) for x, y in zip(o, a)]),
+                    lambda s: lambda x: s.q1(s.h_q(x)), lambda s: s.q2)
+
+    qs = [n(o) for n, o in zip(nets, obs)]
+    best = [q.argmax(1) for q in qs]
+    with torch.no_grad():
+        target = reward + gamma * (1 - done) * q_tot(target_shares, nxt,
+                                                     [t(o).argmax(1) for t, o in zip(target_nets, nxt)])
+    v = head((shares, obs), lambda s: lambda x: s.v1(s.h_v(x)), lambda s: s.v2)
+    td = ((target - q_tot(shares, obs, act)) ** 2).mean()
+    opt = ((sum(q.max(1).values for q in qs) - q_tot(shares, obs, best).detach() + v) ** 2).mean()
+    z = sum(q.gather(1, a[:, None]).squeeze(1) for q, a in zip(qs, act)) - q_tot(shares, obs, act).detach() + v
+    assert 0 < float((z < 0).float().mean()) < 1  # l_nopt's min(z, 0) is active on some samples, not all
+    return td + 1.0 * opt + 0.1 * torch.clamp(z, max=0.0).pow(2).mean()
+
+
+def test_pe_qtran_gradients_equal_qtran_by_the_equations():
+    import copy
+
     from leaklab.rl.marl.pe_qtran import QtranShare, pe_qtran_losses, qtran_loss, qtran_messages, secure_target
 
     nets, obs, act, _, reward, done = _team(seed=3)
     torch.manual_seed(4)
     shares = [QtranShare(4, 3, embedding=8, hidden=16) for _ in nets]
+    target_nets, target_shares = copy.deepcopy(nets), copy.deepcopy(shares)
+    with torch.no_grad():  # target networks that differ from the online ones
+        for p in [*target_nets[0].parameters(), *target_shares[1].parameters()]:
+            p.add_(0.1 * torch.randn_like(p))
+    nxt = [torch.randn_like(o) for o in obs]
+    params = [[*n.parameters(), *s.parameters()] for n, s in zip(nets, shares)]
+    reference = _qtran_by_the_equations(nets, shares, target_nets, target_shares, obs, act, nxt, reward, done, 0.9)
+    expected = torch.autograd.grad(reference, sum(params, []))
+    assert all(g.abs().max() > 0 for g in expected)  # every agent's Q network, encoders and shares learn
+    with torch.no_grad():
+        greedy_next = [t(o).argmax(1) for t, o in zip(target_nets, nxt)]
+    target_total = secure_target(target_shares, nxt, greedy_next, np.random.default_rng(5))
 
     def messages():
         return qtran_messages(shares, obs, act, [n(o) for n, o in zip(nets, obs)])
 
-    target_total = secure_target(shares, obs, act, np.random.default_rng(5))
-    with torch.no_grad():  # the target Q_tot from secure sums is the centralised head on the plain sums
-        first = sum(s.first_q(o, a) for s, o, a in zip(shares, obs, act))
-        plain = torch.relu(first) @ sum(s.q2.weight[0] for s in shares) + sum(s.q2.bias[0] for s in shares)
-    assert torch.allclose(target_total, plain, atol=1e-3)
-    params = [[*n.parameters(), *s.parameters()] for n, s in zip(nets, shares)]
     central = qtran_loss(messages(), target_total, reward, done, 0.9)
-    reference = torch.autograd.grad(central, sum(params, []))
+    assert float(central.detach()) == pytest.approx(float(reference.detach()), rel=1e-3)
     losses = pe_qtran_losses(messages(), target_total, reward, done, 0.9, np.random.default_rng(0))
     k = 0
     for i, loss in enumerate(losses):
-        assert float(loss.detach()) == pytest.approx(float(central.detach()), rel=1e-3)
-        grads = torch.autograd.grad(loss, params[i], retain_graph=True, allow_unused=True)
-        for g in grads:
-            ref = reference[k]
-            assert torch.allclose(g if g is not None else torch.zeros_like(ref), ref,
-                                  atol=1e-3 * max(1.0, ref.abs().max().item()))
+        assert float(loss.detach()) == pytest.approx(float(reference.detach()), rel=1e-3)
+        for g in torch.autograd.grad(loss, params[i], retain_graph=True, allow_unused=True):
+            g = torch.zeros_like(expected[k]) if g is None else g
+            assert torch.allclose(g, expected[k], atol=1e-3 * max(1.0, expected[k].abs().max().item()))
             k += 1
-        assert any(g is not None and g.abs().max() > 0 for g in grads[len(list(nets[i].parameters())):])
         others = [p for j, ps in enumerate(params) if j != i for p in ps]
         assert all(g is None for g in torch.autograd.grad(loss, others, retain_graph=True, allow_unused=True))
 
@@ -203,6 +232,9 @@ def test_reproduce_pe_marl_quick(tmp_path):
     bad = CliRunner().invoke(app, ["reproduce", "pe-marl", "--quick", "--methods", "qtran", "--out",
                                    str(tmp_path / "x")])
     assert bad.exit_code == 2 and "--methods" in bad.output and not (tmp_path / "x").exists()
+    bad = CliRunner().invoke(app, ["reproduce", "pe-marl", "--quick", "--methods", "iql", "--epsilon", "1",
+                                   "--out", str(tmp_path / "x")])
+    assert bad.exit_code == 2 and "--epsilon" in bad.output and not (tmp_path / "x").exists()
     some = tmp_path / "some"
     result = CliRunner().invoke(app, ["reproduce", "pe-marl", "--quick", "--methods", "pe-qtran,iql", "--out",
                                       str(some)])

@@ -11,7 +11,8 @@ from typing import Annotated, Any, Optional
 import typer
 
 from leaklab.cli.app import CELLS_KEPT, CHECKS_KEPT, _guard, reproduce_app
-from leaklab.cli.options import QuickOpt, SeedOpt, _bounded, _checked, _each, _run_out, _some, _spelling, _split
+from leaklab.cli.options import (QuickOpt, SeedOpt, _bounded, _checked, _each, _fail, _run_out, _some, _spelling,
+                                 _split)
 from leaklab.cli.progress import _progress
 from leaklab.cli.rooms import ArchOpt, DeviceOpt, IterationsOpt, LayoutsOpt, ModeOpt, WorkersOpt
 from leaklab.errors import LeaklabError
@@ -451,6 +452,8 @@ def reproduce_pe_marl(
 ) -> None:
     """Seed 003, chapter 4 (Figs. 4.12-4.16): IQL, VDN, PE-VDN (secret-shared team TD error), PE-QMIX, PE-QTRAN and
     PE-VDN with DP-SGD (Theorem 4.2) on cooperative navigation (--quick: a few steps)."""
+    if epsilon is not None and methods is not None and "dp-pe-vdn" not in _split(methods):
+        _fail("--epsilon sets the dp-pe-vdn runs, which --methods leaves out")
     from leaklab.experiments import pe_marl
 
     fields = {**({} if runs is None else {"runs": runs}), **({} if epsilon is None else {"epsilon": epsilon}),
