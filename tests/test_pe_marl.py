@@ -169,6 +169,36 @@ def test_pe_qtran_gradients_equal_qtran_by_the_equations():
         assert all(g is None for g in torch.autograd.grad(loss, others, retain_graph=True, allow_unused=True))
 
 
+def test_dp_pe_qmix_clips_each_agents_network_and_share_together():
+    from leaklab.privacy.dpsgd import DPConfig
+    from leaklab.rl.agents.private import make_private_agent
+    from leaklab.rl.marl.pe_qmix import MixerShare, mixer_messages, pe_qmix_losses
+    from leaklab.rl.marl.team_training import _AgentParts
+
+    nets, obs, act, _, reward, done = _team(seed=6)
+    torch.manual_seed(7)
+    shares = [MixerShare(4, hidden=8, embedding=16) for _ in nets]
+    clip, lr = 1e-3, 0.5
+    agents = []
+    for i, (net, share) in enumerate(zip(nets, shares)):
+        own = _AgentParts(net, share)
+        agents.append(make_private_agent(own, torch.optim.SGD(own.parameters(), lr=lr),
+                                         DPConfig(clip=clip, noise_multiplier=0.0), sample_rate=1.0,
+                                         expected_batch_size=len(reward), steps=1, seed=i))
+    before = [[p.detach().clone() for p in a.model.parameters()] for a in agents]
+    qs = [a.model(o).gather(1, x[:, None]).squeeze(1) for a, o, x in zip(agents, obs, act)]
+    losses = pe_qmix_losses(mixer_messages(shares, obs, qs), torch.randn(len(reward)), reward, done, 0.9,
+                            np.random.default_rng(0))
+    for agent, loss in zip(agents, losses):
+        agent.step(loss)
+    for agent, old in zip(agents, before):
+        moved = [(p.detach() - q) for p, q in zip(agent.model.parameters(), old)]
+        norm = torch.sqrt(sum((m ** 2).sum() for m in moved))
+        assert 0 < norm <= lr * clip * (1 + 1e-5)  # the mean of per-sample gradients clipped jointly to 1e-3
+        assert all(m.abs().max() > 0 for m in moved[-4:])  # the share's layers moved too
+        agent.model.remove_hooks()
+
+
 def test_replay_buffer_epsilon_is_theorem_4_2():
     assert replay_buffer_epsilon(32 / 1024, 0.8, 1024, 1024 ** -1.1, "rdp") == pytest.approx(
         dpsgd_epsilon(32 / 1024, 0.8, 1024, 1024 ** -1.1, "rdp"))
@@ -211,7 +241,8 @@ def test_reproduce_pe_marl_quick(tmp_path):
     assert result.exit_code == 0, result.output
     data = json.loads((out / "results.json").read_text())
     assert (out / "learning_curves.png").stat().st_size > 0
-    assert list(data["methods"]) == ["iql", "vdn", "pe-vdn", "pe-qmix", "pe-qtran", "dp-pe-vdn"]
+    assert list(data["methods"]) == ["iql", "vdn", "pe-vdn", "pe-qmix", "pe-qtran", "dp-pe-vdn", "dp-pe-qmix"]
+    assert data["methods"]["dp-pe-qmix"]["privacy"] == data["methods"]["dp-pe-vdn"]["privacy"]  # same accounting
     dp = data["methods"]["dp-pe-vdn"]["privacy"]
     assert dp["epsilon"] <= data["config"]["epsilon"] + 1e-6 and dp["delta"] == pytest.approx(80 ** -1.1)
     agents = data["config"]["team"]["agents"]  # accounted jointly: each agent's noise sqrt(N) times the team's
@@ -219,7 +250,7 @@ def test_reproduce_pe_marl_quick(tmp_path):
     assert dp["epsilon"] == pytest.approx(replay_buffer_epsilon(dp["sample_rate"], dp["joint_noise_multiplier"],
                                                                 data["config"]["team"]["buffer"], dp["delta"],
                                                                 dp["accountant"], data["config"]["team"]["envs"]))
-    assert all(r["privacy"] is None for m, r in data["methods"].items() if m != "dp-pe-vdn")
+    assert all((r["privacy"] is None) != m.startswith("dp-") for m, r in data["methods"].items())
     assert "win rate" in result.output
     again = tmp_path / "again"
     assert CliRunner().invoke(app, ["reproduce", "pe-marl", "--quick", "--out", str(again)]).exit_code == 0

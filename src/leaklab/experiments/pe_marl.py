@@ -1,7 +1,8 @@
 """``leaklab reproduce pe-marl``: seed 003, chapter 4 (Figs. 4.12-4.16) on a task that runs here: IQL, VDN, PE-VDN (the
 team TD error through additively secret-shared sums), PE-QMIX (each agent's share of the mixer, evaluated layer by
-layer through secure sums), PE-QTRAN (each agent's encoders and shares of QTRAN's team and state values) and PE-VDN
-with DP-SGD at a target (eps, delta) by Theorem 4.2, each (or the ``methods`` chosen) trained ``runs`` times on
+layer through secure sums), PE-QTRAN (each agent's encoders and shares of QTRAN's team and state values), and
+PE-VDN and PE-QMIX with DP-SGD at a target (eps, delta) by Theorem 4.2, each (or the ``methods`` chosen) trained
+``runs`` times on
 cooperative navigation (:mod:`leaklab.rl.envs.cooperative_navigation`; the thesis' SMAC 3m needs StarCraft II).
 
 Minibatches of 512 transitions and clipping at 0.1 (measured with 2 agents: at 64 and 1.0, DP-SGD at eps 2.9 never
@@ -83,9 +84,9 @@ def run(out: Path, config: PeMarlConfig | None = None, quick: bool = False,
         runs = []
         for r in range(config.runs):
             team = config.team.model_copy(update={
-                "method": "pe-vdn" if method == "dp-pe-vdn" else method,
+                "method": method.removeprefix("dp-"),
                 "seed": seeds.stream_seed(config.seed, "pe-marl", r),
-                "privacy": config.privacy() if method == "dp-pe-vdn" else None})
+                "privacy": config.privacy() if method.startswith("dp-") else None})
             runs.append(train_team(TeamConfig.model_validate(team.model_dump()))[0])
             done += 1
             if progress is not None:

@@ -3,8 +3,9 @@ with independent learners (IQL, the thesis' baseline), centralised VDN, PE-VDN (
 the team TD error through a secure sum, each agent updating only its own network), PE-QMIX
 (:mod:`leaklab.rl.marl.pe_qmix`: each agent also owns an encoder and hypernetworks making its share of the mixer,
 evaluated layer by layer through secure sums), PE-QTRAN (:mod:`leaklab.rl.marl.pe_qtran`: each agent's encoders and
-shares of QTRAN's team and state values, the three losses through secure sums), or PE-VDN with DP-SGD on every
-agent's parameters: seed 003 (Gohari, thesis 2023), chapter 4, Secs. 4.3-4.4.
+shares of QTRAN's team and state values, the three losses through secure sums), or PE-VDN and PE-QMIX with DP-SGD
+on every agent's parameters (its Q network and, for PE-QMIX, its mixer share): seed 003 (Gohari, thesis 2023),
+chapter 4, Secs. 4.3-4.4.
 
 Every agent has its own Q network (an MLP on its observation; the thesis' agents add a GRU for SMAC's partial
 observations), target network (copied every ``target_sync`` updates) and optimizer. The transitions of
@@ -88,8 +89,8 @@ class TeamConfig(BaseModel):
     def _sizes(self) -> "TeamConfig":
         if self.batch > self.buffer:
             raise ValueError("the minibatch is at most the buffer")
-        if self.privacy is not None and self.method != "pe-vdn":
-            raise ValueError("DP-SGD is for PE-VDN (each agent trains its own network)")
+        if self.privacy is not None and self.method not in ("pe-vdn", "pe-qmix"):
+            raise ValueError("DP-SGD is for PE-VDN and PE-QMIX (each agent trains its own network and share)")
         if 2 * self.agents > self.size ** 2:
             raise ValueError("the grid has no room for every agent and landmark")
         return self
@@ -106,6 +107,18 @@ class TeamRun:
     updates: int = 0
     seconds: float = 0.0
     privacy: dict | None = None
+
+
+class _AgentParts(nn.Module):
+    """An agent's Q network and mixer share as one module, for one DP-SGD optimizer over both: it acts as the Q
+    network; the share is called directly (opacus' per-sample hooks sit on the share's layers all the same)."""
+
+    def __init__(self, net: nn.Module, share: nn.Module):
+        super().__init__()
+        self.net, self.share = net, share
+
+    def forward(self, observation: torch.Tensor) -> torch.Tensor:
+        return self.net(observation)
 
 
 def _net(config: TeamConfig) -> nn.Module:
@@ -150,9 +163,10 @@ def train_team(config: TeamConfig, progress: Callable[[int, int], None] | None =
         per_agent = config.privacy.model_copy(update={"noise_multiplier": math.sqrt(config.agents) * joint,
                                                       "target_epsilon": None})
         for i, net in enumerate(nets):
-            optimizer = torch.optim.Adam(net.parameters(), lr=config.lr) if config.dp_optimizer == "adam" else \
-                torch.optim.SGD(net.parameters(), lr=config.dp_lr, momentum=0.9, weight_decay=0.01)
-            private.append(make_private_agent(net, optimizer, per_agent, sample_rate=q,
+            own = _AgentParts(net, mixers[i]) if mixers else net  # the agent's Q network and its mixer share
+            optimizer = torch.optim.Adam(own.parameters(), lr=config.lr) if config.dp_optimizer == "adam" else \
+                torch.optim.SGD(own.parameters(), lr=config.dp_lr, momentum=0.9, weight_decay=0.01)
+            private.append(make_private_agent(own, optimizer, per_agent, sample_rate=q,
                                               expected_batch_size=config.batch, steps=windows,
                                               seed=seeds.stream_seed(config.seed, "team", "dp-noise", i)))
         models = [p.model for p in private]
@@ -243,7 +257,7 @@ def _update(models: list[nn.Module], targets: list[nn.Module], mixing: tuple[lis
         losses = [vdn_loss(chosen, target_max, reward, done, config.gamma)]
     else:
         losses, _ = pe_vdn_losses(chosen, target_max, reward, done, config.gamma, sum_rng)
-    if private:  # (DP-SGD is PE-VDN's only: the config refuses it for the other methods)
+    if private:  # (DP-SGD is PE-VDN's and PE-QMIX's: the config refuses it for the other methods)
         for agent, loss in zip(private, losses):
             agent.step(loss)
         return
