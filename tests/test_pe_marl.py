@@ -180,8 +180,8 @@ def test_dp_pe_qmix_clips_each_agents_network_and_share_together():
     shares = [MixerShare(4, hidden=8, embedding=16) for _ in nets]
     clip, lr = 1e-3, 0.5
     agents = []
-    for i, (net, share) in enumerate(zip(nets, shares)):
-        own = _AgentParts(net, share)
+    for i, (net, mixer) in enumerate(zip(nets, shares)):
+        own = _AgentParts(net, mixer)
         agents.append(make_private_agent(own, torch.optim.SGD(own.parameters(), lr=lr),
                                          DPConfig(clip=clip, noise_multiplier=0.0), sample_rate=1.0,
                                          expected_batch_size=len(reward), steps=1, seed=i))
