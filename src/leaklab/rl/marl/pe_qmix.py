@@ -29,7 +29,7 @@ from torch import nn
 
 from leaklab.privacy.secret_sharing import secure_sum
 
-__all__ = ["MixerShare", "mixer_messages", "pe_qmix_losses", "qmix_loss"]
+__all__ = ["MixerShare", "mixer_messages", "pe_qmix_losses", "qmix_loss", "revealed_sum", "secure_total"]
 
 
 class MixerShare(nn.Module):
@@ -69,13 +69,15 @@ def qmix_loss(messages: Sequence[tuple[torch.Tensor, ...]], target_total: torch.
     return ((total - (reward + gamma * (1 - done) * target_total.detach())) ** 2).mean()
 
 
+def revealed_sum(parts: Sequence[torch.Tensor], rng: np.random.Generator) -> torch.Tensor:
+    """The sum of the agents' tensors ``parts`` (one each, same shape) as the secure sum reveals it (no gradient)."""
+    stacked = torch.stack([p.detach() for p in parts]).double().cpu().numpy()
+    return torch.as_tensor(secure_sum(stacked, rng).total, dtype=parts[0].dtype)
+
+
 def _revealed(messages: Sequence[tuple[torch.Tensor, ...]], rng: np.random.Generator) -> list[torch.Tensor]:
     """The three sums as the secure sums reveal them (detached)."""
-    out = []
-    for k in range(3):
-        parts = torch.stack([m[k].detach() for m in messages]).double().cpu().numpy()
-        out.append(torch.as_tensor(secure_sum(parts, rng).total, dtype=messages[0][k].dtype))
-    return out
+    return [revealed_sum([m[k] for m in messages], rng) for k in range(3)]
 
 
 def secure_total(messages: Sequence[tuple[torch.Tensor, ...]], rng: np.random.Generator) -> torch.Tensor:

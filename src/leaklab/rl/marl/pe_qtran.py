@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from leaklab.privacy.secret_sharing import secure_sum
+from leaklab.rl.marl.pe_qmix import revealed_sum
 
 __all__ = ["QtranShare", "QtranMessages", "qtran_messages", "qtran_loss", "pe_qtran_losses", "secure_target"]
 
@@ -116,11 +116,7 @@ def qtran_loss(messages: Sequence[QtranMessages], target_total: torch.Tensor, re
 
 
 def _revealed(messages: Sequence[QtranMessages], rng: np.random.Generator) -> list[torch.Tensor]:
-    out = []
-    for parts in zip(*(m.parts() for m in messages)):
-        stacked = torch.stack([p.detach() for p in parts]).double().cpu().numpy()
-        out.append(torch.as_tensor(secure_sum(stacked, rng).total, dtype=parts[0].dtype))
-    return out
+    return [revealed_sum(parts, rng) for parts in zip(*(m.parts() for m in messages))]
 
 
 def pe_qtran_losses(messages: Sequence[QtranMessages], target_total: torch.Tensor, reward: torch.Tensor,
@@ -137,7 +133,4 @@ def secure_target(shares: Sequence[QtranShare], observations: Sequence[torch.Ten
     with torch.no_grad():
         first = [s.first_q(o, a) for s, o, a in zip(shares, observations, actions)]
         weights = [s.second()[:2] for s in shares]
-        summed = [torch.stack(first)] + [torch.stack([w[k] for w in weights]) for k in range(2)]
-        total = [torch.as_tensor(secure_sum(x.double().cpu().numpy(), rng).total, dtype=first[0].dtype)
-                 for x in summed]
-    return _head(*total)
+        return _head(revealed_sum(first, rng), *(revealed_sum([w[k] for w in weights], rng) for k in range(2)))
