@@ -217,3 +217,14 @@ def test_reproduce_dp_planning_quick(tmp_path):
     assert json.loads((again / "results.json").read_text())["experiments"] == data["experiments"]
     bad = CliRunner().invoke(app, ["reproduce", "dp-planning", "--quick", "--maps", "0", "--out", str(tmp_path / "x")])
     assert bad.exit_code == 2 and "--maps" in bad.output and not (tmp_path / "x").exists()
+
+
+def test_config_refuses_bad_sweeps():
+    from pydantic import ValidationError
+
+    from leaklab.experiments.dp_planning import DpPlanningConfig
+
+    assert DpPlanningConfig(sizes=[20, 10, 10]).sizes == [10, 20]
+    for bad in ({"sizes": [2]}, {"sizes": []}, {"dynamisms": [1.5]}, {"epsilons": [0.0]}):
+        with pytest.raises(ValidationError):
+            DpPlanningConfig(**bad)

@@ -199,6 +199,17 @@ def test_dp_pe_qmix_clips_each_agents_network_and_share_together():
         agent.model.remove_hooks()
 
 
+def test_pe_marl_methods_are_checked_and_ordered():
+    from pydantic import ValidationError
+
+    from leaklab.experiments.pe_marl import PeMarlConfig
+
+    assert PeMarlConfig(methods=["pe-qtran", "iql", "iql"]).methods == ["iql", "pe-qtran"]
+    for bad in (["qtran"], []):
+        with pytest.raises(ValidationError):
+            PeMarlConfig(methods=bad)
+
+
 def test_replay_buffer_epsilon_is_theorem_4_2():
     assert replay_buffer_epsilon(32 / 1024, 0.8, 1024, 1024 ** -1.1, "rdp") == pytest.approx(
         dpsgd_epsilon(32 / 1024, 0.8, 1024, 1024 ** -1.1, "rdp"))

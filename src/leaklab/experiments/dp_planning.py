@@ -34,9 +34,10 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import Annotated
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from leaklab import seeds
 from leaklab.experiments import ProgressFn
@@ -79,18 +80,16 @@ class DpPlanningConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     maps: int = Field(default=10, ge=1, le=10_000, description="random maps per setting")
-    sizes: list[int] = Field(default_factory=lambda: [10, 20, 30, 40, 50])
+    sizes: Annotated[list[int], AfterValidator(_sizes)] = Field(default_factory=lambda: [10, 20, 30, 40, 50])
     epsilon: float = Field(default=0.5, gt=0, le=1e3)
     epsilons: EpsilonGrid = Field(default_factory=lambda: [0.2, 0.4, 0.6, 0.8])
     sweep_size: int = Field(default=10, ge=3, le=MAX_CENTRES, description="map size of the eps and dynamism sweeps")
     dynamism: float = Field(default=0.1, ge=0, le=1)
-    dynamisms: list[float] = Field(default_factory=lambda: [0.05, 0.1, 0.15, 0.2])
+    dynamisms: Annotated[list[float], AfterValidator(_dynamisms)] = Field(
+        default_factory=lambda: [0.05, 0.1, 0.15, 0.2])
     rounds: int = Field(default=5, ge=1, le=10_000)
     learning: RouteLearning = RouteLearning()
     seed: Seed = 0
-
-    def model_post_init(self, _: object) -> None:
-        self.sizes, self.dynamisms = _sizes(self.sizes), _dynamisms(self.dynamisms)
 
     @classmethod
     def quick(cls, seed: int = 0) -> "DpPlanningConfig":

@@ -5,8 +5,9 @@ The images of ``data`` (resized to 32x32, as the thesis) are cut into four disjo
 training set (its members) and test set (non-members), the attacker's training and test sets (the thesis' Table 6.1
 names the datasets' whole splits for both sides, which leaves its measured sets empty: leaklab keeps them apart).
 The target (:class:`~leaklab.models.vision.InferenceTargetCNN`) trains on its set; the attacker's shadow model, of the
-same architecture (its own initialisation and batches), on the attacker's training set. The attack models are trained on undefended confidence vectors
-(the thesis: training them on defended ones did not converge) and attack the defended interface:
+same architecture (its own initialisation and batches), on the attacker's training set. The attack models are
+trained on undefended confidence vectors (the thesis: training them on defended ones did not converge) and attack
+the defended interface:
 
 * ML-Leaks (:func:`~leaklab.attacks.membership.ml_leaks`): trained on the shadow's members and non-members;
 * NSH (:func:`~leaklab.attacks.membership.nsh`): the attacker knows which of its queries were members, here the first

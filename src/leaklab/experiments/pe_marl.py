@@ -21,9 +21,10 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import Annotated
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from leaklab import seeds
 from leaklab.experiments import ProgressFn
@@ -42,6 +43,14 @@ PUBLISHED = {  # seed 003, Sec. 4.5 (SMAC 3m; figures only but for these)
 }
 
 
+def _methods(values: list[str]) -> list[str]:
+    """The methods chosen, in :data:`METHODS`' order, each once."""
+    unknown = [m for m in values if m not in METHODS]
+    if unknown:
+        raise ValueError(f"unknown method {unknown[0]!r}; choose from {', '.join(METHODS)}")
+    return [m for m in METHODS if m in values]
+
+
 class PeMarlConfig(BaseModel):
     """Every setting of the reproduction; :meth:`quick` is the seconds-long version for tests."""
 
@@ -53,14 +62,9 @@ class PeMarlConfig(BaseModel):
     delta: float | None = Field(default=None, gt=0, lt=1, description="default: buffer^-1.1 (the thesis' rule)")
     clip: float = Field(default=0.1, gt=0, description="per-sample clipping (the per-sample gradients here are "
                                                        "small: at 1, the noise drowned them)")
-    methods: list[str] = Field(default_factory=lambda: list(METHODS), min_length=1)
+    methods: Annotated[list[str], AfterValidator(_methods)] = Field(default_factory=lambda: list(METHODS),
+                                                                    min_length=1)
     seed: Seed = 0
-
-    def model_post_init(self, _: object) -> None:
-        unknown = [m for m in self.methods if m not in METHODS]
-        if unknown:
-            raise ValueError(f"unknown method {unknown[0]!r}; choose from {', '.join(METHODS)}")
-        self.methods = [m for m in METHODS if m in self.methods]
 
     def privacy(self) -> DPConfig:
         delta = self.delta if self.delta is not None else self.team.buffer ** -1.1

@@ -64,7 +64,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from leaklab.errors import LeaklabError
-from leaklab.planning.logistics_map import LENGTH_SCALE, LogisticsMap
+from leaklab.planning.logistics_map import LENGTH_SCALE, LogisticsMap, route_length
 from leaklab.planning.map_obfuscation import (ObfuscatedArea, RouteLearning, obfuscate_topology, redistribute,
                                                route_probabilities)
 
@@ -195,8 +195,7 @@ class _World:
             graph.add_node(new, area=area, pos=new_pos)
             self.map.bases[area].append(new)
             for k in np.argsort(np.linalg.norm(pos - new_pos, axis=1))[:2]:
-                length = round(LENGTH_SCALE * max(float(np.linalg.norm(pos[k] - new_pos)), 0.01), 1)
-                graph.add_edge(new, nodes[k], length=length, area=area)
+                graph.add_edge(new, nodes[k], length=route_length(np.linalg.norm(pos[k] - new_pos)), area=area)
         for key in [k for k in self._distances if k[0] == area]:
             del self._distances[key], self._paths[key]
         return gone

@@ -28,7 +28,7 @@ from scipy.spatial.distance import cdist
 
 from leaklab.errors import LeaklabError
 
-__all__ = ["LogisticsMap", "random_logistics_map", "MAX_CENTRES"]
+__all__ = ["LogisticsMap", "random_logistics_map", "route_length", "MAX_CENTRES"]
 
 MAX_CENTRES = 500
 BASES_PER_AREA = 5
@@ -81,6 +81,11 @@ class LogisticsMap:
         return sum(len(areas) for areas in self.centre_areas)
 
 
+def route_length(distance: float) -> float:
+    """A route's length from its endpoints' Euclidean distance (at least 1, one decimal)."""
+    return round(LENGTH_SCALE * max(float(distance), 0.01), 1)
+
+
 def random_logistics_map(centres: int, rng: np.random.Generator) -> LogisticsMap:
     """A random map with ``centres`` logistic centres, as many agents and five bases per agent (module docstring)."""
     if not 3 <= centres <= MAX_CENTRES:
@@ -127,4 +132,4 @@ def _add_routes(graph: nx.Graph, area: int, nodes: list[int]) -> None:
                    if (i, j) not in chosen and not (centre[i] and centre[j]))
     chosen |= {(i, j) for _, i, j in spare[:EXTRA_ROUTES]}
     for i, j in sorted(chosen):
-        graph.add_edge(nodes[i], nodes[j], length=round(LENGTH_SCALE * max(d[i, j], 0.01), 1), area=area)
+        graph.add_edge(nodes[i], nodes[j], length=route_length(d[i, j]), area=area)
