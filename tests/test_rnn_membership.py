@@ -112,11 +112,23 @@ def test_reproduce_rnn_membership_quick(tmp_path):
     result = CliRunner().invoke(app, ["reproduce", "rnn-membership", "--quick", "--out", str(out)])
     assert result.exit_code == 0, result.output
     data = json.loads((out / "results.json").read_text())
-    for name in ("membership_vs_epochs.png", "gpm_tradeoff.png"):
+    for name in ("membership_vs_epochs.png", "memorisation.png", "regularisation.png", "dp_sgd_tradeoff.png",
+                 "gpm_tradeoff.png"):
         assert (out / name).stat().st_size > 0
     config = data["config"]
     assert [(r["arch"], r["epochs"]) for r in data["vulnerability"]] == [
         (a, e) for a in ("FFNN", "RNN") for e in config["epochs"]]
+    assert [(r["arch"], r["chunk"], r["epochs_after"]) for r in data["memorisation"]] == [
+        (a, k + 1, config["memory_epochs"] * (config["memory_chunks"] - 1 - k)) for a in ("FFNN", "RNN")
+        for k in range(config["memory_chunks"])]
+    assert [(r["arch"], r["penalty"]) for r in data["regularisation"]] == [
+        (a, p) for p in config["penalties"] for a in ("FFNN", "RNN")]
+    dp = data["dp_sgd"]
+    assert [(r["arch"], r["noise_multiplier"]) for r in dp] == [(a, n) for n in config["dp_noise"] for a in ("FFNN",
+                                                                                                            "RNN")]
+    assert dp[0]["epsilon"] == dp[1]["epsilon"] > 0 and dp[0]["steps"] == dp[1]["steps"]  # the same (eps, delta)
+    for rows in (data["memorisation"], data["regularisation"], dp):
+        assert all(0 <= r["attack_accuracy"] <= 1 for r in rows)
     for arch, s in data["sampler"].items():
         assert len(s["samples"]) == config["sampler_pairs"] and s["sensitivity"] == max(s["samples"]) > 0
     assert len(data["defense"]) == 2 * len(config["sigmas"])
@@ -125,7 +137,8 @@ def test_reproduce_rnn_membership_quick(tmp_path):
     again = tmp_path / "again"
     assert CliRunner().invoke(app, ["reproduce", "rnn-membership", "--quick", "--out", str(again)]).exit_code == 0
     second = json.loads((again / "results.json").read_text())
-    assert second["vulnerability"] == data["vulnerability"] and second["sampler"] == data["sampler"]
+    for key in ("vulnerability", "memorisation", "regularisation", "dp_sgd", "sampler", "defense"):
+        assert second[key] == data[key], key
     bad = CliRunner().invoke(app, ["reproduce", "rnn-membership", "--quick", "--pairs", "0", "--out",
                                    str(tmp_path / "x")])
     assert bad.exit_code == 2 and "--pairs" in bad.output and not (tmp_path / "x").exists()
@@ -138,6 +151,11 @@ def test_config_seeds_the_attack_and_refuses_one_pair():
     assert RnnMembershipConfig(seed=7, attack=AttackTraining(seed=3)).attack.seed == 3
     with pytest.raises(ValueError):
         RnnMembershipConfig(sampler_pairs=1)
+    with pytest.raises(ValueError, match="memory_chunks"):
+        RnnMembershipConfig(members=10, memory_chunks=11)
+    for field in ("penalties", "dp_noise"):
+        with pytest.raises(ValueError, match="distinct and positive"):
+            RnnMembershipConfig(**{field: [0.0, 1.0]})
     assert random_dp_confidence(1)[1] > 1  # one pair: no guarantee
     with pytest.raises(LeaklabError):
         smoothed_sgd_sensitivity_bound(math.inf, 1.0, 0, 2, 1.0)
@@ -150,3 +168,64 @@ def test_out_under_a_file_is_refused_before_the_work(tmp_path):
     with pytest.raises(LeaklabError, match="cannot create the folder .*afile is a file"):
         check_out(tmp_path / "afile" / "sub" / "out", "leaklab.rnn-membership")
     assert check_out(tmp_path / "new" / "out", "leaklab.rnn-membership") == tmp_path / "new" / "out"
+
+
+def _training_setup():
+    from leaklab.data import load_images
+    from leaklab.experiments.rnn_membership import RnnMembershipConfig
+
+    config = RnnMembershipConfig(dataset="digits", image_size=8, members=40, batch_size=16, epochs=[1, 3],
+                                 memory_epochs=2)
+    return config, load_images("digits", 80, 8, seed=1)
+
+
+def _flat(model) -> torch.Tensor:
+    return torch.cat([p.detach().flatten() for p in model.parameters()])
+
+
+def test_training_snapshots_and_chunks_match_separate_runs():
+    from leaklab.experiments.rnn_training import train, train_in_turn
+
+    config, data = _training_setup()
+    members = list(range(40))
+    for arch in ("FFNN", "RNN"):
+        kept = train(arch, data, members, config, 5, [1, 3])
+        assert torch.equal(_flat(kept[3]), _flat(train(arch, data, members, config, 5, [3])[3]))
+        assert not torch.equal(_flat(kept[1]), _flat(kept[3]))
+        # one chunk trained for memory_epochs epochs is the ordinary training of that length
+        once = train_in_turn(arch, data, [members], config, 5)
+        assert torch.equal(_flat(once), _flat(train(arch, data, members, config, 5, [2])[2]))
+        halves = [members[:20], members[20:]]
+        assert not torch.equal(_flat(train_in_turn(arch, data, halves, config, 5)),
+                               _flat(train_in_turn(arch, data, halves[::-1], config, 5)))  # the order matters
+
+
+def test_activation_penalty_shrinks_the_node_activations():
+    from leaklab.experiments.rnn_training import hidden_activations, train
+
+    config, data = _training_setup()
+    for arch, widths in (("FFNN", [(8, 64), (8, 64)]), ("RNN", [(8, 8, 64)])):
+        norms = []
+        for penalty in (0.0, 1.0):
+            model = train(arch, data, list(range(40)), config, 5, [3], penalty)[3]
+            with hidden_activations(model) as seen, torch.no_grad():
+                model(data.images[:8])
+            assert [tuple(a.shape) for a in seen] == widths  # ReLU outputs; the LSTM's state at every row
+            norms.append(sum(float(a.square().sum()) for a in seen))
+        assert norms[1] < 0.5 * norms[0]
+
+
+def test_private_training_spends_the_accounted_budget():
+    from leaklab.experiments.rnn_training import build, train_private
+    from leaklab.privacy.dpsgd import spent_epsilon
+
+    config, data = _training_setup()
+    config = config.model_copy(update={"dp_clip": 0.5})
+    for arch in ("FFNN", "RNN"):
+        model, spent = train_private(arch, data, list(range(40)), config, 5, 1.0)
+        assert spent["steps"] == 3 * 3 and spent["sample_rate"] == 1 / 3  # 3 epochs of ceil(40 / 16) batches
+        assert spent["epsilon"] == pytest.approx(spent_epsilon(1 / 3, 1.0, 9, config.delta))
+        again, _ = train_private(arch, data, list(range(40)), config, 5, 1.0)
+        assert torch.equal(_flat(model), _flat(again))  # the same seed, the same noise and batches
+        assert model(data.images[:4]).shape == (4, 10)
+        assert sum(p.numel() for p in model.parameters()) == sum(p.numel() for p in build(arch, data, 5).parameters())

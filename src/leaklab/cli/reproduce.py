@@ -414,8 +414,9 @@ def reproduce_rnn_membership(
                                                                  "500)", callback=_checked(
         "--pairs", lambda v: 2 <= v <= 1000, "a whole number from 2 to 1,000 (1 pair guarantees nothing)"))] = None,
 ) -> None:
-    """Seed 003, chapter 3 (Figs. 3.4, 3.8, Table 3.1) on MNIST: membership inference against an RNN and an FFNN
-    of nearly equal size, and the Gaussian privacy module calibrated by the SensitivitySampler (--quick: digits)."""
+    """Seed 003, chapter 3 (Figs. 3.4, 3.6-3.8, Table 3.1) on MNIST: membership inference against an RNN and an FFNN
+    of nearly equal size, memorisation of chunks trained in turn, activation regularisation, DP-SGD, and the Gaussian
+    privacy module calibrated by the SensitivitySampler (--quick: digits)."""
     from leaklab.experiments import rnn_membership
 
     result = _experiment(rnn_membership, rnn_membership.RnnMembershipConfig, "rnn-membership", quick, seed, out,
@@ -424,6 +425,16 @@ def reproduce_rnn_membership(
         typer.echo(f"  {r['arch']} after {r['epochs']:>3d} epochs: attack {100 * r['attack_accuracy']:.1f}%, "
                    f"accuracy {100 * r['train_accuracy']:.1f}% train / {100 * r['test_accuracy']:.1f}% test, "
                    f"entropy {r['entropy_members']:.3f} members / {r['entropy_non_members']:.3f} non-members")
+    for r in result["memorisation"]:
+        typer.echo(f"  memorisation, {r['arch']}, chunk {r['chunk']} ({r['epochs_after']} epochs on later chunks): "
+                   f"attack {100 * r['attack_accuracy']:.1f}%, accuracy on it {100 * r['train_accuracy']:.1f}%")
+    for r in result["regularisation"]:
+        typer.echo(f"  activation penalty {r['penalty']:.4g}, {r['arch']}: attack {100 * r['attack_accuracy']:.1f}%, "
+                   f"accuracy {100 * r['train_accuracy']:.1f}% train / {100 * r['test_accuracy']:.1f}% test")
+    for r in result["dp_sgd"]:
+        typer.echo(f"  DP-SGD noise {r['noise_multiplier']:.4g} (epsilon {r['epsilon']:.3g} at delta "
+                   f"{result['delta']:g}), {r['arch']}: utility loss {100 * r['utility_loss']:.1f}%, attack "
+                   f"{100 * r['attack_accuracy']:.1f}%")
     for arch, s in result["sampler"].items():
         typer.echo(f"  {arch}: empirical sensitivity {s['sensitivity']:.4g} from {s['pairs']} pairs (random DP "
                    f"holds with probability 1 - gamma = {1 - s['gamma']:.3f})")

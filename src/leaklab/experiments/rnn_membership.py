@@ -1,33 +1,42 @@
-"""``leaklab reproduce rnn-membership``: seed 003, chapter 3 (Figs. 3.4 and 3.8, Table 3.1) on the image task:
-membership inference against a recurrent and a feed-forward classifier of nearly equal size, and the Gaussian
-privacy module calibrated by the SensitivitySampler.
+"""``leaklab reproduce rnn-membership``: seed 003, chapter 3 (Figs. 3.4, 3.6-3.8, Table 3.1) on the image task:
+membership inference against a recurrent and a feed-forward classifier of nearly equal size, how long each remembers
+its members, and three defenses: activation regularisation, DP-SGD, and the Gaussian privacy module calibrated by the
+SensitivitySampler.
 
 The thesis' image task is CIFAR-10 with a 42.7M-parameter ResNet101 and a ReNet; leaklab has no CIFAR-10 offline and
 runs the same protocol on MNIST at 16x16 with two small networks: the FFNN :class:`~leaklab.models.vision.MLP`
 (64-64, 21,258 parameters) and the RNN :class:`~leaklab.models.vision.RowLSTM` (rows as a sequence, 64 units, 21,642),
-Adam at the thesis' learning rates (1e-3 and 1e-2). The data are cut into disjoint sets: the victim's members and
-non-members (``members`` each), and the attacker's pools A and B (twice as many each), from which each of the
-``shadows`` shadow models draws its members (from A) and non-members (from B) (Sec. 3.4.1).
+Adam at the thesis' learning rates (1e-3 and 1e-2; :mod:`leaklab.experiments.rnn_training`). The data are cut into
+disjoint sets: the victim's members and non-members (``members`` each), and the attacker's pools A and B (twice as
+many each), from which each of the ``shadows`` shadow models draws its members (from A) and non-members (from B)
+(Sec. 3.4.1). Every attack is Shokri et al.'s (:func:`~leaklab.attacks.membership.shadow_models`), its shadows
+trained by the victim's algorithm (the attacker knows it, defenses included), scored on as many members as
+non-members (50% is a guess).
 
 * Vulnerability (Fig. 3.4): at every epoch count, the victim and the shadows of each architecture trained that long
-  (one training, snapshots at the counts: the same networks as separate runs of that length), Shokri et al.'s
-  attack (:func:`~leaklab.attacks.membership.shadow_models`) trained on the shadows and scored on the victim's
-  members and non-members (50% is a guess), beside the train and test accuracy and the average prediction entropy
-  H_APE (eq. 3.3) on members and non-members.
-* Defense (Fig. 3.8, bottom; Table 3.1): the SensitivitySampler (Algorithm 3) with ``sampler_pairs`` pairs of
-  adjacent training sets of ``members`` records drawn from the data, the victim's training algorithm (same
-  initialisation and batch order) to the last epoch count; then the GPM (Algorithm 2) at each of ``sigmas`` (the
-  same for both networks), with each architecture's utility loss (Definition 3.4, test accuracy), the attack's
-  accuracy (its shadows perturbed the same way: the attacker knows the mechanism) and the epsilon of (eps, delta)
-  random DP (Theorem 3.3) at ``delta`` with the architecture's own estimate and the sampler's confidence gamma.
+  (one training, snapshots at the counts: the same networks as separate runs of that length), the attack beside the
+  train and test accuracy and the average prediction entropy H_APE (eq. 3.3) on members and non-members.
+* Memorisation (Fig. 3.6, Sec. 3.4.3): the members cut into ``memory_chunks`` disjoint chunks in a random order, one
+  network trained on each chunk in turn for ``memory_epochs`` epochs; per chunk, the attack trained on the shadows'
+  same chunk (trained alike) and scored on the victim's chunk against as many of its non-members.
+* Regularisation (Fig. 3.7, Sec. 3.5.1): at each of ``penalties``, both networks trained to the last epoch count with
+  the l2 penalty on their node activations (the text's reading; the section's title says weights).
+* DP-SGD (Fig. 3.8, top; eqs. 3.7-3.8): at each of ``dp_noise``, both networks trained by DP-SGD (opacus; the same
+  Adam, clip ``dp_clip``, Poisson batches of expected size ``batch_size``, the last epoch count's steps), so both
+  spend the same (eps, delta); utility loss (Definition 3.4) against the unprotected victim.
+* The Gaussian privacy module (Fig. 3.8, bottom; Table 3.1): the SensitivitySampler (Algorithm 3) with
+  ``sampler_pairs`` pairs of adjacent training sets of ``members`` records drawn from the data, the victim's training
+  algorithm (same initialisation and batch order) to the last epoch count; then the GPM (Algorithm 2) at each of
+  ``sigmas`` (the same for both networks), with each architecture's utility loss, the attack's accuracy and the
+  epsilon of (eps, delta) random DP (Theorem 3.3) at ``delta`` with the architecture's own estimate and the
+  sampler's confidence gamma.
 
-Writes ``OUT/results.json``, ``OUT/membership_vs_epochs.png`` (Fig. 3.4) and ``OUT/gpm_tradeoff.png`` (Fig. 3.8)
-atomically; same seed, same numbers.
+Writes ``OUT/results.json`` and one picture per section (:mod:`leaklab.experiments.rnn_figures`) atomically; same
+seed, same numbers.
 """
 
 from __future__ import annotations
 
-import copy
 import time
 from pathlib import Path
 from typing import Literal
@@ -41,22 +50,29 @@ from leaklab.attacks.membership import AttackTraining, shadow_models
 from leaklab.data import load_images
 from leaklab.defenses.gpm import gaussian_privacy_module, utility_loss
 from leaklab.experiments import ProgressFn
+from leaklab.experiments import rnn_figures as figures
+from leaklab.experiments.rnn_training import confidences, prediction_entropy, train, train_in_turn, train_private
 from leaklab.fields import Seed
 from leaklab.io import RESULTS_FILE, RNN_MEMBERSHIP_FORMAT, atomic_dir, check_out, write_json
 from leaklab.metrics import accuracy
-from leaklab.models.vision import MLP, RowLSTM
 from leaklab.privacy.mechanisms import analytic_gaussian_epsilon
 from leaklab.privacy.sensitivity import sensitivity_sampler
 
 EPOCHS_FILE = "membership_vs_epochs.png"
+MEMORISATION_FILE = "memorisation.png"
+REGULARISATION_FILE = "regularisation.png"
+DP_SGD_FILE = "dp_sgd_tradeoff.png"
 GPM_FILE = "gpm_tradeoff.png"
-ARCHS = ("FFNN", "RNN")
+ARCHS = figures.ARCHS
 PUBLISHED = {  # seed 003: figures only, and Table 3.1's empirical sensitivities (n = 500, CIFAR-10)
     "table_3_1_image": {"RNN": 0.013209, "FFNN": 0.013518},
     "gamma_n500": 0.0774,
     "claims": ["the attack is more accurate against the RNN at every epoch count, in all three tasks",
                "RNNs' training entropy is lower (more confident on members); validation entropy about equal",
-               "RNNs lose more utility than FFNNs under the GPM at the same sigma (and under DP-SGD)",
+               "trained on batches in turn, the FFNN forgets old batches (attack near 50%), the RNN does not",
+               "the FFNN's attack accuracy is highly sensitive to the activation penalty, the RNN's only marginally",
+               "RNNs lose more utility than FFNNs under DP-SGD at the same (eps, delta) and under the GPM at the same "
+               "sigma",
                "with empirical-sensitivity noise the attack falls to about 50% at under 10% utility loss"],
 }
 
@@ -74,6 +90,13 @@ class RnnMembershipConfig(BaseModel):
     lr_ffnn: float = Field(default=1e-3, gt=0, description="Adam (the thesis, image task)")
     lr_rnn: float = Field(default=1e-2, gt=0, description="Adam (the thesis, image task)")
     batch_size: int = Field(default=64, ge=1, le=4096)
+    memory_chunks: int = Field(default=5, ge=2, le=20, description="disjoint chunks of the members, trained in turn")
+    memory_epochs: int = Field(default=20, ge=1, le=1000, description="epochs on each chunk before the next")
+    penalties: list[float] = Field(default_factory=lambda: [1e-4, 1e-3, 1e-2, 1e-1], min_length=1,
+                                   description="the l2 activation penalties lambda (the thesis gives no grid)")
+    dp_noise: list[float] = Field(default_factory=lambda: [0.7, 1.0, 2.0, 4.0], min_length=1,
+                                  description="DP-SGD's noise multipliers (the thesis gives no grid)")
+    dp_clip: float = Field(default=1.0, gt=0, description="DP-SGD's per-sample clipping norm C")
     sampler_pairs: int = Field(default=20, ge=2, le=1000, description="Algorithm 3's n (the thesis: 500; 1 gives "
                                                                       "a confidence gamma above 1, no guarantee)")
     sigmas: list[float] = Field(default_factory=lambda: [0.001, 0.003, 0.01, 0.03, 0.1, 0.3, 1.0], min_length=1,
@@ -82,7 +105,7 @@ class RnnMembershipConfig(BaseModel):
     attack: AttackTraining = AttackTraining(epochs=60)
     seed: Seed = 0
 
-    @field_validator("epochs", "sigmas")
+    @field_validator("epochs", "penalties", "dp_noise", "sigmas")
     @classmethod
     def _positive_distinct(cls, v: list) -> list:
         if any(x <= 0 for x in v) or len(set(v)) != len(v):
@@ -90,55 +113,23 @@ class RnnMembershipConfig(BaseModel):
         return sorted(v)
 
     @model_validator(mode="after")
-    def _one_seed(self) -> "RnnMembershipConfig":
-        """The attack networks draw from the run's seed unless their own training is given."""
+    def _consistent(self) -> "RnnMembershipConfig":
+        """Every chunk holds a record; the attack networks draw from the run's seed unless their own training is
+        given."""
+        if self.memory_chunks > self.members:
+            raise ValueError(f"memory_chunks ({self.memory_chunks}) exceeds members ({self.members})")
         if "attack" not in self.model_fields_set:
             self.attack = self.attack.model_copy(update={"seed": self.seed})
         return self
 
     @classmethod
     def quick(cls, seed: int = 0) -> "RnnMembershipConfig":
-        return cls(dataset="digits", image_size=8, members=60, shadows=2, epochs=[1, 3], sampler_pairs=2,
-                   sigmas=[0.01, 1.0], attack=AttackTraining(epochs=5, seed=seed), seed=seed)
+        return cls(dataset="digits", image_size=8, members=60, shadows=2, epochs=[1, 3], memory_chunks=2,
+                   memory_epochs=2, penalties=[0.01], dp_noise=[1.0], sampler_pairs=2, sigmas=[0.01, 1.0],
+                   attack=AttackTraining(epochs=5, seed=seed), seed=seed)
 
 
-def build(arch: str, data, seed: int) -> torch.nn.Module:
-    """The FFNN or the RNN, its initial weights drawn from ``seed``."""
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        if arch == "FFNN":
-            return MLP(data.num_classes, 1, data.images.shape[-1], data.mean, data.std, width=64, depth=2)
-        return RowLSTM(data.num_classes, 1, data.images.shape[-1], data.mean, data.std, hidden=64)
-
-
-def train(arch: str, data, indices: list[int], config: RnnMembershipConfig, seed: int,
-          snapshots: list[int]) -> dict[int, torch.nn.Module]:
-    """The training algorithm A_H: Adam on mini-batches of ``indices`` (reshuffled every epoch by a generator of
-    ``seed``), initial weights from ``seed``; a copy of the network after each epoch count in ``snapshots``."""
-    model = build(arch, data, seed)
-    images, labels = data.images[indices], data.labels[indices]
-    optimizer = torch.optim.Adam(model.parameters(), lr=config.lr_ffnn if arch == "FFNN" else config.lr_rnn)
-    order = torch.Generator().manual_seed(seeds.stream_seed(seed, "batches"))
-    kept = {}
-    model.train()
-    for epoch in range(1, max(snapshots) + 1):
-        for batch in torch.randperm(len(indices), generator=order).split(config.batch_size):
-            optimizer.zero_grad()
-            torch.nn.functional.cross_entropy(model(images[batch]), labels[batch]).backward()
-            optimizer.step()
-        if epoch in snapshots:
-            kept[epoch] = copy.deepcopy(model).eval()
-    return kept
-
-
-@torch.no_grad()
-def confidences(model: torch.nn.Module, images: torch.Tensor) -> torch.Tensor:
-    return torch.softmax(model.eval()(images), 1)
-
-
-def prediction_entropy(conf: torch.Tensor) -> float:
-    """H_APE (eq. 3.3): the mean entropy of the predicted distributions."""
-    return float(-(conf * conf.clamp_min(1e-30).log()).sum(1).mean())
+Sets = list[tuple[list[int], list[int]]]  # per shadow model: (members, non-members)
 
 
 def _split(config: RnnMembershipConfig) -> dict[str, list[int]]:
@@ -148,14 +139,17 @@ def _split(config: RnnMembershipConfig) -> dict[str, list[int]]:
             "pool_a": list(range(2 * n, 4 * n)), "pool_b": list(range(4 * n, 6 * n))}
 
 
-def _shadow_sets(split: dict, config: RnnMembershipConfig) -> list[tuple[list[int], list[int]]]:
+def _shadow_sets(split: dict, config: RnnMembershipConfig) -> Sets:
     rng = np.random.default_rng(seeds.stream_seed(config.seed, "rnn-membership", "shadows"))
     return [(sorted(rng.choice(split["pool_a"], config.members, replace=False).tolist()),
              sorted(rng.choice(split["pool_b"], config.members, replace=False).tolist()))
             for _ in range(config.shadows)]
 
 
-def _attack(victim, shadows, shadow_sets, split, data, training: AttackTraining) -> float:
+def _attack(victim, shadows, shadow_sets: Sets, target: tuple[list[int], list[int]], data,
+            training: AttackTraining) -> float:
+    """Shokri et al.'s attack trained on the shadows' answers on their (members, non-members) and scored on the
+    victim's answers on ``target`` (members, non-members)."""
     def answers(model, indices):
         return confidences(model, data.images[indices]), data.labels[indices]
 
@@ -163,140 +157,180 @@ def _attack(victim, shadows, shadow_sets, split, data, training: AttackTraining)
         pairs = [answers(m, s[side]) for m, s in zip(shadows, shadow_sets)]
         return torch.cat([p[0] for p in pairs]), torch.cat([p[1] for p in pairs])
 
-    return shadow_models(stacked(0), stacked(1), answers(victim, split["victim_in"]),
-                         answers(victim, split["victim_out"]), training)
+    return shadow_models(stacked(0), stacked(1), answers(victim, target[0]), answers(victim, target[1]), training)
+
+
+def _scored(victim, shadows, shadow_sets: Sets, split: dict, data, training: AttackTraining) -> dict:
+    """The victim's accuracy and prediction entropy on its members and non-members, and the attack's accuracy."""
+    members, others = split["victim_in"], split["victim_out"]
+    conf_in, conf_out = confidences(victim, data.images[members]), confidences(victim, data.images[others])
+    train_acc = float((conf_in.argmax(1) == data.labels[members]).float().mean())
+    test_acc = float((conf_out.argmax(1) == data.labels[others]).float().mean())
+    return {"train_accuracy": train_acc, "test_accuracy": test_acc, "generalization_gap": train_acc - test_acc,
+            "entropy_members": prediction_entropy(conf_in), "entropy_non_members": prediction_entropy(conf_out),
+            "attack_accuracy": _attack(victim, shadows, shadow_sets, (members, others), data, training)}
+
+
+def _chunks(indices: list[int], count: int, rng: np.random.Generator) -> list[list[int]]:
+    """``indices`` in a random order cut into ``count`` disjoint chunks of (nearly) equal size."""
+    return [chunk.tolist() for chunk in np.array_split(rng.permutation(indices), count)]
+
+
+class _Run:
+    """One reproduction: the data, the splits, the progress count; each section a method."""
+
+    def __init__(self, config: RnnMembershipConfig, progress: ProgressFn | None):
+        self.config = config
+        self.progress = progress
+        self.data = load_images(config.dataset, 6 * config.members, config.image_size,
+                                seed=seeds.stream_seed(config.seed, "rnn-membership", "data"))
+        self.split = _split(config)
+        self.shadow_sets = _shadow_sets(self.split, config)
+        networks = 1 + config.shadows  # a victim and its shadows, per architecture and setting
+        settings = len(config.penalties) + len(config.dp_noise) + 2  # + vulnerability and memorisation
+        self.steps = len(ARCHS) * (networks * settings + 2 * config.sampler_pairs)
+        self.done = 0
+
+    def tick(self, count: int = 1) -> None:
+        self.done += count
+        if self.progress is not None:
+            self.progress("networks trained", self.done, self.steps)
+
+    def seed(self, arch: str, *role: object) -> int:
+        return seeds.stream_seed(self.config.seed, arch, *role)
+
+    def victim_and_shadows(self, arch: str, trainer, victim_data=None, shadow_data=None) -> tuple[object, list]:
+        """``trainer(data, seed)`` run for the victim and for each shadow; their data default to their members."""
+        victim_data = self.split["victim_in"] if victim_data is None else victim_data
+        shadow_data = [members for members, _ in self.shadow_sets] if shadow_data is None else shadow_data
+        victim = trainer(victim_data, self.seed(arch, "victim"))
+        self.tick()
+        shadows = []
+        for k, own in enumerate(shadow_data):
+            shadows.append(trainer(own, self.seed(arch, "shadow", k)))
+            self.tick()
+        return victim, shadows
+
+    def vulnerability(self) -> tuple[list[dict], dict]:
+        """Fig. 3.4; also the last epoch count's networks of each architecture, the other sections' reference."""
+        config, rows, final = self.config, [], {}
+        for arch in ARCHS:
+            victim, shadows = self.victim_and_shadows(
+                arch, lambda idx, seed, arch=arch: train(arch, self.data, idx, config, seed, config.epochs))
+            for epoch in config.epochs:
+                rows.append({"arch": arch, "epochs": epoch, **_scored(victim[epoch], [s[epoch] for s in shadows],
+                                                                      self.shadow_sets, self.split, self.data,
+                                                                      config.attack)})
+            final[arch] = (victim[config.epochs[-1]], [s[config.epochs[-1]] for s in shadows])
+        return rows, final
+
+    def memorisation(self) -> list[dict]:
+        """Fig. 3.6: each network trained on its members' chunks in turn; the attack per chunk."""
+        config, rows = self.config, []
+        rng = np.random.default_rng(seeds.stream_seed(config.seed, "rnn-membership", "memorisation"))
+        victim_chunks = (_chunks(self.split["victim_in"], config.memory_chunks, rng),
+                         _chunks(self.split["victim_out"], config.memory_chunks, rng))
+        shadow_chunks = [(_chunks(members, config.memory_chunks, rng), _chunks(others, config.memory_chunks, rng))
+                         for members, others in self.shadow_sets]
+        for arch in ARCHS:
+            victim, shadows = self.victim_and_shadows(
+                arch, lambda chunks, seed, arch=arch: train_in_turn(arch, self.data, chunks, config, seed),
+                victim_chunks[0], [chunks[0] for chunks in shadow_chunks])
+            for k in range(config.memory_chunks):
+                members, others = victim_chunks[0][k], victim_chunks[1][k]
+                conf = confidences(victim, self.data.images[members])
+                rows.append({"arch": arch, "chunk": k + 1,
+                             "epochs_after": config.memory_epochs * (config.memory_chunks - 1 - k),
+                             "train_accuracy": float((conf.argmax(1) == self.data.labels[members]).float().mean()),
+                             "entropy_members": prediction_entropy(conf),
+                             "attack_accuracy": _attack(victim, shadows, [(c[0][k], c[1][k]) for c in shadow_chunks],
+                                                        (members, others), self.data, config.attack)})
+        return rows
+
+    def regularisation(self) -> list[dict]:
+        """Fig. 3.7: both networks trained with each activation penalty."""
+        config, rows, last = self.config, [], self.config.epochs[-1]
+        for penalty in config.penalties:
+            for arch in ARCHS:
+                victim, shadows = self.victim_and_shadows(
+                    arch, lambda idx, seed, arch=arch: train(arch, self.data, idx, config, seed, [last],
+                                                             penalty)[last])
+                rows.append({"arch": arch, "penalty": penalty, **_scored(victim, shadows, self.shadow_sets,
+                                                                         self.split, self.data, config.attack)})
+        return rows
+
+    def dp_sgd(self, final: dict) -> list[dict]:
+        """Fig. 3.8, top row: both networks trained by DP-SGD at each noise multiplier."""
+        config, rows = self.config, []
+        for noise in config.dp_noise:
+            for arch in ARCHS:
+                spent = {}
+
+                def private(idx, seed, arch=arch):
+                    model, spent[seed] = train_private(arch, self.data, idx, config, seed, noise)
+                    return model
+
+                victim, shadows = self.victim_and_shadows(arch, private)
+                clean = accuracy(final[arch][0], self.data.images[self.split["victim_out"]],
+                                 self.data.labels[self.split["victim_out"]])
+                scored = _scored(victim, shadows, self.shadow_sets, self.split, self.data, config.attack)
+                rows.append({"arch": arch, "noise_multiplier": noise, **spent[self.seed(arch, "victim")],
+                             **scored, "utility_loss": utility_loss(scored["test_accuracy"], clean)})
+        return rows
+
+    def gaussian_privacy_module(self, final: dict) -> tuple[dict, list[dict]]:
+        """Table 3.1 and Fig. 3.8, bottom row: each architecture's SensitivitySampler, then the GPM at each sigma."""
+        config, data, last, sampler, rows = self.config, self.data, self.config.epochs[-1], {}, []
+        for arch in ARCHS:
+            draws = np.random.default_rng(self.seed(arch, "sampler"))
+            estimate = sensitivity_sampler(
+                lambda idx, arch=arch: train(arch, data, list(idx), config, self.seed(arch, "victim"), [last])[last],
+                lambda count, i: draws.choice(len(data.images), count, replace=False).tolist(),
+                config.sampler_pairs, config.members, progress=lambda i, n: self.tick(2))  # two networks per pair
+            sampler[arch] = {"sensitivity": estimate.sensitivity, "samples": list(estimate.samples),
+                             "gamma": estimate.gamma, "pairs": config.sampler_pairs}
+        test = self.split["victim_out"]
+        for sigma in config.sigmas:
+            for arch in ARCHS:
+                victim, shadows = final[arch]
+                noise = torch.Generator().manual_seed(self.seed(arch, "gpm", sigma))
+                noisy = gaussian_privacy_module(victim, sigma, noise)
+                noisy_shadows = [gaussian_privacy_module(s, sigma, noise) for s in shadows]
+                clean_acc = accuracy(victim, data.images[test], data.labels[test])
+                noisy_acc = accuracy(noisy, data.images[test], data.labels[test])
+                rows.append({"arch": arch, "sigma": sigma, "test_accuracy": noisy_acc,
+                             "utility_loss": utility_loss(noisy_acc, clean_acc),
+                             "attack_accuracy": _attack(noisy, noisy_shadows, self.shadow_sets,
+                                                        (self.split["victim_in"], test), data, config.attack),
+                             "epsilon": analytic_gaussian_epsilon(sigma, config.delta, sampler[arch]["sensitivity"])
+                             if sampler[arch]["sensitivity"] > 0 else 0.0})
+        return sampler, rows
 
 
 def run(out: Path, config: RnnMembershipConfig | None = None, quick: bool = False,
         progress: ProgressFn | None = None) -> dict:
-    """Train, attack, estimate the sensitivity, defend; write ``out`` atomically; returns the results."""
+    """Train, attack, defend; write ``out`` atomically; returns the results."""
     config = config or (RnnMembershipConfig.quick() if quick else RnnMembershipConfig())
     check_out(out, RNN_MEMBERSHIP_FORMAT)  # before the work, not after it
     start = time.perf_counter()
-    data = load_images(config.dataset, 6 * config.members, config.image_size,
-                       seed=seeds.stream_seed(config.seed, "rnn-membership", "data"))
-    split = _split(config)
-    shadow_sets = _shadow_sets(split, config)
-    last = config.epochs[-1]
-    steps = len(ARCHS) * (1 + config.shadows + 2 * config.sampler_pairs)
-    done = 0
-
-    def tick(count: int = 1) -> None:
-        nonlocal done
-        done += count
-        if progress is not None:
-            progress("networks trained", done, steps)
-
-    vulnerability, final = [], {}
-    for arch in ARCHS:
-        victim = train(arch, data, split["victim_in"], config, seeds.stream_seed(config.seed, arch, "victim"),
-                       config.epochs)
-        tick()
-        shadows = []
-        for k, (members, _) in enumerate(shadow_sets):
-            shadows.append(train(arch, data, members, config, seeds.stream_seed(config.seed, arch, "shadow", k),
-                                 config.epochs))
-            tick()
-        for epoch in config.epochs:
-            model = victim[epoch]
-            conf_in = confidences(model, data.images[split["victim_in"]])
-            conf_out = confidences(model, data.images[split["victim_out"]])
-            train_acc = float((conf_in.argmax(1) == data.labels[split["victim_in"]]).float().mean())
-            test_acc = float((conf_out.argmax(1) == data.labels[split["victim_out"]]).float().mean())
-            vulnerability.append({
-                "arch": arch, "epochs": epoch, "train_accuracy": train_acc, "test_accuracy": test_acc,
-                "generalization_gap": train_acc - test_acc, "entropy_members": prediction_entropy(conf_in),
-                "entropy_non_members": prediction_entropy(conf_out),
-                "attack_accuracy": _attack(model, [s[epoch] for s in shadows], shadow_sets, split, data,
-                                           config.attack)})
-        final[arch] = (victim[last], [s[last] for s in shadows])
-    sampler = {}
-    for arch in ARCHS:
-        draws = np.random.default_rng(seeds.stream_seed(config.seed, arch, "sampler"))
-        estimate = sensitivity_sampler(
-            lambda idx, arch=arch: train(arch, data, list(idx), config, seeds.stream_seed(config.seed, arch,
-                                                                                             "victim"), [last])[last],
-            lambda count, i: draws.choice(len(data.images), count, replace=False).tolist(),
-            config.sampler_pairs, config.members, progress=lambda i, n: tick(2))  # two networks per pair
-        sampler[arch] = {"sensitivity": estimate.sensitivity, "samples": list(estimate.samples),
-                         "gamma": estimate.gamma, "pairs": config.sampler_pairs}
-    defense = []
-    for sigma in config.sigmas:
-        for arch in ARCHS:
-            victim, shadows = final[arch]
-            noise = torch.Generator().manual_seed(seeds.stream_seed(config.seed, arch, "gpm", sigma))
-            noisy = gaussian_privacy_module(victim, sigma, noise)
-            noisy_shadows = [gaussian_privacy_module(s, sigma, noise) for s in shadows]
-            test = split["victim_out"]
-            clean_acc = accuracy(victim, data.images[test], data.labels[test])
-            noisy_acc = accuracy(noisy, data.images[test], data.labels[test])
-            defense.append({"arch": arch, "sigma": sigma, "test_accuracy": noisy_acc,
-                            "utility_loss": utility_loss(noisy_acc, clean_acc),
-                            "attack_accuracy": _attack(noisy, noisy_shadows, shadow_sets, split, data, config.attack),
-                            "epsilon": analytic_gaussian_epsilon(sigma, config.delta, sampler[arch]["sensitivity"])
-                            if sampler[arch]["sensitivity"] > 0 else 0.0})
+    work = _Run(config, progress)
+    vulnerability, final = work.vulnerability()
+    memorisation = work.memorisation()
+    regularisation = work.regularisation()
+    dp_sgd = work.dp_sgd(final)
+    sampler, defense = work.gaussian_privacy_module(final)
     parameters = {arch: sum(p.numel() for p in final[arch][0].parameters()) for arch in ARCHS}
     with atomic_dir(out, RNN_MEMBERSHIP_FORMAT) as tmp:
-        results = {"format": RNN_MEMBERSHIP_FORMAT, "format_version": 1, "quick": quick,
+        results = {"format": RNN_MEMBERSHIP_FORMAT, "format_version": 2, "quick": quick,
                    "config": config.model_dump(mode="json"), "parameters": parameters,
-                   "vulnerability": vulnerability, "sampler": sampler, "defense": defense, "delta": config.delta,
+                   "vulnerability": vulnerability, "memorisation": memorisation, "regularisation": regularisation,
+                   "dp_sgd": dp_sgd, "sampler": sampler, "defense": defense, "delta": config.delta,
                    "published": PUBLISHED, "seconds": time.perf_counter() - start}
         write_json(tmp / RESULTS_FILE, results)
-        _plot_epochs(tmp / EPOCHS_FILE, vulnerability)
-        _plot_defense(tmp / GPM_FILE, defense)
+        figures.plot_epochs(tmp / EPOCHS_FILE, vulnerability)
+        figures.plot_memorisation(tmp / MEMORISATION_FILE, memorisation)
+        unprotected = {r["arch"]: r for r in vulnerability if r["epochs"] == config.epochs[-1]}
+        figures.plot_regularisation(tmp / REGULARISATION_FILE, regularisation, unprotected)
+        figures.plot_dp_sgd(tmp / DP_SGD_FILE, dp_sgd)
+        figures.plot_gpm(tmp / GPM_FILE, defense)
     return results
-
-
-def _plot_epochs(path: Path, rows: list[dict]) -> None:
-    """Fig. 3.4: the attack's accuracy and the prediction entropies against the training epochs."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (left, right) = plt.subplots(1, 2, figsize=(9, 3.3))
-    for arch in ARCHS:
-        cell = [r for r in rows if r["arch"] == arch]
-        epochs = [r["epochs"] for r in cell]
-        line = left.plot(epochs, [100 * r["attack_accuracy"] for r in cell], "o-", label=arch)[0]
-        right.plot(epochs, [r["entropy_members"] for r in cell], "o-", color=line.get_color(),
-                   label=f"{arch}, members")
-        right.plot(epochs, [r["entropy_non_members"] for r in cell], "s:", color=line.get_color(),
-                   label=f"{arch}, non-members")
-    left.axhline(50, color="grey", linestyle=":", linewidth=0.8)
-    left.set_ylabel("attack accuracy (%)")
-    right.set_ylabel("prediction entropy H_APE")
-    for ax in (left, right):
-        ax.set_xscale("log")
-        ax.set_xlabel("training epochs")
-        ax.legend(fontsize=7)
-    fig.suptitle("membership inference against an RNN and an FFNN (seed 003, Fig. 3.4; MNIST)", fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-
-
-def _plot_defense(path: Path, rows: list[dict]) -> None:
-    """Fig. 3.8, bottom row: the GPM's utility loss and the attack's accuracy against sigma."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (left, right) = plt.subplots(1, 2, figsize=(9, 3.3))
-    for arch in ARCHS:
-        cell = [r for r in rows if r["arch"] == arch]
-        sigmas = [r["sigma"] for r in cell]
-        left.plot(sigmas, [100 * r["utility_loss"] for r in cell], "o-", label=arch)
-        right.plot(sigmas, [100 * r["attack_accuracy"] for r in cell], "o-", label=arch)
-    right.axhline(50, color="grey", linestyle=":", linewidth=0.8)
-    left.set_ylabel("utility loss (%)")
-    right.set_ylabel("attack accuracy (%)")
-    for ax in (left, right):
-        ax.set_xscale("log")
-        ax.set_xlabel("GPM sigma")
-        ax.legend(fontsize=7)
-    fig.suptitle("the Gaussian privacy module (seed 003, Fig. 3.8 bottom; MNIST)", fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)

@@ -1,0 +1,99 @@
+"""The pictures of ``leaklab reproduce rnn-membership`` (seed 003, chapter 3, Figs. 3.4 and 3.6-3.8), one per
+section of its results, the FFNN and the RNN side by side; 50% (a guess) dotted on every attack axis."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+ARCHS = ("FFNN", "RNN")
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _two_panels(path: Path, rows: list[dict], x: str, panels: tuple[tuple[str, str], tuple[str, str]], xlabel: str,
+                title: str, log_x: bool = True, references: dict[str, dict] | None = None) -> None:
+    """Two panels of ``rows`` against the key ``x``, one line per architecture: each panel a (key, axis label),
+    shown in percent; ``references`` (per architecture, key -> value) dashed in the architecture's colour."""
+    plt = _pyplot()
+    fig, axes = plt.subplots(1, 2, figsize=(9, 3.3))
+    for arch in ARCHS:
+        cell = [r for r in rows if r["arch"] == arch]
+        for ax, (key, _) in zip(axes, panels):
+            line = ax.plot([r[x] for r in cell], [100 * r[key] for r in cell], "o-", label=arch)[0]
+            if references and key in references[arch]:
+                ax.axhline(100 * references[arch][key], color=line.get_color(), linestyle="--", linewidth=0.8,
+                           label=f"{arch}, unprotected")
+    for ax, (key, label) in zip(axes, panels):
+        if key == "attack_accuracy":
+            ax.axhline(50, color="grey", linestyle=":", linewidth=0.8)
+        if log_x:
+            ax.set_xscale("log")
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel(label)
+        ax.legend(fontsize=7)
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def plot_epochs(path: Path, rows: list[dict]) -> None:
+    """Fig. 3.4: the attack's accuracy and the prediction entropies against the training epochs."""
+    plt = _pyplot()
+    fig, (left, right) = plt.subplots(1, 2, figsize=(9, 3.3))
+    for arch in ARCHS:
+        cell = [r for r in rows if r["arch"] == arch]
+        epochs = [r["epochs"] for r in cell]
+        line = left.plot(epochs, [100 * r["attack_accuracy"] for r in cell], "o-", label=arch)[0]
+        right.plot(epochs, [r["entropy_members"] for r in cell], "o-", color=line.get_color(),
+                   label=f"{arch}, members")
+        right.plot(epochs, [r["entropy_non_members"] for r in cell], "s:", color=line.get_color(),
+                   label=f"{arch}, non-members")
+    left.axhline(50, color="grey", linestyle=":", linewidth=0.8)
+    left.set_ylabel("attack accuracy (%)")
+    right.set_ylabel("prediction entropy H_APE")
+    for ax in (left, right):
+        ax.set_xscale("log")
+        ax.set_xlabel("training epochs")
+        ax.legend(fontsize=7)
+    fig.suptitle("membership inference against an RNN and an FFNN (seed 003, Fig. 3.4; MNIST)", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def plot_memorisation(path: Path, rows: list[dict]) -> None:
+    """Fig. 3.6: per chunk of the members, in the order trained, the attack's accuracy and the victim's accuracy."""
+    _two_panels(path, rows, "chunk", (("attack_accuracy", "attack accuracy (%)"),
+                                      ("train_accuracy", "victim's accuracy on the chunk (%)")),
+                "chunk of the members (1 = trained first)", "memorisation: chunks trained in turn (seed 003, "
+                "Fig. 3.6; MNIST)", log_x=False)
+
+
+def plot_regularisation(path: Path, rows: list[dict], unprotected: dict[str, dict]) -> None:
+    """Fig. 3.7: the attack's and the victim's test accuracy against the activation penalty lambda."""
+    _two_panels(path, rows, "penalty", (("attack_accuracy", "attack accuracy (%)"),
+                                        ("test_accuracy", "test accuracy (%)")),
+                "activation penalty lambda", "l2 activation regularisation (seed 003, Fig. 3.7; MNIST)",
+                references=unprotected)
+
+
+def plot_gpm(path: Path, rows: list[dict]) -> None:
+    """Fig. 3.8, bottom row: the GPM's utility loss and the attack's accuracy against sigma."""
+    _two_panels(path, rows, "sigma", (("utility_loss", "utility loss (%)"), ("attack_accuracy",
+                                                                               "attack accuracy (%)")),
+                "GPM sigma", "the Gaussian privacy module (seed 003, Fig. 3.8 bottom; MNIST)")
+
+
+def plot_dp_sgd(path: Path, rows: list[dict]) -> None:
+    """Fig. 3.8, top row: DP-SGD's utility loss and the attack's accuracy against epsilon (the same for both)."""
+    _two_panels(path, rows, "epsilon", (("utility_loss", "utility loss (%)"), ("attack_accuracy",
+                                                                                 "attack accuracy (%)")),
+                "epsilon (DP-SGD, the same for both networks)", "DP-SGD (seed 003, Fig. 3.8 top; MNIST)")

@@ -1,0 +1,134 @@
+"""The training algorithms A_H of ``leaklab reproduce rnn-membership`` (seed 003, chapter 3): the FFNN and the RNN of
+nearly equal size, trained by Adam on mini-batches (Sec. 3.4.2), optionally with the l2 penalty on the node
+activations (Sec. 3.5.1), on disjoint batches in turn (the memorisation experiment, Fig. 3.6) or by DP-SGD
+(eqs. 3.7-3.8, opacus, Fig. 3.8); and what the victim answers: its confidence vectors and their average prediction
+entropy (eq. 3.3).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from leaklab import seeds
+from leaklab.models.vision import MLP, RowLSTM
+from leaklab.privacy.dpsgd import make_private
+
+if TYPE_CHECKING:
+    from leaklab.experiments.rnn_membership import RnnMembershipConfig
+
+
+def build(arch: str, data, seed: int) -> nn.Module:
+    """The FFNN or the RNN, its initial weights drawn from ``seed``."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        if arch == "FFNN":
+            return MLP(data.num_classes, 1, data.images.shape[-1], data.mean, data.std, width=64, depth=2)
+        return RowLSTM(data.num_classes, 1, data.images.shape[-1], data.mean, data.std, hidden=64)
+
+
+@contextlib.contextmanager
+def hidden_activations(model: nn.Module) -> Iterator[list[torch.Tensor]]:
+    """The network's node activations of each forward pass inside the block, appended to the yielded list: the
+    outputs of its ReLUs (the FFNN's hidden layers) and the hidden states of its LSTM at every step (the RNN's)."""
+    seen: list[torch.Tensor] = []
+
+    def keep(module, inputs, output) -> None:
+        seen.append(output[0] if isinstance(module, nn.LSTM) else output)
+
+    hooks = [m.register_forward_hook(keep) for m in model.modules() if isinstance(m, (nn.ReLU, nn.LSTM))]
+    try:
+        yield seen
+    finally:
+        for hook in hooks:
+            hook.remove()
+
+
+def _lr(arch: str, config: RnnMembershipConfig) -> float:
+    return config.lr_ffnn if arch == "FFNN" else config.lr_rnn
+
+
+def _epochs(model: nn.Module, optimizer: torch.optim.Optimizer, images: torch.Tensor, labels: torch.Tensor,
+            epochs: int, batch_size: int, order: torch.Generator, penalty: float) -> None:
+    """``epochs`` passes of mini-batches (reshuffled each by ``order``) minimising the cross-entropy plus
+    ``penalty`` times the squared l2 norm of each sample's node activations, averaged over the batch (Keras' l2
+    activity regulariser, the thesis' FFNN framework; Sec. 3.5.1 leaves the exact form open)."""
+    model.train()
+    with hidden_activations(model) as seen:
+        for _ in range(epochs):
+            for batch in torch.randperm(len(images), generator=order).split(batch_size):
+                seen.clear()
+                optimizer.zero_grad()
+                loss = F.cross_entropy(model(images[batch]), labels[batch])
+                if penalty:
+                    loss = loss + penalty * sum(a.square().sum() for a in seen) / len(batch)
+                loss.backward()
+                optimizer.step()
+
+
+def train(arch: str, data, indices: list[int], config: RnnMembershipConfig, seed: int, snapshots: list[int],
+          penalty: float = 0.0) -> dict[int, nn.Module]:
+    """A_H: Adam on mini-batches of ``indices`` (reshuffled every epoch by a generator of ``seed``), initial
+    weights from ``seed``, the activation ``penalty`` (0: none); a copy of the network after each epoch count in
+    ``snapshots``."""
+    model = build(arch, data, seed)
+    optimizer = torch.optim.Adam(model.parameters(), lr=_lr(arch, config))
+    order = torch.Generator().manual_seed(seeds.stream_seed(seed, "batches"))
+    kept, done = {}, 0
+    for epoch in sorted(snapshots):
+        _epochs(model, optimizer, data.images[indices], data.labels[indices], epoch - done, config.batch_size,
+                order, penalty)
+        done = epoch
+        kept[epoch] = copy.deepcopy(model).eval()
+    return kept
+
+
+def train_in_turn(arch: str, data, chunks: list[list[int]], config: RnnMembershipConfig, seed: int) -> nn.Module:
+    """The memorisation experiment's training (Fig. 3.6): one network, one Adam, trained on each disjoint chunk in
+    the given order for ``config.memory_epochs`` epochs before the next."""
+    model = build(arch, data, seed)
+    optimizer = torch.optim.Adam(model.parameters(), lr=_lr(arch, config))
+    order = torch.Generator().manual_seed(seeds.stream_seed(seed, "batches"))
+    for chunk in chunks:
+        _epochs(model, optimizer, data.images[chunk], data.labels[chunk], config.memory_epochs, config.batch_size,
+                order, 0.0)
+    return model.eval()
+
+
+def train_private(arch: str, data, indices: list[int], config: RnnMembershipConfig, seed: int,
+                  noise_multiplier: float) -> tuple[nn.Module, dict]:
+    """A_H under DP-SGD (eqs. 3.7-3.8): the same network, initialisation and Adam, each sample's gradient clipped
+    to ``config.dp_clip`` and Gaussian noise of std ``noise_multiplier * dp_clip`` added to their sum, on Poisson
+    batches of expected size ``config.batch_size`` for as many steps as ``config.epochs[-1]`` epochs take. The
+    RNN's LSTM becomes opacus' DPLSTM (the same parameters, per-sample gradients). Returns the network and the
+    privacy spent (``epsilon`` at ``config.delta``, ``sample_rate``, ``steps``)."""
+    from opacus.validators import ModuleValidator
+
+    model = ModuleValidator.fix(build(arch, data, seed))
+    loader = DataLoader(TensorDataset(data.images[indices], data.labels[indices]), batch_size=config.batch_size,
+                        generator=seeds.generator(seed, seeds.DP_BATCHES))
+    run = make_private(model, torch.optim.Adam(model.parameters(), lr=_lr(arch, config)), loader,
+                       clip=config.dp_clip, noise_multiplier=noise_multiplier, seed=seed)
+    try:
+        run.train(config.epochs[-1] * len(loader), lambda net, batch: F.cross_entropy(net(batch[0]), batch[1]))
+    finally:
+        run.close()
+    return model.eval(), {"epsilon": run.epsilon(config.delta), "sample_rate": run.sample_rate, "steps": run.steps}
+
+
+@torch.no_grad()
+def confidences(model: nn.Module, images: torch.Tensor) -> torch.Tensor:
+    """The full confidence vectors the victim answers queries with (Sec. 3.3)."""
+    return torch.softmax(model.eval()(images), 1)
+
+
+def prediction_entropy(conf: torch.Tensor) -> float:
+    """H_APE (eq. 3.3): the mean entropy of the predicted distributions."""
+    return float(-(conf * conf.clamp_min(1e-30).log()).sum(1).mean())
