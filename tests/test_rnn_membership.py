@@ -121,8 +121,11 @@ def test_reproduce_rnn_membership_quick(tmp_path):
     assert [(r["arch"], r["chunk"], r["epochs_after"]) for r in data["memorisation"]] == [
         (a, k + 1, config["memory_epochs"] * (config["memory_chunks"] - 1 - k)) for a in ("FFNN", "RNN")
         for k in range(config["memory_chunks"])]
-    assert [(r["arch"], r["penalty"]) for r in data["regularisation"]] == [
-        (a, p) for p in config["penalties"] for a in ("FFNN", "RNN")]
+    for r in data["memorisation"]:
+        assert len(r["attack_accuracy_runs"]) == config["memory_runs"] == 2
+        assert r["attack_accuracy"] == pytest.approx(sum(r["attack_accuracy_runs"]) / 2)
+    assert [(r["arch"], r["penalised"], r["penalty"]) for r in data["regularisation"]] == [
+        (a, k, p) for k in ("activations", "weights") for p in config["penalties"] for a in ("FFNN", "RNN")]
     dp = data["dp_sgd"]
     assert [(r["arch"], r["noise_multiplier"]) for r in dp] == [(a, n) for n in config["dp_noise"] for a in ("FFNN",
                                                                                                             "RNN")]
@@ -156,6 +159,8 @@ def test_config_seeds_the_attack_and_refuses_one_pair():
     for field in ("penalties", "dp_noise"):
         with pytest.raises(ValueError, match="distinct and positive"):
             RnnMembershipConfig(**{field: [0.0, 1.0]})
+    with pytest.raises(ValueError, match="distinct"):
+        RnnMembershipConfig(penalised=["weights", "weights"])
     assert random_dp_confidence(1)[1] > 1  # one pair: no guarantee
     with pytest.raises(LeaklabError):
         smoothed_sgd_sensitivity_bound(math.inf, 1.0, 0, 2, 1.0)
@@ -200,19 +205,21 @@ def test_training_snapshots_and_chunks_match_separate_runs():
                                _flat(train_in_turn(arch, data, halves[::-1], config, 5)))  # the order matters
 
 
-def test_activation_penalty_shrinks_the_node_activations():
+def test_l2_penalties_shrink_what_they_penalise():
     from leaklab.experiments.rnn_training import hidden_activations, train
 
     config, data = _training_setup()
     for arch, widths in (("FFNN", [(8, 64), (8, 64)]), ("RNN", [(8, 8, 64)])):
-        norms = []
-        for penalty in (0.0, 1.0):
-            model = train(arch, data, list(range(40)), config, 5, [3], penalty)[3]
+        activations, weights = [], []
+        for penalty, penalised in ((0.0, "activations"), (1.0, "activations"), (1.0, "weights")):
+            model = train(arch, data, list(range(40)), config, 5, [30], penalty, penalised)[30]
             with hidden_activations(model) as seen, torch.no_grad():
                 model(data.images[:8])
             assert [tuple(a.shape) for a in seen] == widths  # ReLU outputs; the LSTM's state at every row
-            norms.append(sum(float(a.square().sum()) for a in seen))
-        assert norms[1] < 0.5 * norms[0]
+            activations.append(sum(float(a.square().sum()) for a in seen))
+            weights.append(sum(float(p.detach().square().sum()) for p in model.parameters() if p.dim() >= 2))
+        assert activations[1] < 0.5 * activations[0] and weights[2] < 0.5 * weights[0]
+        assert not model._forward_hooks and not any(m._forward_hooks for m in model.modules())  # hooks removed
 
 
 def test_private_training_spends_the_accounted_budget():

@@ -426,11 +426,13 @@ def reproduce_rnn_membership(
                    f"accuracy {100 * r['train_accuracy']:.1f}% train / {100 * r['test_accuracy']:.1f}% test, "
                    f"entropy {r['entropy_members']:.3f} members / {r['entropy_non_members']:.3f} non-members")
     for r in result["memorisation"]:
+        se = "" if r["attack_accuracy_se"] is None else f" ± {100 * r['attack_accuracy_se']:.1f}"
         typer.echo(f"  memorisation, {r['arch']}, chunk {r['chunk']} ({r['epochs_after']} epochs on later chunks): "
-                   f"attack {100 * r['attack_accuracy']:.1f}%, accuracy on it {100 * r['train_accuracy']:.1f}%")
+                   f"attack {100 * r['attack_accuracy']:.1f}%{se}, accuracy on it {100 * r['train_accuracy']:.1f}%")
     for r in result["regularisation"]:
-        typer.echo(f"  activation penalty {r['penalty']:.4g}, {r['arch']}: attack {100 * r['attack_accuracy']:.1f}%, "
-                   f"accuracy {100 * r['train_accuracy']:.1f}% train / {100 * r['test_accuracy']:.1f}% test")
+        typer.echo(f"  l2 penalty {r['penalty']:.4g} on {r['penalised']}, {r['arch']}: attack "
+                   f"{100 * r['attack_accuracy']:.1f}%, accuracy {100 * r['train_accuracy']:.1f}% train / "
+                   f"{100 * r['test_accuracy']:.1f}% test")
     for r in result["dp_sgd"]:
         typer.echo(f"  DP-SGD noise {r['noise_multiplier']:.4g} (epsilon {r['epsilon']:.3g} at delta "
                    f"{result['delta']:g}), {r['arch']}: utility loss {100 * r['utility_loss']:.1f}%, attack "

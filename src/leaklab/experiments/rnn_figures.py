@@ -18,17 +18,27 @@ def _pyplot():
 
 
 def _two_panels(path: Path, rows: list[dict], x: str, panels: tuple[tuple[str, str], tuple[str, str]], xlabel: str,
-                title: str, log_x: bool = True, references: dict[str, dict] | None = None) -> None:
-    """Two panels of ``rows`` against the key ``x``, one line per architecture: each panel a (key, axis label),
-    shown in percent; ``references`` (per architecture, key -> value) dashed in the architecture's colour."""
+                title: str, log_x: bool = True, references: dict[str, dict] | None = None,
+                group: str | None = None) -> None:
+    """Two panels of ``rows`` against the key ``x``, one line per architecture (and per value of the key
+    ``group``, dashed after the first): each panel a (key, axis label), shown in percent, with error bars where the
+    rows give ``KEY_se``; ``references`` (per architecture, key -> value) dotted in the architecture's colour."""
     plt = _pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(9, 3.3))
+    groups = list(dict.fromkeys(r[group] for r in rows)) if group else [None]
     for arch in ARCHS:
-        cell = [r for r in rows if r["arch"] == arch]
+        colour = None
+        for style, value in zip(("o-", "s--", "^-."), groups):
+            cell = [r for r in rows if r["arch"] == arch and (group is None or r[group] == value)]
+            label = arch if value is None else f"{arch}, {value}"
+            for ax, (key, _) in zip(axes, panels):
+                errors = [100 * r[f"{key}_se"] for r in cell] if all(r.get(f"{key}_se") for r in cell) else None
+                line = ax.errorbar([r[x] for r in cell], [100 * r[key] for r in cell], yerr=errors, fmt=style,
+                                   color=colour, label=label, capsize=2)
+                colour = line.lines[0].get_color()
         for ax, (key, _) in zip(axes, panels):
-            line = ax.plot([r[x] for r in cell], [100 * r[key] for r in cell], "o-", label=arch)[0]
             if references and key in references[arch]:
-                ax.axhline(100 * references[arch][key], color=line.get_color(), linestyle="--", linewidth=0.8,
+                ax.axhline(100 * references[arch][key], color=colour, linestyle=":", linewidth=1,
                            label=f"{arch}, unprotected")
     for ax, (key, label) in zip(axes, panels):
         if key == "attack_accuracy":
@@ -70,7 +80,8 @@ def plot_epochs(path: Path, rows: list[dict]) -> None:
 
 
 def plot_memorisation(path: Path, rows: list[dict]) -> None:
-    """Fig. 3.6: per chunk of the members, in the order trained, the attack's accuracy and the victim's accuracy."""
+    """Fig. 3.6: per chunk of the members, in the order trained, the attack's accuracy (mean over the runs, its
+    standard error) and the victim's accuracy."""
     _two_panels(path, rows, "chunk", (("attack_accuracy", "attack accuracy (%)"),
                                       ("train_accuracy", "victim's accuracy on the chunk (%)")),
                 "chunk of the members (1 = trained first)", "memorisation: chunks trained in turn (seed 003, "
@@ -78,11 +89,12 @@ def plot_memorisation(path: Path, rows: list[dict]) -> None:
 
 
 def plot_regularisation(path: Path, rows: list[dict], unprotected: dict[str, dict]) -> None:
-    """Fig. 3.7: the attack's and the victim's test accuracy against the activation penalty lambda."""
+    """Fig. 3.7: the attack's and the victim's test accuracy against the l2 penalty lambda, one line per network
+    and what the penalty takes; the unprotected networks dotted."""
     _two_panels(path, rows, "penalty", (("attack_accuracy", "attack accuracy (%)"),
                                         ("test_accuracy", "test accuracy (%)")),
-                "activation penalty lambda", "l2 activation regularisation (seed 003, Fig. 3.7; MNIST)",
-                references=unprotected)
+                "l2 penalty lambda", "l2 regularisation of activations or weights (seed 003, Fig. 3.7; MNIST)",
+                references=unprotected, group="penalised")
 
 
 def plot_gpm(path: Path, rows: list[dict]) -> None:

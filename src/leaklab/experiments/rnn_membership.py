@@ -51,7 +51,8 @@ from leaklab.data import load_images
 from leaklab.defenses.gpm import gaussian_privacy_module, utility_loss
 from leaklab.experiments import ProgressFn
 from leaklab.experiments import rnn_figures as figures
-from leaklab.experiments.rnn_training import confidences, prediction_entropy, train, train_in_turn, train_private
+from leaklab.experiments.rnn_training import (PENALISED, Penalised, confidences, prediction_entropy, train,
+                                              train_in_turn, train_private)
 from leaklab.fields import Seed
 from leaklab.io import RESULTS_FILE, RNN_MEMBERSHIP_FORMAT, atomic_dir, check_out, write_json
 from leaklab.metrics import accuracy
@@ -92,8 +93,12 @@ class RnnMembershipConfig(BaseModel):
     batch_size: int = Field(default=64, ge=1, le=4096)
     memory_chunks: int = Field(default=5, ge=2, le=20, description="disjoint chunks of the members, trained in turn")
     memory_epochs: int = Field(default=20, ge=1, le=1000, description="epochs on each chunk before the next")
-    penalties: list[float] = Field(default_factory=lambda: [1e-4, 1e-3, 1e-2, 1e-1], min_length=1,
-                                   description="the l2 activation penalties lambda (the thesis gives no grid)")
+    memory_runs: int = Field(default=3, ge=1, le=20, description="memorisation runs (chunk orders, initialisations)")
+    penalties: list[float] = Field(default_factory=lambda: [1e-4, 1e-3, 1e-2, 3e-2, 1e-1], min_length=1,
+                                   description="the l2 penalties lambda (the thesis gives no grid)")
+    penalised: list[Penalised] = Field(default_factory=lambda: list(PENALISED), min_length=1,
+                                       description="what the l2 penalty takes: the text's node activations, the "
+                                                   "title's weights, or both")
     dp_noise: list[float] = Field(default_factory=lambda: [0.7, 1.0, 2.0, 4.0], min_length=1,
                                   description="DP-SGD's noise multipliers (the thesis gives no grid)")
     dp_clip: float = Field(default=1.0, gt=0, description="DP-SGD's per-sample clipping norm C")
@@ -104,6 +109,13 @@ class RnnMembershipConfig(BaseModel):
     delta: float = Field(default=1e-5, gt=0, lt=1)
     attack: AttackTraining = AttackTraining(epochs=60)
     seed: Seed = 0
+
+    @field_validator("penalised")
+    @classmethod
+    def _distinct(cls, v: list) -> list:
+        if len(set(v)) != len(v):
+            raise ValueError("values are distinct")
+        return v
 
     @field_validator("epochs", "penalties", "dp_noise", "sigmas")
     @classmethod
@@ -125,7 +137,8 @@ class RnnMembershipConfig(BaseModel):
     @classmethod
     def quick(cls, seed: int = 0) -> "RnnMembershipConfig":
         return cls(dataset="digits", image_size=8, members=60, shadows=2, epochs=[1, 3], memory_chunks=2,
-                   memory_epochs=2, penalties=[0.01], dp_noise=[1.0], sampler_pairs=2, sigmas=[0.01, 1.0],
+                   memory_epochs=2, memory_runs=2, penalties=[0.01], dp_noise=[1.0], sampler_pairs=2,
+                   sigmas=[0.01, 1.0],
                    attack=AttackTraining(epochs=5, seed=seed), seed=seed)
 
 
@@ -187,7 +200,8 @@ class _Run:
         self.split = _split(config)
         self.shadow_sets = _shadow_sets(self.split, config)
         networks = 1 + config.shadows  # a victim and its shadows, per architecture and setting
-        settings = len(config.penalties) + len(config.dp_noise) + 2  # + vulnerability and memorisation
+        settings = (1 + config.memory_runs + len(config.penalties) * len(config.penalised)
+                    + len(config.dp_noise))  # vulnerability, memorisation, regularisation, DP-SGD
         self.steps = len(ARCHS) * (networks * settings + 2 * config.sampler_pairs)
         self.done = 0
 
@@ -199,15 +213,17 @@ class _Run:
     def seed(self, arch: str, *role: object) -> int:
         return seeds.stream_seed(self.config.seed, arch, *role)
 
-    def victim_and_shadows(self, arch: str, trainer, victim_data=None, shadow_data=None) -> tuple[object, list]:
-        """``trainer(data, seed)`` run for the victim and for each shadow; their data default to their members."""
+    def victim_and_shadows(self, arch: str, trainer, victim_data=None, shadow_data=None,
+                           role: tuple = ()) -> tuple[object, list]:
+        """``trainer(data, seed)`` run for the victim and for each shadow; their data default to their members,
+        their seeds are those of the unprotected networks unless ``role`` names others."""
         victim_data = self.split["victim_in"] if victim_data is None else victim_data
         shadow_data = [members for members, _ in self.shadow_sets] if shadow_data is None else shadow_data
-        victim = trainer(victim_data, self.seed(arch, "victim"))
+        victim = trainer(victim_data, self.seed(arch, *role, "victim"))
         self.tick()
         shadows = []
         for k, own in enumerate(shadow_data):
-            shadows.append(trainer(own, self.seed(arch, "shadow", k)))
+            shadows.append(trainer(own, self.seed(arch, *role, "shadow", k)))
             self.tick()
         return victim, shadows
 
@@ -225,38 +241,49 @@ class _Run:
         return rows, final
 
     def memorisation(self) -> list[dict]:
-        """Fig. 3.6: each network trained on its members' chunks in turn; the attack per chunk."""
-        config, rows = self.config, []
-        rng = np.random.default_rng(seeds.stream_seed(config.seed, "rnn-membership", "memorisation"))
-        victim_chunks = (_chunks(self.split["victim_in"], config.memory_chunks, rng),
-                         _chunks(self.split["victim_out"], config.memory_chunks, rng))
-        shadow_chunks = [(_chunks(members, config.memory_chunks, rng), _chunks(others, config.memory_chunks, rng))
-                         for members, others in self.shadow_sets]
-        for arch in ARCHS:
-            victim, shadows = self.victim_and_shadows(
-                arch, lambda chunks, seed, arch=arch: train_in_turn(arch, self.data, chunks, config, seed),
-                victim_chunks[0], [chunks[0] for chunks in shadow_chunks])
-            for k in range(config.memory_chunks):
-                members, others = victim_chunks[0][k], victim_chunks[1][k]
-                conf = confidences(victim, self.data.images[members])
-                rows.append({"arch": arch, "chunk": k + 1,
-                             "epochs_after": config.memory_epochs * (config.memory_chunks - 1 - k),
-                             "train_accuracy": float((conf.argmax(1) == self.data.labels[members]).float().mean()),
-                             "entropy_members": prediction_entropy(conf),
-                             "attack_accuracy": _attack(victim, shadows, [(c[0][k], c[1][k]) for c in shadow_chunks],
-                                                        (members, others), self.data, config.attack)})
+        """Fig. 3.6: each network trained on its members' chunks in turn, ``memory_runs`` times (each run its own
+        chunks, order and initialisations); the attack per chunk, its accuracy averaged over the runs."""
+        config, chunks = self.config, self.config.memory_chunks
+        scores = {(arch, k): [] for arch in ARCHS for k in range(chunks)}
+        for run in range(config.memory_runs):
+            rng = np.random.default_rng(seeds.stream_seed(config.seed, "rnn-membership", "memorisation", run))
+            victim_chunks = (_chunks(self.split["victim_in"], chunks, rng), _chunks(self.split["victim_out"], chunks,
+                                                                                     rng))
+            shadow_chunks = [(_chunks(members, chunks, rng), _chunks(others, chunks, rng))
+                             for members, others in self.shadow_sets]
+            for arch in ARCHS:
+                victim, shadows = self.victim_and_shadows(
+                    arch, lambda parts, seed, arch=arch: train_in_turn(arch, self.data, parts, config, seed),
+                    victim_chunks[0], [c[0] for c in shadow_chunks], role=("memorisation", run))
+                for k in range(chunks):
+                    members = victim_chunks[0][k]
+                    conf = confidences(victim, self.data.images[members])
+                    scores[arch, k].append((
+                        float((conf.argmax(1) == self.data.labels[members]).float().mean()), prediction_entropy(conf),
+                        _attack(victim, shadows, [(c[0][k], c[1][k]) for c in shadow_chunks],
+                                (members, victim_chunks[1][k]), self.data, config.attack)))
+        rows = []
+        for (arch, k), runs in scores.items():
+            attack = [r[2] for r in runs]
+            rows.append({"arch": arch, "chunk": k + 1, "epochs_after": config.memory_epochs * (chunks - 1 - k),
+                         "train_accuracy": float(np.mean([r[0] for r in runs])),
+                         "entropy_members": float(np.mean([r[1] for r in runs])),
+                         "attack_accuracy": float(np.mean(attack)), "attack_accuracy_runs": attack,
+                         "attack_accuracy_se": float(np.std(attack, ddof=1) / np.sqrt(len(attack)))
+                         if len(attack) > 1 else None})
         return rows
 
     def regularisation(self) -> list[dict]:
-        """Fig. 3.7: both networks trained with each activation penalty."""
+        """Fig. 3.7: both networks trained with each l2 penalty on each of ``penalised``."""
         config, rows, last = self.config, [], self.config.epochs[-1]
-        for penalty in config.penalties:
-            for arch in ARCHS:
-                victim, shadows = self.victim_and_shadows(
-                    arch, lambda idx, seed, arch=arch: train(arch, self.data, idx, config, seed, [last],
-                                                             penalty)[last])
-                rows.append({"arch": arch, "penalty": penalty, **_scored(victim, shadows, self.shadow_sets,
-                                                                         self.split, self.data, config.attack)})
+        for penalised in config.penalised:
+            for penalty in config.penalties:
+                for arch in ARCHS:
+                    victim, shadows = self.victim_and_shadows(
+                        arch, lambda idx, seed, arch=arch: train(arch, self.data, idx, config, seed, [last], penalty,
+                                                                 penalised)[last])
+                    rows.append({"arch": arch, "penalised": penalised, "penalty": penalty,
+                                 **_scored(victim, shadows, self.shadow_sets, self.split, self.data, config.attack)})
         return rows
 
     def dp_sgd(self, final: dict) -> list[dict]:

@@ -1,6 +1,6 @@
 """The training algorithms A_H of ``leaklab reproduce rnn-membership`` (seed 003, chapter 3): the FFNN and the RNN of
 nearly equal size, trained by Adam on mini-batches (Sec. 3.4.2), optionally with the l2 penalty on the node
-activations (Sec. 3.5.1), on disjoint batches in turn (the memorisation experiment, Fig. 3.6) or by DP-SGD
+activations or weights (Sec. 3.5.1), on disjoint batches in turn (the memorisation experiment, Fig. 3.6) or by DP-SGD
 (eqs. 3.7-3.8, opacus, Fig. 3.8); and what the victim answers: its confidence vectors and their average prediction
 entropy (eq. 3.3).
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import copy
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 import torch
 import torch.nn.functional as F
@@ -23,6 +23,9 @@ from leaklab.privacy.dpsgd import make_private
 
 if TYPE_CHECKING:
     from leaklab.experiments.rnn_membership import RnnMembershipConfig
+
+Penalised = Literal["activations", "weights"]
+PENALISED: tuple[Penalised, ...] = ("activations", "weights")
 
 
 def build(arch: str, data, seed: int) -> nn.Module:
@@ -56,35 +59,40 @@ def _lr(arch: str, config: RnnMembershipConfig) -> float:
 
 
 def _epochs(model: nn.Module, optimizer: torch.optim.Optimizer, images: torch.Tensor, labels: torch.Tensor,
-            epochs: int, batch_size: int, order: torch.Generator, penalty: float) -> None:
+            epochs: int, batch_size: int, order: torch.Generator, penalty: float, penalised: Penalised) -> None:
     """``epochs`` passes of mini-batches (reshuffled each by ``order``) minimising the cross-entropy plus
-    ``penalty`` times the squared l2 norm of each sample's node activations, averaged over the batch (Keras' l2
-    activity regulariser, the thesis' FFNN framework; Sec. 3.5.1 leaves the exact form open)."""
+    ``penalty`` times a squared l2 norm (Sec. 3.5.1, whose text penalises "the node activations" and whose title
+    says "weight regularization"; the thesis' FFNN framework is Keras, whose l2 regularisers these are):
+    ``"activations"``, each sample's node activations (:func:`hidden_activations`), averaged over the batch;
+    ``"weights"``, the network's weight matrices and LSTM weights (biases not)."""
     model.train()
+    weights = [p for p in model.parameters() if p.dim() >= 2]
     with hidden_activations(model) as seen:
         for _ in range(epochs):
             for batch in torch.randperm(len(images), generator=order).split(batch_size):
                 seen.clear()
                 optimizer.zero_grad()
                 loss = F.cross_entropy(model(images[batch]), labels[batch])
-                if penalty:
+                if penalty and penalised == "activations":
                     loss = loss + penalty * sum(a.square().sum() for a in seen) / len(batch)
+                elif penalty:
+                    loss = loss + penalty * sum(w.square().sum() for w in weights)
                 loss.backward()
                 optimizer.step()
 
 
 def train(arch: str, data, indices: list[int], config: RnnMembershipConfig, seed: int, snapshots: list[int],
-          penalty: float = 0.0) -> dict[int, nn.Module]:
+          penalty: float = 0.0, penalised: Penalised = "activations") -> dict[int, nn.Module]:
     """A_H: Adam on mini-batches of ``indices`` (reshuffled every epoch by a generator of ``seed``), initial
-    weights from ``seed``, the activation ``penalty`` (0: none); a copy of the network after each epoch count in
-    ``snapshots``."""
+    weights from ``seed``, the l2 ``penalty`` (0: none) on what ``penalised`` names; a copy of the network after
+    each epoch count in ``snapshots``."""
     model = build(arch, data, seed)
     optimizer = torch.optim.Adam(model.parameters(), lr=_lr(arch, config))
     order = torch.Generator().manual_seed(seeds.stream_seed(seed, "batches"))
     kept, done = {}, 0
     for epoch in sorted(snapshots):
         _epochs(model, optimizer, data.images[indices], data.labels[indices], epoch - done, config.batch_size,
-                order, penalty)
+                order, penalty, penalised)
         done = epoch
         kept[epoch] = copy.deepcopy(model).eval()
     return kept
@@ -98,7 +106,7 @@ def train_in_turn(arch: str, data, chunks: list[list[int]], config: RnnMembershi
     order = torch.Generator().manual_seed(seeds.stream_seed(seed, "batches"))
     for chunk in chunks:
         _epochs(model, optimizer, data.images[chunk], data.labels[chunk], config.memory_epochs, config.batch_size,
-                order, 0.0)
+                order, 0.0, "activations")
     return model.eval()
 
 
