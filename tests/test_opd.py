@@ -92,11 +92,15 @@ def test_reproduce_opd_table_quick(tmp_path):
     data = json.loads((out / "results.json").read_text())
     assert (out / "opd_table.png").stat().st_size > 0 and (out / "opd_inversions.png").stat().st_size > 0
     rows = data["rows"]
-    assert [r["eps"] for r in rows] == [None, *data["config"]["epsilons"]]
-    assert len({(r["train_accuracy"], r["test_accuracy"]) for r in rows}) == 1  # the argmax never changes
-    assert rows[0]["distortion"] == 0 and all(r["distortion"] > 0 for r in rows[1:])
+    epsilons = data["config"]["epsilons"]
+    assert [r["eps"] for r in rows] == [None, *epsilons, None, None]
+    assert [r["defense"] for r in rows] == ["none", *(f"OPD eps {e}" for e in epsilons), "MemGuard", "Purification"]
+    # OPD and MemGuard never change the argmax; the purifier may
+    assert len({(r["train_accuracy"], r["test_accuracy"]) for r in rows[:-1]}) == 1
+    assert rows[0]["distortion"] == 0 and all(r["distortion"] > 0 for r in rows[1:len(epsilons) + 1])
     assert all(0 <= r[k] <= 1 for r in rows for k in ("ml_leaks", "nsh"))
-    assert "ML-Leaks" in result.output
+    assert [r["training_seconds"] > 0 for r in rows] == [False] * (len(epsilons) + 1) + [True, True]
+    assert "ML-Leaks" in result.output and "MemGuard" in result.output
 
 
 def test_a_tie_for_the_top_keeps_argmax_s_class_and_a_zero_score_has_no_matching_eps():

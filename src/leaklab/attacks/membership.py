@@ -33,7 +33,7 @@ from leaklab.errors import LeaklabError
 from leaklab.fields import Seed
 from leaklab.seeds import stream_seed
 
-__all__ = ["AttackTraining", "checked_confidences", "ml_leaks", "nsh", "shadow_models"]
+__all__ = ["AttackTraining", "checked_confidences", "member_classifier", "ml_leaks", "mlp", "nsh", "shadow_models"]
 
 ML_LEAKS_TOP = 3  # ML-Leaks' attack model reads the 3 largest posteriors, sorted in descending order
 _BATCHES = "attack-batches"  # the purpose of the stream that orders an attack network's mini-batches
@@ -64,7 +64,7 @@ def ml_leaks(shadow_in: torch.Tensor, shadow_out: torch.Tensor, target_in: torch
     sets = _confidence_sets({"shadow_in": shadow_in, "shadow_out": shadow_out, "target_in": target_in,
                              "target_out": target_out})
     features = [(_top_posteriors(c),) for c in sets]
-    net = _fit(lambda: _mlp(ML_LEAKS_TOP, 64, 1), features[0], features[1], training)
+    net = member_classifier(lambda: mlp(ML_LEAKS_TOP, 64, 1), features[0], features[1], training)
     return _accuracy(net, features[2], features[3])
 
 
@@ -80,7 +80,7 @@ def shadow_models(shadow_in: tuple[torch.Tensor, torch.Tensor], shadow_out: tupl
     k, labelled = _labelled_sets({"shadow_in": shadow_in, "shadow_out": shadow_out, "target_in": target_in,
                                   "target_out": target_out})
     sets = [(torch.cat([c, one_hot], dim=1),) for c, one_hot in labelled]
-    net = _fit(lambda: _mlp(2 * k, 64, 1), sets[0], sets[1], training)
+    net = member_classifier(lambda: mlp(2 * k, 64, 1), sets[0], sets[1], training)
     return _accuracy(net, sets[2], sets[3])
 
 
@@ -96,7 +96,7 @@ def nsh(train_in: tuple[torch.Tensor, torch.Tensor], train_out: tuple[torch.Tens
     the accuracy on test_in / test_out."""
     _check_training(training)
     k, sets = _labelled_sets({"train_in": train_in, "train_out": train_out, "test_in": test_in, "test_out": test_out})
-    net = _fit(lambda: _NshNet(k), sets[0], sets[1], training)
+    net = member_classifier(lambda: _NshNet(k), sets[0], sets[1], training)
     return _accuracy(net, sets[2], sets[3])
 
 
@@ -119,15 +119,15 @@ class _NshNet(nn.Module):
 
     def __init__(self, k: int):
         super().__init__()
-        self.confidence = _mlp(k, 1024, 512, 64, last_relu=True)
-        self.label = _mlp(k, 512, 64, last_relu=True)
-        self.joint = _mlp(128, 256, 64, 1)
+        self.confidence = mlp(k, 1024, 512, 64, last_relu=True)
+        self.label = mlp(k, 512, 64, last_relu=True)
+        self.joint = mlp(128, 256, 64, 1)
 
     def forward(self, confidences: torch.Tensor, one_hot: torch.Tensor) -> torch.Tensor:
         return self.joint(torch.cat([self.confidence(confidences), self.label(one_hot)], dim=1))
 
 
-def _mlp(*widths: int, last_relu: bool = False) -> nn.Sequential:
+def mlp(*widths: int, last_relu: bool = False) -> nn.Sequential:
     """Linear layers of the given widths with ReLU between them (and after the last with ``last_relu``)."""
     layers: list[nn.Module] = []
     for i, (fan_in, fan_out) in enumerate(zip(widths, widths[1:])):
@@ -143,8 +143,8 @@ def _top_posteriors(confidences: torch.Tensor) -> torch.Tensor:
     return F.pad(top, (0, ML_LEAKS_TOP - top.shape[1]))
 
 
-def _fit(build: Callable[[], nn.Module], members: Sequence[torch.Tensor], non_members: Sequence[torch.Tensor],
-         training: AttackTraining) -> nn.Module:
+def member_classifier(build: Callable[[], nn.Module], members: Sequence[torch.Tensor],
+                      non_members: Sequence[torch.Tensor], training: AttackTraining) -> nn.Module:
     """A network from ``build`` (its initial weights drawn from ``training.seed``) trained to tell ``members``
     (label 1) from ``non_members`` (label 0), each a tuple of the network's inputs: binary cross-entropy on its
     logit, weighted so that both sets count equally, and Adam on mini-batches reshuffled every epoch."""

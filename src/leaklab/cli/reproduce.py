@@ -276,8 +276,9 @@ def reproduce_opd_table(
         "--sensitivity", help="OPD's Delta_u (default 1, the thesis' eq. 6.2; 0.3 gives its Table 6.2 "
                               "distortions)")] = None,
 ) -> None:
-    """Seed 002, Table 6.2: the One Parameter Defense against membership inference (ML-Leaks, NSH) and model
-    inversion through a classifier's confidence vectors (MNIST; --quick: digits, tiny networks)."""
+    """Seed 002, Table 6.2: the One Parameter Defense, MemGuard and Purification against membership inference
+    (ML-Leaks, NSH) and model inversion through a classifier's confidence vectors (MNIST; --quick: digits, tiny
+    networks)."""
     from leaklab.experiments import opd_table
 
     result = _experiment(opd_table, opd_table.OpdTableConfig, "opd-table", quick, seed, out,
@@ -286,7 +287,8 @@ def reproduce_opd_table(
         typer.echo(f"  {r['defense']:>12s}: accuracy {100 * r['train_accuracy']:.2f}% train, "
                    f"{100 * r['test_accuracy']:.2f}% test; distortion {r['distortion']:.3f}; membership inference "
                    f"ML-Leaks {100 * r['ml_leaks']:.1f}%, NSH {100 * r['nsh']:.1f}%; inversion error (MSE) "
-                   f"{r['inversion_error_train']:.4f} members, {r['inversion_error_test']:.4f} non-members")
+                   f"{r['inversion_error_train']:.4f} members, {r['inversion_error_test']:.4f} non-members; "
+                   f"{r['training_seconds']:.1f} s to train, {r['seconds_per_vector']:.2g} s a vector")
 
 
 @reproduce_app.command("dp-drl")

@@ -1,0 +1,71 @@
+"""Seed 002, chapter 6's baselines: MemGuard (Jia et al. 2019) and prediction purification (Yang et al. 2020)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from leaklab.attacks.membership import AttackTraining
+from leaklab.defenses.memguard import MemGuard, train_memguard
+from leaklab.defenses.purification import Purifier, train_purifier
+from leaklab.errors import LeaklabError
+
+
+def _answers(n: int, boost: float, seed: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    labels = torch.randint(0, 10, (n,), generator=g)
+    logits = torch.randn(n, 10, generator=g, dtype=torch.float64)
+    logits[torch.arange(n), labels] += boost
+    return logits.softmax(1)
+
+
+@pytest.fixture(scope="module")
+def memguard() -> MemGuard:
+    return train_memguard(_answers(300, 7.0, 0), _answers(300, 4.0, 1), AttackTraining(epochs=20))
+
+
+def test_memguard_phase_one_crosses_the_boundary_and_keeps_the_class(memguard):
+    s = torch.cat([_answers(100, 7.0, 2), _answers(100, 4.0, 3)])
+    moved = memguard.adversarial(s)
+    with torch.no_grad():
+        before, after = memguard.classifier(s).squeeze(1), memguard.classifier(moved.double()).squeeze(1)
+    assert (before > 0).double().mean() > 0.3 and (before <= 0).double().mean() > 0.3  # both sides to cross from
+    assert (before * after <= 0).double().mean() > 0.95
+    assert torch.equal(moved.argmax(1), s.argmax(1)) and moved.dtype == s.dtype
+    assert torch.allclose(moved.sum(1), torch.ones(200, dtype=s.dtype)) and bool((moved >= 0).all())
+
+
+def test_memguard_phase_two_keeps_the_expected_distortion_within_the_budget(memguard):
+    s = torch.cat([_answers(300, 7.0, 4), _answers(300, 4.0, 5)])
+    full = memguard.adversarial(s)
+    assert torch.equal(MemGuard(memguard.classifier, budget=0.0).defend(s, torch.Generator().manual_seed(0)), s)
+    assert torch.equal(MemGuard(memguard.classifier, budget=2.0).defend(s, torch.Generator().manual_seed(0)), full)
+    needed = (full - s).abs().sum(1)
+    budget = float(needed.median()) / 2
+    defended = MemGuard(memguard.classifier, budget=budget).defend(s, torch.Generator().manual_seed(0))
+    distortion = (defended - s).abs().sum(1)
+    assert float(distortion.mean()) <= 1.15 * budget  # expected L1 distortion <= budget (sampling error aside)
+    rows_changed = distortion > 0
+    assert torch.equal(defended[rows_changed], full[rows_changed])  # all or nothing per vector
+    with pytest.raises(LeaklabError):
+        MemGuard(memguard.classifier, budget=-1.0)
+    with pytest.raises(LeaklabError, match="classes"):
+        train_memguard(_answers(10, 7.0, 0), _answers(10, 4.0, 1)[:, :5], AttackTraining(epochs=1))
+
+
+def test_purifier_learns_its_reference_and_pulls_other_answers_towards_it():
+    reference = _answers(400, 4.0, 6)
+    purifier = train_purifier(reference, AttackTraining(epochs=150))
+    untrained = Purifier(10)
+    assert float(((purifier.purify(reference) - reference) ** 2).mean()) < \
+        0.2 * float(((untrained.purify(reference) - reference) ** 2).mean())
+    confident = _answers(200, 9.0, 7)
+    purified = purifier.purify(confident)
+    assert purified.shape == confident.shape and purified.dtype == confident.dtype
+    assert torch.allclose(purified.sum(1), torch.ones(200, dtype=purified.dtype))
+    assert (purified.argmax(1) == confident.argmax(1)).double().mean() > 0.95
+    # a reference of less confident answers: the purified ones are less confident than they came
+    assert float(purified.max(1).values.mean()) < float(confident.max(1).values.mean()) - 0.02
+    assert torch.equal(purifier.purify(confident), purified)  # eval mode: no batch statistics, no randomness
+    with pytest.raises(LeaklabError, match="at least 2"):
+        train_purifier(reference[:1], AttackTraining(epochs=1))
