@@ -129,7 +129,13 @@ def test_reproduce_rnn_membership_quick(tmp_path):
     dp = data["dp_sgd"]
     assert [(r["arch"], r["noise_multiplier"]) for r in dp] == [(a, n) for n in config["dp_noise"] for a in ("FFNN",
                                                                                                             "RNN")]
-    assert dp[0]["epsilon"] == dp[1]["epsilon"] > 0 and dp[0]["steps"] == dp[1]["steps"]  # the same (eps, delta)
+    from leaklab.privacy.dpsgd import spent_epsilon
+
+    batches = -(-config["members"] // config["batch_size"])
+    for r in dp:  # both networks spend the same (eps, delta), the accountant's for the schedule
+        assert (r["sample_rate"], r["steps"]) == (1 / batches, config["epochs"][-1] * batches)
+        assert r["epsilon"] == pytest.approx(spent_epsilon(1 / batches, r["noise_multiplier"], r["steps"],
+                                                           config["delta"])) and r["epsilon"] > 0
     for rows in (data["memorisation"], data["regularisation"], dp):
         assert all(0 <= r["attack_accuracy"] <= 1 for r in rows)
     for arch, s in data["sampler"].items():
@@ -222,17 +228,25 @@ def test_l2_penalties_shrink_what_they_penalise():
         assert not model._forward_hooks and not any(m._forward_hooks for m in model.modules())  # hooks removed
 
 
-def test_private_training_spends_the_accounted_budget():
-    from leaklab.experiments.rnn_training import build, train_private
-    from leaklab.privacy.dpsgd import spent_epsilon
+def test_private_training_follows_its_schedule():
+    from leaklab.experiments.rnn_training import build, private_schedule, train_private
 
     config, data = _training_setup()
     config = config.model_copy(update={"dp_clip": 0.5})
+    assert private_schedule(40, config) == (1 / 3, 9)  # 3 epochs of ceil(40 / 16) batches, Poisson rate 1/3
+    state = torch.random.get_rng_state()
     for arch in ("FFNN", "RNN"):
-        model, spent = train_private(arch, data, list(range(40)), config, 5, 1.0)
-        assert spent["steps"] == 3 * 3 and spent["sample_rate"] == 1 / 3  # 3 epochs of ceil(40 / 16) batches
-        assert spent["epsilon"] == pytest.approx(spent_epsilon(1 / 3, 1.0, 9, config.delta))
-        again, _ = train_private(arch, data, list(range(40)), config, 5, 1.0)
+        model = train_private(arch, data, list(range(40)), config, 5, 1.0)
+        again = train_private(arch, data, list(range(40)), config, 5, 1.0)
         assert torch.equal(_flat(model), _flat(again))  # the same seed, the same noise and batches
+        assert not torch.equal(_flat(model), _flat(build(arch, data, 5)))  # it trained
         assert model(data.images[:4]).shape == (4, 10)
         assert sum(p.numel() for p in model.parameters()) == sum(p.numel() for p in build(arch, data, 5).parameters())
+    assert torch.equal(torch.random.get_rng_state(), state)  # the global generator untouched
+
+
+def test_noise_too_small_to_account_is_refused_before_the_work():
+    from leaklab.experiments.rnn_membership import RnnMembershipConfig
+
+    with pytest.raises(ValueError, match="noise multipliers below"):
+        RnnMembershipConfig(dp_noise=[0.1, 1.0])

@@ -18,12 +18,16 @@ non-members (50% is a guess).
   train and test accuracy and the average prediction entropy H_APE (eq. 3.3) on members and non-members.
 * Memorisation (Fig. 3.6, Sec. 3.4.3): the members cut into ``memory_chunks`` disjoint chunks in a random order, one
   network trained on each chunk in turn for ``memory_epochs`` epochs; per chunk, the attack trained on the shadows'
-  same chunk (trained alike) and scored on the victim's chunk against as many of its non-members.
+  same chunk (trained alike) and scored on the victim's chunk against as many of its non-members, over
+  ``memory_runs`` runs. The thesis leaves the chunk count, the epochs per chunk and the attack's training open; an
+  attack per chunk (its attacker knows a record's place in the order) measures what the network still remembers of
+  each, as the thesis' separate attack per epoch count does for Fig. 3.4.
 * Regularisation (Fig. 3.7, Sec. 3.5.1): at each of ``penalties``, both networks trained to the last epoch count with
   the l2 penalty on their node activations (the text's reading; the section's title says weights).
 * DP-SGD (Fig. 3.8, top; eqs. 3.7-3.8): at each of ``dp_noise``, both networks trained by DP-SGD (opacus; the same
-  Adam, clip ``dp_clip``, Poisson batches of expected size ``batch_size``, the last epoch count's steps), so both
-  spend the same (eps, delta); utility loss (Definition 3.4) against the unprotected victim.
+  Adam, clip ``dp_clip``, Poisson sampling at rate 1 / ceil(members / batch_size), the last epoch count's epochs;
+  :func:`~leaklab.experiments.rnn_training.private_schedule`), so both spend the same (eps, delta), accounted before
+  any training; utility loss (Definition 3.4) against the unprotected victim.
 * The Gaussian privacy module (Fig. 3.8, bottom; Table 3.1): the SensitivitySampler (Algorithm 3) with
   ``sampler_pairs`` pairs of adjacent training sets of ``members`` records drawn from the data, the victim's training
   algorithm (same initialisation and batch order) to the last epoch count; then the GPM (Algorithm 2) at each of
@@ -51,11 +55,12 @@ from leaklab.data import load_images
 from leaklab.defenses.gpm import gaussian_privacy_module, utility_loss
 from leaklab.experiments import ProgressFn
 from leaklab.experiments import rnn_figures as figures
-from leaklab.experiments.rnn_training import (PENALISED, Penalised, confidences, prediction_entropy, train,
-                                              train_in_turn, train_private)
+from leaklab.experiments.rnn_training import (PENALISED, Penalised, confidences, prediction_entropy,
+                                              private_schedule, train, train_in_turn, train_private)
 from leaklab.fields import Seed
 from leaklab.io import RESULTS_FILE, RNN_MEMBERSHIP_FORMAT, atomic_dir, check_out, write_json
 from leaklab.metrics import accuracy
+from leaklab.privacy.dpsgd import spent_epsilon
 from leaklab.privacy.mechanisms import analytic_gaussian_epsilon
 from leaklab.privacy.sensitivity import sensitivity_sampler
 
@@ -65,6 +70,7 @@ REGULARISATION_FILE = "regularisation.png"
 DP_SGD_FILE = "dp_sgd_tradeoff.png"
 GPM_FILE = "gpm_tradeoff.png"
 ARCHS = figures.ARCHS
+MIN_DP_NOISE = 0.3  # epsilon 267 at the defaults (q = 1/8, 320 steps, delta 1e-5) in 7 s; at 0.2, inf after 22 s
 PUBLISHED = {  # seed 003: figures only, and Table 3.1's empirical sensitivities (n = 500, CIFAR-10)
     "table_3_1_image": {"RNN": 0.013209, "FFNN": 0.013518},
     "gamma_n500": 0.0774,
@@ -100,7 +106,8 @@ class RnnMembershipConfig(BaseModel):
                                        description="what the l2 penalty takes: the text's node activations, the "
                                                    "title's weights, or both")
     dp_noise: list[float] = Field(default_factory=lambda: [0.7, 1.0, 2.0, 4.0], min_length=1,
-                                  description="DP-SGD's noise multipliers (the thesis gives no grid)")
+                                  description=f"DP-SGD's noise multipliers, each >= {MIN_DP_NOISE} (the thesis gives "
+                                              "no grid)")
     dp_clip: float = Field(default=1.0, gt=0, description="DP-SGD's per-sample clipping norm C")
     sampler_pairs: int = Field(default=20, ge=2, le=1000, description="Algorithm 3's n (the thesis: 500; 1 gives "
                                                                       "a confidence gamma above 1, no guarantee)")
@@ -123,6 +130,14 @@ class RnnMembershipConfig(BaseModel):
         if any(x <= 0 for x in v) or len(set(v)) != len(v):
             raise ValueError("values are distinct and positive")
         return sorted(v)
+
+    @field_validator("dp_noise")
+    @classmethod
+    def _accountable(cls, v: list) -> list:
+        if min(v) < MIN_DP_NOISE:
+            raise ValueError(f"noise multipliers below {MIN_DP_NOISE} spend an epsilon in the hundreds or more, and "
+                             "the accountant's grid outgrows this machine's memory")
+        return v
 
     @model_validator(mode="after")
     def _consistent(self) -> "RnnMembershipConfig":
@@ -204,6 +219,9 @@ class _Run:
                     + len(config.dp_noise))  # vulnerability, memorisation, regularisation, DP-SGD
         self.steps = len(ARCHS) * (networks * settings + 2 * config.sampler_pairs)
         self.done = 0
+        rate, steps = private_schedule(config.members, config)  # accounted before any training
+        self.dp_spent = {noise: {"epsilon": spent_epsilon(rate, noise, steps, config.delta), "sample_rate": rate,
+                                 "steps": steps} for noise in config.dp_noise}
 
     def tick(self, count: int = 1) -> None:
         self.done += count
@@ -291,18 +309,13 @@ class _Run:
         config, rows = self.config, []
         for noise in config.dp_noise:
             for arch in ARCHS:
-                spent = {}
-
-                def private(idx, seed, arch=arch):
-                    model, spent[seed] = train_private(arch, self.data, idx, config, seed, noise)
-                    return model
-
-                victim, shadows = self.victim_and_shadows(arch, private)
+                victim, shadows = self.victim_and_shadows(
+                    arch, lambda idx, seed, arch=arch: train_private(arch, self.data, idx, config, seed, noise))
                 clean = accuracy(final[arch][0], self.data.images[self.split["victim_out"]],
                                  self.data.labels[self.split["victim_out"]])
                 scored = _scored(victim, shadows, self.shadow_sets, self.split, self.data, config.attack)
-                rows.append({"arch": arch, "noise_multiplier": noise, **spent[self.seed(arch, "victim")],
-                             **scored, "utility_loss": utility_loss(scored["test_accuracy"], clean)})
+                rows.append({"arch": arch, "noise_multiplier": noise, **self.dp_spent[noise], **scored,
+                             "utility_loss": utility_loss(scored["test_accuracy"], clean)})
         return rows
 
     def gaussian_privacy_module(self, final: dict) -> tuple[dict, list[dict]]:

@@ -110,25 +110,36 @@ def train_in_turn(arch: str, data, chunks: list[list[int]], config: RnnMembershi
     return model.eval()
 
 
+def private_schedule(members: int, config: RnnMembershipConfig) -> tuple[float, int]:
+    """DP-SGD's sampling rate and step count for a training set of ``members``: opacus' Poisson rate
+    1 / ceil(members / batch_size) (:func:`~leaklab.privacy.dpsgd.make_private`) and as many steps as
+    ``config.epochs[-1]`` epochs of ceil(members / batch_size) batches. The epsilon they spend depends on nothing
+    else, so both networks spend the same."""
+    batches = -(-members // config.batch_size)
+    return 1 / batches, config.epochs[-1] * batches
+
+
 def train_private(arch: str, data, indices: list[int], config: RnnMembershipConfig, seed: int,
-                  noise_multiplier: float) -> tuple[nn.Module, dict]:
-    """A_H under DP-SGD (eqs. 3.7-3.8): the same network, initialisation and Adam, each sample's gradient clipped
-    to ``config.dp_clip`` and Gaussian noise of std ``noise_multiplier * dp_clip`` added to their sum, on Poisson
-    batches of expected size ``config.batch_size`` for as many steps as ``config.epochs[-1]`` epochs take. The
-    RNN's LSTM becomes opacus' DPLSTM (the same parameters, per-sample gradients). Returns the network and the
-    privacy spent (``epsilon`` at ``config.delta``, ``sample_rate``, ``steps``)."""
+                  noise_multiplier: float) -> nn.Module:
+    """A_H under DP-SGD (eqs. 3.7-3.8) on the :func:`private_schedule`: the same network, initialisation and Adam
+    (eq. 3.7 writes the SGD step; the privatised gradient feeds the victim's own optimiser instead, post-processing
+    with the same guarantee, so only clipping and noise set it apart from the unprotected training), each sample's
+    gradient clipped to ``config.dp_clip`` and Gaussian noise of std ``noise_multiplier * dp_clip`` added to their
+    sum. The RNN's LSTM becomes opacus' DPLSTM (the same parameters, per-sample gradients)."""
     from opacus.validators import ModuleValidator
 
-    model = ModuleValidator.fix(build(arch, data, seed))
+    with torch.random.fork_rng(devices=[]):  # the DPLSTM's own initialisation, overwritten by the LSTM's weights
+        model = ModuleValidator.fix(build(arch, data, seed))
     loader = DataLoader(TensorDataset(data.images[indices], data.labels[indices]), batch_size=config.batch_size,
                         generator=seeds.generator(seed, seeds.DP_BATCHES))
     run = make_private(model, torch.optim.Adam(model.parameters(), lr=_lr(arch, config)), loader,
                        clip=config.dp_clip, noise_multiplier=noise_multiplier, seed=seed)
     try:
-        run.train(config.epochs[-1] * len(loader), lambda net, batch: F.cross_entropy(net(batch[0]), batch[1]))
+        run.train(private_schedule(len(indices), config)[1],
+                  lambda net, batch: F.cross_entropy(net(batch[0]), batch[1]))
     finally:
         run.close()
-    return model.eval(), {"epsilon": run.epsilon(config.delta), "sample_rate": run.sample_rate, "steps": run.steps}
+    return model.eval()
 
 
 @torch.no_grad()
