@@ -67,5 +67,6 @@ def test_purifier_learns_its_reference_and_pulls_other_answers_towards_it():
     # a reference of less confident answers: the purified ones are less confident than they came
     assert float(purified.max(1).values.mean()) < float(confident.max(1).values.mean()) - 0.02
     assert torch.equal(purifier.purify(confident), purified)  # eval mode: no batch statistics, no randomness
-    with pytest.raises(LeaklabError, match="at least 2"):
-        train_purifier(reference[:1], AttackTraining(epochs=1))
+    for few, batch in ((1, 64), (10, 1)):
+        with pytest.raises(LeaklabError, match="at least 2"):
+            train_purifier(reference[:few], AttackTraining(epochs=1, batch_size=batch))

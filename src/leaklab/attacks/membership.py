@@ -33,7 +33,8 @@ from leaklab.errors import LeaklabError
 from leaklab.fields import Seed
 from leaklab.seeds import stream_seed
 
-__all__ = ["AttackTraining", "checked_confidences", "member_classifier", "ml_leaks", "mlp", "nsh", "shadow_models"]
+__all__ = ["AttackTraining", "check_training", "checked_confidences", "member_classifier", "ml_leaks", "mlp", "nsh",
+           "shadow_models"]
 
 ML_LEAKS_TOP = 3  # ML-Leaks' attack model reads the 3 largest posteriors, sorted in descending order
 _BATCHES = "attack-batches"  # the purpose of the stream that orders an attack network's mini-batches
@@ -50,6 +51,20 @@ class AttackTraining(BaseModel):
     batch_size: int = Field(default=64, ge=1, le=65_536)
     seed: Seed = 0
 
+    def network(self, build: Callable[[], nn.Module]) -> nn.Module:
+        """The network ``build`` makes, its initial weights drawn from ``seed`` (on the CPU; the global generator
+        is restored afterwards)."""
+        with torch.random.fork_rng(devices=[]):
+            torch.random.default_generator.manual_seed(self.seed)
+            return build()
+
+    def batches(self, n: int, device: torch.device | str = "cpu") -> Iterator[torch.Tensor]:
+        """The row indices of ``epochs`` epochs of mini-batches of ``n`` rows, reshuffled every epoch by a
+        generator of its own, seeded by ``seed``."""
+        order = torch.Generator().manual_seed(stream_seed(self.seed, _BATCHES))
+        for _ in range(self.epochs):
+            yield from torch.randperm(n, generator=order).to(device).split(self.batch_size)
+
 
 def ml_leaks(shadow_in: torch.Tensor, shadow_out: torch.Tensor, target_in: torch.Tensor, target_out: torch.Tensor,
              training: AttackTraining = AttackTraining()) -> float:
@@ -60,7 +75,7 @@ def ml_leaks(shadow_in: torch.Tensor, shadow_out: torch.Tensor, target_in: torch
     trained with binary cross-entropy and Adam. Returns the attack's accuracy on the target's members ``target_in``
     and non-members ``target_out`` (predict member when the output > 0.5), each set counting as many as it holds
     (the caller balances them)."""
-    _check_training(training)
+    check_training(training)
     sets = _confidence_sets({"shadow_in": shadow_in, "shadow_out": shadow_out, "target_in": target_in,
                              "target_out": target_out})
     features = [(_top_posteriors(c),) for c in sets]
@@ -76,7 +91,7 @@ def shadow_models(shadow_in: tuple[torch.Tensor, torch.Tensor], shadow_out: tupl
     their members and non-members (all shadows' rows together). The classifier, an MLP on the confidence vector
     concatenated with the one-hot label (2k -> 64 -> 1, ReLU; the thesis leaves it open), is trained with BCE and
     Adam on the shadows' rows and returns its accuracy on the target's members and non-members."""
-    _check_training(training)
+    check_training(training)
     k, labelled = _labelled_sets({"shadow_in": shadow_in, "shadow_out": shadow_out, "target_in": target_in,
                                   "target_out": target_out})
     sets = [(torch.cat([c, one_hot], dim=1),) for c, one_hot in labelled]
@@ -94,7 +109,7 @@ def nsh(train_in: tuple[torch.Tensor, torch.Tensor], train_out: tuple[torch.Tens
     "100" input is Nasr's class count, here k; its "256" after the concatenation is taken as the first hidden width,
     64 + 64 = 128 being the input). Trained end to end with BCE and Adam on train_in (1) / train_out (0); returns
     the accuracy on test_in / test_out."""
-    _check_training(training)
+    check_training(training)
     k, sets = _labelled_sets({"train_in": train_in, "train_out": train_out, "test_in": test_in, "test_out": test_out})
     net = member_classifier(lambda: _NshNet(k), sets[0], sets[1], training)
     return _accuracy(net, sets[2], sets[3])
@@ -149,7 +164,7 @@ def member_classifier(build: Callable[[], nn.Module], members: Sequence[torch.Te
     (label 1) from ``non_members`` (label 0), each a tuple of the network's inputs: binary cross-entropy on its
     logit, weighted so that both sets count equally, and Adam on mini-batches reshuffled every epoch."""
     device = members[0].device
-    net = _seeded(build, training.seed).to(device).train()
+    net = training.network(build).to(device).train()
     inputs = [torch.cat([m, n]) for m, n in zip(members, non_members)]
     n_in, n_out = len(members[0]), len(non_members[0])
     targets = torch.cat([torch.ones(n_in), torch.zeros(n_out)]).to(device)
@@ -157,29 +172,13 @@ def member_classifier(build: Callable[[], nn.Module], members: Sequence[torch.Te
     weights = torch.cat([torch.full((n_in,), (n_in + n_out) / (2 * n_in)),
                          torch.full((n_out,), (n_in + n_out) / (2 * n_out))]).to(device)
     optimizer = torch.optim.Adam(net.parameters(), lr=training.lr)
-    for batch in _batches(n_in + n_out, training, device):
+    for batch in training.batches(n_in + n_out, device):
         logits = net(*(x[batch] for x in inputs)).squeeze(1)
         loss = F.binary_cross_entropy_with_logits(logits, targets[batch], weight=weights[batch])
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
     return net.eval()
-
-
-def _seeded(build: Callable[[], nn.Module], seed: int) -> nn.Module:
-    """The network ``build`` makes, its initial weights drawn from ``seed`` (on the CPU; the global generator is
-    restored afterwards)."""
-    with torch.random.fork_rng(devices=[]):
-        torch.random.default_generator.manual_seed(seed)
-        return build()
-
-
-def _batches(n: int, training: AttackTraining, device: torch.device) -> Iterator[torch.Tensor]:
-    """The row indices of ``training.epochs`` epochs of mini-batches of ``n`` rows, reshuffled every epoch by a
-    generator of its own, seeded by ``training.seed``."""
-    order = torch.Generator().manual_seed(stream_seed(training.seed, _BATCHES))
-    for _ in range(training.epochs):
-        yield from torch.randperm(n, generator=order).to(device).split(training.batch_size)
 
 
 @torch.no_grad()
@@ -190,7 +189,7 @@ def _accuracy(net: nn.Module, members: Sequence[torch.Tensor], non_members: Sequ
     return (hits_in + hits_out) / (len(members[0]) + len(non_members[0]))
 
 
-def _check_training(training: object) -> None:
+def check_training(training: object) -> None:
     """Refuse a ``training`` other than an :class:`AttackTraining` (a dict would fail later, far from the cause)."""
     if not isinstance(training, AttackTraining):
         raise LeaklabError(f"training must be an AttackTraining (got {type(training).__name__})")

@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from leaklab.attacks.membership import AttackTraining, _batches, _check_training, _seeded, checked_confidences
+from leaklab.attacks.membership import AttackTraining, check_training, checked_confidences
 from leaklab.errors import LeaklabError
 
 __all__ = ["IMAGE_SIZE", "InversionNet", "inversion_error", "train_inversion"]
@@ -62,13 +62,13 @@ def train_inversion(confidences: torch.Tensor, images: torch.Tensor, training: A
                     width: int = 64) -> InversionNet:
     """The attacker's inversion network trained on its own data: its queries' confidence vectors (N, k) and the
     images (N, C, 32, 32) in [0, 1]; MSE loss, Adam(lr, betas (0.5, 0.999)); returns the network in eval mode."""
-    _check_training(training)
+    check_training(training)
     confidences = checked_confidences(confidences, "confidences")
     images = _checked_images(images, len(confidences)).to(confidences.device)
-    net = _seeded(lambda: InversionNet(confidences.shape[1], images.shape[1], width), training.seed)
+    net = training.network(lambda: InversionNet(confidences.shape[1], images.shape[1], width))
     net.to(confidences.device).train()
     optimizer = torch.optim.Adam(net.parameters(), lr=training.lr, betas=(0.5, 0.999))
-    for batch in _batches(len(confidences), training, confidences.device):
+    for batch in training.batches(len(confidences), confidences.device):
         loss = F.mse_loss(net(confidences[batch]), images[batch])
         optimizer.zero_grad()
         loss.backward()

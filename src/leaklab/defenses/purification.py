@@ -17,9 +17,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from leaklab.attacks.membership import AttackTraining, checked_confidences
+from leaklab.attacks.membership import AttackTraining, check_training, checked_confidences
 from leaklab.errors import LeaklabError
-from leaklab.seeds import stream_seed
 
 __all__ = ["PURIFIER_WIDTHS", "Purifier", "train_purifier"]
 
@@ -50,23 +49,20 @@ class Purifier(nn.Module):
 
 def train_purifier(reference: torch.Tensor, training: AttackTraining) -> Purifier:
     """A :class:`Purifier` trained on the defender's reference vectors (N, k), N >= 2: ``training.epochs`` epochs of
-    Adam at ``training.lr`` on mini-batches of ``training.batch_size`` (at least 2; reshuffled every epoch; a last
-    batch of one vector is skipped: batch normalisation needs two), initial weights and order from
-    ``training.seed``."""
+    Adam at ``training.lr`` on mini-batches of ``training.batch_size`` (at least 2: batch normalisation needs two;
+    a last batch of one vector is skipped), initial weights and order from ``training.seed``
+    (:class:`~leaklab.attacks.membership.AttackTraining`)."""
+    check_training(training)
     reference = checked_confidences(reference, "reference")
-    if len(reference) < 2:
-        raise LeaklabError("the purifier's reference set needs at least 2 vectors (batch normalisation)")
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(training.seed)
-        purifier = Purifier(reference.shape[1])
+    if len(reference) < 2 or training.batch_size < 2:
+        raise LeaklabError("the purifier trains on batches of at least 2 vectors (batch normalisation); got "
+                           f"{len(reference)} reference vectors and batch size {training.batch_size}")
+    purifier = training.network(lambda: Purifier(reference.shape[1])).train()
     optimizer = torch.optim.Adam(purifier.parameters(), lr=training.lr)
-    order = torch.Generator().manual_seed(stream_seed(training.seed, "purifier-batches"))
-    purifier.train()
-    for _ in range(training.epochs):
-        for batch in torch.randperm(len(reference), generator=order).split(max(training.batch_size, 2)):
-            if len(batch) < 2:
-                continue
-            optimizer.zero_grad()
-            F.mse_loss(purifier(reference[batch]), reference[batch]).backward()
-            optimizer.step()
+    for batch in training.batches(len(reference)):
+        if len(batch) < 2:
+            continue
+        optimizer.zero_grad()
+        F.mse_loss(purifier(reference[batch]), reference[batch]).backward()
+        optimizer.step()
     return purifier.eval()

@@ -174,7 +174,7 @@ def run(out: Path, config: OpdTableConfig | None = None, quick: bool = False,
                 pictures[row["defense"]] = inverter(z_out[:8].float())
             if progress:
                 progress("defenses attacked", k + 1, len(defenses))
-        results = {"format": OPD_TABLE_FORMAT, "format_version": 1, "quick": quick,
+        results = {"format": OPD_TABLE_FORMAT, "format_version": 2, "quick": quick,
                    "config": config.model_dump(mode="json"),
                    "target_accuracy": {"train": accuracy(target, x[0], y[0]), "test": accuracy(target, x[1], y[1])},
                    "rows": rows, "published": PUBLISHED, "seconds": time.perf_counter() - start}
