@@ -33,22 +33,34 @@ def test_memguard_phase_one_crosses_the_boundary_and_keeps_the_class(memguard):
     assert (before * after <= 0).double().mean() > 0.95
     assert torch.equal(moved.argmax(1), s.argmax(1)) and moved.dtype == s.dtype
     assert torch.allclose(moved.sum(1), torch.ones(200, dtype=s.dtype)) and bool((moved >= 0).all())
+    # a float32 network of the caller's is not changed by the defense's float64 copy
+    net = torch.nn.Sequential(torch.nn.Linear(10, 4), torch.nn.ReLU(), torch.nn.Linear(4, 1))
+    MemGuard(net, 10)
+    assert net[0].weight.dtype == torch.float32 and net[0].weight.requires_grad
+    # the search is retried with c3 ten times larger while it succeeds: a larger c3 cap never moves a vector further
+    timid = MemGuard(memguard.classifier, 10, c3_max=0.1).adversarial(s)
+    assert float((moved - s).abs().sum(1).mean()) <= float((timid - s).abs().sum(1).mean()) + 1e-9
 
 
 def test_memguard_phase_two_keeps_the_expected_distortion_within_the_budget(memguard):
     s = torch.cat([_answers(300, 7.0, 4), _answers(300, 4.0, 5)])
     full = memguard.adversarial(s)
-    assert torch.equal(MemGuard(memguard.classifier, budget=0.0).defend(s, torch.Generator().manual_seed(0)), s)
-    assert torch.equal(MemGuard(memguard.classifier, budget=2.0).defend(s, torch.Generator().manual_seed(0)), full)
+    assert torch.equal(MemGuard(memguard.classifier, 10, budget=0.0).defend(s, torch.Generator().manual_seed(0)), s)
+    assert torch.equal(MemGuard(memguard.classifier, 10, budget=2.0).defend(s, torch.Generator().manual_seed(0)), full)
     needed = (full - s).abs().sum(1)
     budget = float(needed.median()) / 2
-    defended = MemGuard(memguard.classifier, budget=budget).defend(s, torch.Generator().manual_seed(0))
+    defended = MemGuard(memguard.classifier, 10, budget=budget).defend(s, torch.Generator().manual_seed(0))
     distortion = (defended - s).abs().sum(1)
     assert float(distortion.mean()) <= 1.15 * budget  # expected L1 distortion <= budget (sampling error aside)
     rows_changed = distortion > 0
     assert torch.equal(defended[rows_changed], full[rows_changed])  # all or nothing per vector
-    with pytest.raises(LeaklabError):
-        MemGuard(memguard.classifier, budget=-1.0)
+    for bad in ({"budget": -1.0}, {"c3": -0.1}, {"max_iter": 2.5}, {"c2": -1.0}):
+        with pytest.raises(LeaklabError):
+            MemGuard(memguard.classifier, 10, **bad)
+    with pytest.raises(LeaklabError, match="10-class"):
+        memguard.adversarial(s[:, :5].contiguous())
+    with pytest.raises(LeaklabError, match="AttackTraining"):
+        train_memguard(s, s, {"epochs": 1})
     with pytest.raises(LeaklabError, match="classes"):
         train_memguard(_answers(10, 7.0, 0), _answers(10, 4.0, 1)[:, :5], AttackTraining(epochs=1))
 

@@ -16,14 +16,15 @@ the defended interface:
 * the inversion network (:mod:`leaklab.attacks.model_inversion`): trained on the target's answers for the attacker's
   images.
 
-Both membership attacks are scored on the second halves of the target's sets (balanced: 50% is a guess); the
-inversion error (MSE, pixels in [0, 1]) on the target's training and test images. Each row: no defense, OPD
+Every metric is measured on the second halves of the target's two sets, records no attack and no defense trained
+on: both membership attacks' accuracy (balanced: 50% is a guess), the inversion error (MSE, pixels in [0, 1]), the
+accuracy and the distortion. Each row: no defense, OPD
 (:mod:`leaklab.defenses.opd`) at one eps, or one of the thesis' two baselines, MemGuard
 (:mod:`leaklab.defenses.memguard`: its classifier trained on the target's answers for the first halves of its two
 sets, the members and non-members the defender knows) and Purification (:mod:`leaklab.defenses.purification`: the
 purifier trained on the target's answers for the first half of its test set, the defender's reference set); with
 train and test accuracy, the mean L2 distortion of the confidence vectors, the defense's training time and its time
-per vector. Writes ``OUT/results.json``,
+per query (answered one at a time). Writes ``OUT/results.json``,
 ``OUT/opd_table.png`` (Figs. 6.6-6.9: the metrics against eps) and ``OUT/opd_inversions.png`` (Figs. 6.3-6.5)
 atomically; same seed, same numbers.
 """
@@ -54,6 +55,7 @@ from leaklab.models.vision import InferenceTargetCNN
 
 PLOT_FILE = "opd_table.png"
 IMAGES_FILE = "opd_inversions.png"
+TIMED_QUERIES = 20  # vectors answered one at a time for a defense's time per query
 IMAGE_SIZE = 32  # the thesis resizes every dataset to 32x32; the inversion network draws 32x32 images
 _POOL = {"mnist": 5000, "digits": 1797}
 PUBLISHED = {  # seed 002, Table 6.2, MNIST rows: (conf. distortion, inversion error, ML-Leaks, NSH)
@@ -93,16 +95,22 @@ class OpdTableConfig(BaseModel):
     @model_validator(mode="after")
     def _one_seed(self) -> "OpdTableConfig":
         """The attack and defense networks draw from the run's seed unless their training is given."""
-        for name in ("attack", "memguard", "purifier"):
+        if "attack" not in self.model_fields_set:
+            self.attack = self.attack.model_copy(update={"seed": self.seed})
+        for name in ("memguard", "purifier"):  # the defender's own streams, not the attacker's batches
             if name not in self.model_fields_set:
-                setattr(self, name, getattr(self, name).model_copy(update={"seed": self.seed}))
+                setattr(self, name, getattr(self, name).model_copy(update={"seed": seeds.stream_seed(self.seed,
+                                                                                                     name)}))
+        if self.purifier.batch_size < 2:
+            raise ValueError("the purifier trains on batches of at least 2 vectors (batch normalisation)")
         return self
 
     @classmethod
     def quick(cls, seed: int = 0) -> "OpdTableConfig":
         return cls(data="digits", per_split=60, width=4, epochs=3, epsilons=[0.1, 2.0],
                    attack=AttackTraining(epochs=3, seed=seed), inversion_width=4,
-                   memguard=AttackTraining(epochs=3, seed=seed), purifier=AttackTraining(epochs=20, seed=seed),
+                   memguard=AttackTraining(epochs=3, seed=seeds.stream_seed(seed, "memguard")),
+                   purifier=AttackTraining(epochs=20, seed=seeds.stream_seed(seed, "purifier")),
                    seed=seed)
 
 
@@ -148,26 +156,25 @@ def run(out: Path, config: OpdTableConfig | None = None, quick: bool = False,
     inverter = train_inversion(_confidences(target, x[2]).float(), x[2], config.attack, width=config.inversion_width)
 
     defenses = _defenses(config, known_in, known_out)
+    x_in, x_out = _halves(x[0])[1], _halves(x[1])[1]  # the records every metric is measured on
     with atomic_dir(out, OPD_TABLE_FORMAT) as tmp:
         rows, pictures = [], {}
         for k, (name, eps, defend, training_seconds) in enumerate(defenses):
             generator = seeds.generator(config.seed, seeds.DEFENSE, k)
-            began = time.perf_counter()
-            z_in, z_out = defend(members, generator), defend(outsiders, generator)
-            per_vector = (time.perf_counter() - began) / (2 * n) if name != "none" else 0.0
-            z_scored_in, z_scored_out = _halves(z_in)[1], _halves(z_out)[1]  # NSH trains on undefended known ones
+            z_in, z_out = defend(scored_in, generator), defend(scored_out, generator)
             row = {
                 "defense": name, "eps": eps,
-                "train_accuracy": float((z_in.argmax(1) == y[0]).double().mean()),
-                "test_accuracy": float((z_out.argmax(1) == y[1]).double().mean()),
-                "distortion": float(torch.cat([z_in - members, z_out - outsiders]).norm(dim=1).mean()),
-                "ml_leaks": ml_leaks(shadow_in.float(), shadow_out.float(), z_scored_in.float(),
-                                     z_scored_out.float(), config.attack),
+                "train_accuracy": float((z_in.argmax(1) == labels_in[1]).double().mean()),
+                "test_accuracy": float((z_out.argmax(1) == labels_out[1]).double().mean()),
+                "distortion": float(torch.cat([z_in - scored_in, z_out - scored_out]).norm(dim=1).mean()),
+                "ml_leaks": ml_leaks(shadow_in.float(), shadow_out.float(), z_in.float(), z_out.float(),
+                                     config.attack),
                 "nsh": nsh((known_in.float(), labels_in[0]), (known_out.float(), labels_out[0]),
-                           (z_scored_in.float(), labels_in[1]), (z_scored_out.float(), labels_out[1]), config.attack),
-                "inversion_error_train": inversion_error(inverter, z_in.float(), x[0]),
-                "inversion_error_test": inversion_error(inverter, z_out.float(), x[1]),
-                "seconds_per_vector": per_vector, "training_seconds": training_seconds,
+                           (z_in.float(), labels_in[1]), (z_out.float(), labels_out[1]), config.attack),
+                "inversion_error_train": inversion_error(inverter, z_in.float(), x_in),
+                "inversion_error_test": inversion_error(inverter, z_out.float(), x_out),
+                "seconds_per_vector": 0.0 if name == "none" else _seconds_per_query(defend, scored_in, config.seed),
+                "training_seconds": training_seconds,
             }
             rows.append(row)
             with torch.no_grad():
@@ -182,15 +189,25 @@ def run(out: Path, config: OpdTableConfig | None = None, quick: bool = False,
         _plot(tmp / PLOT_FILE, rows)
         from leaklab.report.plots import image_grid
 
-        image_grid([("private (target's test set)", x[1][:8]), *pictures.items()], tmp / IMAGES_FILE, max_cols=8,
+        image_grid([("private (target's test set)", x_out[:8]), *pictures.items()], tmp / IMAGES_FILE, max_cols=8,
                    title="model inversion through the prediction interface")
     return results
+
+
+def _seconds_per_query(defend, vectors: torch.Tensor, seed: int) -> float:
+    """The defense's mean time to answer one query, over ``TIMED_QUERIES`` vectors answered one at a time (the
+    thesis' "Test (s)"; a batch would share MemGuard's optimisation among its vectors)."""
+    generator = seeds.generator(seed, "opd-table-timing")
+    defend(vectors[:1], generator)  # warm-up: the first call is not timed
+    began = time.perf_counter()
+    for vector in vectors[:TIMED_QUERIES]:
+        defend(vector[None], generator)
+    return (time.perf_counter() - began) / min(TIMED_QUERIES, len(vectors))
 
 
 def _defenses(config: OpdTableConfig, known_in: torch.Tensor, known_out: torch.Tensor) -> list[tuple]:
     """Every row's defense: (name, eps or None, defend(confidences, generator), seconds its training took): none,
     OPD at each eps, MemGuard and Purification trained on the target's answers the defender knows."""
-    one_parameter_defense(known_in[:2], 1.0, torch.Generator().manual_seed(0))  # warm-up: the first call is not timed
     rows: list[tuple] = [("none", None, lambda y, generator: y, 0.0)]
     rows += [(f"OPD eps {eps}", eps, lambda y, generator, eps=eps: one_parameter_defense(
         y, eps, generator, config.m, config.sensitivity), 0.0) for eps in config.epsilons]
@@ -233,7 +250,8 @@ def _plot(path: Path, rows: list[dict]) -> None:
     axes[3].bar([p - 0.2 for p in places], [r["ml_leaks"] for r in rows], 0.4, label="ML-Leaks")
     axes[3].bar([p + 0.2 for p in places], [r["nsh"] for r in rows], 0.4, label="NSH")
     axes[3].axhline(0.5, color="grey", linewidth=0.8)
-    axes[3].set_ylim(0.4, max(0.6, max(max(r["ml_leaks"], r["nsh"]) for r in rows) + 0.02))
+    scores = [r[key] for r in rows for key in ("ml_leaks", "nsh")]
+    axes[3].set_ylim(min(0.4, min(scores) - 0.02), max(0.6, max(scores) + 0.02))
     axes[3].set_xticks(list(places), names, rotation=45, ha="right", fontsize=7)
     axes[3].set_ylabel("membership inference accuracy")
     axes[3].legend(fontsize=7)

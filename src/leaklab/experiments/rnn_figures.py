@@ -43,8 +43,11 @@ def _two_panels(path: Path, rows: list[dict], x: str, panels: tuple[tuple[str, s
     for ax, (key, label) in zip(axes, panels):
         if key == "attack_accuracy":
             ax.axhline(50, color="grey", linestyle=":", linewidth=0.8)
-        if log_x:
+        if log_x:  # the values themselves as ticks, without the minor ticks' crowded labels
             ax.set_xscale("log")
+            values = sorted({r[x] for r in rows})
+            ax.set_xticks(values, [f"{v:.3g}" for v in values], fontsize=7)
+            ax.minorticks_off()
         ax.set_xlabel(xlabel)
         ax.set_ylabel(label)
         ax.legend(fontsize=7)
