@@ -4,7 +4,7 @@ configurations' ``Literal`` types are built from these tuples (``Literal[SETTING
 
 DATASET_NAMES = ("photos", "faces", "digits", "mnist")
 MODEL_NAMES = ("lenet", "convnet", "resnet18", "mlp", "cnn", "convbig", "precode")
-PRIOR_NAMES = ("tv", "range", "l2")
+PRIOR_NAMES = ("tv", "range", "l2", "l1")
 OBJECTIVE_NAMES = ("l2", "l1", "cosine", "bayes")  # gradient-matching objectives of the image attacks
 LAYER_WEIGHTING_NAMES = ("none", "linear", "exp")  # how those objectives weight the parameter tensors
 UPDATE_NAMES = ("fedsgd", "fedavg")

@@ -5,7 +5,9 @@ Each maps candidate images of shape (R, B, C, H, W), pixels in [0, 1], to one va
 * ``tv``: anisotropic total variation, the mean absolute difference of horizontal and vertical
   neighbours (as Geiping et al. 2020);
 * ``range``: the pixel-range term ``||x - clip(x, 0, 1)||_2`` of Geng et al. (2021);
-* ``l2``: the squared L2 norm of the image, ``||x||_2^2`` (GradInversion's norm prior).
+* ``l2``: the squared L2 norm of the image, ``||x||_2^2`` (GradInversion's norm prior; a Gaussian prior);
+* ``l1``: the L1 norm of the image, ``||x||_1`` (a Laplacian prior: seed 001's Fig. 4 ablation compares it with the
+  Gaussian).
 """
 
 from __future__ import annotations
@@ -30,7 +32,11 @@ def l2_norm(x: torch.Tensor) -> torch.Tensor:
     return (x ** 2).flatten(1).sum(1)
 
 
-_PRIORS = {"tv": total_variation, "range": pixel_range, "l2": l2_norm}
+def l1_norm(x: torch.Tensor) -> torch.Tensor:
+    return x.abs().flatten(1).sum(1)
+
+
+_PRIORS = {"tv": total_variation, "range": pixel_range, "l2": l2_norm, "l1": l1_norm}
 
 
 def prior(name: str):
