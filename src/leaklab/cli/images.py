@@ -164,7 +164,7 @@ def attack_inversion(
                                                "term's gradient at the start (prior_scale: absolute in --config), "
                                                "0: off", "priors",
                                                "; lbfgs 0", key="tv")] = None,
-    prior: Annotated[Optional[list[str]], typer.Option("--prior", help="NAME=WEIGHT, repeatable (tv, range, l2): "
+    prior: Annotated[Optional[list[str]], typer.Option("--prior", help="NAME=WEIGHT, repeatable (tv, range, l2, l1): "
                                                        "sets the priors it names, keeps the others (0 removes one); "
                                                        "weights relative as --tv's",
                                                        rich_help_panel=ATTACK)] = None,
