@@ -41,6 +41,13 @@ def test_reproduce_bayes_ablation_quick(tmp_path):
     assert [(a["prior"], a["conditional"]) for a in attacks.values()] == [
         ("gaussian", "gaussian"), ("gaussian", "laplace"), ("laplace", "gaussian"), ("laplace", "laplace")]
     assert [a["bayes_optimal"] for a in attacks.values()] == [False, True, False, False]
+    bayes = attacks["gaussian prior, laplace conditional"]
+    assert bayes["versus_bayes_optimal"] is None
+    for a in attacks.values():
+        if not a["bayes_optimal"]:  # paired on the same samples: the mean difference is the difference of means
+            assert a["versus_bayes_optimal"]["distance_difference"] == pytest.approx(
+                a["final_distance"] - bayes["final_distance"], abs=1e-5)
+            assert 0 <= a["versus_bayes_optimal"]["bayes_closer_share"] <= 1
     steps = data["config"]["steps"]
     for a in attacks.values():
         assert len(a["distance_mean"]) == steps + 1 and a["final_distance"] == a["distance_mean"][-1]

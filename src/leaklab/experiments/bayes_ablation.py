@@ -12,9 +12,10 @@ conditional of the noise's variance (std ``noise`` sqrt 2); the conditionals are
 (:meth:`leaklab.defenses.updates.DefenseChain.log_prob`). Each attack knows the label (one sample's gradient gives
 it away), starts every sample from a draw of N(0, I) and runs ``steps`` Adam steps, the learning rate annealed
 linearly to 0, at each of ``learning_rates``; the seed tuned every attack by grid search, so each attack's curve
-is at its best rate (chosen on the final distance of the same samples). Per attack and step: the mean Euclidean
-distance between the reconstruction and the input over ``samples`` samples, beside the no-information distance
-(guessing the prior's mean, 0).
+is at its best rate (chosen on the final distance of the same samples; a rate at the grid's edge is flagged). Per
+attack and step: the mean Euclidean distance between the reconstruction and the input over ``samples`` samples,
+beside the no-information distance (guessing the prior's mean, 0); per attack, its final distance minus the Bayes
+optimal attack's, sample by sample (the same samples and starts).
 
 Writes ``OUT/results.json`` and ``OUT/bayes_ablation.png`` (Fig. 4) atomically; same seed, same numbers.
 """
@@ -56,7 +57,7 @@ class BayesAblationConfig(BaseModel):
     noise: float = Field(default=0.1, gt=0, le=100, description="the defense's Laplace scale (the seed: 0.1)")
     samples: int = Field(default=100, ge=1, le=100_000)
     steps: int = Field(default=200, ge=1, le=100_000, description="Adam steps (the seed: 200)")
-    learning_rates: list[float] = Field(default_factory=lambda: [0.01, 0.03, 0.1, 0.3], min_length=1)
+    learning_rates: list[float] = Field(default_factory=lambda: [0.01, 0.03, 0.1, 0.3, 1.0, 3.0], min_length=1)
     seed: Seed = 0
 
     @field_validator("learning_rates")
@@ -135,7 +136,7 @@ def run(out: Path, config: BayesAblationConfig | None = None, quick: bool = Fals
     x, gradients, released = _task(config)
     start = torch.randn(x.shape, generator=torch.Generator().manual_seed(
         seeds.stream_seed(config.seed, "bayes-ablation", "start")))
-    attacks, done, total = {}, 0, len(FORMS) ** 2 * len(config.learning_rates)
+    attacks, finals, done, total = {}, {}, 0, len(FORMS) ** 2 * len(config.learning_rates)
     for prior in FORMS:
         for cond in FORMS:
             by_lr = {}
@@ -146,12 +147,22 @@ def run(out: Path, config: BayesAblationConfig | None = None, quick: bool = Fals
                     progress("attacks run", done, total)
             best = min(by_lr, key=lambda lr: float(by_lr[lr][-1].mean()))
             curve = by_lr[best]
+            finals[prior, cond] = curve[-1]
             attacks[f"{prior} prior, {cond} conditional"] = {
                 "prior": prior, "conditional": cond, "bayes_optimal": (prior, cond) == BAYES_OPTIMAL,
-                "learning_rate": best, "distance_mean": curve.mean(1).tolist(),
+                "learning_rate": best, "learning_rate_at_grid_edge": best in (config.learning_rates[0],
+                                                                              config.learning_rates[-1]),
+                "distance_mean": curve.mean(1).tolist(),
                 "distance_se": (curve.std(1) / math.sqrt(config.samples)).tolist() if config.samples > 1 else None,
                 "final_distance": float(curve[-1].mean()),
                 "final_distance_by_learning_rate": {str(lr): float(c[-1].mean()) for lr, c in by_lr.items()}}
+    for (prior, cond), final in finals.items():  # the same samples and start: differences are paired
+        difference = final - finals[BAYES_OPTIMAL]
+        attacks[f"{prior} prior, {cond} conditional"]["versus_bayes_optimal"] = None if (prior, cond) == \
+            BAYES_OPTIMAL else {"distance_difference": float(difference.mean()),
+                                "difference_se": float(difference.std() / math.sqrt(config.samples))
+                                if config.samples > 1 else None,
+                                "bayes_closer_share": float((difference > 0).double().mean())}
     with atomic_dir(out, BAYES_ABLATION_FORMAT) as tmp:
         results = {"format": BAYES_ABLATION_FORMAT, "format_version": 1, "quick": quick,
                    "config": config.model_dump(mode="json"), "attacks": attacks,
@@ -175,6 +186,7 @@ def _plot(path: Path, results: dict) -> None:
         ax.plot(a["distance_mean"], linewidth=2.2 if a["bayes_optimal"] else 1.2, label=label)
     ax.axhline(results["no_information_distance"], color="grey", linestyle=":", linewidth=0.8,
                label="no information (the prior's mean)")
+    ax.set_yscale("log")  # the attacks part in the last steps, an order of magnitude below the start
     ax.set_xlabel("Adam steps")
     ax.set_ylabel("distance to the input (mean L2)")
     ax.legend(fontsize=7)

@@ -57,7 +57,7 @@ PLOT_FILE = "opd_table.png"
 IMAGES_FILE = "opd_inversions.png"
 TIMED_QUERIES = 20  # vectors answered one at a time for a defense's time per query
 IMAGE_SIZE = 32  # the thesis resizes every dataset to 32x32; the inversion network draws 32x32 images
-_POOL = {"mnist": 5000, "digits": 1797}
+_POOL = {"mnist": 5000, "digits": 1797, "photos": 1_000_000}  # photos: crops of ten photographs
 PUBLISHED = {  # seed 002, Table 6.2, MNIST rows: (conf. distortion, inversion error, ML-Leaks, NSH)
     "mnist": {"none": (0.0, 0.935, 0.704, 0.723), "0.1": (0.948, 0.924, 0.498, 0.503),
               "0.7": (0.783, 0.925, 0.504, 0.509), "1.4": (0.535, 0.927, 0.511, 0.516),
@@ -75,7 +75,8 @@ class OpdTableConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
-    data: Literal["mnist", "digits"] = "mnist"
+    data: Literal["mnist", "digits", "photos"] = Field(default="mnist", description="photos: the CIFAR-10 stand-in "
+                                                                                   "(32x32 colour crops)")
     per_split: int = Field(default=1250, ge=4, le=1250, description="images in each of the four sets")
     width: int = Field(default=32, ge=1, le=256, description="the target's first convolution's channels")
     epochs: int = Field(default=30, ge=1, le=1000, description="the target's and the shadow's training epochs")

@@ -6,8 +6,8 @@ Each maps candidate images of shape (R, B, C, H, W), pixels in [0, 1], to one va
   neighbours (as Geiping et al. 2020);
 * ``range``: the pixel-range term ``||x - clip(x, 0, 1)||_2`` of Geng et al. (2021);
 * ``l2``: the squared L2 norm of the image, ``||x||_2^2`` (GradInversion's norm prior; a Gaussian prior);
-* ``l1``: the L1 norm of the image, ``||x||_1`` (a Laplacian prior: seed 001's Fig. 4 ablation compares it with the
-  Gaussian).
+* ``l1``: the L1 norm of the image, ``||x||_1`` (a Laplacian prior centred on 0: on pixels in [0, 1] it pulls every
+  pixel towards black, as ``l2`` does; seed 001's Fig. 4 ablation compares the two on zero-mean inputs).
 """
 
 from __future__ import annotations
