@@ -121,7 +121,14 @@ def test_reproduce_rnn_membership_quick(tmp_path):
     assert [(r["arch"], r["chunk"], r["epochs_after"]) for r in data["memorisation"]] == [
         (a, k + 1, config["memory_epochs"] * (config["memory_chunks"] - 1 - k)) for a in ("FFNN", "RNN")
         for k in range(config["memory_chunks"])]
-    for r in data["memorisation"]:
+    chunks = config["memory_chunks"]
+    for curves in data["memorisation_curves"].values():  # after each chunk: every chunk's accuracy, the tests'
+        assert [len(a) for a in curves["chunk_accuracy"]] == [chunks] * chunks
+        assert len(curves["test_accuracy"]) == chunks
+        assert all(0 <= a <= 1 for row in curves["chunk_accuracy"] for a in row)
+    for r in data["memorisation"]:  # after the last chunk: the victim the attack was scored on
+        assert data["memorisation_curves"][r["arch"]]["chunk_accuracy"][-1][r["chunk"] - 1] == pytest.approx(
+            r["train_accuracy"])
         assert len(r["attack_accuracy_runs"]) == config["memory_runs"] == 2
         assert r["attack_accuracy"] == pytest.approx(sum(r["attack_accuracy_runs"]) / 2)
     assert [(r["arch"], r["penalised"], r["penalty"]) for r in data["regularisation"]] == [
@@ -146,7 +153,8 @@ def test_reproduce_rnn_membership_quick(tmp_path):
     again = tmp_path / "again"
     assert CliRunner().invoke(app, ["reproduce", "rnn-membership", "--quick", "--out", str(again)]).exit_code == 0
     second = json.loads((again / "results.json").read_text())
-    for key in ("vulnerability", "memorisation", "regularisation", "dp_sgd", "sampler", "defense"):
+    for key in ("vulnerability", "memorisation", "memorisation_curves", "regularisation", "dp_sgd", "sampler",
+                "defense"):
         assert second[key] == data[key], key
     bad = CliRunner().invoke(app, ["reproduce", "rnn-membership", "--quick", "--pairs", "0", "--out",
                                    str(tmp_path / "x")])

@@ -82,13 +82,39 @@ def plot_epochs(path: Path, rows: list[dict]) -> None:
     plt.close(fig)
 
 
-def plot_memorisation(path: Path, rows: list[dict]) -> None:
-    """Fig. 3.6: per chunk of the members, in the order trained, the attack's accuracy (mean over the runs, its
-    standard error) and the victim's accuracy."""
-    _two_panels(path, rows, "chunk", (("attack_accuracy", "attack accuracy (%)"),
-                                      ("train_accuracy", "victim's accuracy on the chunk (%)")),
-                "chunk of the members (1 = trained first)", "memorisation: chunks trained in turn (seed 003, "
-                "Fig. 3.6; MNIST)", log_x=False)
+def plot_memorisation(path: Path, rows: list[dict], curves: dict[str, dict]) -> None:
+    """Fig. 3.6. Top row, per network: its accuracy on each chunk (and on its non-members, dashed) after each
+    chunk's training, the saw-tooth of training in turn. Bottom row: per chunk, in the order trained, the attack's
+    accuracy at the end (mean and standard error over the runs) and the victim's accuracy on the chunk."""
+    plt = _pyplot()
+    fig, axes = plt.subplots(2, 2, figsize=(9, 6.2))
+    for ax, arch in zip(axes[0], ARCHS):
+        chunk_accuracy = curves[arch]["chunk_accuracy"]  # [after chunk i][chunk j]
+        after = range(1, len(chunk_accuracy) + 1)
+        for j in range(len(chunk_accuracy[0])):
+            ax.plot(after, [100 * a[j] for a in chunk_accuracy], "o-", markersize=3, label=f"chunk {j + 1}")
+        ax.plot(after, [100 * a for a in curves[arch]["test_accuracy"]], "k--", label="non-members")
+        ax.set_title(arch, fontsize=9)
+        ax.set_xlabel("chunks trained")
+        ax.set_ylabel("accuracy (%)")
+        ax.legend(fontsize=6)
+    for arch in ARCHS:
+        cell = [r for r in rows if r["arch"] == arch]
+        chunks = [r["chunk"] for r in cell]
+        errors = [100 * r["attack_accuracy_se"] for r in cell] if all(r["attack_accuracy_se"] for r in cell) else None
+        axes[1][0].errorbar(chunks, [100 * r["attack_accuracy"] for r in cell], yerr=errors, fmt="o-", capsize=2,
+                            label=arch)
+        axes[1][1].plot(chunks, [100 * r["train_accuracy"] for r in cell], "o-", label=arch)
+    axes[1][0].axhline(50, color="grey", linestyle=":", linewidth=0.8)
+    axes[1][0].set_ylabel("attack accuracy (%)")
+    axes[1][1].set_ylabel("victim's accuracy on the chunk (%)")
+    for ax in axes[1]:
+        ax.set_xlabel("chunk of the members (1 = trained first)")
+        ax.legend(fontsize=7)
+    fig.suptitle("memorisation: chunks trained in turn (seed 003, Fig. 3.6; MNIST)", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
 
 
 def plot_regularisation(path: Path, rows: list[dict], unprotected: dict[str, dict]) -> None:

@@ -19,7 +19,8 @@ non-members (50% is a guess).
 * Memorisation (Fig. 3.6, Sec. 3.4.3): the members cut into ``memory_chunks`` disjoint chunks in a random order, one
   network trained on each chunk in turn for ``memory_epochs`` epochs; per chunk, the attack trained on the shadows'
   same chunk (trained alike) and scored on the victim's chunk against as many of its non-members, over
-  ``memory_runs`` runs. The thesis leaves the chunk count, the epochs per chunk and the attack's training open; an
+  ``memory_runs`` runs; and the victim's accuracy on every chunk after each chunk's training (the top row). The
+  thesis leaves the chunk count, the epochs per chunk and the attack's training open; an
   attack per chunk (its attacker knows a record's place in the order) measures what the network still remembers of
   each, as the thesis' separate attack per epoch count does for Fig. 3.4.
 * Regularisation (Fig. 3.7, Sec. 3.5.1): at each of ``penalties``, both networks trained to the last epoch count with
@@ -199,6 +200,10 @@ def _scored(victim, shadows, shadow_sets: Sets, split: dict, data, training: Att
             "attack_accuracy": _attack(victim, shadows, shadow_sets, (members, others), data, training)}
 
 
+def _accuracy(model, data, indices: list[int]) -> float:
+    return float((confidences(model, data.images[indices]).argmax(1) == data.labels[indices]).float().mean())
+
+
 def _chunks(indices: list[int], count: int, rng: np.random.Generator) -> list[list[int]]:
     """``indices`` in a random order cut into ``count`` disjoint chunks of (nearly) equal size."""
     return [chunk.tolist() for chunk in np.array_split(rng.permutation(indices), count)]
@@ -258,11 +263,14 @@ class _Run:
             final[arch] = (victim[config.epochs[-1]], [s[config.epochs[-1]] for s in shadows])
         return rows, final
 
-    def memorisation(self) -> list[dict]:
+    def memorisation(self) -> tuple[list[dict], dict]:
         """Fig. 3.6: each network trained on its members' chunks in turn, ``memory_runs`` times (each run its own
-        chunks, order and initialisations); the attack per chunk, its accuracy averaged over the runs."""
+        chunks, order and initialisations); the attack per chunk, its accuracy averaged over the runs (bottom row);
+        the victim's accuracy on every chunk and on its non-members after each chunk's training, averaged over the
+        runs (top row)."""
         config, chunks = self.config, self.config.memory_chunks
         scores = {(arch, k): [] for arch in ARCHS for k in range(chunks)}
+        during = {arch: [] for arch in ARCHS}  # per run: after each chunk, the accuracy on every chunk and on tests
         for run in range(config.memory_runs):
             rng = np.random.default_rng(seeds.stream_seed(config.seed, "rnn-membership", "memorisation", run))
             victim_chunks = (_chunks(self.split["victim_in"], chunks, rng), _chunks(self.split["victim_out"], chunks,
@@ -270,14 +278,22 @@ class _Run:
             shadow_chunks = [(_chunks(members, chunks, rng), _chunks(others, chunks, rng))
                              for members, others in self.shadow_sets]
             for arch in ARCHS:
+                seen: list[list[float]] = []
+
+                def measure(model, chunks_in=victim_chunks[0], seen=seen) -> None:  # Fig. 3.6, top row
+                    seen.append([_accuracy(model, self.data, c) for c in chunks_in]
+                                + [_accuracy(model, self.data, self.split["victim_out"])])
+
                 victim, shadows = self.victim_and_shadows(
-                    arch, lambda parts, seed, arch=arch: train_in_turn(arch, self.data, parts, config, seed),
+                    arch, lambda parts, seed, arch=arch: train_in_turn(
+                        arch, self.data, parts, config, seed, measure if parts is victim_chunks[0] else None),
                     victim_chunks[0], [c[0] for c in shadow_chunks], role=("memorisation", run))
+                during[arch].append(seen)
                 for k in range(chunks):
                     members = victim_chunks[0][k]
                     conf = confidences(victim, self.data.images[members])
                     scores[arch, k].append((
-                        float((conf.argmax(1) == self.data.labels[members]).float().mean()), prediction_entropy(conf),
+                        _accuracy(victim, self.data, members), prediction_entropy(conf),
                         _attack(victim, shadows, [(c[0][k], c[1][k]) for c in shadow_chunks],
                                 (members, victim_chunks[1][k]), self.data, config.attack)))
         rows = []
@@ -289,7 +305,9 @@ class _Run:
                          "attack_accuracy": float(np.mean(attack)), "attack_accuracy_runs": attack,
                          "attack_accuracy_se": float(np.std(attack, ddof=1) / np.sqrt(len(attack)))
                          if len(attack) > 1 else None})
-        return rows
+        curves = {arch: {"chunk_accuracy": np.mean(during[arch], axis=0)[:, :chunks].tolist(),
+                         "test_accuracy": np.mean(during[arch], axis=0)[:, chunks].tolist()} for arch in ARCHS}
+        return rows, curves
 
     def regularisation(self) -> list[dict]:
         """Fig. 3.7: both networks trained with each l2 penalty on each of ``penalised``."""
@@ -355,7 +373,7 @@ def run(out: Path, config: RnnMembershipConfig | None = None, quick: bool = Fals
     start = time.perf_counter()
     work = _Run(config, progress)
     vulnerability, final = work.vulnerability()
-    memorisation = work.memorisation()
+    memorisation, memorisation_curves = work.memorisation()
     regularisation = work.regularisation()
     dp_sgd = work.dp_sgd(final)
     sampler, defense = work.gaussian_privacy_module(final)
@@ -363,12 +381,13 @@ def run(out: Path, config: RnnMembershipConfig | None = None, quick: bool = Fals
     with atomic_dir(out, RNN_MEMBERSHIP_FORMAT) as tmp:
         results = {"format": RNN_MEMBERSHIP_FORMAT, "format_version": 2, "quick": quick,
                    "config": config.model_dump(mode="json"), "parameters": parameters,
-                   "vulnerability": vulnerability, "memorisation": memorisation, "regularisation": regularisation,
+                   "vulnerability": vulnerability, "memorisation": memorisation,
+                   "memorisation_curves": memorisation_curves, "regularisation": regularisation,
                    "dp_sgd": dp_sgd, "sampler": sampler, "defense": defense, "delta": config.delta,
                    "published": PUBLISHED, "seconds": time.perf_counter() - start}
         write_json(tmp / RESULTS_FILE, results)
         figures.plot_epochs(tmp / EPOCHS_FILE, vulnerability)
-        figures.plot_memorisation(tmp / MEMORISATION_FILE, memorisation)
+        figures.plot_memorisation(tmp / MEMORISATION_FILE, memorisation, memorisation_curves)
         unprotected = {r["arch"]: r for r in vulnerability if r["epochs"] == config.epochs[-1]}
         figures.plot_regularisation(tmp / REGULARISATION_FILE, regularisation, unprotected)
         figures.plot_dp_sgd(tmp / DP_SGD_FILE, dp_sgd)

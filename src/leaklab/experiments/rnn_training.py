@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Literal
 
 import torch
@@ -98,15 +98,19 @@ def train(arch: str, data, indices: list[int], config: RnnMembershipConfig, seed
     return kept
 
 
-def train_in_turn(arch: str, data, chunks: list[list[int]], config: RnnMembershipConfig, seed: int) -> nn.Module:
+def train_in_turn(arch: str, data, chunks: list[list[int]], config: RnnMembershipConfig, seed: int,
+                  after_chunk: Callable[[nn.Module], None] | None = None) -> nn.Module:
     """The memorisation experiment's training (Fig. 3.6): one network, one Adam, trained on each disjoint chunk in
-    the given order for ``config.memory_epochs`` epochs before the next."""
+    the given order for ``config.memory_epochs`` epochs before the next; ``after_chunk(network)`` (in eval mode) after
+    each chunk, if given."""
     model = build(arch, data, seed)
     optimizer = torch.optim.Adam(model.parameters(), lr=_lr(arch, config))
     order = torch.Generator().manual_seed(seeds.stream_seed(seed, "batches"))
     for chunk in chunks:
         _epochs(model, optimizer, data.images[chunk], data.labels[chunk], config.memory_epochs, config.batch_size,
                 order, 0.0, "activations")
+        if after_chunk is not None:
+            after_chunk(model.eval())
     return model.eval()
 
 
