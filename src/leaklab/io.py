@@ -90,6 +90,7 @@ RNN_MEMBERSHIP_FORMAT = "leaklab.rnn-membership"
 PE_MARL_FORMAT = "leaklab.pe-marl"
 DP_PLANNING_FORMAT = "leaklab.dp-planning"
 BAYES_ABLATION_FORMAT = "leaklab.bayes-ablation"
+MC_ABLATION_FORMAT = "leaklab.mc-ablation"
 _WRITTEN_BY = {AUDIT_FORMAT: "leaklab audit", REPRODUCTION_FORMAT: "leaklab reproduce room-table1|room-table2",
                BAYES_TABLE2_FORMAT: "leaklab reproduce bayes-table2",
                ROOM_ATTACK_FORMAT: "leaklab attack qgi|rgi", ROOM_CAPTURE_FORMAT: "leaklab env capture",
@@ -105,7 +106,8 @@ _WRITTEN_BY = {AUDIT_FORMAT: "leaklab audit", REPRODUCTION_FORMAT: "leaklab repr
                RNN_MEMBERSHIP_FORMAT: "leaklab reproduce rnn-membership",
                PE_MARL_FORMAT: "leaklab reproduce pe-marl",
                DP_PLANNING_FORMAT: "leaklab reproduce dp-planning",
-               BAYES_ABLATION_FORMAT: "leaklab reproduce bayes-ablation"}
+               BAYES_ABLATION_FORMAT: "leaklab reproduce bayes-ablation",
+               MC_ABLATION_FORMAT: "leaklab reproduce mc-ablation"}
 # the commands that write into their --out in place (finished cells, checks) instead of replacing it whole
 _IN_PLACE = frozenset({REPRODUCTION_FORMAT, BAYES_TABLE2_FORMAT, INVERSION_CHECKS_FORMAT})
 

@@ -71,8 +71,11 @@ class _Kept:
 
 
 def invert(view: ServerView, updates: ClientUpdate | list[ClientUpdate], config: InversionConfig,
-           progress: Progress | None = None, device: torch.device | None = None) -> list[Reconstruction]:
-    """Reconstruct the private batch behind each update (all from the same round and model)."""
+           progress: Progress | None = None, device: torch.device | None = None,
+           on_step: Callable[[int, torch.Tensor], None] | None = None) -> list[Reconstruction]:
+    """Reconstruct the private batch behind each update (all from the same round and model). ``on_step(iteration,
+    images)``, if given, sees every instance's images (updates x restarts, restart-minor; (R, batch, C, H, W), in
+    [0, 1]) after each Adam step (:meth:`InversionLoop.run`)."""
     updates = [updates] if isinstance(updates, ClientUpdate) else list(updates)
     if not updates:
         raise LeaklabError("no update to attack")
@@ -109,7 +112,7 @@ def invert(view: ServerView, updates: ClientUpdate | list[ClientUpdate], config:
             [w for i, w in enumerate(layer_weights(len(names), config.layer_weighting)) if i in kept]
         objective = Objective(config.objective, observed, defense, weighting)
         loop = InversionLoop(config, simulator, objective, instance_labels, (batch, c, s, s), mean, std, device)
-        result = loop.run(progress)
+        result = loop.run(progress, on_step)
 
     out = []
     for i in range(len(updates)):

@@ -24,6 +24,7 @@ from leaklab.attacks.inversion.config import InversionConfig
 from leaklab.attacks.inversion.objectives import Objective
 from leaklab.attacks.inversion.priors import prior
 from leaklab.attacks.inversion.simulate import UpdateSimulator
+from leaklab.errors import LeaklabError
 
 Progress = Callable[[int, float], None]
 
@@ -178,8 +179,13 @@ class InversionLoop:
             progress(it + 1, value)
         return x.detach(), evaluations, curve
 
-    def run(self, progress: Progress | None = None) -> OptimisationResult:
+    def run(self, progress: Progress | None = None,
+            on_step: Callable[[int, torch.Tensor], None] | None = None) -> OptimisationResult:
+        """The optimisation; ``on_step(iteration, images)``, if given, after every Adam step with every instance's
+        current images clamped to [0, 1] (detached; L-BFGS refuses it: its steps are line searches)."""
         cfg = self.cfg
+        if on_step is not None and cfg.optimizer == "lbfgs":
+            raise LeaklabError("on_step follows Adam's steps; L-BFGS takes line searches instead")
         g = torch.Generator().manual_seed(cfg.seed)
         r = self.labels.shape[0]
         x0 = _initial_images(cfg, (r, *self.image_shape), self.mean, self.std, g).to(self.device)
@@ -217,6 +223,8 @@ class InversionLoop:
                         x.clamp_(0, 1)
                 if (it + 1) % 10 == 0 or it + 1 == cfg.iterations:
                     history.append((it + 1, float(value) / r))
+                if on_step is not None:
+                    on_step(it + 1, x.detach().clamp(0, 1))
                 if progress:  # every step: the first bar showed only after 10 steps (9.5 s on a ConvNet)
                     progress(it + 1, float(value) / r)
         final = x.detach()
