@@ -243,8 +243,9 @@ def reproduce_mc_ablation(
     result = _experiment(mc_ablation, mc_ablation.McAblationConfig, "mc-ablation", quick, seed, out)
     steps = result["config"]["iterations"]
     for k, row in result["samples"].items():
-        marks = ", ".join(f"{row['psnr_mean'][s - 1]:.2f}" for s in sorted({max(1, steps // 4), steps // 2, steps}))
-        typer.echo(f"  k = {k}: PSNR {marks} dB at a quarter, half and all of the {steps} steps "
+        at = sorted({max(1, steps // 4), max(1, steps // 2), steps})
+        marks = ", ".join(f"{row['psnr_mean'][s - 1]:.2f}" for s in at)
+        typer.echo(f"  k = {k}: PSNR {marks} dB after {', '.join(map(str, at))} of the {steps} steps "
                    f"({1000 * row['seconds_per_iteration']:.0f} ms an iteration)")
     typer.echo(f"  learning rate {result['learning_rate']:g}, TV weight {result['beta_tv']:g} (tuned at k = 1); "
                f"no information: {result['baseline_psnr']:.2f} dB")

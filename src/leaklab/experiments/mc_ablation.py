@@ -4,10 +4,11 @@ objective (Algorithm 1) with k points in the ball B(x, delta), for several k.
 The seed's setting: a convolutional network on MNIST at its initial training step, one image's gradient behind
 Gaussian noise of std 0.1, delta = 9.0, the PSNR averaged over 100 images at every step of the optimisation; its
 claim: more samples converge faster, to a reconstruction closer to the original (a figure only). Here: the 5,000
-real MNIST digits offline (28x28; ``digits``, 16x16, for a quick look), the authors' ReLU CNN (``cnn``, width 32)
+real MNIST digits offline (28x28; ``digits``, 8x8, for a quick look), the authors' ReLU CNN (``cnn``, width 32)
 at its initialisation, ``images`` digits, each attacked alone with its label known (as bayes-table2) by
 :func:`~leaklab.attacks.inversion.invert` with the Bayes objective (the defense's exact likelihood), a relative TV
-prior, Adam with exponential decay, ``iterations`` steps, at each of ``samples``. The seed's delta is taken in the
+prior, Adam with exponential decay, ``iterations`` steps, at each of ``samples`` (k = 1 is one point drawn in the
+ball, as Algorithm 1 and appendix A.7 have it, not the ball's centre). The seed's delta is taken in the
 network's normalised input units on 28x28 inputs (its code normalises MNIST): ``radius`` times the dataset's std in
 pixel units, scaled by image_size / 28 so that the per-pixel spread stays the same at another size. The seed gives
 no learning rate or prior weight: both are chosen for k = 1 on ``tune_images`` digits that are not reported, over
@@ -62,7 +63,7 @@ class McAblationConfig(BaseModel):
     images: int = Field(default=20, ge=1, le=1000, description="reported digits (the seed: 100)")
     tune_images: int = Field(default=2, ge=1, le=100)
     iterations: int = Field(default=200, ge=1, le=100_000)
-    lrs: list[float] = Field(default_factory=lambda: [0.03, 0.1, 0.3], min_length=1)
+    lrs: list[float] = Field(default_factory=lambda: [0.03, 0.1, 0.3], min_length=1, description="Adam's, each <= 1e4")
     betas: list[float] = Field(default_factory=lambda: [0.1, 0.3, 1.0], min_length=1,
                                description="the TV prior's relative weights")
     lr_decay: float = Field(default=0.01, gt=0, le=1, description="the learning rate's factor over the whole run")
@@ -82,6 +83,13 @@ class McAblationConfig(BaseModel):
             raise ValueError("at most 64 Monte Carlo points a step (the attack's limit)")
         return v
 
+    @field_validator("lrs")
+    @classmethod
+    def _attack_range(cls, v: list[float]) -> list[float]:
+        if max(v) > 1e4:
+            raise ValueError("learning rates are at most 1e4 (the attack's limit)")
+        return v
+
     @classmethod
     def quick(cls, seed: int = 0) -> "McAblationConfig":
         return cls(dataset="digits", image_size=8, width=4, samples=[1, 2], images=2, tune_images=1, iterations=4,
@@ -92,7 +100,7 @@ def _attack_config(config: McAblationConfig, k: int, lr: float, beta: float, rad
                    seed: int) -> InversionConfig:
     return InversionConfig(objective="bayes", optimizer="adam", iterations=config.iterations, lr=lr, schedule="exp",
                            lr_decay=config.lr_decay, priors={"tv": beta}, prior_scale="relative", restarts=1,
-                           mc_samples=k, mc_radius=radius if k > 1 else 0.0, init="gaussian", clamp=True, seed=seed)
+                           mc_samples=k, mc_radius=radius, init="gaussian", clamp=True, seed=seed)
 
 
 def _curves(view_of: Callable, updates: list, truth: torch.Tensor,
@@ -102,7 +110,7 @@ def _curves(view_of: Callable, updates: list, truth: torch.Tensor,
     for i, update in enumerate(updates):
         trace: list[float] = []
         invert(view_of(i), update, make(i),
-               on_step=lambda it, images, i=i: trace.append(float(psnr(images[0], truth[i:i + 1])[0])))
+               on_step=lambda it, images, i=i: trace.append(float(psnr(images[0].cpu(), truth[i:i + 1])[0])))
         rows.append(trace)
     return torch.tensor(rows, dtype=torch.float64)
 
@@ -135,6 +143,10 @@ def run(out: Path, config: McAblationConfig | None = None, quick: bool = False,
                                    defense=defense, labels=batch.labels[i:i + 1])
 
     tune_updates, report_updates = defended(tune, 0), defended(report, config.tune_images)
+
+    def attack_seed(split: str, i: int) -> int:  # an image's start and ball draws, the same for every k
+        return stream_seed(config.seed, "mc-ablation", "attack", split, i)
+
     grid = [(lr, beta) for lr in config.lrs for beta in config.betas]
     total, done = len(grid) * config.tune_images + len(config.samples) * config.images, 0
 
@@ -147,15 +159,16 @@ def run(out: Path, config: McAblationConfig | None = None, quick: bool = False,
     tuning = {}
     for lr, beta in grid:
         curves = _curves(view_of(tune, tune_updates), tune_updates, tune.images,
-                         lambda i, lr=lr, beta=beta: _attack_config(config, 1, lr, beta, radius, config.seed + i))
-        tuning[f"lr {lr:g}, beta {beta:g}"] = float(curves[:, -1].mean())
+                         lambda i, lr=lr, beta=beta: _attack_config(config, 1, lr, beta, radius,
+                                                                    attack_seed("tune", i)))
+        tuning[f"lr {lr}, beta {beta}"] = float(curves[:, -1].mean())
         tick(config.tune_images)
-    lr, beta = max(grid, key=lambda p: tuning[f"lr {p[0]:g}, beta {p[1]:g}"])
+    lr, beta = max(grid, key=lambda p: tuning[f"lr {p[0]}, beta {p[1]}"])
     by_k = {}
     for k in config.samples:
         start = time.perf_counter()
         curves = _curves(view_of(report, report_updates), report_updates, report.images,
-                         lambda i, k=k: _attack_config(config, k, lr, beta, radius, config.seed + i))
+                         lambda i, k=k: _attack_config(config, k, lr, beta, radius, attack_seed("report", i)))
         seconds = time.perf_counter() - start
         tick(config.images)
         by_k[str(k)] = {"psnr_mean": curves.mean(0).tolist(),
