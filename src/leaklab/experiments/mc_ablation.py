@@ -63,8 +63,9 @@ class McAblationConfig(BaseModel):
     images: int = Field(default=20, ge=1, le=1000, description="reported digits (the seed: 100)")
     tune_images: int = Field(default=2, ge=1, le=100)
     iterations: int = Field(default=200, ge=1, le=100_000)
-    lrs: list[float] = Field(default_factory=lambda: [0.03, 0.1, 0.3], min_length=1, description="Adam's, each <= 1e4")
-    betas: list[float] = Field(default_factory=lambda: [0.1, 0.3, 1.0], min_length=1,
+    lrs: list[float] = Field(default_factory=lambda: [0.03, 0.1, 0.3, 1.0], min_length=1,
+                             description="Adam's, each <= 1e4")
+    betas: list[float] = Field(default_factory=lambda: [0.03, 0.1, 0.3, 1.0], min_length=1,
                                description="the TV prior's relative weights")
     lr_decay: float = Field(default=0.01, gt=0, le=1, description="the learning rate's factor over the whole run")
     seed: Seed = 0
