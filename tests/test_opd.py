@@ -101,7 +101,8 @@ def test_reproduce_opd_table_quick(tmp_path):
     assert all(0 <= r[k] <= 1 for r in rows for k in ("ml_leaks", "nsh"))
     assert [r["training_seconds"] > 0 for r in rows] == [False] * (len(epsilons) + 1) + [True, True]
     assert "ML-Leaks" in result.output and "MemGuard" in result.output
-    bad = CliRunner().invoke(app, ["reproduce", "opd-table", "--quick", "--data", "cifar", "--out", str(tmp_path / "x")])
+    bad = CliRunner().invoke(app, ["reproduce", "opd-table", "--quick", "--data", "cifar", "--out",
+                                   str(tmp_path / "x")])
     assert bad.exit_code == 2 and "--data" in bad.output and not (tmp_path / "x").exists()
 
 

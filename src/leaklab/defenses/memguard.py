@@ -6,8 +6,8 @@ own membership classifier, without changing the predicted class.
 * The defender's classifier (:func:`train_memguard`): the thesis' [256, 128, 64] ReLU layers and a sigmoid output,
   trained on the target's answers for records the defender knows to be members and non-members; it reads the
   vector sorted in descending order (leaklab's choice: the thesis leaves the input open).
-* Phase I (the paper's Algorithm 1, with the settings of the authors' code as a public port of it reads), for each vector ``s`` of logits ``z`` (``log s``: the
-  same softmax): gradient steps of length ``step`` (the gradient normalised per vector) on the noise ``e`` of the
+* Phase I (the paper's Algorithm 1, with the settings of the authors' code as a public port of it reads), for each
+  vector ``s`` of logits ``z`` (``log s``: the same softmax): gradient steps of length ``step`` (the gradient normalised per vector) on the noise ``e`` of the
   logits, minimising ``|h(softmax(z + e))| + c2 ReLU(max_{j != l} (z + e)_j - (z + e)_l) + c3 ||softmax(z + e) -
   s||_1``, with ``h`` the classifier's logit (0 is its guess, 0.5) and ``l`` the predicted class; a search succeeds
   once ``h`` changes sign with ``l`` still on top, within ``max_iter`` steps. Starting at c3 = 0.1, each success is
