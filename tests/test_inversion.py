@@ -156,7 +156,7 @@ def test_restarts_keep_the_lowest_loss(monkeypatch):
         def __init__(self, config, simulator, objective, labels, shape, *rest):
             self.n, self.shape = len(labels), shape
 
-        def run(self, progress=None):
+        def run(self, progress=None, on_step=None):
             images = torch.arange(self.n, dtype=torch.float32).view(-1, 1, 1, 1, 1).expand(self.n, *self.shape) / 10
             return OptimisationResult(images, torch.tensor([3.0, 1.0, 2.0, float("nan"), 5.0, 4.0]), 1, 1, 0.0)
 
