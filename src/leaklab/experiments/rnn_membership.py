@@ -336,7 +336,7 @@ class _Run:
                              "utility_loss": utility_loss(scored["test_accuracy"], clean)})
         return rows
 
-    def gaussian_privacy_module(self, final: dict) -> tuple[dict, list[dict]]:
+    def sensitivity_and_gpm(self, final: dict) -> tuple[dict, list[dict]]:
         """Table 3.1 and Fig. 3.8, bottom row: each architecture's SensitivitySampler, then the GPM at each sigma."""
         config, data, last, sampler, rows = self.config, self.data, self.config.epochs[-1], {}, []
         for arch in ARCHS:
@@ -376,7 +376,7 @@ def run(out: Path, config: RnnMembershipConfig | None = None, quick: bool = Fals
     memorisation, memorisation_curves = work.memorisation()
     regularisation = work.regularisation()
     dp_sgd = work.dp_sgd(final)
-    sampler, defense = work.gaussian_privacy_module(final)
+    sampler, defense = work.sensitivity_and_gpm(final)
     parameters = {arch: sum(p.numel() for p in final[arch][0].parameters()) for arch in ARCHS}
     with atomic_dir(out, RNN_MEMBERSHIP_FORMAT) as tmp:
         results = {"format": RNN_MEMBERSHIP_FORMAT, "format_version": 2, "quick": quick,
