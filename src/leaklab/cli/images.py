@@ -14,7 +14,7 @@ from leaklab.cli.app import _guard, app, attack_app
 from leaklab.cli.options import ATTACK, CAPTURE, OutOpt, _choice, _defense_chain, _seed_opt
 from leaklab.cli.progress import _progress
 from leaklab.errors import LeaklabError, validation_message
-from leaklab.names import BN_STATS_NAMES, DATASET_NAMES, MODEL_NAMES, UPDATE_NAMES
+from leaklab.names import BN_STATS_NAMES, DATASET_NAMES, MODEL_NAMES, PRIOR_NAMES, UPDATE_NAMES
 from leaklab.words import cosine_text, percent_text, plural
 
 
@@ -164,7 +164,7 @@ def attack_inversion(
                                                "term's gradient at the start (prior_scale: absolute in --config), "
                                                "0: off", "priors",
                                                "; lbfgs 0", key="tv")] = None,
-    prior: Annotated[Optional[list[str]], typer.Option("--prior", help="NAME=WEIGHT, repeatable (tv, range, l2, l1): "
+    prior: Annotated[Optional[list[str]], typer.Option("--prior", help=f"NAME=WEIGHT, repeatable ({', '.join(PRIOR_NAMES)}): "
                                                        "sets the priors it names, keeps the others (0 removes one); "
                                                        "weights relative as --tv's",
                                                        rich_help_panel=ATTACK)] = None,

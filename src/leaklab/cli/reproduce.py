@@ -465,7 +465,7 @@ def reproduce_rnn_membership(
         "--pairs", lambda v: 2 <= v <= 1000, "a whole number from 2 to 1,000 (1 pair guarantees nothing)"))] = None,
 ) -> None:
     """Seed 003, chapter 3 (Figs. 3.4, 3.6-3.8, Table 3.1) on MNIST: membership inference against an RNN and an FFNN
-    of nearly equal size, memorisation of chunks trained in turn, activation regularisation, DP-SGD, and the Gaussian
+    of nearly equal size, memorisation of chunks trained in turn, l2 regularisation, DP-SGD, and the Gaussian
     privacy module calibrated by the SensitivitySampler (--quick: digits)."""
     from leaklab.experiments import rnn_membership
 

@@ -17,6 +17,15 @@ def _pyplot():
     return plt
 
 
+def _save(fig, path: Path, title: str) -> None:
+    import matplotlib.pyplot as plt
+
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
 def _two_panels(path: Path, rows: list[dict], x: str, panels: tuple[tuple[str, str], tuple[str, str]], xlabel: str,
                 title: str, log_x: bool = True, references: dict[str, dict] | None = None,
                 group: str | None = None) -> None:
@@ -51,10 +60,7 @@ def _two_panels(path: Path, rows: list[dict], x: str, panels: tuple[tuple[str, s
         ax.set_xlabel(xlabel)
         ax.set_ylabel(label)
         ax.legend(fontsize=7)
-    fig.suptitle(title, fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    _save(fig, path, title)
 
 
 def plot_epochs(path: Path, rows: list[dict]) -> None:
@@ -76,10 +82,7 @@ def plot_epochs(path: Path, rows: list[dict]) -> None:
         ax.set_xscale("log")
         ax.set_xlabel("training epochs")
         ax.legend(fontsize=7)
-    fig.suptitle("membership inference against an RNN and an FFNN (seed 003, Fig. 3.4; MNIST)", fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    _save(fig, path, "membership inference against an RNN and an FFNN (seed 003, Fig. 3.4; MNIST)")
 
 
 def plot_memorisation(path: Path, rows: list[dict], curves: dict[str, dict]) -> None:
@@ -111,10 +114,7 @@ def plot_memorisation(path: Path, rows: list[dict], curves: dict[str, dict]) -> 
     for ax in axes[1]:
         ax.set_xlabel("chunk of the members (1 = trained first)")
         ax.legend(fontsize=7)
-    fig.suptitle("memorisation: chunks trained in turn (seed 003, Fig. 3.6; MNIST)", fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    _save(fig, path, "memorisation: chunks trained in turn (seed 003, Fig. 3.6; MNIST)")
 
 
 def plot_regularisation(path: Path, rows: list[dict], unprotected: dict[str, dict]) -> None:

@@ -200,10 +200,6 @@ def _scored(victim, shadows, shadow_sets: Sets, split: dict, data, training: Att
             "attack_accuracy": _attack(victim, shadows, shadow_sets, (members, others), data, training)}
 
 
-def _accuracy(model, data, indices: list[int]) -> float:
-    return float((confidences(model, data.images[indices]).argmax(1) == data.labels[indices]).float().mean())
-
-
 def _chunks(indices: list[int], count: int, rng: np.random.Generator) -> list[list[int]]:
     """``indices`` in a random order cut into ``count`` disjoint chunks of (nearly) equal size."""
     return [chunk.tolist() for chunk in np.array_split(rng.permutation(indices), count)]
@@ -224,6 +220,7 @@ class _Run:
                     + len(config.dp_noise))  # vulnerability, memorisation, regularisation, DP-SGD
         self.steps = len(ARCHS) * (networks * settings + 2 * config.sampler_pairs)
         self.done = 0
+        self.unprotected_accuracy: dict[str, float] = {}  # each last-epoch victim's test accuracy, the reference
         rate, steps = private_schedule(config.members, config)  # accounted before any training
         self.dp_spent = {noise: {"epsilon": spent_epsilon(rate, noise, steps, config.delta), "sample_rate": rate,
                                  "steps": steps} for noise in config.dp_noise}
@@ -236,13 +233,17 @@ class _Run:
     def seed(self, arch: str, *role: object) -> int:
         return seeds.stream_seed(self.config.seed, arch, *role)
 
-    def victim_and_shadows(self, arch: str, trainer, victim_data=None, shadow_data=None,
-                           role: tuple = ()) -> tuple[object, list]:
-        """``trainer(data, seed)`` run for the victim and for each shadow; their data default to their members,
-        their seeds are those of the unprotected networks unless ``role`` names others."""
+    def accuracy(self, model, indices: list[int]) -> float:
+        return accuracy(model, self.data.images[indices], self.data.labels[indices])
+
+    def victim_and_shadows(self, arch: str, trainer, victim_data=None, shadow_data=None, role: tuple = (),
+                           victim_trainer=None) -> tuple[object, list]:
+        """``trainer(data, seed)`` run for the victim (``victim_trainer`` instead, if given: one that watches it)
+        and for each shadow; their data default to their members, their seeds are those of the unprotected networks
+        unless ``role`` names others."""
         victim_data = self.split["victim_in"] if victim_data is None else victim_data
         shadow_data = [members for members, _ in self.shadow_sets] if shadow_data is None else shadow_data
-        victim = trainer(victim_data, self.seed(arch, *role, "victim"))
+        victim = (victim_trainer or trainer)(victim_data, self.seed(arch, *role, "victim"))
         self.tick()
         shadows = []
         for k, own in enumerate(shadow_data):
@@ -261,6 +262,7 @@ class _Run:
                                                                       self.shadow_sets, self.split, self.data,
                                                                       config.attack)})
             final[arch] = (victim[config.epochs[-1]], [s[config.epochs[-1]] for s in shadows])
+            self.unprotected_accuracy[arch] = self.accuracy(final[arch][0], self.split["victim_out"])
         return rows, final
 
     def memorisation(self) -> tuple[list[dict], dict]:
@@ -281,19 +283,19 @@ class _Run:
                 seen: list[list[float]] = []
 
                 def measure(model, chunks_in=victim_chunks[0], seen=seen) -> None:  # Fig. 3.6, top row
-                    seen.append([_accuracy(model, self.data, c) for c in chunks_in]
-                                + [_accuracy(model, self.data, self.split["victim_out"])])
+                    seen.append([self.accuracy(model, c) for c in chunks_in + [self.split["victim_out"]]])
 
                 victim, shadows = self.victim_and_shadows(
-                    arch, lambda parts, seed, arch=arch: train_in_turn(
-                        arch, self.data, parts, config, seed, measure if parts is victim_chunks[0] else None),
-                    victim_chunks[0], [c[0] for c in shadow_chunks], role=("memorisation", run))
+                    arch, lambda parts, seed, arch=arch: train_in_turn(arch, self.data, parts, config, seed),
+                    victim_chunks[0], [c[0] for c in shadow_chunks], role=("memorisation", run),
+                    victim_trainer=lambda parts, seed, arch=arch, measure=measure: train_in_turn(
+                        arch, self.data, parts, config, seed, measure))
                 during[arch].append(seen)
                 for k in range(chunks):
                     members = victim_chunks[0][k]
                     conf = confidences(victim, self.data.images[members])
                     scores[arch, k].append((
-                        _accuracy(victim, self.data, members), prediction_entropy(conf),
+                        self.accuracy(victim, members), prediction_entropy(conf),
                         _attack(victim, shadows, [(c[0][k], c[1][k]) for c in shadow_chunks],
                                 (members, victim_chunks[1][k]), self.data, config.attack)))
         rows = []
@@ -322,18 +324,16 @@ class _Run:
                                  **_scored(victim, shadows, self.shadow_sets, self.split, self.data, config.attack)})
         return rows
 
-    def dp_sgd(self, final: dict) -> list[dict]:
+    def dp_sgd(self) -> list[dict]:
         """Fig. 3.8, top row: both networks trained by DP-SGD at each noise multiplier."""
         config, rows = self.config, []
         for noise in config.dp_noise:
             for arch in ARCHS:
                 victim, shadows = self.victim_and_shadows(
                     arch, lambda idx, seed, arch=arch: train_private(arch, self.data, idx, config, seed, noise))
-                clean = accuracy(final[arch][0], self.data.images[self.split["victim_out"]],
-                                 self.data.labels[self.split["victim_out"]])
                 scored = _scored(victim, shadows, self.shadow_sets, self.split, self.data, config.attack)
                 rows.append({"arch": arch, "noise_multiplier": noise, **self.dp_spent[noise], **scored,
-                             "utility_loss": utility_loss(scored["test_accuracy"], clean)})
+                             "utility_loss": utility_loss(scored["test_accuracy"], self.unprotected_accuracy[arch])})
         return rows
 
     def sensitivity_and_gpm(self, final: dict) -> tuple[dict, list[dict]]:
@@ -354,10 +354,9 @@ class _Run:
                 noise = torch.Generator().manual_seed(self.seed(arch, "gpm", sigma))
                 noisy = gaussian_privacy_module(victim, sigma, noise)
                 noisy_shadows = [gaussian_privacy_module(s, sigma, noise) for s in shadows]
-                clean_acc = accuracy(victim, data.images[test], data.labels[test])
-                noisy_acc = accuracy(noisy, data.images[test], data.labels[test])
+                noisy_acc = self.accuracy(noisy, test)
                 rows.append({"arch": arch, "sigma": sigma, "test_accuracy": noisy_acc,
-                             "utility_loss": utility_loss(noisy_acc, clean_acc),
+                             "utility_loss": utility_loss(noisy_acc, self.unprotected_accuracy[arch]),
                              "attack_accuracy": _attack(noisy, noisy_shadows, self.shadow_sets,
                                                         (self.split["victim_in"], test), data, config.attack),
                              "epsilon": analytic_gaussian_epsilon(sigma, config.delta, sampler[arch]["sensitivity"])
@@ -375,7 +374,7 @@ def run(out: Path, config: RnnMembershipConfig | None = None, quick: bool = Fals
     vulnerability, final = work.vulnerability()
     memorisation, memorisation_curves = work.memorisation()
     regularisation = work.regularisation()
-    dp_sgd = work.dp_sgd(final)
+    dp_sgd = work.dp_sgd()
     sampler, defense = work.sensitivity_and_gpm(final)
     parameters = {arch: sum(p.numel() for p in final[arch][0].parameters()) for arch in ARCHS}
     with atomic_dir(out, RNN_MEMBERSHIP_FORMAT) as tmp:

@@ -67,13 +67,14 @@ def _epochs(model: nn.Module, optimizer: torch.optim.Optimizer, images: torch.Te
     ``"weights"``, the network's weight matrices and LSTM weights (biases not)."""
     model.train()
     weights = [p for p in model.parameters() if p.dim() >= 2]
-    with hidden_activations(model) as seen:
+    watched = penalty and penalised == "activations"  # hooks only where the penalty reads them
+    with hidden_activations(model) if watched else contextlib.nullcontext([]) as seen:
         for _ in range(epochs):
             for batch in torch.randperm(len(images), generator=order).split(batch_size):
                 seen.clear()
                 optimizer.zero_grad()
                 loss = F.cross_entropy(model(images[batch]), labels[batch])
-                if penalty and penalised == "activations":
+                if watched:
                     loss = loss + penalty * sum(a.square().sum() for a in seen) / len(batch)
                 elif penalty:
                     loss = loss + penalty * sum(w.square().sum() for w in weights)
