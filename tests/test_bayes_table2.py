@@ -68,7 +68,7 @@ def test_resume_records_that_do_not_read_back_are_recomputed(tmp_path):
            '"mean": 1, "psnr": [1]}', '{"fp": "y", "key": "j", "mean": 1, "psnr": [1]}', '{"fp": "x", "mean": tr']
     log = tmp_path / "cell.tune.jsonl"
     log.write_bytes(("\n".join([*bad, good]) + "\n").encode() + b'{"fp": "x", "key": "\xff\xfe"}\n')  # not UTF-8
-    tuner = t2._Tuner(log, "x", evaluate=lambda cfg: [0.0], tick=lambda: None)
+    tuner = t2.Tuner(log, "x", evaluate=lambda cfg: [0.0], tick=lambda: None)
     assert list(tuner.records) == ["k"] and tuner.records["k"]["mean"] == 1.5
     assert t2._saved('{"fingerprint": "f", "psnr_mean": 2, "psnr": [2]}', "fingerprint", "f", "psnr_mean", "psnr")
     assert t2._saved('{"fingerprint": "f", "psnr_mean": true, "psnr": [2]}', "fingerprint", "f", "psnr_mean") is None

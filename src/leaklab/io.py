@@ -91,6 +91,7 @@ PE_MARL_FORMAT = "leaklab.pe-marl"
 DP_PLANNING_FORMAT = "leaklab.dp-planning"
 BAYES_ABLATION_FORMAT = "leaklab.bayes-ablation"
 MC_ABLATION_FORMAT = "leaklab.mc-ablation"
+RANGE_PRIOR_FORMAT = "leaklab.range-prior"
 _WRITTEN_BY = {AUDIT_FORMAT: "leaklab audit", REPRODUCTION_FORMAT: "leaklab reproduce room-table1|room-table2",
                BAYES_TABLE2_FORMAT: "leaklab reproduce bayes-table2",
                ROOM_ATTACK_FORMAT: "leaklab attack qgi|rgi", ROOM_CAPTURE_FORMAT: "leaklab env capture",
@@ -107,7 +108,8 @@ _WRITTEN_BY = {AUDIT_FORMAT: "leaklab audit", REPRODUCTION_FORMAT: "leaklab repr
                PE_MARL_FORMAT: "leaklab reproduce pe-marl",
                DP_PLANNING_FORMAT: "leaklab reproduce dp-planning",
                BAYES_ABLATION_FORMAT: "leaklab reproduce bayes-ablation",
-               MC_ABLATION_FORMAT: "leaklab reproduce mc-ablation"}
+               MC_ABLATION_FORMAT: "leaklab reproduce mc-ablation",
+               RANGE_PRIOR_FORMAT: "leaklab reproduce range-prior"}
 # the commands that write into their --out in place (finished cells, checks) instead of replacing it whole
 _IN_PLACE = frozenset({REPRODUCTION_FORMAT, BAYES_TABLE2_FORMAT, INVERSION_CHECKS_FORMAT})
 

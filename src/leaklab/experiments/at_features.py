@@ -236,33 +236,27 @@ def run(out: Path, config: AtFeaturesConfig | None = None, quick: bool = False,
 
 
 def _plot(path: Path, rows: list[dict]) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from leaklab.report.plots import saved_figure
 
     sizes = [r["batch_size"] for r in rows[0]["restoration"]]
-    fig, axes = plt.subplots(1, len(sizes) + 1, figsize=(3.4 * (len(sizes) + 1), 3.2))
-    for ax, k in zip(axes, range(len(sizes))):
-        for row in rows:
-            cell = row["restoration"][k]
-            cos = sorted(cell["cosines"], reverse=True)
-            line, = ax.plot(range(1, len(cos) + 1), cos, label=row["training"])
-            kept = sorted(cell["nonnegative"]["cosines"], reverse=True)
-            ax.plot(range(1, len(kept) + 1), kept, "--", color=line.get_color(), linewidth=0.8)
-        ax.set_title(f"batch of {sizes[k]} (Fig. 3; dashed: rows' nonnegative part)", fontsize=8)
-        ax.set_xlabel("anchors, best restored first")
-        ax.set_ylabel("cosine with the true feature")
-        ax.set_ylim(-1.05, 1.05)
-    axes[0].legend(fontsize=7)
-    ax = axes[-1]
-    for k, size in enumerate(sizes):
-        ax.plot([r["eps"] for r in rows], [r["restoration"][k]["cosine_mean"] for r in rows], "o-",
-                label=f"batch {size}")
-    ax.set_xlabel("adversarial training eps (0: vanilla)")
-    ax.set_ylabel("mean cosine")
-    ax.set_title("restoration vs eps (Fig. 4 left)", fontsize=9)
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    with saved_figure(path, 1, len(sizes) + 1, figsize=(3.4 * (len(sizes) + 1), 3.2)) as (fig, axes):
+        for ax, k in zip(axes, range(len(sizes))):
+            for row in rows:
+                cell = row["restoration"][k]
+                cos = sorted(cell["cosines"], reverse=True)
+                line, = ax.plot(range(1, len(cos) + 1), cos, label=row["training"])
+                kept = sorted(cell["nonnegative"]["cosines"], reverse=True)
+                ax.plot(range(1, len(kept) + 1), kept, "--", color=line.get_color(), linewidth=0.8)
+            ax.set_title(f"batch of {sizes[k]} (Fig. 3; dashed: rows' nonnegative part)", fontsize=8)
+            ax.set_xlabel("anchors, best restored first")
+            ax.set_ylabel("cosine with the true feature")
+            ax.set_ylim(-1.05, 1.05)
+        axes[0].legend(fontsize=7)
+        ax = axes[-1]
+        for k, size in enumerate(sizes):
+            ax.plot([r["eps"] for r in rows], [r["restoration"][k]["cosine_mean"] for r in rows], "o-",
+                    label=f"batch {size}")
+        ax.set_xlabel("adversarial training eps (0: vanilla)")
+        ax.set_ylabel("mean cosine")
+        ax.set_title("restoration vs eps (Fig. 4 left)", fontsize=9)
+        ax.legend(fontsize=7)

@@ -175,22 +175,16 @@ def run(out: Path, config: BayesAblationConfig | None = None, quick: bool = Fals
 
 def _plot(path: Path, results: dict) -> None:
     """Fig. 4: each attack's mean distance to the input against the steps."""
-    import matplotlib
+    from leaklab.report.plots import saved_figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6, 3.6))
-    for name, a in results["attacks"].items():
-        label = f"{name} (lr {a['learning_rate']:g})" + (", Bayes optimal" if a["bayes_optimal"] else "")
-        ax.plot(a["distance_mean"], linewidth=2.2 if a["bayes_optimal"] else 1.2, label=label)
-    ax.axhline(results["no_information_distance"], color="grey", linestyle=":", linewidth=0.8,
-               label="no information (the prior's mean)")
-    ax.set_yscale("log")  # the attacks part in the last steps, an order of magnitude below the start
-    ax.set_xlabel("Adam steps")
-    ax.set_ylabel("distance to the input (mean L2)")
-    ax.legend(fontsize=7)
-    ax.set_title("Bayes optimal adversary and its approximations (seed 001, Fig. 4)", fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    with saved_figure(path, figsize=(6, 3.6)) as (fig, ax):
+        for name, a in results["attacks"].items():
+            label = f"{name} (lr {a['learning_rate']:g})" + (", Bayes optimal" if a["bayes_optimal"] else "")
+            ax.plot(a["distance_mean"], linewidth=2.2 if a["bayes_optimal"] else 1.2, label=label)
+        ax.axhline(results["no_information_distance"], color="grey", linestyle=":", linewidth=0.8,
+                   label="no information (the prior's mean)")
+        ax.set_yscale("log")  # the attacks part in the last steps, an order of magnitude below the start
+        ax.set_xlabel("Adam steps")
+        ax.set_ylabel("distance to the input (mean L2)")
+        ax.legend(fontsize=7)
+        ax.set_title("Bayes optimal adversary and its approximations (seed 001, Fig. 4)", fontsize=9)

@@ -185,7 +185,7 @@ def paper_value(dataset: str, defense: str, step: int, attack: str) -> float | N
 
 
 @dataclass
-class _Case:
+class Case:
     """One (dataset, step): the network the server holds and the clean updates of the images."""
 
     spec: ModelSpec
@@ -217,7 +217,7 @@ def _train_defended(model: torch.nn.Module, images: torch.Tensor, labels: torch.
         optimiser.step()
 
 
-def _tuned_and_reported(dataset: str, scale: Scale, seed: int) -> tuple[ImageBatch, ImageBatch]:
+def tuned_and_reported(dataset: str, scale: Scale, seed: int) -> tuple[ImageBatch, ImageBatch]:
     """The images the attacks are tuned on and those the table reports; a seed that draws one image into both
     is refused (photos' draws of other counts overlap: :func:`~leaklab.data.images.among`; seeds 27, 29, 34 and 53
     did, where the tuning would have chosen its hyperparameters on a reported image)."""
@@ -230,9 +230,9 @@ def _tuned_and_reported(dataset: str, scale: Scale, seed: int) -> tuple[ImageBat
     return tune, ev
 
 
-def _build_case(dataset: str, step: int, defense: str, scale: Scale, seed: int) -> _Case:
+def build_case(dataset: str, step: int, defense: str, scale: Scale, seed: int) -> Case:
     size = scale.size(dataset)
-    tune, ev = _tuned_and_reported(dataset, scale, seed)
+    tune, ev = tuned_and_reported(dataset, scale, seed)
     spec = ModelSpec(name="cnn", num_classes=ev.num_classes, in_channels=ev.images.shape[1],
                      image_size=size, width=scale.width, mean=ev.mean, std=ev.std)
     model = build_model(spec, seed=stream_seed(seed, dataset, "model"))
@@ -248,12 +248,12 @@ def _build_case(dataset: str, step: int, defense: str, scale: Scale, seed: int) 
             accuracy = float((model(images).argmax(1) == labels).float().mean())
     clean = {split: [fedsgd_update(model, x[i:i + 1], y[i:i + 1]) for i in range(len(x))]
              for split, (x, y) in (("tune", (tune.images, tune.labels)), ("eval", (ev.images, ev.labels)))}
-    return _Case(spec=spec, state={k: v.clone() for k, v in model.state_dict().items()},
+    return Case(spec=spec, state={k: v.clone() for k, v in model.state_dict().items()},
                  tune=(tune.images, tune.labels), evaluate=(ev.images, ev.labels), clean=clean,
                  train_accuracy=accuracy)
 
 
-def _defended(case: _Case, split: str, dataset: str, defense: str, step: int, seed: int) -> list:
+def defended_updates(case: Case, split: str, dataset: str, defense: str, step: int, seed: int) -> list:
     chain = parse_defense(_defense_spec(defense))
     out = []
     for i, update in enumerate(case.clean[split]):
@@ -262,7 +262,7 @@ def _defended(case: _Case, split: str, dataset: str, defense: str, step: int, se
     return out
 
 
-def _noise_norm(case: _Case, defense: str) -> float:
+def _noise_norm(case: Case, defense: str) -> float:
     """Expected L2 norm of the defense's noise over the whole update (sqrt(n) times its std)."""
     noise = parse_defense(_defense_spec(defense)).noise
     n = sum(t.numel() for t in case.clean["eval"][0].tensors.values())
@@ -270,7 +270,7 @@ def _noise_norm(case: _Case, defense: str) -> float:
     return math.sqrt(n) * std
 
 
-def _attack(case: _Case, updates: list, labels: torch.Tensor, truth: torch.Tensor, defense: str,
+def attack_psnr(case: Case, updates: list, labels: torch.Tensor, truth: torch.Tensor, defense: str,
             config: InversionConfig) -> list[float]:
     """PSNR of each image's reconstruction (one attack per update, labels known)."""
     out = []
@@ -284,17 +284,25 @@ def _attack(case: _Case, updates: list, labels: torch.Tensor, truth: torch.Tenso
     return out
 
 
-def _config(attack: str, scale: Scale, seed: int, lr: float, decay: float, beta: float,
-            weighting: str = "none") -> InversionConfig:
+def attack_config(attack: str, scale: Scale, seed: int, lr: float, decay: float, beta: float,
+                  weighting: str = "none", clamp: bool = True, range_weight: float = 0.0) -> InversionConfig:
+    """One configuration of the search: TV prior of relative weight ``beta`` (and the pixel-range prior of relative
+    weight ``range_weight``, appendix A.4, where positive); Adam's iterates clamped to [0, 1] unless ``clamp`` is
+    False."""
+    priors = {"tv": beta, **({"range": range_weight} if range_weight > 0 else {})}
     return InversionConfig(objective=attack, optimizer="adam", iterations=scale.iterations, lr=lr,
-                           schedule="exp", lr_decay=decay, priors={"tv": beta},
+                           schedule="exp", lr_decay=decay, priors=priors,
                            prior_scale="relative", layer_weighting=weighting, restarts=1,
-                           mc_samples=1, mc_radius=0.0, init="gaussian", clamp=True, seed=seed)
+                           mc_samples=1, mc_radius=0.0, init="gaussian", clamp=clamp, seed=seed)
 
 
-def _hyper(config: InversionConfig) -> dict:
+def hyperparameters(config: InversionConfig) -> dict:
+    """What the search chose: a tuning log's key. The range weight and an unclamped attack appear only where they
+    are set (Table 2's keys stay as its earlier runs wrote them, which a rerun resumes)."""
     return {"lr": config.lr, "lr_decay": config.lr_decay, "beta_tv": config.priors.get("tv", 0.0),
-            "layer_weighting": config.layer_weighting}
+            "layer_weighting": config.layer_weighting,
+            **({"beta_range": config.priors["range"]} if "range" in config.priors else {}),
+            **({} if config.clamp else {"clamp": False})}
 
 
 def _saved(text: str, fingerprint_field: str, fingerprint: str, *numbers: str) -> dict | None:
@@ -316,48 +324,58 @@ def _saved(text: str, fingerprint_field: str, fingerprint: str, *numbers: str) -
     return rec if ok else None
 
 
-class _Tuner:
-    """The staged grid search of one cell, resumable from its log."""
+class Tuner:
+    """The staged grid search of one cell, resumable from its log (``log`` None: kept in memory only)."""
 
-    def __init__(self, log: Path, fingerprint: str, evaluate: Callable[[InversionConfig], list[float]],
+    def __init__(self, log: Path | None, fingerprint: str, evaluate: Callable[[InversionConfig], list[float]],
                  tick: Callable[[], None]):
         self.log, self.fp, self.evaluate, self.tick = log, fingerprint, evaluate, tick
         self.records: dict[str, dict] = {}
         self.ticked: set[str] = set()
-        if log.exists():
+        if log is not None and log.exists():
             for line in log.read_text(errors="replace").splitlines():  # a garbled byte reads as U+FFFD (a traceback)
                 rec = _saved(line, "fp", fingerprint, "mean", "psnr")
                 if rec is not None and isinstance(rec.get("key"), str):
                     self.records[rec["key"]] = rec
 
     def score(self, config: InversionConfig) -> float:
-        key = json.dumps(_hyper(config), sort_keys=True)
+        key = json.dumps(hyperparameters(config), sort_keys=True)
         if key not in self.records:
             values = self.evaluate(config)
-            rec = {"fp": self.fp, "key": key, **_hyper(config), "psnr": values,
+            rec = {"fp": self.fp, "key": key, **hyperparameters(config), "psnr": values,
                    "mean": sum(values) / len(values)}
             self.records[key] = rec
-            with self.log.open("a") as f:
-                f.write(json.dumps(rec) + "\n")
+            if self.log is not None:
+                with self.log.open("a") as f:
+                    f.write(json.dumps(rec) + "\n")
         if key not in self.ticked:  # a configuration carried into the next stage counts once
             self.ticked.add(key)
             self.tick()
         return self.records[key]["mean"]
 
-
-def _search(attack: str, scale: Scale, seed: int, tuner: _Tuner) -> InversionConfig:
-    def best(candidates: list[InversionConfig]) -> InversionConfig:
-        scored = [(tuner.score(c), -i, c) for i, c in enumerate(candidates)]
+    def best(self, candidates: list[InversionConfig]) -> InversionConfig:
+        """The candidate of the highest mean PSNR; the first of equals."""
+        scored = [(self.score(c), -i, c) for i, c in enumerate(candidates)]
         return max(scored, key=lambda t: (t[0], t[1]))[2]
 
-    cfg = best([_config(attack, scale, seed, scale.base_lr, scale.base_decay, b) for b in scale.betas])
+    def tried(self) -> list[dict]:
+        """Every configuration scored, with its PSNRs, in the order tried."""
+        return [{k: v for k, v in r.items() if k not in ("fp", "key")} for r in self.records.values()]
+
+
+def search(attack: str, scale: Scale, seed: int, tuner: Tuner, clamp: bool = True) -> InversionConfig:
+    """The staged search of the module docstring (stages 1-4) for ``attack``."""
+    def config(lr: float, decay: float, beta: float, weighting: str = "none") -> InversionConfig:
+        return attack_config(attack, scale, seed, lr, decay, beta, weighting, clamp=clamp)
+
+    best = tuner.best
+    cfg = best([config(scale.base_lr, scale.base_decay, b) for b in scale.betas])
     beta = cfg.priors["tv"]
-    grid = [_config(attack, scale, seed, lr, d, beta) for lr in scale.lrs for d in scale.decays]
+    grid = [config(lr, d, beta) for lr in scale.lrs for d in scale.decays]
     cfg = best([cfg] + [c for c in grid if (c.lr, c.lr_decay) != (cfg.lr, cfg.lr_decay)])
-    cfg = best([cfg] + [_config(attack, scale, seed, cfg.lr, cfg.lr_decay, beta * f)
-                        for f in scale.beta_factors])
+    cfg = best([cfg] + [config(cfg.lr, cfg.lr_decay, beta * f) for f in scale.beta_factors])
     if scale.layer_weighting and attack != "bayes":
-        cfg = best([cfg, _config(attack, scale, seed, cfg.lr, cfg.lr_decay, cfg.priors["tv"], "exp")])
+        cfg = best([cfg, config(cfg.lr, cfg.lr_decay, cfg.priors["tv"], "exp")])
     return cfg
 
 
@@ -368,38 +386,32 @@ def _cell_key(dataset: str, defense: str, step: int, attack: str) -> str:
 
 def _plot(path: Path, table: dict, paper: dict, datasets: list[str], defenses: list[str],
           steps: list[int]) -> None:
-    import matplotlib
+    from leaklab.report.plots import saved_figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(len(datasets), len(steps), figsize=(5.5 * len(steps), 3.6 * len(datasets)),
-                             squeeze=False)
-    colours = {"bayes": "#c0392b", "l2": "#2e86c1", "l1": "#28b463", "cosine": "#8e44ad"}
-    width = 0.8 / len(ATTACKS)
-    for r, ds in enumerate(datasets):
-        for c, step in enumerate(steps):
-            ax = axes[r][c]
-            for j, attack in enumerate(ATTACKS):
-                xs = [i - 0.4 + width * (j + 0.5) for i in range(len(defenses))]
-                ours = [table.get(ds, {}).get(d, {}).get(str(step), {}).get(attack, float("nan"))
-                        for d in defenses]
-                ref = [paper.get(ds, {}).get(d, {}).get(str(step), {}).get(attack, float("nan"))
-                       for d in defenses]
-                ax.bar(xs, ours, width * 0.9, color=colours[attack], label=f"{attack} (ours)")
-                ax.scatter(xs, ref, marker="_", s=140, color="black", zorder=3,
-                           label="paper" if j == 0 else None)
-            ax.set_xticks(range(len(defenses)))
-            ax.set_xticklabels(defenses, fontsize=8)
-            ax.set_ylabel("PSNR (dB)")
-            ax.set_title(f"{ds} ({PAPER_DATASET.get(ds, '?')} stand-in), train step {step}", fontsize=9)
-            ax.set_ylim(bottom=0)
-    handles, labels = axes[0][0].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="lower center", ncol=len(labels), fontsize=8, frameon=False)
-    fig.suptitle("Seed 001 Table 2: bars = ours, black ticks = published", fontsize=10)
-    fig.tight_layout(rect=(0, 0.05, 1, 1))
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    with saved_figure(path, len(datasets), len(steps), figsize=(5.5 * len(steps), 3.6 * len(datasets)),
+                      squeeze=False, rect=(0, 0.05, 1, 1), dpi=110) as (fig, axes):
+        colours = {"bayes": "#c0392b", "l2": "#2e86c1", "l1": "#28b463", "cosine": "#8e44ad"}
+        width = 0.8 / len(ATTACKS)
+        for r, ds in enumerate(datasets):
+            for c, step in enumerate(steps):
+                ax = axes[r][c]
+                for j, attack in enumerate(ATTACKS):
+                    xs = [i - 0.4 + width * (j + 0.5) for i in range(len(defenses))]
+                    ours = [table.get(ds, {}).get(d, {}).get(str(step), {}).get(attack, float("nan"))
+                            for d in defenses]
+                    ref = [paper.get(ds, {}).get(d, {}).get(str(step), {}).get(attack, float("nan"))
+                           for d in defenses]
+                    ax.bar(xs, ours, width * 0.9, color=colours[attack], label=f"{attack} (ours)")
+                    ax.scatter(xs, ref, marker="_", s=140, color="black", zorder=3,
+                               label="paper" if j == 0 else None)
+                ax.set_xticks(range(len(defenses)))
+                ax.set_xticklabels(defenses, fontsize=8)
+                ax.set_ylabel("PSNR (dB)")
+                ax.set_title(f"{ds} ({PAPER_DATASET.get(ds, '?')} stand-in), train step {step}", fontsize=9)
+                ax.set_ylim(bottom=0)
+        handles, labels = axes[0][0].get_legend_handles_labels()
+        fig.legend(handles, labels, loc="lower center", ncol=len(labels), fontsize=8, frameon=False)
+        fig.suptitle("Seed 001 Table 2: bars = ours, black ticks = published", fontsize=10)
 
 
 def _acceptance(table: dict, datasets: list[str], steps: list[int], defenses: list[str]) -> dict:
@@ -446,7 +458,7 @@ def run(out: Path, quick: bool = False, datasets: list[str] | None = None,
     if not steps or not defense_keys or not datasets:
         raise LeaklabError("nothing to run: give at least one dataset, defense and step")
     for ds in datasets:  # before any work
-        _tuned_and_reported(ds, scale, seed)
+        tuned_and_reported(ds, scale, seed)
     check_out(out, BAYES_TABLE2_FORMAT)  # a user's file or folder is refused; an earlier run's cells are resumed
     make_out_dir(out)
     (out / CELLS_DIR).mkdir(exist_ok=True)
@@ -463,7 +475,7 @@ def run(out: Path, quick: bool = False, datasets: list[str] | None = None,
             progress(text, min(done, total), total)
 
     settings = {k: v for k, v in asdict(scale).items()}
-    cases: dict[tuple[str, int], _Case] = {}
+    cases: dict[tuple[str, int], Case] = {}
     results: dict[tuple, dict] = {}
     for ds, d, st, attack in cells:
         key = _cell_key(ds, d, st, attack)
@@ -484,10 +496,10 @@ def run(out: Path, quick: bool = False, datasets: list[str] | None = None,
             report(f"{ds}: preparing the network at train step {st}" + (f" (trained under {d})" if st else ""))
             for old in [k for k in cases if k[1] > 0]:
                 del cases[old]  # one trained network at a time: cells are ordered by (step, defense)
-            cases[case_key] = _build_case(ds, st, d, scale, seed)
+            cases[case_key] = build_case(ds, st, d, scale, seed)
         case = cases[case_key]
-        tune_updates = _defended(case, "tune", ds, d, st, seed)
-        eval_updates = _defended(case, "eval", ds, d, st, seed)
+        tune_updates = defended_updates(case, "tune", ds, d, st, seed)
+        eval_updates = defended_updates(case, "eval", ds, d, st, seed)
         attack_seed = stream_seed(seed, ds, st, "attack")
 
         def tick(label=f"{ds} {d} step {st} {attack}: search") -> None:
@@ -495,16 +507,16 @@ def run(out: Path, quick: bool = False, datasets: list[str] | None = None,
             done += scale.tune_images
             report(label)
 
-        tuner = _Tuner(out / CELLS_DIR / f"{key}.tune.jsonl",
-                       # the reported images leave the step > 0 network's training pool: their count keys it too
-                       _fingerprint({"settings": {k: v for k, v in settings.items()
-                                                  if st > 0 or k not in (*TRAIN_FIELDS, "images")},
-                                     "seed": seed, "cell": [ds, d, st, attack],
-                                     "method_version": INVERSION_METHOD_VERSION}),
-                       lambda cfg: _attack(case, tune_updates, case.tune[1], case.tune[0], d, cfg), tick)
-        best = _search(attack, scale, attack_seed, tuner)
+        tuner = Tuner(out / CELLS_DIR / f"{key}.tune.jsonl",
+                      # the reported images leave the step > 0 network's training pool: their count keys it too
+                      _fingerprint({"settings": {k: v for k, v in settings.items()
+                                                 if st > 0 or k not in (*TRAIN_FIELDS, "images")},
+                                    "seed": seed, "cell": [ds, d, st, attack],
+                                    "method_version": INVERSION_METHOD_VERSION}),
+                      lambda cfg: attack_psnr(case, tune_updates, case.tune[1], case.tune[0], d, cfg), tick)
+        best = search(attack, scale, attack_seed, tuner)
         report(f"{ds} {d} step {st} {attack}: reported images")
-        values = _attack(case, eval_updates, case.evaluate[1], case.evaluate[0], d, best)
+        values = attack_psnr(case, eval_updates, case.evaluate[1], case.evaluate[0], d, best)
         done += scale.images
         floor = [float(v) for v in psnr(constant_baseline(case.evaluate[0]), case.evaluate[0])]
         record = {
@@ -513,9 +525,9 @@ def run(out: Path, quick: bool = False, datasets: list[str] | None = None,
             "step": st, "attack": attack,
             "psnr_mean": sum(values) / len(values),
             "psnr_std": float(torch.tensor(values).std()) if len(values) > 1 else 0.0,
-            "psnr": values, "hyperparameters": _hyper(best),
-            "tuning_best_psnr": tuner.records[json.dumps(_hyper(best), sort_keys=True)]["mean"],
-            "tuning": [{k: v for k, v in r.items() if k not in ("fp", "key")} for r in tuner.records.values()],
+            "psnr": values, "hyperparameters": hyperparameters(best),
+            "tuning_best_psnr": tuner.records[json.dumps(hyperparameters(best), sort_keys=True)]["mean"],
+            "tuning": tuner.tried(),
             "constant_image_psnr_mean": sum(floor) / len(floor),
             "train_accuracy": case.train_accuracy,
             "clean_gradient_norm_median": float(torch.tensor(

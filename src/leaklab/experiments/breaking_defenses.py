@@ -176,26 +176,20 @@ def run(out: Path, config: BreakingDefensesConfig | None = None, quick: bool = F
 
 
 def _plot(path: Path, rows: list[dict]) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from leaklab.report.plots import saved_figure
 
     defenses = list(dict.fromkeys(r["defense"] for r in rows))
-    fig, axes = plt.subplots(1, len(defenses), figsize=(4.2 * len(defenses), 3.4), squeeze=False)
-    for ax, defense in zip(axes[0], defenses):
-        mine = [r for r in rows if r["defense"] == defense]
-        for setting, attack in dict.fromkeys((r["setting"], r["attack"]) for r in mine):
-            line = [r for r in mine if (r["setting"], r["attack"]) == (setting, attack)]
-            ax.plot([r["train_step"] for r in line], [min(r["psnr_mean"], 160.0) for r in line], "o-",
-                    label=f"{setting}: {attack}")
-        base = {r["train_step"]: r["psnr_baseline_mean"] for r in mine}
-        ax.plot(list(base), list(base.values()), ":", color="grey", label="constant image")
-        ax.set_title(defense, fontsize=10)
-        ax.set_xlabel("training steps before the round")
-        ax.set_ylabel("PSNR (dB; shown at most 160)")
-        ax.legend(fontsize=7)
-    fig.suptitle("Attacks on heuristic defenses early in training (seed 001, Fig. 2)", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    with saved_figure(path, 1, len(defenses), figsize=(4.2 * len(defenses), 3.4), squeeze=False) as (fig, axes):
+        for ax, defense in zip(axes[0], defenses):
+            mine = [r for r in rows if r["defense"] == defense]
+            for setting, attack in dict.fromkeys((r["setting"], r["attack"]) for r in mine):
+                line = [r for r in mine if (r["setting"], r["attack"]) == (setting, attack)]
+                ax.plot([r["train_step"] for r in line], [min(r["psnr_mean"], 160.0) for r in line], "o-",
+                        label=f"{setting}: {attack}")
+            base = {r["train_step"]: r["psnr_baseline_mean"] for r in mine}
+            ax.plot(list(base), list(base.values()), ":", color="grey", label="constant image")
+            ax.set_title(defense, fontsize=10)
+            ax.set_xlabel("training steps before the round")
+            ax.set_ylabel("PSNR (dB; shown at most 160)")
+            ax.legend(fontsize=7)
+        fig.suptitle("Attacks on heuristic defenses early in training (seed 001, Fig. 2)", fontsize=10)

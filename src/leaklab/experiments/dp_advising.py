@@ -137,26 +137,20 @@ def run(out: Path, config: DpAdvisingConfig | None = None, quick: bool = False,
 
 def _plot(path: Path, experiments: dict) -> None:
     """Figs. 3.4-3.9: per experiment the convergence ratio per epoch, and its difference from no advice."""
-    import matplotlib
+    from leaklab.report.plots import saved_figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(len(experiments), 2, figsize=(10, 3 * len(experiments)), squeeze=False)
-    for (left, right), (experiment, rows) in zip(axes, experiments.items()):
-        base = np.array(rows["no advice"]["ratio_mean"])
-        for name, row in rows.items():
-            mean = np.array(row["ratio_mean"])
-            left.plot(100 * mean, label=name, linewidth=0.9)
-            right.plot(100 * (mean - base), label=name, linewidth=0.9)
-        left.axhline(100 * PLATEAU, color="grey", linestyle=":", linewidth=0.8)
-        left.set_ylabel("convergence ratio (%)")
-        right.set_ylabel("minus no advice (points)")
-        left.set_title(experiment.replace("_", " "), fontsize=9)
-        for ax in (left, right):
-            ax.set_xlabel("epoch")
-        left.legend(fontsize=7)
-    fig.suptitle("differentially private advising (seed 002, Figs. 3.4-3.9; mean over the runs)", fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    with saved_figure(path, len(experiments), 2, figsize=(10, 3 * len(experiments)), squeeze=False) as (fig, axes):
+        for (left, right), (experiment, rows) in zip(axes, experiments.items()):
+            base = np.array(rows["no advice"]["ratio_mean"])
+            for name, row in rows.items():
+                mean = np.array(row["ratio_mean"])
+                left.plot(100 * mean, label=name, linewidth=0.9)
+                right.plot(100 * (mean - base), label=name, linewidth=0.9)
+            left.axhline(100 * PLATEAU, color="grey", linestyle=":", linewidth=0.8)
+            left.set_ylabel("convergence ratio (%)")
+            right.set_ylabel("minus no advice (points)")
+            left.set_title(experiment.replace("_", " "), fontsize=9)
+            for ax in (left, right):
+                ax.set_xlabel("epoch")
+            left.legend(fontsize=7)
+        fig.suptitle("differentially private advising (seed 002, Figs. 3.4-3.9; mean over the runs)", fontsize=9)

@@ -305,72 +305,54 @@ def _draw(ax, grid: GridMap, truth: GridMap | None, title: str) -> None:
 
 
 def _plot_maps(path: Path, grids: list, recovered: dict, budgets: list) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from leaklab.report.plots import saved_figure
 
     shown = [b for b in map(budget_name, budgets) if b in ("none", "dynamic")]
     smallest = [b for b in map(budget_name, budgets) if b not in ("none", "dynamic")][-1:]
     columns = [shown[0], *smallest, *shown[1:]]
     firsts = [(s, g) for s, i, g in grids if i == 0]
-    fig, axes = plt.subplots(len(firsts), 1 + len(columns), figsize=(2.2 * (1 + len(columns)), 2.3 * len(firsts)),
-                             squeeze=False)
-    for row, (size, grid) in zip(axes, firsts):
-        _draw(row[0], grid, None, f"{size[0]}x{size[1]} truth")
-        for ax, b in zip(row[1:], columns):
-            found = recovered[(size, 0, b)]
-            _, nrr = recovery_rates(found.free, grid.free)
-            _draw(ax, found, grid, f"{_label(b)} (NRR {100 * nrr:.0f}%)")
-    fig.suptitle("recovered floor plans (seed 002, Table 5.2): orange = wrong; green start, red goal", fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    with saved_figure(path, len(firsts), 1 + len(columns), figsize=(2.2 * (1 + len(columns)), 2.3 * len(firsts)),
+                      squeeze=False) as (fig, axes):
+        for row, (size, grid) in zip(axes, firsts):
+            _draw(row[0], grid, None, f"{size[0]}x{size[1]} truth")
+            for ax, b in zip(row[1:], columns):
+                found = recovered[(size, 0, b)]
+                _, nrr = recovery_rates(found.free, grid.free)
+                _draw(ax, found, grid, f"{_label(b)} (NRR {100 * nrr:.0f}%)")
+        fig.suptitle("recovered floor plans (seed 002, Table 5.2): orange = wrong; green start, red goal", fontsize=9)
 
 
 def _plot_nrr(path: Path, rows: list[dict], budgets: list) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from leaklab.report.plots import saved_figure
 
     sizes = list(dict.fromkeys(r["size"] for r in rows))
-    fig, axes = plt.subplots(1, len(sizes), figsize=(max(5.5, 3.4 * len(sizes)), 3), squeeze=False)
-    for ax, size in zip(axes[0], sizes):
-        for b in map(budget_name, budgets):
-            curves = np.array([r["nrr_per_generation"] for r in rows if r["size"] == size and r["defense"] == b])
-            ax.plot(100 * curves.mean(axis=0), label=_label(b), marker="o" if curves.shape[1] == 1 else None)
-        for key, style in (("prior_nrr", ":"), ("free_guess_nrr", "--")):
-            ax.axhline(100 * np.mean([r[key] for r in rows if r["size"] == size]), color="grey", linestyle=style,
-                       linewidth=0.8)
-        ax.set_title(size, fontsize=9)
-        ax.set_xlabel("generation")
-        ax.set_ylabel("NRR of the fittest map (%)")
-    axes[0][0].legend(fontsize=7, title="dotted: random maps; dashed: all free", title_fontsize=7, loc="best")
-    fig.suptitle("the genetic search against each policy (seed 002, Fig. 5.5)", fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    with saved_figure(path, 1, len(sizes), figsize=(max(5.5, 3.4 * len(sizes)), 3), squeeze=False) as (fig, axes):
+        for ax, size in zip(axes[0], sizes):
+            for b in map(budget_name, budgets):
+                curves = np.array([r["nrr_per_generation"] for r in rows if r["size"] == size and r["defense"] == b])
+                ax.plot(100 * curves.mean(axis=0), label=_label(b), marker="o" if curves.shape[1] == 1 else None)
+            for key, style in (("prior_nrr", ":"), ("free_guess_nrr", "--")):
+                ax.axhline(100 * np.mean([r[key] for r in rows if r["size"] == size]), color="grey", linestyle=style,
+                           linewidth=0.8)
+            ax.set_title(size, fontsize=9)
+            ax.set_xlabel("generation")
+            ax.set_ylabel("NRR of the fittest map (%)")
+        axes[0][0].legend(fontsize=7, title="dotted: random maps; dashed: all free", title_fontsize=7, loc="best")
+        fig.suptitle("the genetic search against each policy (seed 002, Fig. 5.5)", fontsize=9)
 
 
 def _plot_curves(path: Path, rows: list[dict], returns: list[list[float]]) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from leaklab.report.plots import saved_figure
 
     largest = _largest(rows)
-    fig, ax = plt.subplots(figsize=(6, 3.2))
-    for b in dict.fromkeys(r["defense"] for r in rows):
-        curves = np.array([returns[k] for k, r in enumerate(rows) if r["size"] == largest and r["defense"] == b])
-        mean = curves.mean(axis=0)
-        window = max(1, len(mean) // 50)
-        smooth = np.convolve(mean, np.ones(window) / window, mode="valid")
-        ax.plot(np.arange(len(smooth)) + window, smooth, label=_label(b), linewidth=0.9)
-    ax.set_xlabel("episode")
-    ax.set_ylabel(f"return (moving mean of {max(1, len(returns[0]) // 50)})")
-    ax.set_title(f"DQN on the {largest} maps with and without DP-DRL (seed 002, Table 5.3)", fontsize=9)
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    with saved_figure(path, figsize=(6, 3.2)) as (fig, ax):
+        for b in dict.fromkeys(r["defense"] for r in rows):
+            curves = np.array([returns[k] for k, r in enumerate(rows) if r["size"] == largest and r["defense"] == b])
+            mean = curves.mean(axis=0)
+            window = max(1, len(mean) // 50)
+            smooth = np.convolve(mean, np.ones(window) / window, mode="valid")
+            ax.plot(np.arange(len(smooth)) + window, smooth, label=_label(b), linewidth=0.9)
+        ax.set_xlabel("episode")
+        ax.set_ylabel(f"return (moving mean of {max(1, len(returns[0]) // 50)})")
+        ax.set_title(f"DQN on the {largest} maps with and without DP-DRL (seed 002, Table 5.3)", fontsize=9)
+        ax.legend(fontsize=7)

@@ -255,26 +255,20 @@ def run(out: Path, config: DpPlanningConfig | None = None, quick: bool = False,
 def _plot(path: Path, experiments: dict) -> None:
     """Figs. 4.7-4.11: per sweep the route length (relative to No-privacy on the same packages where the network is
     static), messages per plan and success rate against its parameter, one line per approach."""
-    import matplotlib
+    from leaklab.report.plots import saved_figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(len(experiments), 3, figsize=(12, 2.8 * len(experiments)), squeeze=False)
-    for row, (key, by_approach) in zip(axes, sorted(experiments.items())):
-        paired = all("length_vs_no_privacy" in r for points in by_approach.values() for r in points.values())
-        metrics = (("length_vs_no_privacy", "route length / No-privacy's, same packages") if paired else
-                   ("route_length", "route length, delivered packages only"),
-                   ("messages_per_plan", "messages per plan"), ("success_rate", "success rate"))
-        for ax, (metric, label) in zip(row, metrics):
-            for approach, points in by_approach.items():
-                xs = [float(x) for x in points]
-                ys = [np.nan if points[x][metric] is None else points[x][metric] for x in points]
-                ax.plot(xs, ys, marker="o", markersize=3, linewidth=1, label=approach)
-            ax.set_title(f"{key}: {label}", fontsize=8)
-            ax.set_xlabel(key.split("/")[1].replace("_", " "), fontsize=8)
-        row[0].legend(fontsize=7)
-    fig.suptitle("DP multi-agent planning (seed 002, Figs. 4.7-4.11; our maps, pooled over the maps)", fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    with saved_figure(path, len(experiments), 3, figsize=(12, 2.8 * len(experiments)), squeeze=False) as (fig, axes):
+        for row, (key, by_approach) in zip(axes, sorted(experiments.items())):
+            paired = all("length_vs_no_privacy" in r for points in by_approach.values() for r in points.values())
+            metrics = (("length_vs_no_privacy", "route length / No-privacy's, same packages") if paired else
+                       ("route_length", "route length, delivered packages only"),
+                       ("messages_per_plan", "messages per plan"), ("success_rate", "success rate"))
+            for ax, (metric, label) in zip(row, metrics):
+                for approach, points in by_approach.items():
+                    xs = [float(x) for x in points]
+                    ys = [np.nan if points[x][metric] is None else points[x][metric] for x in points]
+                    ax.plot(xs, ys, marker="o", markersize=3, linewidth=1, label=approach)
+                ax.set_title(f"{key}: {label}", fontsize=8)
+                ax.set_xlabel(key.split("/")[1].replace("_", " "), fontsize=8)
+            row[0].legend(fontsize=7)
+        fig.suptitle("DP multi-agent planning (seed 002, Figs. 4.7-4.11; our maps, pooled over the maps)", fontsize=9)

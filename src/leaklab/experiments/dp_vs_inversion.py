@@ -144,39 +144,33 @@ def _label(epsilon: float) -> str:
 
 
 def _plot(path: Path, results: dict, pictures: dict) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from leaklab.report.plots import saved_figure
 
     rows = results["attack"]["rows"]
     truth = pictures["truth"]
     k = min(len(truth), 4)
-    fig = plt.figure(figsize=(max(6.0, 1.1 * len(rows) + 4), 3.2 + 1.1 * k))
-    grid = fig.add_gridspec(k + 2, len(rows) + 1)
-    ax = fig.add_subplot(grid[:2, :])
-    ax.plot(range(len(rows)), [r["psnr_mean"] for r in rows], "o-", label="Inverting Gradients")
-    ax.plot(range(len(rows)), [r["psnr_baseline_mean"] for r in rows], "--", color="grey",
-            label="constant image (no information)")
-    ax.set_xticks(range(len(rows)), [r["epsilon"] for r in rows])
-    ax.set_xlabel(f"epsilon of the released gradient (delta {rows[0]['delta']:g})")
-    ax.set_ylabel("PSNR (dB)")
-    u = results["utility"]
-    ax.set_title(f"DP-SGD at epsilon {u['private']['epsilon']:.2f}: test accuracy "
-                 f"{100 * u['private']['accuracy']:.1f}% (non-private {100 * u['non_private']['accuracy']:.1f}%)",
-                 fontsize=9)
-    ax.legend(fontsize=8)
-    for i in range(k):
-        for j, key in enumerate(["truth", *(r["epsilon"] for r in rows)]):
-            a = fig.add_subplot(grid[2 + i, j])
-            a.imshow(pictures[key][i].permute(1, 2, 0).squeeze(-1).clamp(0, 1).numpy(), cmap="gray", vmin=0, vmax=1)
-            a.set_xticks([])
-            a.set_yticks([])
-            if i == 0:
-                a.set_title("truth" if key == "truth" else f"ε {key}", fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    with saved_figure(path, figsize=(max(6.0, 1.1 * len(rows) + 4), 3.2 + 1.1 * k), axes=False) as (fig, _):
+        grid = fig.add_gridspec(k + 2, len(rows) + 1)
+        ax = fig.add_subplot(grid[:2, :])
+        ax.plot(range(len(rows)), [r["psnr_mean"] for r in rows], "o-", label="Inverting Gradients")
+        ax.plot(range(len(rows)), [r["psnr_baseline_mean"] for r in rows], "--", color="grey",
+                label="constant image (no information)")
+        ax.set_xticks(range(len(rows)), [r["epsilon"] for r in rows])
+        ax.set_xlabel(f"epsilon of the released gradient (delta {rows[0]['delta']:g})")
+        ax.set_ylabel("PSNR (dB)")
+        u = results["utility"]
+        ax.set_title(f"DP-SGD at epsilon {u['private']['epsilon']:.2f}: test accuracy "
+                     f"{100 * u['private']['accuracy']:.1f}% (non-private {100 * u['non_private']['accuracy']:.1f}%)",
+                     fontsize=9)
+        ax.legend(fontsize=8)
+        for i in range(k):
+            for j, key in enumerate(["truth", *(r["epsilon"] for r in rows)]):
+                a = fig.add_subplot(grid[2 + i, j])
+                a.imshow(pictures[key][i].permute(1, 2, 0).squeeze(-1).clamp(0, 1).numpy(), cmap="gray", vmin=0, vmax=1)
+                a.set_xticks([])
+                a.set_yticks([])
+                if i == 0:
+                    a.set_title("truth" if key == "truth" else f"ε {key}", fontsize=8)
 
 
 def run(out: Path, config: DpVsInversionConfig | None = None, quick: bool = False,

@@ -189,20 +189,14 @@ def run(out: Path, config: McAblationConfig | None = None, quick: bool = False,
 
 def _plot(path: Path, results: dict) -> None:
     """Fig. 7: the mean PSNR against the steps, one line per k; the no-information baseline dotted."""
-    import matplotlib
+    from leaklab.report.plots import saved_figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6, 3.6))
-    for k, row in results["samples"].items():
-        steps = range(1, len(row["psnr_mean"]) + 1)
-        ax.plot(steps, row["psnr_mean"], label=f"k = {k}")
-    ax.axhline(results["baseline_psnr"], color="grey", linestyle=":", linewidth=0.8, label="no information")
-    ax.set_xlabel("Adam steps")
-    ax.set_ylabel("PSNR (dB), mean over the images")
-    ax.legend(fontsize=7)
-    ax.set_title("Monte Carlo points of the Bayes adversary (seed 001, Fig. 7)", fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    with saved_figure(path, figsize=(6, 3.6)) as (fig, ax):
+        for k, row in results["samples"].items():
+            steps = range(1, len(row["psnr_mean"]) + 1)
+            ax.plot(steps, row["psnr_mean"], label=f"k = {k}")
+        ax.axhline(results["baseline_psnr"], color="grey", linestyle=":", linewidth=0.8, label="no information")
+        ax.set_xlabel("Adam steps")
+        ax.set_ylabel("PSNR (dB), mean over the images")
+        ax.legend(fontsize=7)
+        ax.set_title("Monte Carlo points of the Bayes adversary (seed 001, Fig. 7)", fontsize=9)

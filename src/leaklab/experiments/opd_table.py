@@ -222,41 +222,36 @@ def _defenses(config: OpdTableConfig, known_in: torch.Tensor, known_out: torch.T
 
 
 def _plot(path: Path, rows: list[dict]) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from leaklab.report.plots import saved_figure
 
     defended = [r for r in rows if r["defense"].startswith("OPD")]
     eps = [r["eps"] for r in defended]
     none = rows[0]
-    fig, axes = plt.subplots(1, 4, figsize=(14, 3.2), gridspec_kw={"width_ratios": [1, 1, 1, 1.2]})
-    for key, label in (("ml_leaks", "ML-Leaks"), ("nsh", "NSH")):
-        line, = axes[0].plot(eps, [r[key] for r in defended], "o-", label=label)
-        axes[0].axhline(none[key], color=line.get_color(), linestyle=":", linewidth=0.8)
-    axes[0].axhline(0.5, color="grey", linewidth=0.8)
-    axes[0].set_ylabel("membership inference accuracy")
-    axes[0].legend(fontsize=7, title="dotted: no defense", title_fontsize=7)
-    axes[1].plot(eps, [r["distortion"] for r in defended], "o-")
-    axes[1].set_ylabel("confidence distortion (mean L2)")
-    for key, label in (("inversion_error_train", "members"), ("inversion_error_test", "non-members")):
-        line, = axes[2].plot(eps, [r[key] for r in defended], "o-", label=label)
-        axes[2].axhline(none[key], color=line.get_color(), linestyle=":", linewidth=0.8)
-    axes[2].set_ylabel("inversion error (MSE)")
-    axes[2].legend(fontsize=7)
-    for ax in axes[:3]:
-        ax.set_xlabel("OPD eps")
-    names = [r["defense"].replace("OPD eps ", "OPD ") for r in rows]
-    places = range(len(rows))
-    axes[3].bar([p - 0.2 for p in places], [r["ml_leaks"] for r in rows], 0.4, label="ML-Leaks")
-    axes[3].bar([p + 0.2 for p in places], [r["nsh"] for r in rows], 0.4, label="NSH")
-    axes[3].axhline(0.5, color="grey", linewidth=0.8)
-    scores = [r[key] for r in rows for key in ("ml_leaks", "nsh")]
-    axes[3].set_ylim(min(0.4, min(scores) - 0.02), max(0.6, max(scores) + 0.02))
-    axes[3].set_xticks(list(places), names, rotation=45, ha="right", fontsize=7)
-    axes[3].set_ylabel("membership inference accuracy")
-    axes[3].legend(fontsize=7)
-    fig.suptitle("One Parameter Defense and the thesis' baselines (seed 002, Table 6.2, Figs. 6.6-6.9)", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    with saved_figure(path, 1, 4, figsize=(14, 3.2), gridspec_kw={"width_ratios": [1, 1, 1, 1.2]}) as (fig, axes):
+        for key, label in (("ml_leaks", "ML-Leaks"), ("nsh", "NSH")):
+            line, = axes[0].plot(eps, [r[key] for r in defended], "o-", label=label)
+            axes[0].axhline(none[key], color=line.get_color(), linestyle=":", linewidth=0.8)
+        axes[0].axhline(0.5, color="grey", linewidth=0.8)
+        axes[0].set_ylabel("membership inference accuracy")
+        axes[0].legend(fontsize=7, title="dotted: no defense", title_fontsize=7)
+        axes[1].plot(eps, [r["distortion"] for r in defended], "o-")
+        axes[1].set_ylabel("confidence distortion (mean L2)")
+        for key, label in (("inversion_error_train", "members"), ("inversion_error_test", "non-members")):
+            line, = axes[2].plot(eps, [r[key] for r in defended], "o-", label=label)
+            axes[2].axhline(none[key], color=line.get_color(), linestyle=":", linewidth=0.8)
+        axes[2].set_ylabel("inversion error (MSE)")
+        axes[2].legend(fontsize=7)
+        for ax in axes[:3]:
+            ax.set_xlabel("OPD eps")
+        names = [r["defense"].replace("OPD eps ", "OPD ") for r in rows]
+        places = range(len(rows))
+        axes[3].bar([p - 0.2 for p in places], [r["ml_leaks"] for r in rows], 0.4, label="ML-Leaks")
+        axes[3].bar([p + 0.2 for p in places], [r["nsh"] for r in rows], 0.4, label="NSH")
+        axes[3].axhline(0.5, color="grey", linewidth=0.8)
+        scores = [r[key] for r in rows for key in ("ml_leaks", "nsh")]
+        axes[3].set_ylim(min(0.4, min(scores) - 0.02), max(0.6, max(scores) + 0.02))
+        axes[3].set_xticks(list(places), names, rotation=45, ha="right", fontsize=7)
+        axes[3].set_ylabel("membership inference accuracy")
+        axes[3].legend(fontsize=7)
+        fig.suptitle("One Parameter Defense and the thesis' baselines (seed 002, Table 6.2, Figs. 6.6-6.9)",
+                     fontsize=10)

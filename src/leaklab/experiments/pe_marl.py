@@ -118,28 +118,22 @@ def run(out: Path, config: PeMarlConfig | None = None, quick: bool = False,
 
 def _plot(path: Path, rows: dict) -> None:
     """Figs. 4.12-4.16: win rate and return against the environment steps, mean over the runs."""
-    import matplotlib
+    from leaklab.report.plots import saved_figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (left, right) = plt.subplots(1, 2, figsize=(9, 3.3))
-    for method, row in rows.items():
-        steps = row["eval_steps"]
-        label = method if row["privacy"] is None else \
-            f"{method} (eps {row['privacy']['epsilon']:.2f}, delta {row['privacy']['delta']:.1e})"
-        for ax, key in ((left, "win_rate"), (right, "return")):
-            mean, std = np.array(row[f"{key}_mean"]), np.array(row[f"{key}_std"])
-            scale = 100 if key == "win_rate" else 1
-            ax.plot(steps, scale * mean, label=label, linewidth=0.9)
-            ax.fill_between(steps, scale * (mean - std), scale * (mean + std), alpha=0.15)
-    left.set_ylabel("greedy win rate (%)")
-    right.set_ylabel("greedy return")
-    for ax in (left, right):
-        ax.set_xlabel("environment steps (each of the parallel episodes)")
-    left.legend(fontsize=7)
-    fig.suptitle("privacy-engineered value decomposition (seed 003, Figs. 4.12-4.16; cooperative navigation)",
-                 fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    with saved_figure(path, 1, 2, figsize=(9, 3.3)) as (fig, (left, right)):
+        for method, row in rows.items():
+            steps = row["eval_steps"]
+            label = method if row["privacy"] is None else \
+                f"{method} (eps {row['privacy']['epsilon']:.2f}, delta {row['privacy']['delta']:.1e})"
+            for ax, key in ((left, "win_rate"), (right, "return")):
+                mean, std = np.array(row[f"{key}_mean"]), np.array(row[f"{key}_std"])
+                scale = 100 if key == "win_rate" else 1
+                ax.plot(steps, scale * mean, label=label, linewidth=0.9)
+                ax.fill_between(steps, scale * (mean - std), scale * (mean + std), alpha=0.15)
+        left.set_ylabel("greedy win rate (%)")
+        right.set_ylabel("greedy return")
+        for ax in (left, right):
+            ax.set_xlabel("environment steps (each of the parallel episodes)")
+        left.legend(fontsize=7)
+        fig.suptitle("privacy-engineered value decomposition (seed 003, Figs. 4.12-4.16; cooperative navigation)",
+                     fontsize=9)

@@ -214,40 +214,35 @@ def run(out: Path, config: PolicySynthesisConfig | None = None, quick: bool = Fa
 def _plot(path: Path, rows: list[dict]) -> None:
     """Fig. 2.1: each example's values against k (mean and standard deviation over the runs), and the cost of
     privacy's bound beside the realised cost."""
-    import matplotlib
+    from leaklab.report.plots import saved_figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, len(EXAMPLES) + 1, figsize=(4 * (len(EXAMPLES) + 1), 3.3))
-    for ax, name in zip(axes, EXAMPLES):
-        cell = [r for r in rows if r["example"] == name]
-        ks = [r["k"] for r in cell]
-        for key, label, style in (("upper", "optimistic bound", "^-"), ("private", "released V-bar (private)", "o-"),
-                                  ("true", "V under the true P", "s-"), ("lower", "pessimistic bound", "v-")):
-            ax.errorbar(ks, [r[f"{key}_mean"] for r in cell], yerr=[r[f"{key}_std"] for r in cell], fmt=style,
-                        markersize=3, linewidth=0.9, capsize=2, label=label)
-        ax.axhline(cell[0]["optimal"], color="grey", linestyle="--", linewidth=0.8, label="optimal V* (true P)")
+    with saved_figure(path, 1, len(EXAMPLES) + 1, figsize=(4 * (len(EXAMPLES) + 1), 3.3)) as (fig, axes):
+        for ax, name in zip(axes, EXAMPLES):
+            cell = [r for r in rows if r["example"] == name]
+            ks = [r["k"] for r in cell]
+            for key, label, style in (("upper", "optimistic bound", "^-"),
+                                      ("private", "released V-bar (private)", "o-"),
+                                      ("true", "V under the true P", "s-"), ("lower", "pessimistic bound", "v-")):
+                ax.errorbar(ks, [r[f"{key}_mean"] for r in cell], yerr=[r[f"{key}_std"] for r in cell], fmt=style,
+                            markersize=3, linewidth=0.9, capsize=2, label=label)
+            ax.axhline(cell[0]["optimal"], color="grey", linestyle="--", linewidth=0.8, label="optimal V* (true P)")
+            ax.set_xscale("log")
+            ax.set_xlabel("k")
+            ax.set_ylabel("value at s0")
+            ax.set_title(name, fontsize=9)
+        axes[0].legend(fontsize=6)
+        ax = axes[-1]
+        for name in EXAMPLES:
+            cell = [r for r in rows if r["example"] == name]
+            line = ax.plot([r["k"] for r in cell], [r["bound_mean"] for r in cell], "o-", markersize=3, linewidth=0.9,
+                           label=f"{name}: bound")[0]
+            ax.plot([r["k"] for r in cell], [r["union_bound_mean"] for r in cell], "--", color=line.get_color(),
+                    linewidth=0.9, label=f"{name}: bound, union radius")
+            ax.plot([r["k"] for r in cell], [r["cost_mean"] for r in cell], ":", color=line.get_color(), linewidth=0.9,
+                    label=f"{name}: |V - V-bar|")
         ax.set_xscale("log")
+        ax.set_yscale("log")
         ax.set_xlabel("k")
-        ax.set_ylabel("value at s0")
-        ax.set_title(name, fontsize=9)
-    axes[0].legend(fontsize=6)
-    ax = axes[-1]
-    for name in EXAMPLES:
-        cell = [r for r in rows if r["example"] == name]
-        line = ax.plot([r["k"] for r in cell], [r["bound_mean"] for r in cell], "o-", markersize=3, linewidth=0.9,
-                       label=f"{name}: bound")[0]
-        ax.plot([r["k"] for r in cell], [r["union_bound_mean"] for r in cell], "--", color=line.get_color(),
-                linewidth=0.9, label=f"{name}: bound, union radius")
-        ax.plot([r["k"] for r in cell], [r["cost_mean"] for r in cell], ":", color=line.get_color(), linewidth=0.9,
-                label=f"{name}: |V - V-bar|")
-    ax.set_xscale("log")
-    ax.set_yscale("log")
-    ax.set_xlabel("k")
-    ax.set_ylabel("cost of privacy")
-    ax.legend(fontsize=6)
-    fig.suptitle("privacy-engineered policy synthesis (seed 003, Fig. 2.1)", fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+        ax.set_ylabel("cost of privacy")
+        ax.legend(fontsize=6)
+        fig.suptitle("privacy-engineered policy synthesis (seed 003, Fig. 2.1)", fontsize=9)

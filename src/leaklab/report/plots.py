@@ -4,9 +4,10 @@
   ``max_cols`` columns, with an optional caption under each image and a box drawn on it (:func:`draw_box`);
 * :func:`bar_plot`: grouped bars, e.g. mean PSNR per defense with the constant-image baseline, and
   optionally lines on a [0, 1] axis of their own (e.g. the cosine an update keeps per defense);
-* :func:`spread_panels`: one panel per metric, each series' mean ± standard deviation with its samples.
+* :func:`spread_panels`: one panel per metric, each series' mean ± standard deviation with its samples;
+* :func:`saved_figure`: a figure an experiment draws itself, laid out and written to its file when drawn.
 
-All return PNG bytes and, with ``path``, also write the file (atomically).
+All but the last return PNG bytes and, with ``path``, also write the file (atomically).
 """
 
 from __future__ import annotations
@@ -14,7 +15,8 @@ from __future__ import annotations
 import io as _io
 import math
 import statistics
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
 import matplotlib
@@ -32,6 +34,28 @@ def _to_png(fig) -> bytes:
     fig.savefig(buf, format="png", dpi=fig.dpi, bbox_inches="tight")
     plt.close(fig)
     return buf.getvalue()
+
+
+@contextmanager
+def saved_figure(path: Path, nrows: int = 1, ncols: int = 1, *, title: str | None = None, dpi: int = 100,
+                 rect: tuple[float, ...] | None = None, axes: bool = True, **subplots) -> Iterator[tuple]:
+    """``(fig, axes)`` of ``plt.subplots(nrows, ncols, **subplots)`` (``axes`` False: ``plt.figure(**subplots)`` and
+    None) to draw on; when the block ends, ``title`` as the figure's title, a tight layout (within ``rect``) and the
+    PNG at ``path`` (written atomically). The figure is closed either way."""
+    if axes:
+        fig, drawn = plt.subplots(nrows, ncols, **subplots)
+    else:
+        fig, drawn = plt.figure(**subplots), None
+    try:
+        yield fig, drawn
+        if title:
+            fig.suptitle(title, fontsize=9)
+        fig.tight_layout(rect=rect)
+        buf = _io.BytesIO()
+        fig.savefig(buf, format="png", dpi=dpi)
+        write_bytes(path, buf.getvalue())
+    finally:
+        plt.close(fig)
 
 
 def _show(ax, image: torch.Tensor) -> None:
