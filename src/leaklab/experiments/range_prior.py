@@ -7,16 +7,21 @@ extended to phi; its claim: the range term improves the attack under every defen
 
 Here: bayes-table2's protocol and code (:mod:`leaklab.experiments.bayes_table2`; the same networks, trained under
 the defense they are attacked under, the same defended updates and attack starts for a seed) on the 5,000 real
-MNIST digits offline (``digits`` for a quick look), three attacks on the very same updates:
+MNIST digits offline (``digits``, scikit-learn's at 16x16, for a quick look), three attacks on the very same
+updates. The seed does not say whether its attacks clamp the pixels; Table 5's left column is its Table 2's L2 column,
+which leaklab runs clamped, while the range term has something to do only where the iterates may leave [0, 1]. So
+both readings of the baseline are run:
 
-* ``tv``: L2 + TV with Adam's iterates left unclamped (the seed's left column: without clamping the range term has
-  something to do), searched as Table 2's L2 (:func:`~leaklab.experiments.bayes_table2.search`);
-* ``tv_range``: L2 + TV + range: from ``tv``'s choice, the range term's relative weight over ``range_weights``,
-  then the TV weight times Table 2's ``beta_factors`` at the best range weight (the seed's extension of the search
-  to phi; leaklab weighs each term relative to the data term's gradient at the start, so phi is the ratio of the
-  two weights);
+* ``tv``: L2 + TV with Adam's iterates left unclamped (leaklab's reading of the left column that gives the range
+  term something to do), searched as Table 2's L2 (:func:`~leaklab.experiments.bayes_table2.search`);
+* ``tv_range``: L2 + TV + range, unclamped: from ``tv``'s choice, the range term's relative weight over
+  ``range_weights``, then the TV weight times Table 2's ``beta_factors`` at the best range weight (the seed's
+  extension of the search to phi). leaklab weighs each term relative to the data term's gradient at the start
+  (``prior_scale="relative"``); the range term's gradient is a unit vector, so the relative weights (b_tv, b_range)
+  stand for the seed's (beta, phi) with phi = 1 / (1 + (b_range / b_tv) ||grad L_TV(x0)||), one phi per image;
 * ``tv_clamped``: L2 + TV with the iterates projected onto [0, 1] after every step (the hard form of the range
-  constraint; leaklab's Table 2 attack), searched the same way.
+  constraint; leaklab's Table 2 attack, the other reading of the left column), searched the same way. It is
+  bayes-table2's L2 cell where the tuning images are as many (bayes-table2 tunes on 2, this on ``tune_images``).
 
 Every search selects by mean PSNR on ``tune_images`` images that are not reported. Per defense: each attack's
 mean PSNR over ``images`` digits, the per-image differences ``tv_range - tv`` and ``tv_range - tv_clamped`` with
@@ -179,10 +184,10 @@ def run(out: Path, config: RangePriorConfig | None = None, quick: bool = False,
 
 
 def _plot(path: Path, results: dict) -> None:
-    """Left, Table 5 as bars: each attack's mean PSNR per defense, the published two columns as black ticks, the
-    no-information baseline as a grey dash. Right, what the range term adds, digit by digit: the mean difference
-    from the TV-only attack and from the clamped one, with its paired standard error; the published difference as
-    black ticks."""
+    """Left, Table 5 as bars: each attack's mean PSNR per defense, the published two columns as black ticks (the
+    left column's over both readings of it), the no-information baseline as a grey dash. Right, what the range term
+    adds, digit by digit: the mean difference from the TV-only attack and from the clamped one, with its paired
+    standard error; the published difference as black ticks."""
     from leaklab.report.plots import saved_figure
 
     rows = results["defenses"]
@@ -194,7 +199,7 @@ def _plot(path: Path, results: dict) -> None:
         for j, variant in enumerate(VARIANTS):
             xs = [i - 0.4 + width * (j + 0.5) for i in places]
             left.bar(xs, [r["psnr_mean"][variant] for r in rows.values()], width * 0.9, label=LABELS[variant])
-            paper = [r["published"].get(variant, float("nan")) for r in rows.values()]
+            paper = [r["published"]["tv" if variant == "tv_clamped" else variant] for r in rows.values()]
             left.scatter(xs, paper, marker="_", s=160, color="black", zorder=3, label="seed 001" if j == 0 else None)
         left.scatter(places, [r["baseline_psnr"] for r in rows.values()], marker="_", s=600, color="grey", zorder=3,
                      label="no information")
@@ -206,9 +211,10 @@ def _plot(path: Path, results: dict) -> None:
             diffs = [r[key] for r in rows.values()]
             right.errorbar([p + offset for p in places], [d["db"] for d in diffs], fmt="o", capsize=3, label=label,
                            yerr=[d["paired_se_db"] or 0.0 for d in diffs])
-        right.scatter([p - 0.12 for p in places], [r["published"]["tv_range"] - r["published"]["tv"]
-                                                   for r in rows.values()],
-                      marker="_", s=160, color="black", zorder=3, label="seed 001: range - TV")
+        published = [r["published"]["tv_range"] - r["published"]["tv"] for r in rows.values()]
+        for offset in (-0.12, 0.12):
+            right.scatter([p + offset for p in places], published, marker="_", s=160, color="black", zorder=3,
+                          label="seed 001: range - TV" if offset < 0 else None)
         right.axhline(0, color="grey", linewidth=0.8)
         right.set_ylabel("difference (dB), +- paired SE")
         right.legend(fontsize=7, ncol=2, loc="upper center", bbox_to_anchor=(0.5, -0.12))
