@@ -92,6 +92,7 @@ DP_PLANNING_FORMAT = "leaklab.dp-planning"
 BAYES_ABLATION_FORMAT = "leaklab.bayes-ablation"
 MC_ABLATION_FORMAT = "leaklab.mc-ablation"
 RANGE_PRIOR_FORMAT = "leaklab.range-prior"
+RL_MEMBERSHIP_FORMAT = "leaklab.rl-membership"
 _WRITTEN_BY = {AUDIT_FORMAT: "leaklab audit", REPRODUCTION_FORMAT: "leaklab reproduce room-table1|room-table2",
                BAYES_TABLE2_FORMAT: "leaklab reproduce bayes-table2",
                ROOM_ATTACK_FORMAT: "leaklab attack qgi|rgi", ROOM_CAPTURE_FORMAT: "leaklab env capture",
@@ -109,7 +110,8 @@ _WRITTEN_BY = {AUDIT_FORMAT: "leaklab audit", REPRODUCTION_FORMAT: "leaklab repr
                DP_PLANNING_FORMAT: "leaklab reproduce dp-planning",
                BAYES_ABLATION_FORMAT: "leaklab reproduce bayes-ablation",
                MC_ABLATION_FORMAT: "leaklab reproduce mc-ablation",
-               RANGE_PRIOR_FORMAT: "leaklab reproduce range-prior"}
+               RANGE_PRIOR_FORMAT: "leaklab reproduce range-prior",
+               RL_MEMBERSHIP_FORMAT: "leaklab reproduce rl-membership"}
 # the commands that write into their --out in place (finished cells, checks) instead of replacing it whole
 _IN_PLACE = frozenset({REPRODUCTION_FORMAT, BAYES_TABLE2_FORMAT, INVERSION_CHECKS_FORMAT})
 

@@ -33,8 +33,8 @@ from leaklab.errors import LeaklabError
 from leaklab.fields import Seed
 from leaklab.seeds import stream_seed
 
-__all__ = ["AttackTraining", "check_training", "checked_confidences", "member_classifier", "ml_leaks", "mlp", "nsh",
-           "shadow_models"]
+__all__ = ["AttackTraining", "check_training", "checked_confidences", "feature_attack", "member_classifier", "ml_leaks",
+           "mlp", "nsh", "shadow_models"]
 
 ML_LEAKS_TOP = 3  # ML-Leaks' attack model reads the 3 largest posteriors, sorted in descending order
 _BATCHES = "attack-batches"  # the purpose of the stream that orders an attack network's mini-batches
@@ -92,11 +92,31 @@ def shadow_models(shadow_in: tuple[torch.Tensor, torch.Tensor], shadow_out: tupl
     concatenated with the one-hot label (2k -> 64 -> 1, ReLU; the thesis leaves it open), is trained with BCE and
     Adam on the shadows' rows and returns its accuracy on the target's members and non-members."""
     check_training(training)
-    k, labelled = _labelled_sets({"shadow_in": shadow_in, "shadow_out": shadow_out, "target_in": target_in,
+    _, labelled = _labelled_sets({"shadow_in": shadow_in, "shadow_out": shadow_out, "target_in": target_in,
                                   "target_out": target_out})
-    sets = [(torch.cat([c, one_hot], dim=1),) for c, one_hot in labelled]
-    net = member_classifier(lambda: mlp(2 * k, 64, 1), sets[0], sets[1], training)
-    return _accuracy(net, sets[2], sets[3])
+    return feature_attack(*(torch.cat([c, one_hot], dim=1) for c, one_hot in labelled), training=training)
+
+
+def feature_attack(shadow_in: torch.Tensor, shadow_out: torch.Tensor, target_in: torch.Tensor,
+                   target_out: torch.Tensor, training: AttackTraining = AttackTraining()) -> float:
+    """The binary classifier of seed 003's attacks (an MLP d -> 64 -> 1, ReLU) trained with BCE and Adam on the
+    shadows' feature rows of members (label 1) and non-members (0), each (N, d); returns its accuracy on the target's
+    rows (member where the sigmoid > 0.5), each set counting as many as it holds."""
+    check_training(training)
+    sets = [_finite_rows(t, name) for t, name in ((shadow_in, "shadow_in"), (shadow_out, "shadow_out"),
+                                                  (target_in, "target_in"), (target_out, "target_out"))]
+    if len({t.shape[1] for t in sets}) != 1:
+        raise LeaklabError(f"every feature set has as many columns (got {', '.join(str(t.shape[1]) for t in sets)})")
+    net = member_classifier(lambda: mlp(sets[0].shape[1], 64, 1), (sets[0],), (sets[1],), training)
+    return _accuracy(net, (sets[2],), (sets[3],))
+
+
+def _finite_rows(value: object, name: str) -> torch.Tensor:
+    if not isinstance(value, torch.Tensor) or value.ndim != 2 or len(value) == 0 or value.shape[1] == 0:
+        raise LeaklabError(f"{name} must be a non-empty 2-d tensor of feature rows")
+    if not value.is_floating_point() or not bool(torch.isfinite(value).all()):
+        raise LeaklabError(f"{name} must hold finite floating-point features")
+    return value
 
 
 def nsh(train_in: tuple[torch.Tensor, torch.Tensor], train_out: tuple[torch.Tensor, torch.Tensor],

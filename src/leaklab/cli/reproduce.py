@@ -529,6 +529,36 @@ def reproduce_rnn_membership(
                    f"{100 * r['attack_accuracy']:.1f}%, epsilon {r['epsilon']:.3g} at delta {result['delta']:g}")
 
 
+@reproduce_app.command("rl-membership")
+@_guard
+def reproduce_rl_membership(
+    quick: QuickOpt = False,
+    rooms: Annotated[Optional[int], typer.Option("--rooms", help="rooms per floor map (default 3; the thesis: 4)",
+                                                 callback=_checked("--rooms", lambda v: 1 <= v <= 10,
+                                                                   "a whole number from 1 to 10"))] = None,
+    frames: Annotated[Optional[int], typer.Option("--frames", help="PPO frames per model (default 400,000; "
+                                                  "the attack runs after 1/8, 1/4, 1/2 and all of them; --quick: "
+                                                  "1/2 and all)",
+                                                  callback=_checked("--frames", lambda v: 1 <= v <= 100_000_000,
+                                                                    "a whole number from 1 to 100,000,000"))] = None,
+    seed: SeedOpt = 0,
+    out: Annotated[Optional[Path], _run_out("rl-membership")] = None,
+) -> None:
+    """Seed 003, chapter 3, Fig. 3.4's deep-RL task: membership inference of floor maps against PPO agents, an RNN
+    and an FFNN of equal size, on multi-room maps (--quick: two rooms, a few maps and frames)."""
+    from leaklab.experiments import rl_membership
+
+    fields = {key: value for key, value in (("rooms", rooms), ("frames", frames)) if value is not None}
+    result = _experiment(rl_membership, rl_membership.RlMembershipConfig, "rl-membership", quick, seed, out, **fields)
+    for arch, rows in result["rows"].items():
+        for r in rows:
+            steps = [r[side]["steps_to_goal"] for side in ("members", "non_members")]
+            shown = "/".join("-" if s is None else f"{s:.1f}" for s in steps)
+            typer.echo(f"  {arch.upper()} after {r['frames']:,} frames: attack {100 * r['attack_accuracy']:.1f}%; "
+                       f"steps to the goal {shown} (members/non-members), success "
+                       f"{100 * r['members']['success']:.0f}/{100 * r['non_members']['success']:.0f}%")
+
+
 @reproduce_app.command("pe-marl")
 @_guard
 def reproduce_pe_marl(

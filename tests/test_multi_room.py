@@ -1,0 +1,161 @@
+"""Seed 003 chapter 3's multi-room floor maps (MiniGrid's MultiRoom rebuilt in numpy) and the PPO agents."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from leaklab.errors import LeaklabError
+from leaklab.rl.envs.multi_room import (ACTIONS, CELL_KINDS, DOOR, EMPTY, GOAL, MAX_STEPS, VIEW, WALL, RoomBatch,
+                                        floor_map, optimal_actions, reward)
+
+
+def _state(batch: RoomBatch, k: int = 0):
+    m = batch.maps[k]
+    return (int(batch.pos[k, 0]), int(batch.pos[k, 1]), int(batch.dir[k]),
+            tuple(bool(batch.open[k, y, x]) for x, y in m.doors))
+
+
+@pytest.mark.parametrize("rooms", [1, 2, 4])
+def test_floor_maps_are_chains_of_rooms_the_goal_reachable(rooms):
+    for seed in range(20):
+        m = floor_map(seed, rooms=rooms)
+        again = floor_map(seed, rooms=rooms)
+        assert np.array_equal(m.cells, again.cells) and (m.start, m.direction, m.goal) == \
+            (again.start, again.direction, again.goal)
+        assert len(m.doors) == rooms - 1
+        assert m.cells[m.start[1], m.start[0]] == EMPTY and m.cells[m.goal[1], m.goal[0]] == GOAL
+        assert (m.cells[0] == WALL).all() or (m.cells[[0, -1]] != EMPTY).all()
+        labels = optimal_actions(m)  # raises when the goal cannot be reached
+        assert labels[(*m.start, m.direction, (False,) * len(m.doors))]
+    assert not np.array_equal(floor_map(0).cells, floor_map(1).cells)
+    with pytest.raises(LeaklabError):
+        floor_map(0, rooms=0)
+
+
+def _placed(m, state) -> RoomBatch:
+    batch = RoomBatch([m])
+    x, y, direction, opened = state
+    batch.pos[0], batch.dir[0] = (x, y), direction
+    for (dx, dy), is_open in zip(m.doors, opened):
+        batch.open[0, dy, dx] = is_open
+    return batch
+
+
+def _labelled_path(m, labels, state) -> int:
+    """Steps to the goal from ``state`` following the labels' first action (the step limit + 1: never)."""
+    batch = _placed(m, state)
+    for t in range(MAX_STEPS):
+        gained, reached, _ = batch.step(np.array([labels[_state(batch)][0]]))
+        if reached[0]:
+            assert gained[0] == pytest.approx(reward(batch.steps[0]))
+            return t + 1
+    return MAX_STEPS + 1
+
+
+def test_the_labelling_agent_takes_a_shortest_path():
+    for seed in range(6):
+        m = floor_map(seed, rooms=3)
+        labels = optimal_actions(m)
+        start = (*m.start, m.direction, (False,) * len(m.doors))
+        shortest = _labelled_path(m, labels, start)
+        assert shortest >= 2 * len(m.doors) + 1  # toggle and walk through every door, then onto the goal
+        after = {}
+        for a in range(len(ACTIONS)):  # Bellman: the labelled actions, and only they, start a shortest path
+            batch = _placed(m, start)
+            batch.step(np.array([a]))
+            after[a] = 1 + _labelled_path(m, labels, _state(batch))
+        assert min(after.values()) == shortest
+        assert set(labels[start]) == {a for a, n in after.items() if n == shortest}
+
+
+def test_doors_open_by_toggling_and_block_until_then():
+    m = floor_map(3, rooms=2)
+    (dx, dy), = m.doors
+    batch = RoomBatch([m])
+    # stand next to the door, facing it, from the room side: find a free neighbour in the first room
+    for direction, (ox, oy) in enumerate([(1, 0), (0, 1), (-1, 0), (0, -1)]):
+        x, y = dx - ox, dy - oy
+        if m.cells[y, x] == EMPTY:
+            break
+    batch.pos[0] = (x, y)
+    batch.dir[0] = direction
+    view = batch.observe().reshape(VIEW, VIEW, len(CELL_KINDS))
+    assert view[VIEW - 2, VIEW // 2].argmax() == CELL_KINDS.index("closed door")  # one cell ahead
+    batch.step(np.array([ACTIONS.index("forward")]))
+    assert tuple(batch.pos[0]) == (x, y)  # a closed door blocks
+    batch.step(np.array([ACTIONS.index("toggle")]))
+    assert batch.open[0, dy, dx]
+    assert batch.observe().reshape(VIEW, VIEW, len(CELL_KINDS))[VIEW - 2, VIEW // 2].argmax() == \
+        CELL_KINDS.index("open door")
+    batch.step(np.array([ACTIONS.index("forward")]))
+    assert tuple(batch.pos[0]) == (dx, dy) and m.cells[dy, dx] == DOOR
+    batch.reset(np.array([True]))
+    assert not batch.open.any() and tuple(batch.pos[0]) == m.start and batch.steps[0] == 0
+
+
+def test_episodes_are_cut_at_the_step_limit_and_bad_actions_refused():
+    batch = RoomBatch([floor_map(0)], max_steps=3)
+    for _ in range(2):
+        _, reached, truncated = batch.step(np.array([ACTIONS.index("left")]))
+        assert not truncated.any() and not reached.any()
+    _, _, truncated = batch.step(np.array([ACTIONS.index("left")]))
+    assert truncated.all()
+    for bad in (np.array([4]), np.array([-1]), np.array([0, 0])):
+        with pytest.raises(LeaklabError):
+            batch.step(bad)
+
+
+def test_the_view_turns_with_the_agent():
+    m = floor_map(5, rooms=1)
+    batch = RoomBatch([m, m, m, m])
+    batch.dir[:] = [0, 1, 2, 3]
+    views = batch.observe().reshape(4, VIEW, VIEW, len(CELL_KINDS)).argmax(-1)
+    x, y = m.start
+    for k, (fx, fy) in enumerate([(1, 0), (0, 1), (-1, 0), (0, -1)]):
+        ahead = m.cells[y + fy, x + fx]
+        kind = {EMPTY: "empty", WALL: "wall", GOAL: "goal", DOOR: "closed door"}[int(ahead)]
+        assert views[k, VIEW - 2, VIEW // 2] == CELL_KINDS.index(kind)
+        rx, ry = -fy, fx  # the agent's right
+        right = m.cells[y + ry, x + rx]
+        kind = {EMPTY: "empty", WALL: "wall", GOAL: "goal", DOOR: "closed door"}[int(right)]
+        assert views[k, VIEW - 1, VIEW // 2 + 1] == CELL_KINDS.index(kind)
+    assert (views[:, VIEW - 1, VIEW // 2] == CELL_KINDS.index("empty")).all()  # the agent's own cell
+
+
+@pytest.mark.parametrize("arch, frames", [("ffnn", 16384), ("rnn", 32768)])
+def test_ppo_learns_a_one_room_map_and_is_reproducible(arch, frames):
+    from leaklab.rl.agents.ppo import PPOConfig, build_policy, train_ppo
+
+    maps = [floor_map(s, rooms=1) for s in range(4)]
+    config = PPOConfig(frames=frames, envs=8, steps_per_update=64, seed=0)
+    policy = build_policy(arch, 0)
+    history = train_ppo(policy, maps, config)
+    steps = [s for s in history["steps"] if s == s]
+    assert np.mean(steps[-3:]) < 0.3 * np.mean(steps[:3])  # a random walk: about 35 steps
+    again = build_policy(arch, 0)
+    train_ppo(again, maps, config)
+    assert all(torch.equal(a, b) for a, b in zip(policy.state_dict().values(), again.state_dict().values()))
+    with pytest.raises(LeaklabError):
+        train_ppo(build_policy(arch, 0), [], config)
+
+
+def test_walls_and_closed_doors_hide_what_lies_behind_them():
+    from leaklab.rl.envs.multi_room import _visible
+
+    empty, wall = CELL_KINDS.index("empty"), CELL_KINDS.index("wall")
+    codes = np.full((3, VIEW, VIEW), empty)
+    codes[:, VIEW - 3, :] = wall  # a wall across the view two rows ahead
+    codes[1, VIEW - 3, VIEW // 2] = CELL_KINDS.index("closed door")
+    codes[2, VIEW - 3, VIEW // 2] = CELL_KINDS.index("open door")
+    seen = _visible(codes)
+    assert seen[:, VIEW - 3:].all()  # the wall itself and everything before it
+    assert not seen[:2, :VIEW - 3].any()  # behind a wall, or a closed door in it: hidden
+    assert seen[2, VIEW - 4, VIEW // 2]  # through an open door
+    open_view = np.full((1, VIEW, VIEW), empty)
+    assert _visible(open_view).all()
+    m = floor_map(0, rooms=2)
+    batch = RoomBatch([m])
+    view = batch.observe().reshape(VIEW, VIEW, len(CELL_KINDS))
+    assert ((view.sum(-1) == 0) | (view.sum(-1) == 1)).all() and (view.sum(-1) == 0).any()
