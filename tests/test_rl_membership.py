@@ -118,6 +118,9 @@ def test_reproduce_rl_membership_quick(tmp_path):
         assert all(0 <= r["attack_accuracy"] <= 1 for r in rows)
         for r in rows:
             assert r["generalization_gap"] == pytest.approx(r["members"]["return"] - r["non_members"]["return"])
+            assert r["maps_scored"] == 2 * config.maps * config.victims
+            assert r["attack_accuracy_se"] == pytest.approx(
+                (r["attack_accuracy"] * (1 - r["attack_accuracy"]) / r["maps_scored"]) ** 0.5)
     counts = data["parameters"]
     assert abs(counts["ffnn"] - counts["rnn"]) < 0.02 * counts["ffnn"]  # the thesis' controlled factor
     again = tmp_path / "again"

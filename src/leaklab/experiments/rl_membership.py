@@ -32,6 +32,7 @@ Writes ``OUT/results.json`` and ``OUT/rl_membership.png`` (Fig. 3.4) atomically;
 from __future__ import annotations
 
 import copy
+import math
 import time
 from dataclasses import astuple
 from pathlib import Path
@@ -175,20 +176,24 @@ def _checkpoint_row(checkpoint: float, queried: dict, config: RlMembershipConfig
                 "return": float(q.returns.mean()), "entropy": float(q.entropy.mean())}
 
     members, others = play(victim_in), play(victim_out)
-    return {"share": checkpoint, "frames": frames, "attack_accuracy": accuracy, "members": members,
-            "non_members": others, "generalization_gap": members["return"] - others["return"]}
+    scored = len(victim_in.returns) + len(victim_out.returns)
+    return {"share": checkpoint, "frames": frames, "attack_accuracy": accuracy,
+            "attack_accuracy_se": math.sqrt(accuracy * (1 - accuracy) / scored), "maps_scored": scored,
+            "members": members, "non_members": others, "generalization_gap": members["return"] - others["return"]}
 
 
 def _plot(path: Path, rows: dict[str, list[dict]]) -> None:
-    """Fig. 3.4: the attack's accuracy against the training frames, per network; beside it the victims' steps to
-    the goal on member (solid) and non-member (dashed) maps."""
+    """Fig. 3.4: the attack's accuracy (with its binomial standard error) against the training frames, per network;
+    beside it the victims' steps to the goal and the answers' entropy on member (solid) and non-member (dashed)
+    maps."""
     from leaklab.report.plots import saved_figure
 
     title = "membership inference of floor maps against PPO agents (seed 003, Fig. 3.4)"
     with saved_figure(path, 1, 3, figsize=(13, 3.4), title=title) as (fig, (attack, steps, entropy)):
         for arch, cells in rows.items():
             frames = [r["frames"] for r in cells]
-            line = attack.plot(frames, [100 * r["attack_accuracy"] for r in cells], "o-", label=arch.upper())[0]
+            line = attack.errorbar(frames, [100 * r["attack_accuracy"] for r in cells], fmt="o-", capsize=2,
+                                   yerr=[100 * r["attack_accuracy_se"] for r in cells], label=arch.upper()).lines[0]
             for side, style in (("members", "o-"), ("non_members", "s--")):
                 label = f"{arch.upper()}, {side.replace('_', '-')}"
                 steps.plot(frames, [r[side]["steps_to_goal"] or np.nan for r in cells], style,
@@ -198,6 +203,10 @@ def _plot(path: Path, rows: dict[str, list[dict]]) -> None:
         attack.set_ylabel("attack accuracy (%)")
         steps.set_ylabel("victims' steps to the goal")
         entropy.set_ylabel("prediction entropy H_APE")
+        ticks = [r["frames"] for r in next(iter(rows.values()))]
         for ax in (attack, steps, entropy):
+            ax.set_xscale("log")
+            ax.set_xticks(ticks, [f"{t / 1000:.0f}k" for t in ticks])
+            ax.minorticks_off()
             ax.set_xlabel("PPO frames")
             ax.legend(fontsize=7)
