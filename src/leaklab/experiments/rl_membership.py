@@ -123,7 +123,7 @@ def run(out: Path, config: RlMembershipConfig | None = None, quick: bool = False
             policy = build_policy(arch, stream_seed(config.seed, "rl-membership", arch, role, "init"))
             ppo = PPOConfig(frames=config.frames, envs=config.envs,
                             seed=stream_seed(config.seed, "rl-membership", arch, role, "ppo"))
-            snapshots: dict[int, tuple[int, dict]] = {}
+            snapshots: dict[float, tuple[int, dict]] = {}  # share -> (frames trained, state)
 
             def keep(frames: int, policy=policy, snapshots=snapshots) -> None:
                 for c in config.checkpoints:
