@@ -126,6 +126,13 @@ def test_reproduce_rl_membership_quick(tmp_path):
     again = tmp_path / "again"
     assert CliRunner().invoke(app, ["reproduce", "rl-membership", "--quick", "--out", str(again)]).exit_code == 0
     assert json.loads((again / "results.json").read_text())["rows"] == data["rows"]
-    for field, bad in (("checkpoints", [0.0]), ("checkpoints", [1.5]), ("checkpoints", [0.5, 0.5]), ("maps", 1)):
+    clipped = tmp_path / "clipped"
+    assert CliRunner().invoke(app, ["reproduce", "rl-membership", "--quick", "--clip", "0.01", "--out",
+                                    str(clipped)]).exit_code == 0
+    other = json.loads((clipped / "results.json").read_text())
+    assert other["config"]["clip"] == 0.01 and data["config"]["clip"] == 0.2
+    assert other["training"] != data["training"]  # PPO trained with the other clip
+    for field, bad in (("checkpoints", [0.0]), ("checkpoints", [1.5]), ("checkpoints", [0.5, 0.5]), ("maps", 1),
+                       ("clip", 0.0)):
         with pytest.raises(ValueError):
             RlMembershipConfig(**{field: bad})

@@ -541,6 +541,10 @@ def reproduce_rl_membership(
                                                   "1/2 and all)",
                                                   callback=_checked("--frames", lambda v: 1 <= v <= 100_000_000,
                                                                     "a whole number from 1 to 100,000,000"))] = None,
+    clip: Annotated[Optional[float], typer.Option("--clip", help="PPO's clip epsilon (default 0.2; the thesis varies "
+                                                  "it as the RL task's regularisation)",
+                                                  callback=_checked("--clip", lambda v: 0 < v <= 1,
+                                                                    "a number in (0, 1]"))] = None,
     seed: SeedOpt = 0,
     out: Annotated[Optional[Path], _run_out("rl-membership")] = None,
 ) -> None:
@@ -548,7 +552,7 @@ def reproduce_rl_membership(
     and an FFNN of equal size, on multi-room maps (--quick: two rooms, a few maps and frames)."""
     from leaklab.experiments import rl_membership
 
-    fields = {key: value for key, value in (("rooms", rooms), ("frames", frames)) if value is not None}
+    fields = {key: value for key, value in (("rooms", rooms), ("frames", frames), ("clip", clip)) if value is not None}
     result = _experiment(rl_membership, rl_membership.RlMembershipConfig, "rl-membership", quick, seed, out, **fields)
     for arch, rows in result["rows"].items():
         for r in rows:

@@ -74,6 +74,8 @@ class RlMembershipConfig(BaseModel):
                                      description="shares of the frames after which every model is attacked")
     query_steps: int = Field(default=48, ge=1, le=200, description="steps of an episode the attack reads")
     envs: int = Field(default=16, ge=1, le=1024, description="PPO's agents stepped together")
+    clip: float = Field(default=0.2, gt=0, le=1, description="PPO's clip epsilon, the thesis' regularisation of the RL "
+                                                             "task (Fig. 3.7; rl-starter-files' default 0.2)")
     attack: AttackTraining = AttackTraining()
     seed: Seed = 0
 
@@ -121,7 +123,7 @@ def run(out: Path, config: RlMembershipConfig | None = None, quick: bool = False
         queried: dict[str, dict[float, tuple]] = {}  # role -> share -> (frames, member and non-member Queries)
         for role, (members, others) in sets.items():
             policy = build_policy(arch, stream_seed(config.seed, "rl-membership", arch, role, "init"))
-            ppo = PPOConfig(frames=config.frames, envs=config.envs,
+            ppo = PPOConfig(frames=config.frames, envs=config.envs, clip=config.clip,
                             seed=stream_seed(config.seed, "rl-membership", arch, role, "ppo"))
             snapshots: dict[float, tuple[int, dict]] = {}  # share -> (frames trained, state)
 
