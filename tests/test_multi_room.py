@@ -11,12 +11,6 @@ from leaklab.rl.envs.multi_room import (ACTIONS, CELL_KINDS, DOOR, EMPTY, GOAL, 
                                         floor_map, optimal_actions, reward)
 
 
-def _state(batch: RoomBatch, k: int = 0):
-    m = batch.maps[k]
-    return (int(batch.pos[k, 0]), int(batch.pos[k, 1]), int(batch.dir[k]),
-            tuple(bool(batch.open[k, y, x]) for x, y in m.doors))
-
-
 @pytest.mark.parametrize("rooms", [1, 2, 4])
 def test_floor_maps_are_chains_of_rooms_the_goal_reachable(rooms):
     for seed in range(20):
@@ -47,7 +41,7 @@ def _labelled_path(m, labels, state) -> int:
     """Steps to the goal from ``state`` following the labels' first action (the step limit + 1: never)."""
     batch = _placed(m, state)
     for t in range(MAX_STEPS):
-        gained, reached, _ = batch.step(np.array([labels[_state(batch)][0]]))
+        gained, reached, _ = batch.step(np.array([labels[batch.state(0)][0]]))
         if reached[0]:
             assert gained[0] == pytest.approx(reward(batch.steps[0]))
             return t + 1
@@ -65,7 +59,7 @@ def test_the_labelling_agent_takes_a_shortest_path():
         for a in range(len(ACTIONS)):  # Bellman: the labelled actions, and only they, start a shortest path
             batch = _placed(m, start)
             batch.step(np.array([a]))
-            after[a] = 1 + _labelled_path(m, labels, _state(batch))
+            after[a] = 1 + _labelled_path(m, labels, batch.state(0))
         assert min(after.values()) == shortest
         assert set(labels[start]) == {a for a, n in after.items() if n == shortest}
 

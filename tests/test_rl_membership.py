@@ -47,7 +47,7 @@ def test_queries_pair_each_answer_with_the_labelling_agents_policy_and_stop_at_t
 
     batch, script = RoomBatch([m]), []
     while True:
-        s = (int(batch.pos[0, 0]), int(batch.pos[0, 1]), int(batch.dir[0]), ())
+        s = batch.state(0)
         if s not in labels[0]:
             break
         script.append(labels[0][s][0])

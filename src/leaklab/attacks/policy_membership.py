@@ -22,9 +22,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from leaklab.errors import LeaklabError
-from leaklab.rl.envs.multi_room import ACTIONS, FloorMap, RoomBatch, optimal_actions
+from leaklab.rl.envs.multi_room import ACTIONS, FloorMap, RoomBatch, State, optimal_actions
 
-Labels = dict[tuple[int, int, int, tuple[bool, ...]], tuple[int, ...]]
+Labels = dict[State, tuple[int, ...]]
 
 
 @dataclass(frozen=True)
@@ -62,7 +62,6 @@ def query_policy(policy: nn.Module, maps: Sequence[FloorMap], labels: Sequence[L
     steps_to_goal = np.full(n, batch.max_steps + 1)
     returns = np.zeros(n)
     entropy_sum, entropy_count = np.zeros(n), np.zeros(n)
-    doors = [m.doors for m in maps]
     for t in range(batch.max_steps):
         logits, _, memory = policy(torch.from_numpy(batch.observe()), memory)
         probs = F.softmax(logits, -1)
@@ -71,9 +70,7 @@ def query_policy(policy: nn.Module, maps: Sequence[FloorMap], labels: Sequence[L
         entropy_count += alive
         if t < steps:
             for k in np.flatnonzero(alive):
-                state = (int(batch.pos[k, 0]), int(batch.pos[k, 1]), int(batch.dir[k]),
-                         tuple(bool(batch.open[k, y, x]) for x, y in doors[k]))
-                best = labels[k].get(state, ())
+                best = labels[k].get(batch.state(k), ())
                 features[k, t, 0] = probs[k]
                 if best:
                     features[k, t, 1, list(best)] = 1.0 / len(best)

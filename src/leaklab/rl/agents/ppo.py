@@ -141,7 +141,7 @@ def train_ppo(policy: nn.Module, maps: Sequence[FloorMap], config: PPOConfig, pr
         o_buf = torch.zeros(t_len, n, OBSERVATION)
         a_buf = torch.zeros(t_len, n, dtype=torch.long)
         logp_buf, v_buf, r_buf, keep_buf = (torch.zeros(t_len, n) for _ in range(4))
-        m_buf = [torch.zeros(t_len, n, policy.cell.hidden_size) for _ in range(2)] if policy.recurrent else None
+        m_buf = None if memory is None else [torch.zeros(t_len, *part.shape) for part in memory]
         finished_returns, finished_steps = [], []
         policy.eval()
         with torch.no_grad():

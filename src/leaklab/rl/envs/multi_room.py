@@ -39,6 +39,7 @@ DIRECTIONS = np.array([(1, 0), (0, 1), (-1, 0), (0, -1)], dtype=np.int64)  # (dx
 MAX_STEPS = 200  # the thesis' T (eq. 3.2)
 STEP_PENALTY = 0.9  # the thesis' "gamma" of eq. 3.2
 MIN_ROOM = 4
+State = tuple[int, int, int, tuple[bool, ...]]  # (x, y, direction, doors open)
 PLACEMENT_TRIES = 8  # exit doors tried per room (MiniGrid's)
 CHAIN_TRIES = 10_000  # chains drawn before a grid is declared too small (MiniGrid draws forever)
 
@@ -221,6 +222,12 @@ class RoomBatch:
         self.dir[idx] = [self.maps[k].direction for k in idx]
         self.steps[idx] = 0
 
+    def state(self, k: int) -> State:
+        """Agent ``k``'s state as :func:`optimal_actions` keys it: ``(x, y, direction, doors open)``, the doors in
+        :attr:`FloorMap.doors` order."""
+        return (int(self.pos[k, 0]), int(self.pos[k, 1]), int(self.dir[k]),
+                tuple(bool(self.open[k, y, x]) for x, y in self.maps[k].doors))
+
     def _cell_codes(self, x: np.ndarray, y: np.ndarray) -> np.ndarray:
         """Each looked-at cell as an index of :data:`CELL_KINDS` (outside the grid: wall)."""
         k = np.arange(len(self)).reshape((-1,) + (1,) * (x.ndim - 1))
@@ -266,7 +273,7 @@ class RoomBatch:
         return gained, reached, truncated
 
 
-def optimal_actions(floor: FloorMap) -> dict[tuple[int, int, int, tuple[bool, ...]], tuple[int, ...]]:
+def optimal_actions(floor: FloorMap) -> dict[State, tuple[int, ...]]:
     """The labelling agent: for every state reachable from the start, ``(x, y, direction, doors open)`` with the doors
     in :attr:`FloorMap.doors` order, the actions that start a shortest path to the goal (BFS backwards from the goal
     over the reachable states)."""
