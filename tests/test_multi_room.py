@@ -135,6 +135,62 @@ def test_ppo_learns_a_one_room_map_and_is_reproducible(arch, frames):
         train_ppo(build_policy(arch, 0), [], config)
 
 
+def test_the_private_recurrent_policy_computes_what_the_plain_one_does():
+    from leaklab.rl.agents.ppo import OBSERVATION, build_policy
+
+    plain, private = build_policy("rnn", 0), build_policy("rnn", 0, private=True)
+    state = plain.state_dict()  # nn.LSTMCell's weights into opacus' DPLSTMCell's two layers
+    cell = {"cell.ih.weight": state["cell.weight_ih"], "cell.ih.bias": state["cell.bias_ih"],
+            "cell.hh.weight": state["cell.weight_hh"], "cell.hh.bias": state["cell.bias_hh"]}
+    private.load_state_dict({k: v for k, v in state.items() if not k.startswith("cell.")} | cell)
+    obs = torch.randn(5, OBSERVATION, generator=torch.Generator().manual_seed(0))
+    memory = plain.initial_memory(5)
+    for _ in range(3):
+        a, b = plain(obs, memory), private(obs, memory)
+        assert torch.allclose(a[0], b[0], atol=1e-6) and torch.allclose(a[2][1], b[2][1], atol=1e-6)
+        memory = a[2]
+    assert sum(p.numel() for p in plain.parameters()) == sum(p.numel() for p in private.parameters())
+
+
+@pytest.mark.parametrize("arch", ["ffnn", "rnn"])
+def test_dp_sgd_ppo_clips_every_chunk_and_adds_its_noise(arch):
+    from leaklab.privacy.dpsgd import DPConfig
+    from leaklab.rl.agents.ppo import PPOConfig, build_policy, train_ppo
+
+    maps = [floor_map(s, rooms=1) for s in range(2)]
+
+    def trained(privacy):
+        policy = build_policy(arch, 0, private=privacy is not None)
+        start = [p.detach().clone() for p in policy.parameters()]
+        train_ppo(policy, maps, PPOConfig(frames=512, envs=4, steps_per_update=64, privacy=privacy, seed=0))
+        return [p.detach() for p in policy.parameters()], start
+
+    def moved(privacy):
+        end, start = trained(privacy)
+        return max((a - b).abs().max().item() for a, b in zip(end, start))
+
+    # a vanishing clip leaves Adam almost nothing to step on; its noise, or no clipping, moves the weights
+    assert moved(DPConfig(noise_multiplier=0.0, clip=1e-12)) < 1e-6
+    assert moved(DPConfig(noise_multiplier=1e9, clip=1e-12)) > 1e-3
+    assert moved(None) > 1e-3
+    noisy = DPConfig(noise_multiplier=1.0, clip=1.0)
+    first, again = trained(noisy)[0], trained(noisy)[0]
+    assert all(torch.equal(a, b) for a, b in zip(first, again))  # same seed, same noise
+
+
+def test_ppo_epsilon_composes_one_gaussian_release_per_epoch():
+    from leaklab.privacy.dpsgd import DPConfig
+    from leaklab.privacy.mechanisms import analytic_gaussian_epsilon
+    from leaklab.rl.agents.ppo import PPOConfig, ppo_epsilon
+
+    config = PPOConfig(epochs=4, privacy=DPConfig(noise_multiplier=2.0, delta=1e-5))
+    # four releases of sensitivity 1 at noise 2 are one Gaussian release of sensitivity 2 (Dong, Roth & Su)
+    assert ppo_epsilon(config) == pytest.approx(analytic_gaussian_epsilon(2.0, 1e-5, 2.0), rel=1e-3)
+    assert ppo_epsilon(config.model_copy(update={"epochs": 1})) < ppo_epsilon(config)
+    with pytest.raises(LeaklabError, match="plain PPO"):
+        ppo_epsilon(PPOConfig())
+
+
 def test_walls_and_closed_doors_hide_what_lies_behind_them():
     from leaklab.rl.envs.multi_room import _visible
 

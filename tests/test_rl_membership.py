@@ -136,3 +136,41 @@ def test_reproduce_rl_membership_quick(tmp_path):
                        ("clip", 0.0)):
         with pytest.raises(ValueError):
             RlMembershipConfig(**{field: bad})
+    for flag, bad in (("--dp-noise", "0,1"), ("--sigmas", "0.1,0.1"), ("--sampler-pairs", "1")):
+        refused = CliRunner().invoke(app, ["reproduce", "rl-membership", "--quick", flag, bad, "--out",
+                                           str(tmp_path / "refused")])
+        assert refused.exit_code == 2 and f"invalid {flag}" in refused.output and not (tmp_path / "refused").exists()
+
+
+def test_the_defenses_of_fig_3_8_on_the_rl_task(tmp_path):
+    from leaklab.experiments.rl_membership import run
+    from leaklab.privacy.dpsgd import DPConfig
+    from leaklab.privacy.mechanisms import analytic_gaussian_epsilon
+    from leaklab.privacy.sensitivity import random_dp_confidence
+    from leaklab.rl.agents.ppo import PPOConfig, ppo_epsilon
+
+    config = RlMembershipConfig.quick().model_copy(update={"dp_noise": [1.0], "sigmas": [0.01, 0.1],
+                                                           "sampler_pairs": 2, "checkpoints": [1.0]})
+    data = run(tmp_path / "defended", RlMembershipConfig.model_validate(config.model_dump()))
+    assert all((tmp_path / "defended" / name).stat().st_size > 0 for name in ("rl_dp_sgd.png", "rl_gpm.png"))
+    unprotected = {arch.upper(): rows[-1]["non_members"]["return"] for arch, rows in data["rows"].items()}
+    epsilon = ppo_epsilon(PPOConfig(privacy=DPConfig(noise_multiplier=1.0)))
+    assert [(r["arch"], r["noise_multiplier"]) for r in data["dp_sgd"]] == [("FFNN", 1.0), ("RNN", 1.0)]
+    for r in data["dp_sgd"] + data["gpm"]:
+        assert r["maps_scored"] == 2 * config.maps * config.victims and 0 <= r["attack_accuracy"] <= 1
+        expected = 1 - r["non_members"]["return"] / unprotected[r["arch"]] if unprotected[r["arch"]] > 0 else None
+        assert r["utility_loss"] == pytest.approx(expected)
+    assert all(r["epsilon"] == pytest.approx(epsilon) for r in data["dp_sgd"])
+    for arch, s in data["sampler"].items():
+        assert len(s["samples"]) == 2 and s["sensitivity"] == max(s["samples"]) > 0
+        assert s["gamma"] == pytest.approx(random_dp_confidence(2)[1])
+    assert [(r["arch"], r["sigma"]) for r in data["gpm"]] == [("FFNN", 0.01), ("RNN", 0.01), ("FFNN", 0.1),
+                                                              ("RNN", 0.1)]
+    for r in data["gpm"]:
+        sensitivity = data["sampler"][r["arch"]]["sensitivity"]
+        assert r["epsilon"] == pytest.approx(analytic_gaussian_epsilon(r["sigma"], data["delta"], sensitivity))
+    for field, bad in (("dp_noise", [0.0]), ("sigmas", [0.1, 0.1]), ("sampler_pairs", 1)):
+        with pytest.raises(ValueError):
+            RlMembershipConfig(**{field: bad})
+    with pytest.raises(ValueError, match="fully trained"):
+        RlMembershipConfig(checkpoints=[0.5], sigmas=[0.1])

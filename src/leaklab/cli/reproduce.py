@@ -11,8 +11,8 @@ from typing import Annotated, Any, Optional
 import typer
 
 from leaklab.cli.app import CELLS_KEPT, CHECKS_KEPT, _guard, reproduce_app
-from leaklab.cli.options import (QuickOpt, SeedOpt, _bounded, _checked, _each, _fail, _run_out, _some, _spelling,
-                                 _split)
+from leaklab.cli.options import (QuickOpt, SeedOpt, _bounded, _checked, _each, _fail, _positive_numbers, _run_out,
+                                 _some, _spelling, _split)
 from leaklab.cli.progress import _progress
 from leaklab.cli.rooms import ArchOpt, DeviceOpt, IterationsOpt, LayoutsOpt, ModeOpt, WorkersOpt
 from leaklab.errors import LeaklabError
@@ -545,14 +545,27 @@ def reproduce_rl_membership(
                                                   "it as the RL task's regularisation)",
                                                   callback=_checked("--clip", lambda v: 0 < v <= 1,
                                                                     "a number in (0, 1]"))] = None,
+    dp_noise: Annotated[Optional[str], typer.Option(
+        "--dp-noise", callback=_positive_numbers("--dp-noise", "0.5,2"), help="DP-SGD's noise multipliers, every "
+        "model trained again at each (clip 1; Fig. 3.8 top; default none)")] = None,
+    sigmas: Annotated[Optional[str], typer.Option(
+        "--sigmas", callback=_positive_numbers("--sigmas", "0.01,0.1"), help="the Gaussian privacy module's noise "
+        "scales on the trained models, after the SensitivitySampler (Fig. 3.8 bottom, Table 3.1; default "
+        "none)")] = None,
+    sampler_pairs: Annotated[Optional[int], typer.Option(
+        "--sampler-pairs", help="the SensitivitySampler's pairs of trainings per network (default 8; the thesis: 500)",
+        callback=_checked("--sampler-pairs", lambda v: 2 <= v <= 1000, "a whole number from 2 to 1,000"))] = None,
     seed: SeedOpt = 0,
     out: Annotated[Optional[Path], _run_out("rl-membership")] = None,
 ) -> None:
     """Seed 003, chapter 3, Fig. 3.4's deep-RL task: membership inference of floor maps against PPO agents, an RNN
-    and an FFNN of equal size, on multi-room maps (--quick: two rooms, a few maps and frames)."""
+    and an FFNN of equal size, on multi-room maps, and the defenses of Fig. 3.8 if asked (--quick: two rooms, a few
+    maps and frames)."""
     from leaklab.experiments import rl_membership
 
-    fields = {key: value for key, value in (("rooms", rooms), ("frames", frames), ("clip", clip)) if value is not None}
+    fields = {key: value for key, value in (("rooms", rooms), ("frames", frames), ("clip", clip),
+                                            ("dp_noise", dp_noise), ("sigmas", sigmas),
+                                            ("sampler_pairs", sampler_pairs)) if value is not None}
     result = _experiment(rl_membership, rl_membership.RlMembershipConfig, "rl-membership", quick, seed, out, **fields)
     for arch, rows in result["rows"].items():
         for r in rows:
@@ -561,6 +574,14 @@ def reproduce_rl_membership(
             typer.echo(f"  {arch.upper()} after {r['frames']:,} frames: attack {100 * r['attack_accuracy']:.1f}%; "
                        f"steps to the goal {shown} (members/non-members), success "
                        f"{100 * r['members']['success']:.0f}/{100 * r['non_members']['success']:.0f}%")
+    for arch, s in result["sampler"].items():
+        typer.echo(f"  {arch}: empirical sensitivity {s['sensitivity']:.4g} from {s['pairs']} pairs (random DP "
+                   f"holds with probability 1 - gamma = {1 - s['gamma']:.3f})")
+    for r in result["dp_sgd"] + result["gpm"]:
+        name = f"DP-SGD noise {r['noise_multiplier']:.4g}" if "noise_multiplier" in r else f"GPM sigma {r['sigma']:.4g}"
+        loss = "-" if r["utility_loss"] is None else f"{100 * r['utility_loss']:.1f}%"
+        typer.echo(f"  {name}, {r['arch']}: utility loss {loss}, attack {100 * r['attack_accuracy']:.1f}%, "
+                   f"epsilon {r['epsilon']:.3g} at delta {result['delta']:g}")
 
 
 @reproduce_app.command("pe-marl")

@@ -3,6 +3,7 @@ section of its results, the FFNN and the RNN side by side; 50% (a guess) dotted 
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 from leaklab.report.plots import saved_figure
@@ -25,7 +26,8 @@ def _two_panels(path: Path, rows: list[dict], x: str, panels: tuple[tuple[str, s
                 label = arch if value is None else f"{arch}, {value}"
                 for ax, (key, _) in zip(axes, panels):
                     errors = [100 * r[f"{key}_se"] for r in cell] if all(r.get(f"{key}_se") for r in cell) else None
-                    line = ax.errorbar([r[x] for r in cell], [100 * r[key] for r in cell], yerr=errors, fmt=style,
+                    values = [math.nan if r[key] is None else 100 * r[key] for r in cell]  # None: undefined
+                    line = ax.errorbar([r[x] for r in cell], values, yerr=errors, fmt=style,
                                        color=colour, label=label, capsize=2)
                     colour = line.lines[0].get_color()
             for ax, (key, _) in zip(axes, panels):
@@ -107,15 +109,15 @@ def plot_regularisation(path: Path, rows: list[dict], unprotected: dict[str, dic
                 references=unprotected, group="penalised")
 
 
-def plot_gpm(path: Path, rows: list[dict]) -> None:
+def plot_gpm(path: Path, rows: list[dict], task: str = "MNIST") -> None:
     """Fig. 3.8, bottom row: the GPM's utility loss and the attack's accuracy against sigma."""
     _two_panels(path, rows, "sigma", (("utility_loss", "utility loss (%)"), ("attack_accuracy",
                                                                                "attack accuracy (%)")),
-                "GPM sigma", "the Gaussian privacy module (seed 003, Fig. 3.8 bottom; MNIST)")
+                "GPM sigma", f"the Gaussian privacy module (seed 003, Fig. 3.8 bottom; {task})")
 
 
-def plot_dp_sgd(path: Path, rows: list[dict]) -> None:
+def plot_dp_sgd(path: Path, rows: list[dict], task: str = "MNIST") -> None:
     """Fig. 3.8, top row: DP-SGD's utility loss and the attack's accuracy against epsilon (the same for both)."""
     _two_panels(path, rows, "epsilon", (("utility_loss", "utility loss (%)"), ("attack_accuracy",
                                                                                  "attack accuracy (%)")),
-                "epsilon (DP-SGD, the same for both networks)", "DP-SGD (seed 003, Fig. 3.8 top; MNIST)")
+                "epsilon (DP-SGD, the same for both networks)", f"DP-SGD (seed 003, Fig. 3.8 top; {task})")

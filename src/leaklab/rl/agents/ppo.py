@@ -16,10 +16,25 @@ norm clipped to 0.5; the recurrent policy is trained through chunks of ``recurre
 memory the rollout held (leaklab's choice: rl-starter-files' default, 1, trains no memory; its torch-ac also shifts
 the chunks' starts by half a chunk every other batch, which leaklab does not). Each agent's episode is on a floor
 map drawn from the training maps, a new draw at every reset. Same seed, same weights.
+
+DP-SGD (seed 003, Sec. 3.5.2, eqs. 3.7-3.8, the defense of Fig. 3.8 on the RL task; ``PPOConfig.privacy``): every
+mini-batch step clips each chunk's gradient to L2 norm ``clip``, adds N(0, (noise_multiplier * clip)^2) to their
+sum and divides by the mini-batch's chunk count (opacus' per-sample gradients and DP optimizer,
+:func:`leaklab.privacy.dpsgd.private_optimizer`; the per-chunk clipping replaces the gradient-norm clipping). The
+recurrent policy is built with opacus' ``DPLSTMCell`` (``build_policy(..., private=True)``: the LSTM cell's equations
+on two linear layers, whose per-sample gradients opacus computes). What :func:`ppo_epsilon` protects: a record is one
+chunk of the loss (an agent's ``recurrence`` steps of one rollout with their advantages and returns, a single step for
+the feed-forward policy), neighbouring runs differ in one chunk zeroed out (the relation of
+:mod:`leaklab.rl.agents.private`). A rollout's chunks are used in ``epochs`` steps, each chunk in one mini-batch per
+epoch, and no other rollout uses them: by parallel composition the whole training is as private as ``epochs``
+Gaussian releases (no amplification by sampling is claimed: the mini-batches are a shuffled partition, not Poisson
+samples). A floor map is not a record: its episodes make many chunks, and a map-level guarantee is group privacy over
+all of them.
 """
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -30,6 +45,7 @@ from torch import nn
 
 from leaklab.errors import LeaklabError
 from leaklab.fields import Seed
+from leaklab.privacy.dpsgd import DPConfig, private_optimizer, spent_epsilon
 from leaklab.rl.envs.multi_room import ACTIONS, CELL_KINDS, MAX_STEPS, VIEW, FloorMap, RoomBatch
 
 OBSERVATION = VIEW * VIEW * len(CELL_KINDS)
@@ -39,11 +55,12 @@ ProgressFn = Callable[[int, int, float], None]
 
 
 class FeedForwardPolicy(nn.Module):
-    """Two tanh layers of ``hidden`` units, then the action logits and the value."""
+    """Two tanh layers of ``hidden`` units, then the action logits and the value (``private`` changes nothing: opacus
+    has per-sample gradients for every layer)."""
 
     recurrent = False
 
-    def __init__(self, hidden: int = 72):
+    def __init__(self, hidden: int = 72, private: bool = False):
         super().__init__()
         self.torso = nn.Sequential(nn.Linear(OBSERVATION, hidden), nn.Tanh(), nn.Linear(hidden, hidden), nn.Tanh())
         self.actor = nn.Linear(hidden, len(ACTIONS))
@@ -58,14 +75,18 @@ class FeedForwardPolicy(nn.Module):
 
 
 class RecurrentPolicy(nn.Module):
-    """A tanh layer of ``hidden`` units into an LSTM cell of as many, then the action logits and the value."""
+    """A tanh layer of ``hidden`` units into an LSTM cell of as many, then the action logits and the value;
+    ``private``: the cell is opacus' ``DPLSTMCell`` (the same equations and parameter count, per-sample gradients for
+    DP-SGD; torch's ``LSTMCell`` has none)."""
 
     recurrent = True
 
-    def __init__(self, hidden: int = 40):
+    def __init__(self, hidden: int = 40, private: bool = False):
         super().__init__()
+        from opacus.layers.dp_rnn import DPLSTMCell
+
         self.embed = nn.Sequential(nn.Linear(OBSERVATION, hidden), nn.Tanh())
-        self.cell = nn.LSTMCell(hidden, hidden)
+        self.cell = DPLSTMCell(hidden, hidden, bias=True) if private else nn.LSTMCell(hidden, hidden)
         self.actor = nn.Linear(hidden, len(ACTIONS))
         self.critic = nn.Linear(hidden, 1)
 
@@ -81,13 +102,14 @@ class RecurrentPolicy(nn.Module):
 ARCHS = {"ffnn": FeedForwardPolicy, "rnn": RecurrentPolicy}
 
 
-def build_policy(arch: str, seed: int) -> nn.Module:
-    """The ``arch`` policy (``ffnn`` or ``rnn``) with its initial weights drawn from ``seed``."""
+def build_policy(arch: str, seed: int, private: bool = False) -> nn.Module:
+    """The ``arch`` policy (``ffnn`` or ``rnn``) with its initial weights drawn from ``seed``; ``private`` for one
+    that DP-SGD trains (``PPOConfig.privacy``)."""
     if arch not in ARCHS:
         raise LeaklabError(f"unknown policy {arch!r}; choose from {', '.join(ARCHS)}")
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        return ARCHS[arch]()
+        return ARCHS[arch](private=private)
 
 
 class PPOConfig(BaseModel):
@@ -110,7 +132,17 @@ class PPOConfig(BaseModel):
     max_grad_norm: float = Field(default=0.5, gt=0)
     recurrence: int = Field(default=4, ge=1, le=128, description="steps a recurrent policy is trained through")
     max_steps: int = Field(default=MAX_STEPS, ge=1, le=10_000, description="an episode's step limit (T)")
+    privacy: DPConfig | None = Field(default=None, description="DP-SGD's settings (module docstring); None: plain PPO")
     seed: Seed = 0
+
+
+def ppo_epsilon(config: PPOConfig) -> float:
+    """The epsilon at ``config.privacy.delta`` of a chunk of a DP-SGD PPO training (module docstring): ``epochs``
+    Gaussian releases at the noise multiplier."""
+    if config.privacy is None:
+        raise LeaklabError("plain PPO spends no accounted epsilon (PPOConfig.privacy is None)")
+    c = config.privacy
+    return spent_epsilon(1.0, c.noise_for(1.0, config.epochs), config.epochs, c.delta, c.accountant)
 
 
 def _masked(memory: Memory, keep: torch.Tensor) -> Memory:
@@ -128,15 +160,21 @@ def train_ppo(policy: nn.Module, maps: Sequence[FloorMap], config: PPOConfig, pr
     torch_gen = torch.Generator().manual_seed(config.seed)
     n, t_len = config.envs, config.steps_per_update
     batch = RoomBatch([maps[i] for i in rng.integers(0, len(maps), n)], max_steps=config.max_steps)
+    recurrence = config.recurrence if policy.recurrent else 1
+    if t_len % recurrence:
+        raise LeaklabError(f"steps per update ({t_len}) must be a multiple of the recurrence ({recurrence})")
     optimizer = torch.optim.Adam(policy.parameters(), lr=config.lr, eps=1e-8)
+    learner = policy
+    if config.privacy is not None:
+        learner, optimizer = private_optimizer(policy, optimizer, clip=config.privacy.clip,
+                                               noise_multiplier=config.privacy.noise_for(1.0, config.epochs),
+                                               expected_batch_size=max(1, config.batch // recurrence),
+                                               seed=config.seed)
     memory = policy.initial_memory(n)
     keep = torch.ones(n)  # 0 where the previous step ended the agent's episode
     obs = torch.from_numpy(batch.observe())
     history: dict[str, list[float]] = {"frames": [], "return": [], "steps": []}
     frames = 0
-    recurrence = config.recurrence if policy.recurrent else 1
-    if t_len % recurrence:
-        raise LeaklabError(f"steps per update ({t_len}) must be a multiple of the recurrence ({recurrence})")
     while frames < config.frames:
         o_buf = torch.zeros(t_len, n, OBSERVATION)
         a_buf = torch.zeros(t_len, n, dtype=torch.long)
@@ -173,7 +211,7 @@ def train_ppo(policy: nn.Module, maps: Sequence[FloorMap], config: PPOConfig, pr
             last = delta + config.discount * config.gae_lambda * nxt_keep * last
             adv[t] = last
         ret = adv + v_buf
-        _update(policy, optimizer, config, recurrence, torch_gen, o_buf, a_buf, logp_buf, v_buf, adv, ret, keep_buf,
+        _update(learner, optimizer, config, recurrence, torch_gen, o_buf, a_buf, logp_buf, v_buf, adv, ret, keep_buf,
                 m_buf)
         frames += t_len * n
         history["frames"].append(frames)
@@ -184,6 +222,8 @@ def train_ppo(policy: nn.Module, maps: Sequence[FloorMap], config: PPOConfig, pr
             on_update(frames)
         if progress is not None:
             progress(min(frames, config.frames), config.frames, history["return"][-1])
+    if learner is not policy:
+        learner.remove_hooks()
     return history
 
 
@@ -191,7 +231,8 @@ def _update(policy: nn.Module, optimizer: torch.optim.Optimizer, config: PPOConf
             gen: torch.Generator, obs, actions, logp_old, values, adv, returns, keep, memories) -> None:
     """PPO's epochs over one rollout (time-major buffers ``[T, N, ...]``): mini-batches of chunks of
     ``recurrence`` consecutive steps of one agent, the recurrent policy restarted from the memory the rollout held
-    at each chunk's start."""
+    at each chunk's start. Under DP-SGD (``config.privacy``) ``policy`` and ``optimizer`` are opacus', which clip
+    each chunk's gradient instead of the batch's norm."""
     t_len, n = actions.shape
     starts = [(t, k) for t in range(0, t_len, recurrence) for k in range(n)]
     per_batch = max(1, config.batch // recurrence)
@@ -219,6 +260,10 @@ def _update(policy: nn.Module, optimizer: torch.optim.Optimizer, config: PPOConf
                 value_loss = torch.max((value - returns[t, ks]) ** 2, (v_clipped - returns[t, ks]) ** 2).mean()
                 loss = loss + policy_loss - config.entropy * entropy + config.value * value_loss
             optimizer.zero_grad()
-            (loss / recurrence).backward()
-            nn.utils.clip_grad_norm_(policy.parameters(), config.max_grad_norm)
+            with warnings.catch_warnings():
+                # torch notes that opacus' full backward hooks fire although the inputs need no gradient
+                warnings.filterwarnings("ignore", message="Full backward hook is firing")
+                (loss / recurrence).backward()
+            if config.privacy is None:
+                nn.utils.clip_grad_norm_(policy.parameters(), config.max_grad_norm)
             optimizer.step()
