@@ -93,6 +93,7 @@ BAYES_ABLATION_FORMAT = "leaklab.bayes-ablation"
 MC_ABLATION_FORMAT = "leaklab.mc-ablation"
 RANGE_PRIOR_FORMAT = "leaklab.range-prior"
 RL_MEMBERSHIP_FORMAT = "leaklab.rl-membership"
+CANDIDATE_INFERENCE_FORMAT = "leaklab.candidate-inference"
 _WRITTEN_BY = {AUDIT_FORMAT: "leaklab audit", REPRODUCTION_FORMAT: "leaklab reproduce room-table1|room-table2",
                BAYES_TABLE2_FORMAT: "leaklab reproduce bayes-table2",
                ROOM_ATTACK_FORMAT: "leaklab attack qgi|rgi", ROOM_CAPTURE_FORMAT: "leaklab env capture",
@@ -111,7 +112,8 @@ _WRITTEN_BY = {AUDIT_FORMAT: "leaklab audit", REPRODUCTION_FORMAT: "leaklab repr
                BAYES_ABLATION_FORMAT: "leaklab reproduce bayes-ablation",
                MC_ABLATION_FORMAT: "leaklab reproduce mc-ablation",
                RANGE_PRIOR_FORMAT: "leaklab reproduce range-prior",
-               RL_MEMBERSHIP_FORMAT: "leaklab reproduce rl-membership"}
+               RL_MEMBERSHIP_FORMAT: "leaklab reproduce rl-membership",
+               CANDIDATE_INFERENCE_FORMAT: "leaklab reproduce candidate-inference"}
 # the commands that write into their --out in place (finished cells, checks) instead of replacing it whole
 _IN_PLACE = frozenset({REPRODUCTION_FORMAT, BAYES_TABLE2_FORMAT, INVERSION_CHECKS_FORMAT})
 

@@ -584,6 +584,39 @@ def reproduce_rl_membership(
                    f"epsilon {r['epsilon']:.3g} at delta {result['delta']:g}")
 
 
+@reproduce_app.command("candidate-inference")
+@_guard
+def reproduce_candidate_inference(
+    quick: QuickOpt = False,
+    trials: Annotated[Optional[int], typer.Option("--trials", help="true maps, each with its own candidates "
+                                                  "(default 4)", callback=_checked(
+        "--trials", lambda v: 1 <= v <= 100, "a whole number from 1 to 100"))] = None,
+    candidates: Annotated[Optional[int], typer.Option("--candidates", help="candidate maps per trial (default 4)",
+                                                      callback=_checked("--candidates", lambda v: 2 <= v <= 20,
+                                                                        "a whole number from 2 to 20"))] = None,
+    episodes: Annotated[Optional[int], typer.Option(
+        "--episodes", help="DQN episodes per agent (default 1,500)",
+        callback=_checked("--episodes", lambda v: 2 <= v <= 1_000_000, "a whole number from 2 to 1,000,000"))] = None,
+    seed: SeedOpt = 0,
+    out: Annotated[Optional[Path], _run_out("candidate-inference")] = None,
+) -> None:
+    """Seed 002, chapter 5's second attack (Pan et al.): which of a few candidate floor plans a DQN agent was trained
+    in, learnt from shadow agents, with and without DP-DRL (--quick: one 6x6 trial, two candidates, a few
+    episodes)."""
+    from leaklab.experiments import candidate_inference
+
+    fields: dict[str, Any] = {key: value for key, value in (("trials", trials), ("candidates", candidates))
+                              if value is not None}
+    if episodes is not None:
+        fields["training"] = {"episodes": episodes}
+    result = _experiment(candidate_inference, candidate_inference.CandidateInferenceConfig, "candidate-inference",
+                         quick, seed, out, **fields)
+    for r in result["rows"]:
+        typer.echo(f"  {r['defense']:>8s}: shadow classifier {100 * r['accuracy']:.1f}%, fitness "
+                   f"{100 * r['fitness_accuracy']:.1f}% (a guess {100 * r['chance']:.0f}%; {r['targets']} targets), "
+                   f"targets' final goal rate {100 * r['goal_rate']:.0f}%")
+
+
 @reproduce_app.command("pe-marl")
 @_guard
 def reproduce_pe_marl(
