@@ -53,8 +53,10 @@ def test_the_classifier_names_the_candidate_of_separable_policies_and_checks_its
     labels = torch.arange(3).repeat_interleave(6)
     shadows = centres[labels] + torch.randn(18, 10, generator=g)
     targets = centres + torch.randn(3, 10, generator=g)
-    assert infer_candidates(shadows, labels, targets, 3, AttackTraining(epochs=100, batch_size=8)).tolist() == [0, 1, 2]
-    for bad_labels in (labels.float(), labels + 1, labels[:-1]):
+    training = AttackTraining(epochs=100, batch_size=8)
+    assert infer_candidates(shadows, labels, targets, 3, training).tolist() == [0, 1, 2]
+    assert infer_candidates(shadows.double(), labels, targets.double(), 3, training).tolist() == [0, 1, 2]
+    for bad_labels in (labels.float(), labels + 1, labels[:-1], labels[:, None]):
         with pytest.raises(LeaklabError):
             infer_candidates(shadows, bad_labels, targets, 3)
     with pytest.raises(LeaklabError, match="finite"):
@@ -98,3 +100,25 @@ def test_reproduce_candidate_inference_quick(tmp_path):
         refused = CliRunner().invoke(app, ["reproduce", "candidate-inference", "--quick", flag, bad, "--out",
                                            str(tmp_path / "refused")])
         assert refused.exit_code == 2 and f"invalid {flag}" in refused.output and not (tmp_path / "refused").exists()
+
+
+def test_candidates_are_distinct_or_refused():
+    from leaklab.rl.envs.grid_world import GridMap, open_plan
+
+    truth = random_map(6, 6, np.random.default_rng(0), reactive=True)  # the quick run's size
+    for seed in range(30):
+        candidates, _ = candidate_maps(truth, 4, np.random.default_rng(seed))
+        assert len({c.free.tobytes() for c in candidates}) == 4
+    small = GridMap(open_plan(4, 4), (1, 1), (2, 2))  # 4x4 has 4 interior cells: only a few maps exist
+    with pytest.raises(LeaklabError, match="distinct"):
+        candidate_maps(small, 6, np.random.default_rng(0), tries=50)
+
+
+def test_the_reproduction_refuses_agents_that_see_their_position_and_stray_seeds():
+    from leaklab.experiments.candidate_inference import CandidateInferenceConfig
+    from leaklab.rl.agents.grid_dqn import GridDQNConfig
+
+    with pytest.raises(ValueError, match="position"):
+        CandidateInferenceConfig(training=GridDQNConfig(position=True))
+    with pytest.raises(ValueError, match="derives from seed"):
+        CandidateInferenceConfig(attack=AttackTraining(seed=3))

@@ -209,3 +209,20 @@ def test_walls_and_closed_doors_hide_what_lies_behind_them():
     batch = RoomBatch([m])
     view = batch.observe().reshape(VIEW, VIEW, len(CELL_KINDS))
     assert ((view.sum(-1) == 0) | (view.sum(-1) == 1)).all() and (view.sum(-1) == 0).any()
+
+
+def test_dp_sgd_refuses_torchs_lstm_cell_and_leaves_no_hooks():
+    from leaklab.privacy.dpsgd import DPConfig
+    from leaklab.rl.agents.ppo import PPOConfig, build_policy, train_ppo
+
+    maps = [floor_map(0, rooms=1)]
+    config = PPOConfig(frames=64, envs=2, steps_per_update=32, privacy=DPConfig(noise_multiplier=1.0))
+    plain = build_policy("rnn", 0)
+    with pytest.raises(LeaklabError, match="private=True"):
+        train_ppo(plain, maps, config)
+    private = build_policy("rnn", 0, private=True)
+    train_ppo(private, maps, config)
+    hooks = sum(len(m._forward_hooks) + len(m._backward_hooks) for m in private.modules())
+    leftovers = [name for name, p in private.named_parameters()
+                 if p.grad is not None or any(hasattr(p, a) for a in ("grad_sample", "summed_grad"))]
+    assert hooks == 0 and leftovers == []

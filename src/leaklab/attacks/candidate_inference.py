@@ -32,17 +32,28 @@ from leaklab.rl.envs.grid_world import GridMap, add_walls, observation_codes, op
 __all__ = ["answer_features", "candidate_maps", "fitness_choice", "infer_candidates", "observed_codes"]
 
 
-def candidate_maps(truth: GridMap, count: int, rng: np.random.Generator, wall_fraction: float = 0.3
-                   ) -> tuple[list[GridMap], int]:
-    """``count`` candidates: ``truth`` and ``count - 1`` random maps of its shape, start and goal under the
-    constraints (walls added at random, as the genetic search's population), in a random order; returns them and the
-    truth's index."""
+def candidate_maps(truth: GridMap, count: int, rng: np.random.Generator, wall_fraction: float = 0.3,
+                   tries: int = 1000) -> tuple[list[GridMap], int]:
+    """``count`` distinct candidates: ``truth`` and ``count - 1`` random maps of its shape, start and goal under the
+    constraints (walls added at random, as the genetic search's population; a map equal to one already drawn, or to
+    the truth, is drawn again, up to ``tries`` draws in all), in a random order; returns them and the truth's
+    index."""
     if count < 2:
         raise LeaklabError(f"candidate inference needs at least 2 candidates (got {count})")
     keep = (truth.start, truth.goal)
     wanted = int(round(wall_fraction * (truth.shape[0] - 2) * (truth.shape[1] - 2)))
-    others = [GridMap(add_walls(open_plan(*truth.shape), rng, wanted, keep), truth.start, truth.goal)
-              for _ in range(count - 1)]
+    seen, others = {truth.free.tobytes()}, []
+    for _ in range(tries):
+        if len(others) == count - 1:
+            break
+        free = add_walls(open_plan(*truth.shape), rng, wanted, keep)
+        if free.tobytes() not in seen:
+            seen.add(free.tobytes())
+            others.append(GridMap(free, truth.start, truth.goal))
+    if len(others) < count - 1:
+        raise LeaklabError(f"{tries} draws gave only {len(others) + 1} distinct {truth.shape[0]}x{truth.shape[1]} "
+                           f"candidates at wall fraction {wall_fraction}, not {count}: ask for fewer, a larger map or "
+                           "more walls")
     where = int(rng.integers(count))
     return others[:where] + [truth] + others[where:], where
 
@@ -65,10 +76,13 @@ def infer_candidates(shadows: torch.Tensor, labels: torch.Tensor, targets: torch
     """The classifier trained on the ``shadows``' features (N, d) with their candidate ``labels`` (N,) in
     ``[0, candidates)``; returns the candidate it assigns to each row of ``targets`` (M, d)."""
     check_training(training)
-    if shadows.ndim != 2 or targets.ndim != 2 or shadows.shape[1] != targets.shape[1] or len(labels) != len(shadows):
-        raise LeaklabError("shadows (N, d) with N labels and targets (M, d) of the same d")
-    if not (bool(torch.isfinite(shadows).all()) and bool(torch.isfinite(targets).all())):
-        raise LeaklabError("features must be finite")
+    if (shadows.ndim != 2 or targets.ndim != 2 or shadows.shape[1] != targets.shape[1] or labels.ndim != 1
+            or len(labels) != len(shadows)):
+        raise LeaklabError("shadows (N, d) with N labels (N,) and targets (M, d) of the same d")
+    if not (shadows.is_floating_point() and targets.is_floating_point() and bool(torch.isfinite(shadows).all())
+            and bool(torch.isfinite(targets).all())):
+        raise LeaklabError("features must be finite floating-point numbers")
+    shadows, targets = shadows.float(), targets.float()
     if labels.dtype != torch.int64 or len(labels) == 0 or labels.min() < 0 or labels.max() >= candidates:
         raise LeaklabError(f"labels are int64 candidate indices in [0, {candidates})")
     net = training.network(lambda: mlp(shadows.shape[1], 64, candidates)).train()

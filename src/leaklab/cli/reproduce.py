@@ -578,10 +578,13 @@ def reproduce_rl_membership(
         typer.echo(f"  {arch}: empirical sensitivity {s['sensitivity']:.4g} from {s['pairs']} pairs (random DP "
                    f"holds with probability 1 - gamma = {1 - s['gamma']:.3f})")
     for r in result["dp_sgd"] + result["gpm"]:
-        name = f"DP-SGD noise {r['noise_multiplier']:.4g}" if "noise_multiplier" in r else f"GPM sigma {r['sigma']:.4g}"
+        dp = "noise_multiplier" in r
+        name = f"DP-SGD noise {r['noise_multiplier']:.4g}" if dp else f"GPM sigma {r['sigma']:.4g}"
+        unit = (f"of a chunk of {plural(r['chunk_steps'], 'step')}" if dp else
+                "of a map (random DP, victim0's training algorithm)")
         loss = "-" if r["utility_loss"] is None else f"{100 * r['utility_loss']:.1f}%"
         typer.echo(f"  {name}, {r['arch']}: utility loss {loss}, attack {100 * r['attack_accuracy']:.1f}%, "
-                   f"epsilon {r['epsilon']:.3g} at delta {result['delta']:g}")
+                   f"epsilon {r['epsilon']:.3g} {unit} at delta {result['delta']:g}")
 
 
 @reproduce_app.command("candidate-inference")

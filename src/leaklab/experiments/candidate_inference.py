@@ -10,8 +10,10 @@ candidate, and ``shadows`` shadow agents trained there by the same algorithm and
 training algorithm, the defense included), all of a trial in one batch (:mod:`leaklab.rl.agents.grid_dqn`). Per trial
 and defense the classifier learns from the shadows' answers and names a candidate for each of the targets: every
 candidate is the truth of one target, so ``candidates`` targets per trial and defense; a guess is right with
-probability 1 / ``candidates``. Beside it the genetic search's fitness choosing among the same candidates without
-shadows, and the targets' goal rate over the final half of their episodes (DP-DRL's cost).
+probability 1 / ``candidates`` (the candidates are distinct maps). Beside it the genetic search's fitness choosing
+among the same candidates without shadows, and the targets' goal rate over the final half of their episodes (DP-DRL's
+cost). The standard errors are binomial over the pooled targets (a trial's targets share its candidates and
+classifier, so they are somewhat optimistic). Every draw (maps, DQN, classifier) derives from ``seed``.
 
 Writes ``OUT/results.json`` and ``OUT/candidate_inference.png`` atomically; same seed, same numbers.
 """
@@ -24,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from leaklab.attacks.candidate_inference import (answer_features, candidate_maps, fitness_choice, infer_candidates,
                                                  observed_codes)
@@ -74,6 +76,15 @@ class CandidateInferenceConfig(BaseModel):
             raise ValueError("epsilons are distinct values in (0, 100]")
         return sorted(v, reverse=True)
 
+    @model_validator(mode="after")
+    def _checked(self) -> "CandidateInferenceConfig":
+        if self.training.position:
+            raise ValueError("the candidates are told apart by the answers of agents that see their 8 neighbours "
+                             "only: training.position must be false")
+        if self.training.seed or self.attack.seed:
+            raise ValueError("every draw derives from seed: leave training.seed and attack.seed at 0")
+        return self
+
     def budgets(self) -> list[float | str | None]:
         return [None, *self.epsilons, *(["dynamic"] if self.dynamic else [])]
 
@@ -116,7 +127,8 @@ def run(out: Path, config: CandidateInferenceConfig | None = None, quick: bool =
                 torch.stack([answer_features(tables[i], codes) for i in shadow_rows]),
                 torch.tensor([agents[i][1] for i in shadow_rows]),
                 torch.stack([answer_features(tables[i], codes) for i in target_rows]), k,
-                config.attack.model_copy(update={"seed": stream_seed(config.attack.seed, trial, budget_name(b))}))
+                config.attack.model_copy(update={"seed": stream_seed(config.seed, "candidate-inference", trial,
+                                                                     budget_name(b), "attack")}))
             for i, guess in zip(target_rows, chosen.tolist()):
                 outcomes[budget_name(b)].append({
                     "trial": trial, "candidate": agents[i][1], "classifier": guess,

@@ -30,13 +30,16 @@ The defenses of Sec. 3.5.2 on this task, when asked (the thesis gives no grid, c
 settings for them):
 
 * DP-SGD (Fig. 3.8, top): at each of ``dp_noise``, every victim and shadow trained again by PPO under DP-SGD
-  (:mod:`leaklab.rl.agents.ppo`: per-chunk clipping to ``dp_clip``, the epsilon of a chunk of the loss, the same for
-  both networks; a floor map's is group privacy over its chunks) and attacked after the last frame, the shadows
-  trained alike (the attacker knows the defense);
+  (:mod:`leaklab.rl.agents.ppo`: per-chunk clipping to ``dp_clip``; the epsilon of a chunk of the loss, 4 steps for
+  the RNN and 1 for the FFNN, the same number for both; a floor map's is group privacy over its chunks, so the two
+  networks' epsilons are not a map's and not alike) and attacked after the last frame, the shadows trained alike (the
+  attacker knows the defense);
 * the Gaussian privacy module (Fig. 3.8, bottom; Table 3.1): Algorithm 3's SensitivitySampler per network with
   ``sampler_pairs`` pairs of sets of ``maps`` floor maps drawn from the simulator (victim0's initialisation and PPO
   seed, so that only the maps differ), then Algorithm 2 at each of ``sigmas`` on every trained victim and shadow,
-  with the epsilon of (eps, delta) random DP (Theorem 3.3) at ``delta`` and the sampler's confidence gamma.
+  with the epsilon of (eps, delta) random DP (Theorem 3.3) at ``delta`` and the sampler's confidence gamma: a map's
+  epsilon under victim0's training algorithm (the other models' algorithms differ in their initialisation and seed,
+  whose sensitivities are not estimated: their epsilons are indicative only).
 
 Both report the attack and the utility loss of Definition 3.4 with the victims' mean return on their non-member maps
 (the validation performance) against the unprotected victims'.
@@ -167,14 +170,14 @@ class _Run:
         return stream_seed(self.config.seed, "rl-membership", *parts)
 
     def train(self, arch: str, role: str, maps: list[FloorMap], privacy: DPConfig | None = None,
-              on_update: Callable[[int, nn.Module], None] | None = None) -> tuple[nn.Module, dict]:
+              on_update: Callable[[int, nn.Module], None] | None = None, what: str = "") -> tuple[nn.Module, dict]:
         """One model's PPO training (the victim's or shadow's algorithm: its role's initialisation and seed);
-        ``on_update(frames, policy)`` after every update."""
+        ``on_update(frames, policy)`` after every update; ``what`` names it on the progress bar (default: the role)."""
         config = self.config
         policy = build_policy(arch, self.seed(arch, role, "init"), private=privacy is not None)
         ppo = PPOConfig(frames=config.frames, envs=config.envs, clip=config.clip, privacy=privacy,
                         seed=self.seed(arch, role, "ppo"))
-        what = f"{arch} {role}: {'DP-SGD ' if privacy else ''}PPO"
+        what = what or f"{arch} {role}: {'DP-SGD ' if privacy else ''}PPO"
         history = train_ppo(policy, maps, ppo, on_update=None if on_update is None else lambda f: on_update(f, policy),
                             progress=lambda f, _t, _r: self.tick(self.done + f, what))
         self.done += config.frames
@@ -220,11 +223,13 @@ class _Run:
         config, rows = self.config, []
         for noise in config.dp_noise:
             privacy = DPConfig(noise_multiplier=noise, clip=config.dp_clip, delta=config.delta)
-            epsilon = ppo_epsilon(PPOConfig(privacy=privacy))
+            ppo = PPOConfig(privacy=privacy)
+            epsilon = ppo_epsilon(ppo)
             for arch in ARCHS:
                 queried, _, _ = self.trained(arch, privacy)
                 row = _checkpoint_row(1.0, queried, config)
-                rows.append({"arch": arch.upper(), "noise_multiplier": noise, "epsilon": epsilon, **row,
+                rows.append({"arch": arch.upper(), "noise_multiplier": noise, "epsilon": epsilon,
+                             "chunk_steps": ppo.recurrence if ARCHS[arch].recurrent else 1, **row,
                              "utility_loss": _utility_loss(row, unprotected[arch])})
         return rows
 
@@ -237,9 +242,9 @@ class _Run:
         for arch in ARCHS:
             draws = np.random.default_rng(self.seed(arch, "sampler"))
             estimate = sensitivity_sampler(
-                lambda seeds, arch=arch: self.train(arch, "victim0", [floor_map(int(s), rooms=config.rooms,
-                                                                                max_room=config.max_room)
-                                                                      for s in seeds])[0],
+                lambda seeds, arch=arch: self.train(
+                    arch, "victim0", [floor_map(int(s), rooms=config.rooms, max_room=config.max_room) for s in seeds],
+                    what=f"{arch} sensitivity sampler: PPO")[0],
                 lambda count, i: draws.integers(0, 2**31, count).tolist(), config.sampler_pairs, config.maps)
             sampler[arch.upper()] = {"sensitivity": estimate.sensitivity, "samples": list(estimate.samples),
                                      "gamma": estimate.gamma, "pairs": config.sampler_pairs}
@@ -295,7 +300,8 @@ def run(out: Path, config: RlMembershipConfig | None = None, quick: bool = False
         write_json(tmp / RESULTS_FILE, results)
         _plot(tmp / PLOT_FILE, rows)
         if dp_sgd:
-            figures.plot_dp_sgd(tmp / DP_SGD_FILE, dp_sgd, TASK)
+            figures.plot_dp_sgd(tmp / DP_SGD_FILE, dp_sgd, TASK, "epsilon of a chunk of the loss (DP-SGD; RNN 4 "
+                                                                "steps, FFNN 1)")
         if gpm:
             figures.plot_gpm(tmp / GPM_FILE, gpm, TASK)
     return results

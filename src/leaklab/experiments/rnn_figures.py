@@ -116,8 +116,10 @@ def plot_gpm(path: Path, rows: list[dict], task: str = "MNIST") -> None:
                 "GPM sigma", f"the Gaussian privacy module (seed 003, Fig. 3.8 bottom; {task})")
 
 
-def plot_dp_sgd(path: Path, rows: list[dict], task: str = "MNIST") -> None:
-    """Fig. 3.8, top row: DP-SGD's utility loss and the attack's accuracy against epsilon (the same for both)."""
+def plot_dp_sgd(path: Path, rows: list[dict], task: str = "MNIST",
+                epsilon: str = "epsilon (DP-SGD, the same for both networks)") -> None:
+    """Fig. 3.8, top row: DP-SGD's utility loss and the attack's accuracy against epsilon (``epsilon``: its axis
+    label, saying what it protects)."""
     _two_panels(path, rows, "epsilon", (("utility_loss", "utility loss (%)"), ("attack_accuracy",
                                                                                  "attack accuracy (%)")),
-                "epsilon (DP-SGD, the same for both networks)", f"DP-SGD (seed 003, Fig. 3.8 top; {task})")
+                epsilon, f"DP-SGD (seed 003, Fig. 3.8 top; {task})")

@@ -19,13 +19,18 @@ map drawn from the training maps, a new draw at every reset. Same seed, same wei
 
 DP-SGD (seed 003, Sec. 3.5.2, eqs. 3.7-3.8, the defense of Fig. 3.8 on the RL task; ``PPOConfig.privacy``): every
 mini-batch step clips each chunk's gradient to L2 norm ``clip``, adds N(0, (noise_multiplier * clip)^2) to their
-sum and divides by the mini-batch's chunk count (opacus' per-sample gradients and DP optimizer,
+sum and divides by the expected chunk count of a mini-batch, ``batch / recurrence`` (opacus' per-sample gradients and
+DP optimizer,
 :func:`leaklab.privacy.dpsgd.private_optimizer`; the per-chunk clipping replaces the gradient-norm clipping). The
 recurrent policy is built with opacus' ``DPLSTMCell`` (``build_policy(..., private=True)``: the LSTM cell's equations
-on two linear layers, whose per-sample gradients opacus computes). What :func:`ppo_epsilon` protects: a record is one
-chunk of the loss (an agent's ``recurrence`` steps of one rollout with their advantages and returns, a single step for
+on two linear layers, whose per-sample gradients opacus computes; a policy built without it is refused). What
+:func:`ppo_epsilon` protects: a record is one chunk of the loss (an agent's ``recurrence`` steps of one rollout with
+their actions, old log-probabilities, advantages and returns and the memory the chunk starts from; a single step for
 the feed-forward policy), neighbouring runs differ in one chunk zeroed out (the relation of
-:mod:`leaklab.rl.agents.private`). A rollout's chunks are used in ``epochs`` steps, each chunk in one mini-batch per
+:mod:`leaklab.rl.agents.private`). A record is not a step's experience: a step's reward enters the advantages of every
+earlier step of its episode in the rollout, and its observation the memory of the later chunks, so one step's data
+sits in up to a rollout's worth of records; and the unit differs between the networks (4 steps for the RNN, 1 for the
+FFNN, at the defaults). A rollout's chunks are used in ``epochs`` steps, each chunk in one mini-batch per
 epoch, and no other rollout uses them: by parallel composition the whole training is as private as ``epochs``
 Gaussian releases (no amplification by sampling is claimed: the mini-batches are a shuffled partition, not Poisson
 samples). A floor map is not a record: its episodes make many chunks, and a map-level guarantee is group privacy over
@@ -59,6 +64,7 @@ class FeedForwardPolicy(nn.Module):
     has per-sample gradients for every layer)."""
 
     recurrent = False
+    dp_ready = True
 
     def __init__(self, hidden: int = 72, private: bool = False):
         super().__init__()
@@ -87,6 +93,7 @@ class RecurrentPolicy(nn.Module):
 
         self.embed = nn.Sequential(nn.Linear(OBSERVATION, hidden), nn.Tanh())
         self.cell = DPLSTMCell(hidden, hidden, bias=True) if private else nn.LSTMCell(hidden, hidden)
+        self.dp_ready = private  # whether DP-SGD can train it (PPOConfig.privacy)
         self.actor = nn.Linear(hidden, len(ACTIONS))
         self.critic = nn.Linear(hidden, 1)
 
@@ -166,65 +173,79 @@ def train_ppo(policy: nn.Module, maps: Sequence[FloorMap], config: PPOConfig, pr
     optimizer = torch.optim.Adam(policy.parameters(), lr=config.lr, eps=1e-8)
     learner = policy
     if config.privacy is not None:
+        if not policy.dp_ready:
+            raise LeaklabError("DP-SGD needs per-sample gradients, which torch's LSTM cell lacks: build the policy "
+                               "with build_policy(..., private=True)")
         learner, optimizer = private_optimizer(policy, optimizer, clip=config.privacy.clip,
                                                noise_multiplier=config.privacy.noise_for(1.0, config.epochs),
                                                expected_batch_size=max(1, config.batch // recurrence),
                                                seed=config.seed)
-    memory = policy.initial_memory(n)
-    keep = torch.ones(n)  # 0 where the previous step ended the agent's episode
-    obs = torch.from_numpy(batch.observe())
-    history: dict[str, list[float]] = {"frames": [], "return": [], "steps": []}
-    frames = 0
-    while frames < config.frames:
-        o_buf = torch.zeros(t_len, n, OBSERVATION)
-        a_buf = torch.zeros(t_len, n, dtype=torch.long)
-        logp_buf, v_buf, r_buf, keep_buf = (torch.zeros(t_len, n) for _ in range(4))
-        m_buf = None if memory is None else [torch.zeros(t_len, *part.shape) for part in memory]
-        finished_returns, finished_steps = [], []
-        policy.eval()
-        with torch.no_grad():
-            for t in range(t_len):
-                memory = _masked(memory, keep)
-                if m_buf is not None:
-                    m_buf[0][t], m_buf[1][t] = memory
-                logits, value, memory = policy(obs, memory)
-                action = torch.multinomial(F.softmax(logits, -1), 1, generator=torch_gen).squeeze(1)
-                reward, reached, truncated = batch.step(action.numpy())
-                done = reached | truncated
-                o_buf[t], a_buf[t], v_buf[t], keep_buf[t] = obs, action, value, keep
-                logp_buf[t] = F.log_softmax(logits, -1).gather(1, action[:, None]).squeeze(1)
-                r_buf[t] = torch.from_numpy(reward).float()
-                if done.any():
-                    finished_returns += reward[done].tolist()
-                    finished_steps += batch.steps[done].tolist()
-                    batch.load(done, [maps[i] for i in rng.integers(0, len(maps), int(done.sum()))])
-                keep = torch.from_numpy(~done).float()
-                obs = torch.from_numpy(batch.observe())
-            _, next_value, _ = policy(obs, _masked(memory, keep))
-        # GAE over the rollout: keep_buf[t + 1] says whether step t's episode went on
-        adv = torch.zeros(t_len, n)
-        last = torch.zeros(n)
-        for t in reversed(range(t_len)):
-            nxt_keep = keep if t == t_len - 1 else keep_buf[t + 1]
-            nxt_value = next_value if t == t_len - 1 else v_buf[t + 1]
-            delta = r_buf[t] + config.discount * nxt_value * nxt_keep - v_buf[t]
-            last = delta + config.discount * config.gae_lambda * nxt_keep * last
-            adv[t] = last
-        ret = adv + v_buf
-        _update(learner, optimizer, config, recurrence, torch_gen, o_buf, a_buf, logp_buf, v_buf, adv, ret, keep_buf,
-                m_buf)
-        frames += t_len * n
-        history["frames"].append(frames)
-        history["return"].append(float(np.mean(finished_returns)) if finished_returns else float("nan"))
-        history["steps"].append(float(np.mean(finished_steps)) if finished_steps else float("nan"))
-        policy.eval()
-        if on_update is not None:
-            on_update(frames)
-        if progress is not None:
-            progress(min(frames, config.frames), config.frames, history["return"][-1])
-    if learner is not policy:
-        learner.remove_hooks()
+    try:
+        memory = policy.initial_memory(n)
+        keep = torch.ones(n)  # 0 where the previous step ended the agent's episode
+        obs = torch.from_numpy(batch.observe())
+        history: dict[str, list[float]] = {"frames": [], "return": [], "steps": []}
+        frames = 0
+        while frames < config.frames:
+            o_buf = torch.zeros(t_len, n, OBSERVATION)
+            a_buf = torch.zeros(t_len, n, dtype=torch.long)
+            logp_buf, v_buf, r_buf, keep_buf = (torch.zeros(t_len, n) for _ in range(4))
+            m_buf = None if memory is None else [torch.zeros(t_len, *part.shape) for part in memory]
+            finished_returns, finished_steps = [], []
+            policy.eval()
+            with torch.no_grad():
+                for t in range(t_len):
+                    memory = _masked(memory, keep)
+                    if m_buf is not None:
+                        m_buf[0][t], m_buf[1][t] = memory
+                    logits, value, memory = policy(obs, memory)
+                    action = torch.multinomial(F.softmax(logits, -1), 1, generator=torch_gen).squeeze(1)
+                    reward, reached, truncated = batch.step(action.numpy())
+                    done = reached | truncated
+                    o_buf[t], a_buf[t], v_buf[t], keep_buf[t] = obs, action, value, keep
+                    logp_buf[t] = F.log_softmax(logits, -1).gather(1, action[:, None]).squeeze(1)
+                    r_buf[t] = torch.from_numpy(reward).float()
+                    if done.any():
+                        finished_returns += reward[done].tolist()
+                        finished_steps += batch.steps[done].tolist()
+                        batch.load(done, [maps[i] for i in rng.integers(0, len(maps), int(done.sum()))])
+                    keep = torch.from_numpy(~done).float()
+                    obs = torch.from_numpy(batch.observe())
+                _, next_value, _ = policy(obs, _masked(memory, keep))
+            # GAE over the rollout: keep_buf[t + 1] says whether step t's episode went on
+            adv = torch.zeros(t_len, n)
+            last = torch.zeros(n)
+            for t in reversed(range(t_len)):
+                nxt_keep = keep if t == t_len - 1 else keep_buf[t + 1]
+                nxt_value = next_value if t == t_len - 1 else v_buf[t + 1]
+                delta = r_buf[t] + config.discount * nxt_value * nxt_keep - v_buf[t]
+                last = delta + config.discount * config.gae_lambda * nxt_keep * last
+                adv[t] = last
+            ret = adv + v_buf
+            _update(learner, optimizer, config, recurrence, torch_gen, o_buf, a_buf, logp_buf, v_buf, adv, ret,
+                    keep_buf, m_buf)
+            frames += t_len * n
+            history["frames"].append(frames)
+            history["return"].append(float(np.mean(finished_returns)) if finished_returns else float("nan"))
+            history["steps"].append(float(np.mean(finished_steps)) if finished_steps else float("nan"))
+            policy.eval()
+            if on_update is not None:
+                on_update(frames)
+            if progress is not None:
+                progress(min(frames, config.frames), config.frames, history["return"][-1])
+    finally:  # also when the training fails: the caller's policy is left without opacus' hooks
+        if learner is not policy:
+            _release(learner, policy)
     return history
+
+
+def _release(learner: nn.Module, policy: nn.Module) -> None:
+    """Remove opacus' hooks and what it left on the parameters (per-sample and summed gradients)."""
+    learner.cleanup()
+    for p in policy.parameters():
+        if hasattr(p, "summed_grad"):
+            del p.summed_grad
+        p.grad = None
 
 
 def _update(policy: nn.Module, optimizer: torch.optim.Optimizer, config: PPOConfig, recurrence: int,
