@@ -33,7 +33,7 @@ from leaklab.attacks.candidate_inference import (answer_features, candidate_maps
 from leaklab.attacks.environment_search import policy_table
 from leaklab.attacks.membership import AttackTraining
 from leaklab.experiments import ProgressFn
-from leaklab.experiments.dp_drl_table import budget_name
+from leaklab.experiments.dp_drl_table import FixedBudgets, budget_name, defense_budgets
 from leaklab.fields import Seed
 from leaklab.io import CANDIDATE_INFERENCE_FORMAT, RESULTS_FILE, atomic_dir, check_out, write_json
 from leaklab.rl.agents.grid_dqn import GridDQNConfig, q_values, train_grid_dqn
@@ -55,7 +55,7 @@ class CandidateInferenceConfig(BaseModel):
     candidates: int = Field(default=4, ge=2, le=20, description="candidate maps per trial, the truth among them")
     shadows: int = Field(default=4, ge=1, le=50, description="shadow agents per candidate and defense")
     wall_fraction: float = Field(default=0.3, ge=0, lt=1)
-    epsilons: list[float] = Field(default_factory=lambda: [1.0, 0.1], description="DP-DRL's fixed budgets")
+    epsilons: FixedBudgets = Field(default_factory=lambda: [1.0, 0.1], description="DP-DRL's fixed budgets")
     dynamic: bool = Field(default=True, description="also DP-DRL with the dynamic budget")
     training: GridDQNConfig = GridDQNConfig()
     temperature: float = Field(default=0.01, gt=0, description="of the softmax over a policy's Q values")
@@ -69,13 +69,6 @@ class CandidateInferenceConfig(BaseModel):
             raise ValueError("rows and columns between 4 and 40")
         return v
 
-    @field_validator("epsilons")
-    @classmethod
-    def _epsilons(cls, v: list[float]) -> list[float]:
-        if any(not 0 < e <= 100 for e in v) or len(set(v)) != len(v):
-            raise ValueError("epsilons are distinct values in (0, 100]")
-        return sorted(v, reverse=True)
-
     @model_validator(mode="after")
     def _checked(self) -> "CandidateInferenceConfig":
         if self.training.position:
@@ -86,7 +79,7 @@ class CandidateInferenceConfig(BaseModel):
         return self
 
     def budgets(self) -> list[float | str | None]:
-        return [None, *self.epsilons, *(["dynamic"] if self.dynamic else [])]
+        return defense_budgets(self.epsilons, self.dynamic)
 
     @classmethod
     def quick(cls, seed: int = 0) -> "CandidateInferenceConfig":

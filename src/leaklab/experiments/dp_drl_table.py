@@ -33,9 +33,10 @@ from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
+from typing import Annotated
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from leaklab import seeds
 from leaklab.attacks.environment_search import SearchConfig, SearchResult, policy_table, recovery_rates, search
@@ -75,6 +76,20 @@ PUBLISHED = {  # seed 002, Table 5.1: (GRR, NRR) per size and defense; Table 5.3
 }
 
 
+def _fixed_budgets(v: list[float]) -> list[float]:
+    if any(not 0 < e <= 100 for e in v) or len(set(v)) != len(v):
+        raise ValueError("epsilons are distinct values in (0, 100]")
+    return sorted(v, reverse=True)
+
+
+FixedBudgets = Annotated[list[float], AfterValidator(_fixed_budgets)]  # DP-DRL's fixed eps, largest first
+
+
+def defense_budgets(epsilons: list[float], dynamic: bool) -> list[float | str | None]:
+    """The agents' defenses: none, DP-DRL at each fixed eps, then (``dynamic``) at the dynamic budget."""
+    return [None, *epsilons, *(["dynamic"] if dynamic else [])]
+
+
 class DpDrlTableConfig(BaseModel):
     """Every setting of the reproduction; :meth:`quick` is the seconds-long version for tests."""
 
@@ -84,7 +99,7 @@ class DpDrlTableConfig(BaseModel):
     maps: int = Field(default=2, ge=1, le=100, description="random maps per size")
     wall_fraction: float = Field(default=0.3, ge=0, lt=1)
     reactive: bool = Field(default=True, description="only maps whose shortest path an agent seeing 8 cells can walk")
-    epsilons: list[float] = Field(default_factory=lambda: [1.0, 0.7, 0.4, 0.1])
+    epsilons: FixedBudgets = Field(default_factory=lambda: [1.0, 0.7, 0.4, 0.1])
     dynamic: bool = Field(default=True, description="also DP-DRL with the dynamic budget arctan(d_max - d_min)")
     training: GridDQNConfig = GridDQNConfig()
     search: SearchConfig = SearchConfig()
@@ -96,13 +111,6 @@ class DpDrlTableConfig(BaseModel):
         if any(not (4 <= h <= 40 and 4 <= w <= 40) for h, w in v) or len(set(v)) != len(v):
             raise ValueError("sizes are distinct (rows, columns) pairs between 4 and 40")
         return v
-
-    @field_validator("epsilons")
-    @classmethod
-    def _epsilons(cls, v: list[float]) -> list[float]:
-        if any(not 0 < e <= 100 for e in v) or len(set(v)) != len(v):
-            raise ValueError("epsilons are distinct values in (0, 100]")
-        return sorted(v, reverse=True)
 
     @model_validator(mode="after")
     def _stages(self) -> "DpDrlTableConfig":
@@ -120,7 +128,7 @@ class DpDrlTableConfig(BaseModel):
         return self
 
     def budgets(self) -> list[float | str | None]:
-        return [None, *self.epsilons, *(["dynamic"] if self.dynamic else [])]
+        return defense_budgets(self.epsilons, self.dynamic)
 
     @classmethod
     def quick(cls, seed: int = 0) -> "DpDrlTableConfig":
