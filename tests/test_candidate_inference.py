@@ -96,7 +96,7 @@ def test_reproduce_candidate_inference_quick(tmp_path):
     again = tmp_path / "again"
     assert CliRunner().invoke(app, ["reproduce", "candidate-inference", "--quick", "--out", str(again)]).exit_code == 0
     assert json.loads((again / "results.json").read_text())["targets"] == data["targets"]
-    for flag, bad in (("--candidates", "1"), ("--trials", "0"), ("--episodes", "1")):
+    for flag, bad in (("--candidates", "1"), ("--trials", "0"), ("--episodes", "0")):
         refused = CliRunner().invoke(app, ["reproduce", "candidate-inference", "--quick", flag, bad, "--out",
                                            str(tmp_path / "refused")])
         assert refused.exit_code == 2 and f"invalid {flag}" in refused.output and not (tmp_path / "refused").exists()

@@ -7,7 +7,10 @@ a random floor plan of ``size`` that an agent seeing its 8 neighbours can walk (
 maps of its shape, start and goal drawn under the attacker's constraints, the true one among them. For every defense
 (none, DP-DRL at each of ``epsilons``, the dynamic budget) and every candidate: one target agent trained in that
 candidate, and ``shadows`` shadow agents trained there by the same algorithm and defense (the attacker knows the
-training algorithm, the defense included), all of a trial in one batch (:mod:`leaklab.rl.agents.grid_dqn`). Per trial
+training algorithm, the defense included), all of a trial in one batch (:mod:`leaklab.rl.agents.grid_dqn`, dp-drl's
+settings but 600 episodes by default: the batch runs until its slowest agent is done, and with dp-drl's 1,500 an
+agent that never reaches the goal, playing every episode to its 500 steps, kept one trial going for over an hour
+here). Per trial
 and defense the classifier learns from the shadows' answers and names a candidate for each of the targets: every
 candidate is the truth of one target, so ``candidates`` targets per trial and defense; a guess is right with
 probability 1 / ``candidates`` (the candidates are distinct maps). Beside it the genetic search's fitness choosing
@@ -51,13 +54,13 @@ class CandidateInferenceConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     size: tuple[int, int] = Field(default=(7, 7), description="the maps' rows and columns, outer walls included")
-    trials: int = Field(default=4, ge=1, le=100, description="true maps, each with its own candidates")
+    trials: int = Field(default=2, ge=1, le=100, description="true maps, each with its own candidates")
     candidates: int = Field(default=4, ge=2, le=20, description="candidate maps per trial, the truth among them")
     shadows: int = Field(default=4, ge=1, le=50, description="shadow agents per candidate and defense")
     wall_fraction: float = Field(default=0.3, ge=0, lt=1)
     epsilons: FixedBudgets = Field(default_factory=lambda: [1.0, 0.1], description="DP-DRL's fixed budgets")
     dynamic: bool = Field(default=True, description="also DP-DRL with the dynamic budget")
-    training: GridDQNConfig = GridDQNConfig()
+    training: GridDQNConfig = GridDQNConfig(episodes=600)  # dp-drl's 1,500: a trial took over an hour here
     temperature: float = Field(default=0.01, gt=0, description="of the softmax over a policy's Q values")
     attack: AttackTraining = AttackTraining(epochs=200, batch_size=16)
     seed: Seed = 0
