@@ -598,8 +598,8 @@ def reproduce_candidate_inference(
                                                       callback=_checked("--candidates", lambda v: 2 <= v <= 20,
                                                                         "a whole number from 2 to 20"))] = None,
     episodes: Annotated[Optional[int], typer.Option(
-        "--episodes", help="DQN episodes per agent (default 600; dp-drl's 1,500 take hours: an agent that never "
-                           "reaches the goal plays every episode to its 500 steps)",
+        "--episodes", help="DQN episodes per agent (default 600; with dp-drl's 1,500 one trial ran over an hour "
+                           "here: an agent that never reaches the goal plays every episode to its 500 steps)",
         callback=_checked("--episodes", lambda v: 1 <= v <= 1_000_000, "a whole number from 1 to 1,000,000"))] = None,
     seed: SeedOpt = 0,
     out: Annotated[Optional[Path], _run_out("candidate-inference")] = None,

@@ -20,8 +20,8 @@ map drawn from the training maps, a new draw at every reset. Same seed, same wei
 DP-SGD (seed 003, Sec. 3.5.2, eqs. 3.7-3.8, the defense of Fig. 3.8 on the RL task; ``PPOConfig.privacy``): every
 mini-batch step clips each chunk's gradient to L2 norm ``clip``, adds N(0, (noise_multiplier * clip)^2) to their
 sum and divides by the expected chunk count of a mini-batch, ``batch / recurrence`` (opacus' per-sample gradients and
-DP optimizer,
-:func:`leaklab.privacy.dpsgd.private_optimizer`; the per-chunk clipping replaces the gradient-norm clipping). The
+DP optimizer, :func:`leaklab.privacy.dpsgd.private_optimizer`; the per-chunk clipping replaces the gradient-norm
+clipping). The
 recurrent policy is built with opacus' ``DPLSTMCell`` (``build_policy(..., private=True)``: the LSTM cell's equations
 on two linear layers, whose per-sample gradients opacus computes; a policy built without it is refused). What
 :func:`ppo_epsilon` protects: a record is one chunk of the loss (an agent's ``recurrence`` steps of one rollout with
