@@ -25,6 +25,16 @@ def _epsilon_grid(v: list[float]) -> list[float]:
 EpsilonGrid = Annotated[list[float], AfterValidator(_epsilon_grid), Field(min_length=1)]  # an experiment's budgets
 
 
+def _distinct_positive(v: list) -> list:
+    if any(x <= 0 for x in v) or len(set(v)) != len(v):
+        raise ValueError("values are distinct and positive")
+    return sorted(v)
+
+
+PositiveGrid = Annotated[list[float], AfterValidator(_distinct_positive)]  # an experiment's grid, sorted
+PositiveCounts = Annotated[list[int], AfterValidator(_distinct_positive)]  # the same of whole numbers
+
+
 NOISES = ("gaussian", "laplace")
 MAX_NOISE_SCALE = 1e6  # per gradient entry; 1e39 made float32 updates infinite, caught only when attacked
 MAX_DEFENSE_STEPS = 16  # a chain of 20,000 steps in a case's view.json took 80 s and 2 GB to attack (its title)

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field
 from torch import nn
 from torch.func import functional_call, grad, vmap
 
@@ -36,7 +36,7 @@ from leaklab import seeds
 from leaklab.attacks.inversion.priors import l1_norm, l2_norm
 from leaklab.defenses.updates import Laplace, parse_defense
 from leaklab.experiments import ProgressFn
-from leaklab.fields import Seed
+from leaklab.fields import PositiveGrid, Seed
 from leaklab.io import BAYES_ABLATION_FORMAT, RESULTS_FILE, atomic_dir, check_out, write_json
 
 PLOT_FILE = "bayes_ablation.png"
@@ -57,15 +57,8 @@ class BayesAblationConfig(BaseModel):
     noise: float = Field(default=0.1, gt=0, le=100, description="the defense's Laplace scale (the seed: 0.1)")
     samples: int = Field(default=100, ge=1, le=100_000)
     steps: int = Field(default=200, ge=1, le=100_000, description="Adam steps (the seed: 200)")
-    learning_rates: list[float] = Field(default_factory=lambda: [0.01, 0.03, 0.1, 0.3, 1.0, 3.0], min_length=1)
+    learning_rates: PositiveGrid = Field(default_factory=lambda: [0.01, 0.03, 0.1, 0.3, 1.0, 3.0], min_length=1)
     seed: Seed = 0
-
-    @field_validator("learning_rates")
-    @classmethod
-    def _positive_distinct(cls, v: list[float]) -> list[float]:
-        if any(x <= 0 for x in v) or len(set(v)) != len(v):
-            raise ValueError("learning rates are distinct and positive")
-        return sorted(v)
 
     @classmethod
     def quick(cls, seed: int = 0) -> "BayesAblationConfig":

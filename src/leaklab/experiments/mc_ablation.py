@@ -33,7 +33,7 @@ from leaklab.attacks.inversion import InversionConfig, invert
 from leaklab.data import load_images
 from leaklab.defenses import parse_defense
 from leaklab.experiments import ProgressFn
-from leaklab.fields import Seed
+from leaklab.fields import PositiveCounts, PositiveGrid, Seed
 from leaklab.fl import fedsgd_update
 from leaklab.io import MC_ABLATION_FORMAT, RESULTS_FILE, atomic_dir, check_out, write_json
 from leaklab.metrics import constant_baseline, psnr
@@ -57,25 +57,18 @@ class McAblationConfig(BaseModel):
     image_size: int = Field(default=28, ge=8, le=64)
     width: int = Field(default=32, ge=1, le=256, description="the CNN's first convolution's channels")
     noise: float = Field(default=0.1, gt=0, le=100, description="the defense's Gaussian std (the seed: 0.1)")
-    samples: list[int] = Field(default_factory=lambda: [1, 2, 4, 8], min_length=1,
+    samples: PositiveCounts = Field(default_factory=lambda: [1, 2, 4, 8], min_length=1,
                                description="k, the Monte Carlo points per step (the seed's values are a figure's)")
     radius: float = Field(default=9.0, gt=0, le=1e4, description="delta, in normalised units at 28x28 (the seed: 9)")
     images: int = Field(default=20, ge=1, le=1000, description="reported digits (the seed: 100)")
     tune_images: int = Field(default=2, ge=1, le=100)
     iterations: int = Field(default=200, ge=1, le=100_000)
-    lrs: list[float] = Field(default_factory=lambda: [0.03, 0.1, 0.3, 1.0], min_length=1,
+    lrs: PositiveGrid = Field(default_factory=lambda: [0.03, 0.1, 0.3, 1.0], min_length=1,
                              description="Adam's, each <= 1e4")
-    betas: list[float] = Field(default_factory=lambda: [0.03, 0.1, 0.3, 1.0], min_length=1,
+    betas: PositiveGrid = Field(default_factory=lambda: [0.03, 0.1, 0.3, 1.0], min_length=1,
                                description="the TV prior's relative weights")
     lr_decay: float = Field(default=0.01, gt=0, le=1, description="the learning rate's factor over the whole run")
     seed: Seed = 0
-
-    @field_validator("samples", "lrs", "betas")
-    @classmethod
-    def _positive_distinct(cls, v: list) -> list:
-        if any(x <= 0 for x in v) or len(set(v)) != len(v):
-            raise ValueError("values are distinct and positive")
-        return sorted(v)
 
     @field_validator("samples")
     @classmethod

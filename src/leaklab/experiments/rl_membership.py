@@ -68,7 +68,7 @@ from leaklab.attacks.policy_membership import Queries, labelling, query_policy
 from leaklab.defenses.gpm import gaussian_privacy_module, utility_loss
 from leaklab.experiments import ProgressFn
 from leaklab.experiments import rnn_figures as figures
-from leaklab.fields import Seed
+from leaklab.fields import PositiveGrid, Seed
 from leaklab.io import RESULTS_FILE, RL_MEMBERSHIP_FORMAT, atomic_dir, check_out, write_json
 from leaklab.privacy.dpsgd import DPConfig
 from leaklab.privacy.mechanisms import analytic_gaussian_epsilon
@@ -110,10 +110,10 @@ class RlMembershipConfig(BaseModel):
     envs: int = Field(default=16, ge=1, le=1024, description="PPO's agents stepped together")
     clip: float = Field(default=0.2, gt=0, le=1, description="PPO's clip epsilon, the thesis' regularisation of the RL "
                                                              "task (Fig. 3.7; rl-starter-files' default 0.2)")
-    dp_noise: list[float] = Field(default_factory=list, max_length=10,
+    dp_noise: PositiveGrid = Field(default_factory=list, max_length=10,
                                   description="DP-SGD's noise multipliers (Fig. 3.8, top); none: no DP-SGD section")
     dp_clip: float = Field(default=1.0, gt=0, description="DP-SGD's per-chunk clipping norm C")
-    sigmas: list[float] = Field(default_factory=list, max_length=20,
+    sigmas: PositiveGrid = Field(default_factory=list, max_length=20,
                                 description="the GPM's noise scales (Fig. 3.8, bottom); none: no sampler, no GPM")
     sampler_pairs: int = Field(default=8, ge=2, le=1000, description="Algorithm 3's n (the thesis: 500)")
     delta: float = Field(default=1e-5, gt=0, lt=1)
@@ -125,13 +125,6 @@ class RlMembershipConfig(BaseModel):
     def _shares(cls, v: list[float]) -> list[float]:
         if any(not 0 < c <= 1 for c in v) or len(set(v)) != len(v):
             raise ValueError("distinct shares in (0, 1]")
-        return sorted(v)
-
-    @field_validator("dp_noise", "sigmas")
-    @classmethod
-    def _positive_distinct(cls, v: list[float]) -> list[float]:
-        if any(x <= 0 for x in v) or len(set(v)) != len(v):
-            raise ValueError("distinct values above 0")
         return sorted(v)
 
     @model_validator(mode="after")

@@ -58,7 +58,7 @@ from leaklab.experiments import ProgressFn
 from leaklab.experiments import rnn_figures as figures
 from leaklab.experiments.rnn_training import (PENALISED, Penalised, confidences, prediction_entropy,
                                               private_schedule, train, train_in_turn, train_private)
-from leaklab.fields import Seed
+from leaklab.fields import PositiveCounts, PositiveGrid, Seed
 from leaklab.io import RESULTS_FILE, RNN_MEMBERSHIP_FORMAT, atomic_dir, check_out, write_json
 from leaklab.metrics import accuracy
 from leaklab.privacy.dpsgd import spent_epsilon
@@ -94,25 +94,25 @@ class RnnMembershipConfig(BaseModel):
     image_size: int = Field(default=16, ge=8, le=32)
     members: int = Field(default=500, ge=10, le=800, description="the victim's training set (N); as many non-members")
     shadows: int = Field(default=5, ge=1, le=20, description="shadow models (the thesis: 5 for images)")
-    epochs: list[int] = Field(default_factory=lambda: [1, 2, 5, 10, 20, 40], min_length=1)
+    epochs: PositiveCounts = Field(default_factory=lambda: [1, 2, 5, 10, 20, 40], min_length=1)
     lr_ffnn: float = Field(default=1e-3, gt=0, description="Adam (the thesis, image task)")
     lr_rnn: float = Field(default=1e-2, gt=0, description="Adam (the thesis, image task)")
     batch_size: int = Field(default=64, ge=1, le=4096)
     memory_chunks: int = Field(default=5, ge=2, le=20, description="disjoint chunks of the members, trained in turn")
     memory_epochs: int = Field(default=20, ge=1, le=1000, description="epochs on each chunk before the next")
     memory_runs: int = Field(default=3, ge=1, le=20, description="memorisation runs (chunk orders, initialisations)")
-    penalties: list[float] = Field(default_factory=lambda: [1e-4, 1e-3, 1e-2, 3e-2, 1e-1], min_length=1,
+    penalties: PositiveGrid = Field(default_factory=lambda: [1e-4, 1e-3, 1e-2, 3e-2, 1e-1], min_length=1,
                                    description="the l2 penalties lambda (the thesis gives no grid)")
     penalised: list[Penalised] = Field(default_factory=lambda: list(PENALISED), min_length=1,
                                        description="what the l2 penalty takes: the text's node activations, the "
                                                    "title's weights, or both")
-    dp_noise: list[float] = Field(default_factory=lambda: [0.7, 1.0, 2.0, 4.0], min_length=1,
+    dp_noise: PositiveGrid = Field(default_factory=lambda: [0.7, 1.0, 2.0, 4.0], min_length=1,
                                   description=f"DP-SGD's noise multipliers, each >= {MIN_DP_NOISE} (the thesis gives "
                                               "no grid)")
     dp_clip: float = Field(default=1.0, gt=0, description="DP-SGD's per-sample clipping norm C")
     sampler_pairs: int = Field(default=20, ge=2, le=1000, description="Algorithm 3's n (the thesis: 500; 1 gives "
                                                                       "a confidence gamma above 1, no guarantee)")
-    sigmas: list[float] = Field(default_factory=lambda: [0.001, 0.003, 0.01, 0.03, 0.1, 0.3, 1.0], min_length=1,
+    sigmas: PositiveGrid = Field(default_factory=lambda: [0.001, 0.003, 0.01, 0.03, 0.1, 0.3, 1.0], min_length=1,
                                 description="the GPM's noise scales (the same for both networks)")
     delta: float = Field(default=1e-5, gt=0, lt=1)
     attack: AttackTraining = AttackTraining(epochs=60)
@@ -124,13 +124,6 @@ class RnnMembershipConfig(BaseModel):
         if len(set(v)) != len(v):
             raise ValueError("values are distinct")
         return v
-
-    @field_validator("epochs", "penalties", "dp_noise", "sigmas")
-    @classmethod
-    def _positive_distinct(cls, v: list) -> list:
-        if any(x <= 0 for x in v) or len(set(v)) != len(v):
-            raise ValueError("values are distinct and positive")
-        return sorted(v)
 
     @field_validator("dp_noise")
     @classmethod
