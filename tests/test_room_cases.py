@@ -476,7 +476,8 @@ def test_a_truth_that_is_no_file_is_an_error_not_an_unscored_case(tmp_path, kind
 
 def test_a_batch_update_pictures_and_lists_each_transition_against_its_own_reconstruction(tmp_path, monkeypatch):
     """A batch of two was pictured by its first transition, captioned with the update's mean PSNR, and an
-    audited case listed its actions in the attack's order beside its layouts in the truth's."""
+    audited case listed its actions in the attack's order beside its layouts in the truth's; the rows of both say
+    which samples of a batch were read (`leaklab attack`'s left it out until session 64)."""
     from leaklab.attacks.rl import RoomAttackConfig
     from leaklab.experiments import room_attack, room_audit
     from leaklab.io import load_tensors
@@ -487,7 +488,12 @@ def test_a_batch_update_pictures_and_lists_each_transition_against_its_own_recon
     config = room_attack.RoomRunConfig(algorithm="qgi", setting="S2", samples=2, batch_size=2,
                                        layouts=("e1m1-stalactite", "e1m3-column"),
                                        attack=RoomAttackConfig(iterations=20), workers=1)
+    attack_run_jobs = room_attack.run_jobs  # the second update: its second sample read alone
+    monkeypatch.setattr(room_attack, "run_jobs", lambda jobs, workers, on_result, *rest: attack_run_jobs(
+        jobs, workers, lambda i, rec: on_result(i, dataclasses.replace(rec, read=torch.tensor([False, True]))
+                                                if i == 1 else rec), *rest))
     results = room_attack.run(config, tmp_path / "run")
+    assert "read" not in results["samples"][0] and results["samples"][1]["read"] == [False, True]
     (truths, recs, captions), = grids
     assert len(truths) == len(recs) == len(captions) == 4  # both transitions of both updates
     for u, row in enumerate(results["samples"]):

@@ -211,14 +211,21 @@ def score(sample: Sample, rec: RoomReconstruction, setting: str, kept: float | N
     if kept is not None:
         metrics["update_cosine"] = kept
     row = {"index": sample.index, "layouts": sample.layouts, "batch_size": sample.update.metadata.batch_size,
-           "metrics": metrics, "iterations": rec.iterations, "seconds": rec.seconds, "exact": list(rec.exact)}
-    if rec.no_signal:
-        row["no_signal"] = True
+           "metrics": metrics, "iterations": rec.iterations, "seconds": rec.seconds, "exact": list(rec.exact),
+           **read_flags(rec)}
     if rec.stage1_starts:
         row["stage1_starts"] = rec.stage1_starts
     if rec.feature_cosine is not None:
         row["feature_cosine"] = rec.feature_cosine
     return row
+
+
+def read_flags(rec: RoomReconstruction) -> dict[str, Any]:
+    """What a row says of the samples read: ``no_signal`` where the attack read nothing off the update, ``read``
+    (one bool per sample, in the reconstruction's order) where it read only some of a batch's samples."""
+    if rec.no_signal:
+        return {"no_signal": True}
+    return {} if rec.read is None else {"read": rec.read.tolist()}
 
 
 def _grid_rows(setting: str, truths: list[torch.Tensor], recs: list[torch.Tensor]):

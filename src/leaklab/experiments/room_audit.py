@@ -456,10 +456,7 @@ def run_cases(out: Path, cases_dir: Path, attack: RoomAttackConfig, workers: int
                                "action": rec.action.tolist(), "box": rec.box.tolist()}
         if rec.action_identified is not None:  # RGI: False where a zero return hid the action
             row["action_identified"] = rec.action_identified.tolist()
-        if rec.read is not None and not rec.no_signal:  # a batch of which one sample was read
-            row["read"] = rec.read.tolist()
-        if rec.no_signal:
-            row["no_signal"] = True
+        row.update(room_attack.read_flags(rec))
         if not case.view.capabilities.knows_defense:  # "defense" null: not granted, which is not undefended
             row["defense_withheld"] = True
         row["exact"] = list(rec.exact)
