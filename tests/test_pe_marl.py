@@ -157,7 +157,7 @@ def test_pe_qtran_gradients_equal_qtran_by_the_equations():
 
     central = qtran_loss(messages(), target_total, reward, done, 0.9)
     assert float(central.detach()) == pytest.approx(float(reference.detach()), rel=1e-3)
-    losses = pe_qtran_losses(messages(), target_total, reward, done, 0.9, np.random.default_rng(0))
+    losses = pe_qtran_losses(messages(), shares, target_total, reward, done, 0.9, np.random.default_rng(0))
     k = 0
     for i, loss in enumerate(losses):
         assert float(loss.detach()) == pytest.approx(float(reference.detach()), rel=1e-3)
@@ -197,6 +197,53 @@ def test_dp_pe_qmix_clips_each_agents_network_and_share_together():
         assert 0 < norm <= lr * clip * (1 + 1e-5)  # the mean of per-sample gradients clipped jointly to 1e-3
         assert all(m.abs().max() > 0 for m in moved[-4:])  # the share's layers moved too
         agent.model.remove_hooks()
+
+
+def test_dp_pe_qtran_steps_by_each_agents_per_sample_gradients_of_network_encoders_and_shares():
+    """Without noise or clipping, each agent's DP-SGD step is its PE-QTRAN gradient (opacus saw every layer,
+    the second-layer shares included, through their forward); clipped, it moves no further than lr * C."""
+    import copy
+
+    from leaklab.privacy.dpsgd import DPConfig
+    from leaklab.rl.agents.private import make_private_agent
+    from leaklab.rl.marl.pe_qtran import QtranShare, pe_qtran_losses, qtran_messages, secure_target
+    from leaklab.rl.marl.team_training import _AgentParts
+
+    nets, obs, act, _, reward, done = _team(seed=8)
+    torch.manual_seed(9)
+    shares = [QtranShare(4, 3, embedding=8, hidden=16) for _ in nets]
+    nxt = [torch.randn_like(o) for o in obs]
+    target_total = secure_target(copy.deepcopy(shares), nxt, [torch.zeros(len(reward), dtype=torch.long)] * len(nets),
+                                 np.random.default_rng(1))
+    start = copy.deepcopy((nets, shares))
+
+    def losses(models, nets, shares):
+        q_values = [m(o) for m, o in zip(models, obs)]
+        return pe_qtran_losses(qtran_messages(shares, obs, act, q_values), shares, target_total, reward, done, 0.9,
+                               np.random.default_rng(0))
+
+    expected = [torch.autograd.grad(loss, [*n.parameters(), *s.parameters()], retain_graph=True)
+                for loss, n, s in zip(losses(nets, nets, shares), nets, shares)]
+    for clip in (1e6, 1e-3):
+        nets, shares = copy.deepcopy(start)
+        agents = [make_private_agent(own, torch.optim.SGD(own.parameters(), lr=1.0),
+                                     DPConfig(clip=clip, noise_multiplier=0.0), sample_rate=1.0,
+                                     expected_batch_size=len(reward), steps=1, seed=i)
+                  for i, own in enumerate(_AgentParts(n, s) for n, s in zip(nets, shares))]
+        for agent, loss in zip(agents, losses([a.model for a in agents], nets, shares)):
+            agent.step(loss)
+        for i, agent in enumerate(agents):
+            before = [*start[0][i].parameters(), *start[1][i].parameters()]
+            moved = [p.detach() - q.detach() for p, q in zip([*nets[i].parameters(), *shares[i].parameters()],
+                                                             before)]
+            if clip > 1:  # nothing clipped: the step is minus the gradient
+                for m, g in zip(moved, expected[i]):
+                    assert torch.allclose(m, -g, atol=1e-5 * max(1.0, g.abs().max().item()))
+            else:
+                norm = torch.sqrt(sum((m ** 2).sum() for m in moved))
+                assert 0 < norm <= clip * (1 + 1e-5)
+            assert moved[-1].abs().max() > 0  # V's second-layer share moved
+            agent.model.remove_hooks()
 
 
 def test_pe_marl_methods_are_checked_and_ordered():
@@ -252,8 +299,10 @@ def test_reproduce_pe_marl_quick(tmp_path):
     assert result.exit_code == 0, result.output
     data = json.loads((out / "results.json").read_text())
     assert (out / "learning_curves.png").stat().st_size > 0
-    assert list(data["methods"]) == ["iql", "vdn", "pe-vdn", "pe-qmix", "pe-qtran", "dp-pe-vdn", "dp-pe-qmix"]
-    assert data["methods"]["dp-pe-qmix"]["privacy"] == data["methods"]["dp-pe-vdn"]["privacy"]  # same accounting
+    assert list(data["methods"]) == ["iql", "vdn", "pe-vdn", "pe-qmix", "pe-qtran", "dp-pe-vdn", "dp-pe-qmix",
+                                     "dp-pe-qtran"]
+    for method in ("dp-pe-qmix", "dp-pe-qtran"):  # the same accounting
+        assert data["methods"][method]["privacy"] == data["methods"]["dp-pe-vdn"]["privacy"]
     dp = data["methods"]["dp-pe-vdn"]["privacy"]
     assert dp["epsilon"] <= data["config"]["epsilon"] + 1e-6 and dp["delta"] == pytest.approx(80 ** -1.1)
     agents = data["config"]["team"]["agents"]  # accounted jointly: each agent's noise sqrt(N) times the team's

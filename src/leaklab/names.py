@@ -37,4 +37,4 @@ ROOM_ACTION_NAMES = ("forward", "backward", "strafe_left", "strafe_right", "turn
 MAX_TRAIN_STEPS = 10_000_000  # an agent's most environment steps of training (AgentConfig, --train-steps, --steps)
 
 # ``leaklab reproduce pe-marl``'s methods (seed 003 chapter 4), in the order they train
-PE_MARL_METHODS = ("iql", "vdn", "pe-vdn", "pe-qmix", "pe-qtran", "dp-pe-vdn", "dp-pe-qmix")
+PE_MARL_METHODS = ("iql", "vdn", "pe-vdn", "pe-qmix", "pe-qtran", "dp-pe-vdn", "dp-pe-qmix", "dp-pe-qtran")

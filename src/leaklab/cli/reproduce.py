@@ -635,14 +635,14 @@ def reproduce_pe_marl(
         "--epsilon", lambda v: 0 < v <= 100, "a number in (0, 100]"))] = None,
     methods: Annotated[Optional[list[str]], typer.Option(
         "--methods", help="repeatable or comma-separated, e.g. pe-qmix,pe-qtran (default all: iql, vdn, pe-vdn, "
-                          "pe-qmix, pe-qtran, dp-pe-vdn, dp-pe-qmix)", callback=_each(
+                          "pe-qmix, pe-qtran, dp-pe-vdn, dp-pe-qmix, dp-pe-qtran)", callback=_each(
             "--methods", lambda m: m if m in PE_MARL_METHODS else None,
             "methods among " + ", ".join(PE_MARL_METHODS)))] = None,
 ) -> None:
     """Seed 003, chapter 4 (Figs. 4.12-4.16): IQL, VDN, PE-VDN (secret-shared team TD error), PE-QMIX, PE-QTRAN, and
-    PE-VDN and PE-QMIX with DP-SGD (Theorem 4.2) on cooperative navigation (--quick: a few steps)."""
+    the three PE methods with DP-SGD (Theorem 4.2) on cooperative navigation (--quick: a few steps)."""
     if epsilon is not None and methods is not None and not any(m.startswith("dp-") for m in _split(methods)):
-        _fail("--epsilon sets the dp-pe-vdn and dp-pe-qmix runs, which --methods leaves out")
+        _fail("--epsilon sets the dp- runs, which --methods leaves out")
     from leaklab.experiments import pe_marl
 
     fields = {**({} if runs is None else {"runs": runs}), **({} if epsilon is None else {"epsilon": epsilon}),

@@ -1,9 +1,9 @@
 """``leaklab reproduce pe-marl``: seed 003, chapter 4 (Figs. 4.12-4.16) on a task that runs here: IQL, VDN, PE-VDN (the
 team TD error through additively secret-shared sums), PE-QMIX (each agent's share of the mixer, evaluated layer by
 layer through secure sums), PE-QTRAN (each agent's encoders and shares of QTRAN's team and state values), and
-PE-VDN and PE-QMIX with DP-SGD at a target (eps, delta) by Theorem 4.2, each (or the ``methods`` chosen) trained
-``runs`` times on
-cooperative navigation (:mod:`leaklab.rl.envs.cooperative_navigation`; the thesis' SMAC 3m needs StarCraft II).
+PE-VDN, PE-QMIX and PE-QTRAN with DP-SGD at a target (eps, delta) by Theorem 4.2 (the thesis reports no DP PE-QTRAN),
+each (or the ``methods`` chosen) trained ``runs`` times on cooperative navigation
+(:mod:`leaklab.rl.envs.cooperative_navigation`; the thesis' SMAC 3m needs StarCraft II).
 
 Minibatches of 512 transitions and clipping at 0.1 (measured with 2 agents: at 64 and 1.0, DP-SGD at eps 2.9 never
 passed a 6% win rate, the noise drowning per-sample gradients far below the clip; at 512 and 0.1 one run reached

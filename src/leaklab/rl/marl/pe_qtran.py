@@ -14,8 +14,9 @@ sums of the agents' own pre-activations, sum_i (h_Qi W1_Qi + b1_Qi) and sum_i (h
 the Q value sums of PE-VDN); the second layers' weights and biases are sums of the shares (round 2);
 Q_tot = relu(z1) . W2 + b2 and likewise V, one hidden layer of ``hidden`` units as the authors' code (notes-003,
 4.4). Every sum goes through :func:`leaklab.privacy.secret_sharing.secure_sum` and is revealed; agent i rebuilds
-each as revealed.detach() - own.detach() + own, so its loss has the team's value and a gradient that reaches only
-its own Q network, encoders and shares, equal to the centralised QTRAN's (:func:`qtran_loss`) on those parameters.
+each as revealed.detach() - own.detach() + own (its second-layer shares through their layers' forward, as DP-SGD's
+per-sample gradients need), so its loss has the team's value and a gradient that reaches only its own Q network,
+encoders and shares, equal to the centralised QTRAN's (:func:`qtran_loss`) on those parameters.
 lambda_opt = 1 and lambda_nopt = 0.1 (the authors' code); the thesis gives none.
 """
 
@@ -63,8 +64,8 @@ class QtranShare(nn.Module):
 
 @dataclass
 class QtranMessages:
-    """One agent's contributions to a minibatch's sums: the first-layer terms at (tau, a) and (tau, a-bar) and of
-    V, its Q values at a and a-bar, and its second-layer shares."""
+    """One agent's contributions to a minibatch's sums: the first-layer terms at (tau, a) and (tau, a-bar, without
+    gradient) and of V, its Q values at a and a-bar, and its second-layer shares."""
 
     first_q: torch.Tensor
     first_q_best: torch.Tensor
@@ -84,7 +85,9 @@ def qtran_messages(shares: Sequence[QtranShare], observations: Sequence[torch.Te
     out = []
     for share, o, a, q in zip(shares, observations, actions, q_values):
         best = q.max(1)
-        out.append(QtranMessages(share.first_q(o, a), share.first_q(o, best.indices), share.first_v(o),
+        with torch.no_grad():  # it enters Q^_tot alone, whose gradient is stopped (and DP-SGD's per-sample hooks
+            first_q_best = share.first_q(o, best.indices)  # pair each forward with a backward)
+        out.append(QtranMessages(share.first_q(o, a), first_q_best, share.first_v(o),
                                  q.gather(1, a[:, None]).squeeze(1), best.values, share.second()))
     return out
 
@@ -93,13 +96,21 @@ def _head(first: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torc
     return F.relu(first) @ weight + bias
 
 
-def _losses(s: list[torch.Tensor], fixed: list[torch.Tensor], target_total: torch.Tensor, reward: torch.Tensor,
-            done: torch.Tensor, gamma: float) -> torch.Tensor:
-    """Eq. 4.28 from the sums ``s`` (in the order of :meth:`QtranMessages.parts`) and their values ``fixed`` (for
-    Q^_tot, whose gradient is stopped)."""
-    first_q, first_q_best, first_v, q, q_best, w_q, b_q, w_v, b_v = s
-    total = _head(first_q, w_q, b_q)
-    v = _head(first_v, w_v, b_v)
+def _own_head(first: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, layer: nn.Linear) -> torch.Tensor:
+    """:func:`_head` on the revealed second-layer sums ``weight`` and ``bias`` with the agent's own share ``layer``
+    put back in the graph: through the layer's forward, so that DP-SGD's per-sample hooks see it (opacus computes no
+    per-sample gradient of a weight used as a plain tensor). Same value and gradients as revealed - own.detach() +
+    own."""
+    hidden = F.relu(first)
+    others = hidden @ (weight - layer.weight[0].detach()) + (bias - layer.bias[0].detach())
+    return others + layer(hidden)[:, 0]
+
+
+def _losses(total: torch.Tensor, v: torch.Tensor, q: torch.Tensor, q_best: torch.Tensor,
+            fixed: Sequence[torch.Tensor], target_total: torch.Tensor, reward: torch.Tensor, done: torch.Tensor,
+            gamma: float) -> torch.Tensor:
+    """Eq. 4.28 from Q_tot(tau, a), V(tau), the summed Q values at a and a-bar, and the sums' values ``fixed`` (in the
+    order of :meth:`QtranMessages.parts`, for Q^_tot, whose gradient is stopped)."""
     fixed_total = _head(fixed[0], fixed[5], fixed[6])
     fixed_best = _head(fixed[1], fixed[5], fixed[6])
     td = ((reward + gamma * (1 - done) * target_total.detach() - total) ** 2).mean()
@@ -111,20 +122,25 @@ def _losses(s: list[torch.Tensor], fixed: list[torch.Tensor], target_total: torc
 def qtran_loss(messages: Sequence[QtranMessages], target_total: torch.Tensor, reward: torch.Tensor,
                done: torch.Tensor, gamma: float) -> torch.Tensor:
     """Centralised QTRAN on the plain sums of the messages: the reference PE-QTRAN reproduces."""
-    sums = [torch.stack(parts).sum(0) for parts in zip(*(m.parts() for m in messages))]
-    return _losses(sums, [x.detach() for x in sums], target_total, reward, done, gamma)
+    first_q, _, first_v, q, q_best, w_q, b_q, w_v, b_v = sums = [
+        torch.stack(parts).sum(0) for parts in zip(*(m.parts() for m in messages))]
+    return _losses(_head(first_q, w_q, b_q), _head(first_v, w_v, b_v), q, q_best, [x.detach() for x in sums],
+                   target_total, reward, done, gamma)
 
 
-def _revealed(messages: Sequence[QtranMessages], rng: np.random.Generator) -> list[torch.Tensor]:
-    return [revealed_sum(parts, rng) for parts in zip(*(m.parts() for m in messages))]
-
-
-def pe_qtran_losses(messages: Sequence[QtranMessages], target_total: torch.Tensor, reward: torch.Tensor,
-                    done: torch.Tensor, gamma: float, rng: np.random.Generator) -> list[torch.Tensor]:
-    """Each agent's loss from the revealed sums with its own messages in the graph."""
-    sums = _revealed(messages, rng)
-    return [_losses([s - m.detach() + m for s, m in zip(sums, own.parts())], sums, target_total, reward, done,
-                    gamma) for own in messages]
+def pe_qtran_losses(messages: Sequence[QtranMessages], shares: Sequence[QtranShare], target_total: torch.Tensor,
+                    reward: torch.Tensor, done: torch.Tensor, gamma: float,
+                    rng: np.random.Generator) -> list[torch.Tensor]:
+    """Each agent's loss from the revealed sums with its own messages (and, for the second layers, its ``shares``'
+    layers) in the graph."""
+    sums = [revealed_sum(parts, rng) for parts in zip(*(m.parts() for m in messages))]
+    losses = []
+    for own, share in zip(messages, shares):
+        first_q, _, first_v, q, q_best = (s - m.detach() + m for s, m in zip(sums, own.parts()[:5]))
+        losses.append(_losses(_own_head(first_q, sums[5], sums[6], share.q2),
+                              _own_head(first_v, sums[7], sums[8], share.v2), q, q_best, sums, target_total, reward,
+                              done, gamma))
+    return losses
 
 
 def secure_target(shares: Sequence[QtranShare], observations: Sequence[torch.Tensor],

@@ -3,9 +3,9 @@ with independent learners (IQL, the thesis' baseline), centralised VDN, PE-VDN (
 the team TD error through a secure sum, each agent updating only its own network), PE-QMIX
 (:mod:`leaklab.rl.marl.pe_qmix`: each agent also owns an encoder and hypernetworks making its share of the mixer,
 evaluated layer by layer through secure sums), PE-QTRAN (:mod:`leaklab.rl.marl.pe_qtran`: each agent's encoders and
-shares of QTRAN's team and state values, the three losses through secure sums), or PE-VDN and PE-QMIX with DP-SGD
-on every agent's parameters (its Q network and, for PE-QMIX, its mixer share): seed 003 (Gohari, thesis 2023),
-chapter 4, Secs. 4.3-4.4.
+shares of QTRAN's team and state values, the three losses through secure sums), or any of the three PE methods with
+DP-SGD on every agent's parameters (its Q network and, for PE-QMIX and PE-QTRAN, its share; the thesis reports no DP
+PE-QTRAN): seed 003 (Gohari, thesis 2023), chapter 4, Secs. 4.3-4.4.
 
 Every agent has its own Q network (an MLP on its observation; the thesis' agents add a GRU for SMAC's partial
 observations), target network (copied every ``target_sync`` updates) and optimizer. The transitions of
@@ -89,8 +89,9 @@ class TeamConfig(BaseModel):
     def _sizes(self) -> "TeamConfig":
         if self.batch > self.buffer:
             raise ValueError("the minibatch is at most the buffer")
-        if self.privacy is not None and self.method not in ("pe-vdn", "pe-qmix"):
-            raise ValueError("DP-SGD is for PE-VDN and PE-QMIX (each agent trains its own network and share)")
+        if self.privacy is not None and not self.method.startswith("pe-"):
+            raise ValueError("DP-SGD is for PE-VDN, PE-QMIX and PE-QTRAN (each agent trains its own network and "
+                             "share)")
         if 2 * self.agents > self.size ** 2:
             raise ValueError("the grid has no room for every agent and landmark")
         return self
@@ -110,8 +111,9 @@ class TeamRun:
 
 
 class _AgentParts(nn.Module):
-    """An agent's Q network and mixer share as one module, for one DP-SGD optimizer over both: it acts as the Q
-    network; the share is called directly (opacus' per-sample hooks sit on the share's layers all the same)."""
+    """An agent's Q network and share (PE-QMIX's mixer share, PE-QTRAN's encoders and value shares) as one module,
+    for one DP-SGD optimizer over both: it acts as the Q network; the share is called directly (opacus' per-sample
+    hooks sit on the share's layers all the same, each layer called through its forward)."""
 
     def __init__(self, net: nn.Module, share: nn.Module):
         super().__init__()
@@ -243,7 +245,7 @@ def _update(models: list[nn.Module], targets: list[nn.Module], mixing: tuple[lis
         target_total = secure_target(target_shares, [nxt[:, i] for i in agents],
                                      [b.indices for b in target_best], sum_rng)
         messages = qtran_messages(shares, [obs[:, i] for i in agents], [actions[:, i] for i in agents], q_values)
-        losses = pe_qtran_losses(messages, target_total, reward, done, config.gamma, sum_rng)
+        losses = pe_qtran_losses(messages, shares, target_total, reward, done, config.gamma, sum_rng)
     elif config.method == "pe-qmix":
         mixers, target_mixers = mixing
         with torch.no_grad():
@@ -257,7 +259,7 @@ def _update(models: list[nn.Module], targets: list[nn.Module], mixing: tuple[lis
         losses = [vdn_loss(chosen, target_max, reward, done, config.gamma)]
     else:
         losses, _ = pe_vdn_losses(chosen, target_max, reward, done, config.gamma, sum_rng)
-    if private:  # (DP-SGD is PE-VDN's and PE-QMIX's: the config refuses it for the other methods)
+    if private:  # (DP-SGD is the PE methods': the config refuses it for the others)
         for agent, loss in zip(private, losses):
             agent.step(loss)
         return
