@@ -21,7 +21,9 @@ DP-SGD (seed 003, Sec. 3.5.2, eqs. 3.7-3.8, the defense of Fig. 3.8 on the RL ta
 mini-batch step clips each chunk's gradient to L2 norm ``clip``, adds N(0, (noise_multiplier * clip)^2) to their
 sum and divides by the expected chunk count of a mini-batch, ``batch / recurrence`` (opacus' per-sample gradients and
 DP optimizer, :func:`leaklab.privacy.dpsgd.private_optimizer`; the per-chunk clipping replaces the gradient-norm
-clipping). The
+clipping), then Adam steps on the noisy gradient, or with ``optimizer="sgd"`` eq. 3.7's plain SGD (which did not
+learn the 3-room task of :mod:`leaklab.experiments.rl_membership` in 400k frames at lr 0.01 to 1, even without DP:
+docs/reproductions.md). The
 recurrent policy is built with opacus' ``DPLSTMCell`` (``build_policy(..., private=True)``: the LSTM cell's equations
 on two linear layers, whose per-sample gradients opacus computes; a policy built without it is refused). What
 :func:`ppo_epsilon` protects: a record is one chunk of the loss (an agent's ``recurrence`` steps of one rollout with
@@ -41,6 +43,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable, Sequence
+from typing import Literal
 
 import numpy as np
 import torch
@@ -136,6 +139,8 @@ class PPOConfig(BaseModel):
     epochs: int = Field(default=4, ge=1, le=100)
     batch: int = Field(default=256, ge=1, le=1_000_000)
     lr: float = Field(default=1e-3, gt=0, le=1)
+    optimizer: Literal["adam", "sgd"] = Field(
+        default="adam", description="adam: rl-starter-files' Adam (eps 1e-8); sgd: plain SGD, eq. 3.7's update")
     max_grad_norm: float = Field(default=0.5, gt=0)
     recurrence: int = Field(default=4, ge=1, le=128, description="steps a recurrent policy is trained through")
     max_steps: int = Field(default=MAX_STEPS, ge=1, le=10_000, description="an episode's step limit (T)")
@@ -170,7 +175,8 @@ def train_ppo(policy: nn.Module, maps: Sequence[FloorMap], config: PPOConfig, pr
     recurrence = config.recurrence if policy.recurrent else 1
     if t_len % recurrence:
         raise LeaklabError(f"steps per update ({t_len}) must be a multiple of the recurrence ({recurrence})")
-    optimizer = torch.optim.Adam(policy.parameters(), lr=config.lr, eps=1e-8)
+    optimizer = (torch.optim.Adam(policy.parameters(), lr=config.lr, eps=1e-8) if config.optimizer == "adam"
+                 else torch.optim.SGD(policy.parameters(), lr=config.lr))
     learner = policy
     if config.privacy is not None:
         if not policy.dp_ready:
