@@ -258,3 +258,26 @@ def test_noise_too_small_to_account_is_refused_before_the_work():
 
     with pytest.raises(ValueError, match="noise multipliers below"):
         RnnMembershipConfig(dp_noise=[0.1, 1.0])
+
+
+def test_a_defense_plot_names_an_undefined_utility_loss_in_its_legend(tmp_path, monkeypatch):
+    """A network whose utility loss is undefined (its unprotected victims earned nothing) was an empty legend
+    entry beside a line of nothing; the legend now says so."""
+    from matplotlib.axes import Axes
+
+    from leaklab.experiments import rnn_figures
+
+    legends = []
+    original = Axes.legend
+
+    def recorded(ax, *args, **kwargs):
+        legend = original(ax, *args, **kwargs)
+        legends.append([t.get_text() for t in legend.get_texts()])
+        return legend
+
+    monkeypatch.setattr(Axes, "legend", recorded)
+    rows = [{"arch": arch, "epsilon": eps, "utility_loss": None if arch == "FFNN" else 0.1 * eps,
+             "attack_accuracy": 0.5} for arch in ("FFNN", "RNN") for eps in (1.0, 4.0)]
+    rnn_figures.plot_dp_sgd(tmp_path / "dp.png", rows, task="test")
+    assert legends == [["FFNN (undefined)", "RNN"], ["FFNN", "RNN"]]
+    assert (tmp_path / "dp.png").stat().st_size > 0

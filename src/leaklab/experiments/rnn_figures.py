@@ -16,7 +16,9 @@ def _two_panels(path: Path, rows: list[dict], x: str, panels: tuple[tuple[str, s
                 group: str | None = None) -> None:
     """Two panels of ``rows`` against the key ``x``, one line per architecture (and per value of the key
     ``group``, dashed after the first): each panel a (key, axis label), shown in percent, with error bars where the
-    rows give ``KEY_se``; ``references`` (per architecture, key -> value) dotted in the architecture's colour."""
+    rows give ``KEY_se``; ``references`` (per architecture, key -> value) dotted in the architecture's colour. A line
+    whose values are all None (e.g. a utility loss against an unprotected model that earned nothing) is named
+    "undefined" in the legend rather than left an empty entry."""
     with saved_figure(path, 1, 2, figsize=(9, 3.3), title=title) as (fig, axes):
         groups = list(dict.fromkeys(r[group] for r in rows)) if group else [None]
         for arch in ARCHS:
@@ -27,8 +29,9 @@ def _two_panels(path: Path, rows: list[dict], x: str, panels: tuple[tuple[str, s
                 for ax, (key, _) in zip(axes, panels):
                     errors = [100 * r[f"{key}_se"] for r in cell] if all(r.get(f"{key}_se") for r in cell) else None
                     values = [math.nan if r[key] is None else 100 * r[key] for r in cell]  # None: undefined
+                    shown = label if any(v == v for v in values) else f"{label} (undefined)"
                     line = ax.errorbar([r[x] for r in cell], values, yerr=errors, fmt=style,
-                                       color=colour, label=label, capsize=2)
+                                       color=colour, label=shown, capsize=2)
                     colour = line.lines[0].get_color()
             for ax, (key, _) in zip(axes, panels):
                 if references and key in references[arch]:
