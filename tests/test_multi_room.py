@@ -135,28 +135,42 @@ def test_ppo_learns_a_one_room_map_and_is_reproducible(arch, frames):
         train_ppo(build_policy(arch, 0), [], config)
 
 
-def test_ppo_with_sgd_steps_along_the_gradient_where_adam_steps_by_its_sign():
-    """PPOConfig.optimizer="sgd" (eq. 3.7's plain SGD): one update of one mini-batch moves every weight by lr times
-    its (norm-clipped) gradient, in the direction of Adam's first step, which is lr times its sign."""
+def test_ppo_with_sgd_steps_by_the_gradient_where_adam_steps_by_its_sign():
+    """PPOConfig.optimizer="sgd" (eq. 3.7's plain SGD): every step moves every weight by -lr times its (norm-clipped)
+    gradient, the second too (no momentum); Adam's first step is lr times the gradient's sign."""
+    from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+
     from leaklab.rl.agents.ppo import PPOConfig, build_policy, train_ppo
 
     maps = [floor_map(s, rooms=1) for s in range(2)]
 
-    def step(optimizer):
-        policy = build_policy("ffnn", 0)
-        start = torch.cat([p.detach().flatten() for p in policy.parameters()])
-        train_ppo(policy, maps, PPOConfig(frames=128, envs=4, steps_per_update=32, epochs=1, batch=128, lr=1e-3,
-                                          optimizer=optimizer, seed=0))
-        return torch.cat([p.detach().flatten() for p in policy.parameters()]) - start
+    def steps(optimizer):
+        seen = []  # per step: (gradients, weights before, weights after)
 
-    sgd, adam = step("sgd"), step("adam")
-    assert adam.abs().max() <= 1e-3 * (1 + 1e-5)
-    moved = adam.abs() > 0.99e-3  # Adam's full steps: gradients far above its eps (the one-hot view's zeros: none)
-    assert moved.float().mean() > 0.2
-    seen = moved & (sgd != 0)  # (lr times a tiny gradient can vanish in float32 beside the weight)
-    assert seen.sum() > 0.99 * moved.sum() and (torch.sign(sgd[seen]) == torch.sign(adam[seen])).all()
-    assert sgd.norm() <= 1e-3 * 0.5 * (1 + 1e-5)  # the gradient's norm clipped to 0.5
-    assert sgd[seen].abs().max() > 10 * sgd[seen].abs().min()  # the gradient's own magnitudes, not one step size
+        def flat(opt, grad):
+            return torch.cat([(p.grad if grad else p).detach().flatten().clone() for g in opt.param_groups
+                              for p in g["params"]])
+
+        handles = [register_optimizer_step_pre_hook(lambda opt, *_: seen.append([flat(opt, True), flat(opt, False)])),
+                   register_optimizer_step_post_hook(lambda opt, *_: seen[-1].append(flat(opt, False)))]
+        try:
+            train_ppo(build_policy("ffnn", 0), maps, PPOConfig(frames=128, envs=4, steps_per_update=32, epochs=2,
+                                                               batch=128, lr=1e-3, optimizer=optimizer, seed=0))
+        finally:
+            for h in handles:
+                h.remove()
+        return seen
+
+    sgd, adam = steps("sgd"), steps("adam")
+    assert len(sgd) == len(adam) == 2  # one mini-batch per epoch
+    for grad, before, after in sgd:
+        assert 0 < grad.norm() <= 0.5 * (1 + 1e-5)  # the gradient's norm clipped to 0.5
+        assert torch.allclose(after - before, -1e-3 * grad, rtol=0, atol=5e-8)  # float32 spacing of the weights
+    grad, before, after = adam[0]
+    step = after - before
+    full = grad.abs() > 1e-4  # gradients far above Adam's eps (the one-hot view's zeros: none)
+    assert full.float().mean() > 0.2
+    assert torch.allclose(step[full], -1e-3 * torch.sign(grad[full]), rtol=0, atol=2e-7)
 
 
 def test_the_private_recurrent_policy_computes_what_the_plain_one_does():

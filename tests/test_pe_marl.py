@@ -158,6 +158,9 @@ def test_pe_qtran_gradients_equal_qtran_by_the_equations():
     central = qtran_loss(messages(), target_total, reward, done, 0.9)
     assert float(central.detach()) == pytest.approx(float(reference.detach()), rel=1e-3)
     losses = pe_qtran_losses(messages(), shares, target_total, reward, done, 0.9, np.random.default_rng(0))
+    for wrong in (shares[::-1], shares[:-1]):  # each agent's own layers must be those that made its messages
+        with pytest.raises(LeaklabError, match="shares that made the messages"):
+            pe_qtran_losses(messages(), wrong, target_total, reward, done, 0.9, np.random.default_rng(0))
     k = 0
     for i, loss in enumerate(losses):
         assert float(loss.detach()) == pytest.approx(float(reference.detach()), rel=1e-3)
@@ -200,8 +203,9 @@ def test_dp_pe_qmix_clips_each_agents_network_and_share_together():
 
 
 def test_dp_pe_qtran_steps_by_each_agents_per_sample_gradients_of_network_encoders_and_shares():
-    """Without noise or clipping, each agent's DP-SGD step is its PE-QTRAN gradient (opacus saw every layer,
-    the second-layer shares included, through their forward); clipped, it moves no further than lr * C."""
+    """Each agent's DP-SGD step is the mean of its samples' PE-QTRAN gradients (each from that sample alone, over
+    its Q network, encoders and shares, the second-layer shares included), each clipped to C: opacus saw every
+    layer through its forward and assigned each gradient to its sample. Unclipped, it is the batch's gradient."""
     import copy
 
     from leaklab.privacy.dpsgd import DPConfig
@@ -216,33 +220,41 @@ def test_dp_pe_qtran_steps_by_each_agents_per_sample_gradients_of_network_encode
     target_total = secure_target(copy.deepcopy(shares), nxt, [torch.zeros(len(reward), dtype=torch.long)] * len(nets),
                                  np.random.default_rng(1))
     start = copy.deepcopy((nets, shares))
+    batch = len(reward)
 
-    def losses(models, nets, shares):
-        q_values = [m(o) for m, o in zip(models, obs)]
-        return pe_qtran_losses(qtran_messages(shares, obs, act, q_values), shares, target_total, reward, done, 0.9,
-                               np.random.default_rng(0))
+    def losses(models, shares, rows=slice(None)):
+        q_values = [m(o[rows]) for m, o in zip(models, obs)]
+        return pe_qtran_losses(qtran_messages(shares, [o[rows] for o in obs], [a[rows] for a in act], q_values),
+                               shares, target_total[rows], reward[rows], done[rows], 0.9, np.random.default_rng(0))
 
-    expected = [torch.autograd.grad(loss, [*n.parameters(), *s.parameters()], retain_graph=True)
-                for loss, n, s in zip(losses(nets, nets, shares), nets, shares)]
-    for clip in (1e6, 1e-3):
+    def flat(tensors):
+        return torch.cat([t.flatten() for t in tensors])
+
+    params = [[*n.parameters(), *s.parameters()] for n, s in zip(nets, shares)]
+    whole = [flat(torch.autograd.grad(loss, ps, retain_graph=True)) for loss, ps in zip(losses(nets, shares), params)]
+    each = [torch.stack([flat(torch.autograd.grad(loss, ps, retain_graph=True))
+                         for b in range(batch) for loss in [losses(nets, shares, slice(b, b + 1))[i]]])
+            for i, ps in enumerate(params)]  # [agent][sample, parameter]
+    norms = torch.cat([g.norm(dim=1) for g in each])
+    clip = float(norms.median())  # about half the samples clipped
+    assert norms.max() < 1e6
+    for c in (1e6, clip):
         nets, shares = copy.deepcopy(start)
         agents = [make_private_agent(own, torch.optim.SGD(own.parameters(), lr=1.0),
-                                     DPConfig(clip=clip, noise_multiplier=0.0), sample_rate=1.0,
-                                     expected_batch_size=len(reward), steps=1, seed=i)
+                                     DPConfig(clip=c, noise_multiplier=0.0), sample_rate=1.0,
+                                     expected_batch_size=batch, steps=1, seed=i)
                   for i, own in enumerate(_AgentParts(n, s) for n, s in zip(nets, shares))]
-        for agent, loss in zip(agents, losses([a.model for a in agents], nets, shares)):
+        for agent, loss in zip(agents, losses([a.model for a in agents], shares)):
             agent.step(loss)
         for i, agent in enumerate(agents):
-            before = [*start[0][i].parameters(), *start[1][i].parameters()]
-            moved = [p.detach() - q.detach() for p, q in zip([*nets[i].parameters(), *shares[i].parameters()],
-                                                             before)]
-            if clip > 1:  # nothing clipped: the step is minus the gradient
-                for m, g in zip(moved, expected[i]):
-                    assert torch.allclose(m, -g, atol=1e-5 * max(1.0, g.abs().max().item()))
-            else:
-                norm = torch.sqrt(sum((m ** 2).sum() for m in moved))
-                assert 0 < norm <= clip * (1 + 1e-5)
-            assert moved[-1].abs().max() > 0  # V's second-layer share moved
+            moved = flat([*nets[i].parameters(), *shares[i].parameters()]).detach() - flat(
+                [*start[0][i].parameters(), *start[1][i].parameters()]).detach()
+            g = each[i]
+            clipped = (g * (c / g.norm(dim=1, keepdim=True)).clamp(max=1.0)).sum(0) / batch
+            assert torch.allclose(moved, -clipped, atol=1e-5 * max(1.0, clipped.abs().max().item()))
+            if c == 1e6:  # nothing clipped: the batch's gradient
+                assert torch.allclose(moved, -whole[i], atol=1e-5 * max(1.0, whole[i].abs().max().item()))
+            assert (moved.reshape(-1)[-17:].abs() > 0).any()  # V's second-layer share (16 weights, a bias) moved
             agent.model.remove_hooks()
 
 

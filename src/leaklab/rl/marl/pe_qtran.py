@@ -30,6 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from leaklab.errors import LeaklabError
 from leaklab.rl.marl.pe_qmix import revealed_sum
 
 __all__ = ["QtranShare", "QtranMessages", "qtran_messages", "qtran_loss", "pe_qtran_losses", "secure_target"]
@@ -133,6 +134,9 @@ def pe_qtran_losses(messages: Sequence[QtranMessages], shares: Sequence[QtranSha
                     rng: np.random.Generator) -> list[torch.Tensor]:
     """Each agent's loss from the revealed sums with its own messages (and, for the second layers, its ``shares``'
     layers) in the graph."""
+    if len(shares) != len(messages) or any(m.second[0].data_ptr() != s.q2.weight.data_ptr()
+                                           for m, s in zip(messages, shares)):
+        raise LeaklabError("pe_qtran_losses needs the shares that made the messages, one per agent, in their order")
     sums = [revealed_sum(parts, rng) for parts in zip(*(m.parts() for m in messages))]
     losses = []
     for own, share in zip(messages, shares):
