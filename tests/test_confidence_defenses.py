@@ -37,9 +37,16 @@ def test_memguard_phase_one_crosses_the_boundary_and_keeps_the_class(memguard):
     net = torch.nn.Sequential(torch.nn.Linear(10, 4), torch.nn.ReLU(), torch.nn.Linear(4, 1))
     MemGuard(net, 10)
     assert net[0].weight.dtype == torch.float32 and net[0].weight.requires_grad
-    # the search is retried with c3 ten times larger while it succeeds: a larger c3 cap never moves a vector further
+    # the search is retried with c3 ten times larger while it succeeds, the last success kept: the retries change
+    # the answers, each still across the boundary. (Until session 64 this asserted that a larger c3 cap never moves
+    # the vectors further on average; that is no property of the algorithm, which keeps the last success, not the
+    # least distorted: on an AMD host 69 of these 200 vectors moved further with the retries and 127 less, the mean
+    # 4e-5 further; it had held on the earlier hosts by rounding.)
     timid = MemGuard(memguard.classifier, 10, c3_max=0.1).adversarial(s)
-    assert float((moved - s).abs().sum(1).mean()) <= float((timid - s).abs().sum(1).mean()) + 1e-9
+    assert not torch.equal(moved, timid)
+    with torch.no_grad():
+        crossed = memguard.classifier(timid.double()).squeeze(1) * before <= 0
+    assert crossed.double().mean() > 0.95 and torch.equal(timid.argmax(1), s.argmax(1))
 
 
 def test_memguard_phase_two_keeps_the_expected_distortion_within_the_budget(memguard):
