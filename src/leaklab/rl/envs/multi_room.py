@@ -32,7 +32,9 @@ import numpy as np
 from leaklab.errors import LeaklabError
 
 ACTIONS = ("left", "right", "forward", "toggle")
+LEFT, RIGHT, FORWARD, TOGGLE = range(len(ACTIONS))
 CELL_KINDS = ("wall", "closed door", "open door", "goal", "empty")
+SEEN_WALL, SEEN_CLOSED, SEEN_OPEN, SEEN_GOAL, SEEN_EMPTY = range(len(CELL_KINDS))  # a view's codes
 EMPTY, WALL, DOOR, GOAL = 0, 1, 2, 3  # a map's cell codes (a door's open state is kept apart)
 VIEW = 7
 DIRECTIONS = np.array([(1, 0), (0, 1), (-1, 0), (0, -1)], dtype=np.int64)  # (dx, dy): east, south, west, north
@@ -152,7 +154,7 @@ def _visible(codes: np.ndarray) -> np.ndarray:
     """MiniGrid's ``Grid.process_vis`` on views ``[K, 7, 7]`` (rows from the far end, the agent at the bottom
     centre): what the agent sees, spreading from its cell row by row towards the far end, sideways and one row on,
     through every cell but walls and closed doors."""
-    clear = (codes != CELL_KINDS.index("wall")) & (codes != CELL_KINDS.index("closed door"))
+    clear = (codes != SEEN_WALL) & (codes != SEEN_CLOSED)
     seen = np.zeros(codes.shape, dtype=bool)
     seen[:, VIEW - 1, VIEW // 2] = True
     for j in range(VIEW - 1, -1, -1):
@@ -235,8 +237,8 @@ class RoomBatch:
         xc, yc = np.clip(x, 0, self.size - 1), np.clip(y, 0, self.size - 1)
         cell = self.cells[k, yc, xc]
         kind = np.select([cell == WALL, (cell == DOOR) & ~self.open[k, yc, xc], cell == DOOR, cell == GOAL],
-                         [0, 1, 2, 3], default=4)
-        return np.where(inside, kind, 0)
+                         [SEEN_WALL, SEEN_CLOSED, SEEN_OPEN, SEEN_GOAL], default=SEEN_EMPTY)
+        return np.where(inside, kind, SEEN_WALL)
 
     def observe(self) -> np.ndarray:
         """Every agent's 7 x 7 egocentric view, one-hot per cell: ``[K, 245]`` float32."""
@@ -245,7 +247,7 @@ class RoomBatch:
         x = self.pos[:, 0, None, None] + f[:, 0, None, None] * self._ahead + r[:, 0, None, None] * self._right
         y = self.pos[:, 1, None, None] + f[:, 1, None, None] * self._ahead + r[:, 1, None, None] * self._right
         codes = self._cell_codes(x, y)
-        codes[:, VIEW - 1, VIEW // 2] = CELL_KINDS.index("empty")  # its own cell, a doorway too (MiniGrid's)
+        codes[:, VIEW - 1, VIEW // 2] = SEEN_EMPTY  # its own cell, a doorway too (MiniGrid's)
         seen = _visible(codes)
         return (np.eye(len(CELL_KINDS), dtype=np.float32)[codes] * seen[..., None]).reshape(len(self), -1)
 
@@ -256,16 +258,17 @@ class RoomBatch:
             raise LeaklabError(f"one action per agent, each in 0..{len(ACTIONS) - 1}")
         k = np.arange(len(self))
         self.steps += 1
-        self.dir = np.where(actions == 0, (self.dir - 1) % 4, np.where(actions == 1, (self.dir + 1) % 4, self.dir))
+        self.dir = np.where(actions == LEFT, (self.dir - 1) % 4,
+                            np.where(actions == RIGHT, (self.dir + 1) % 4, self.dir))
         fx, fy = _front(self.pos, self.dir).T
         inside = (fx >= 0) & (fy >= 0) & (fx < self.size) & (fy < self.size)
         fxc, fyc = np.clip(fx, 0, self.size - 1), np.clip(fy, 0, self.size - 1)
         ahead = np.where(inside, self.cells[k, fyc, fxc], WALL)
         door = ahead == DOOR
         passable = (ahead == EMPTY) | (ahead == GOAL) | (door & self.open[k, fyc, fxc])
-        move = (actions == 2) & passable
+        move = (actions == FORWARD) & passable
         self.pos = np.where(move[:, None], np.stack([fxc, fyc], 1), self.pos)
-        toggle = (actions == 3) & door
+        toggle = (actions == TOGGLE) & door
         self.open[k[toggle], fyc[toggle], fxc[toggle]] ^= True
         reached = move & (ahead == GOAL)
         gained = np.where(reached, reward(self.steps, self.max_steps), 0.0)
