@@ -23,7 +23,7 @@ lambda_opt = 1 and lambda_nopt = 0.1 (the authors' code); the thesis gives none.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -63,20 +63,20 @@ class QtranShare(nn.Module):
         return self.q2.weight[0], self.q2.bias[0], self.v2.weight[0], self.v2.bias[0]
 
 
-@dataclass
-class QtranMessages:
+class QtranMessages(NamedTuple):
     """One agent's contributions to a minibatch's sums: the first-layer terms at (tau, a) and (tau, a-bar, without
-    gradient) and of V, its Q values at a and a-bar, and its second-layer shares."""
+    gradient) and of V, its Q values at a and a-bar, and its second-layer shares (:meth:`QtranShare.second`); the
+    sums over the agents have the same fields."""
 
     first_q: torch.Tensor
     first_q_best: torch.Tensor
     first_v: torch.Tensor
     q: torch.Tensor
     q_best: torch.Tensor
-    second: tuple[torch.Tensor, ...]
-
-    def parts(self) -> list[torch.Tensor]:
-        return [self.first_q, self.first_q_best, self.first_v, self.q, self.q_best, *self.second]
+    w_q: torch.Tensor
+    b_q: torch.Tensor
+    w_v: torch.Tensor
+    b_v: torch.Tensor
 
 
 def qtran_messages(shares: Sequence[QtranShare], observations: Sequence[torch.Tensor],
@@ -89,7 +89,7 @@ def qtran_messages(shares: Sequence[QtranShare], observations: Sequence[torch.Te
         with torch.no_grad():  # it enters Q^_tot alone, whose gradient is stopped (and DP-SGD's per-sample hooks
             first_q_best = share.first_q(o, best.indices)  # pair each forward with a backward)
         out.append(QtranMessages(share.first_q(o, a), first_q_best, share.first_v(o),
-                                 q.gather(1, a[:, None]).squeeze(1), best.values, share.second()))
+                                 q.gather(1, a[:, None]).squeeze(1), best.values, *share.second()))
     return out
 
 
@@ -108,12 +108,12 @@ def _own_head(first: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, lay
 
 
 def _losses(total: torch.Tensor, v: torch.Tensor, q: torch.Tensor, q_best: torch.Tensor,
-            fixed: Sequence[torch.Tensor], target_total: torch.Tensor, reward: torch.Tensor, done: torch.Tensor,
+            fixed: QtranMessages, target_total: torch.Tensor, reward: torch.Tensor, done: torch.Tensor,
             gamma: float) -> torch.Tensor:
-    """Eq. 4.28 from Q_tot(tau, a), V(tau), the summed Q values at a and a-bar, and the sums' values ``fixed`` (in the
-    order of :meth:`QtranMessages.parts`, for Q^_tot, whose gradient is stopped)."""
-    fixed_total = _head(fixed[0], fixed[5], fixed[6])
-    fixed_best = _head(fixed[1], fixed[5], fixed[6])
+    """Eq. 4.28 from Q_tot(tau, a), V(tau), the summed Q values at a and a-bar, and the sums ``fixed`` (for Q^_tot,
+    whose gradient is stopped)."""
+    fixed_total = _head(fixed.first_q, fixed.w_q, fixed.b_q)
+    fixed_best = _head(fixed.first_q_best, fixed.w_q, fixed.b_q)
     td = ((reward + gamma * (1 - done) * target_total.detach() - total) ** 2).mean()
     opt = ((q_best - fixed_best + v) ** 2).mean()
     nopt = (torch.clamp(q - fixed_total + v, max=0.0) ** 2).mean()
@@ -123,10 +123,9 @@ def _losses(total: torch.Tensor, v: torch.Tensor, q: torch.Tensor, q_best: torch
 def qtran_loss(messages: Sequence[QtranMessages], target_total: torch.Tensor, reward: torch.Tensor,
                done: torch.Tensor, gamma: float) -> torch.Tensor:
     """Centralised QTRAN on the plain sums of the messages: the reference PE-QTRAN reproduces."""
-    first_q, _, first_v, q, q_best, w_q, b_q, w_v, b_v = sums = [
-        torch.stack(parts).sum(0) for parts in zip(*(m.parts() for m in messages))]
-    return _losses(_head(first_q, w_q, b_q), _head(first_v, w_v, b_v), q, q_best, [x.detach() for x in sums],
-                   target_total, reward, done, gamma)
+    sums = QtranMessages(*(torch.stack(parts).sum(0) for parts in zip(*messages)))
+    return _losses(_head(sums.first_q, sums.w_q, sums.b_q), _head(sums.first_v, sums.w_v, sums.b_v), sums.q,
+                   sums.q_best, QtranMessages(*(x.detach() for x in sums)), target_total, reward, done, gamma)
 
 
 def pe_qtran_losses(messages: Sequence[QtranMessages], shares: Sequence[QtranShare], target_total: torch.Tensor,
@@ -134,16 +133,18 @@ def pe_qtran_losses(messages: Sequence[QtranMessages], shares: Sequence[QtranSha
                     rng: np.random.Generator) -> list[torch.Tensor]:
     """Each agent's loss from the revealed sums with its own messages (and, for the second layers, its ``shares``'
     layers) in the graph."""
-    if len(shares) != len(messages) or any(m.second[0].data_ptr() != s.q2.weight.data_ptr()
+    if len(shares) != len(messages) or any(m.w_q.data_ptr() != s.q2.weight.data_ptr()
                                            for m, s in zip(messages, shares)):
         raise LeaklabError("pe_qtran_losses needs the shares that made the messages, one per agent, in their order")
-    sums = [revealed_sum(parts, rng) for parts in zip(*(m.parts() for m in messages))]
+    sums = QtranMessages(*(revealed_sum(parts, rng) for parts in zip(*messages)))
     losses = []
     for own, share in zip(messages, shares):
-        first_q, _, first_v, q, q_best = (s - m.detach() + m for s, m in zip(sums, own.parts()[:5]))
-        losses.append(_losses(_own_head(first_q, sums[5], sums[6], share.q2),
-                              _own_head(first_v, sums[7], sums[8], share.v2), q, q_best, sums, target_total, reward,
-                              done, gamma))
+        first_q, first_v, q, q_best = (revealed - mine.detach() + mine for revealed, mine in
+                                       ((sums.first_q, own.first_q), (sums.first_v, own.first_v), (sums.q, own.q),
+                                        (sums.q_best, own.q_best)))
+        losses.append(_losses(_own_head(first_q, sums.w_q, sums.b_q, share.q2),
+                              _own_head(first_v, sums.w_v, sums.b_v, share.v2), q, q_best, sums, target_total,
+                              reward, done, gamma))
     return losses
 
 
