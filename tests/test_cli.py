@@ -135,6 +135,32 @@ def test_a_mistyped_command_is_suggested_once():
         assert result.exit_code == 2 and result.stderr.count(name) == 1, result.stderr
 
 
+def test_command_listings_give_each_summary_as_one_line(monkeypatch):
+    """typer's listing kept a docstring's line breaks: on a terminal of any width a command's summary broke off
+    mid-line ("...an RNN" / "and an FFNN...")."""
+    import click
+    import typer.rich_utils
+
+    from leaklab.cli import app
+
+    monkeypatch.setattr(typer.rich_utils, "MAX_WIDTH", 1000)  # wide enough that nothing wraps
+    groups = [((), typer.main.get_command(app))]
+    seen = 0
+    while groups:
+        path, group = groups.pop()
+        result = invoke(*path, "--help")
+        assert result.exit_code == 0, result.output
+        lines = [" ".join(line.strip(" │").split()) for line in result.output.splitlines()]
+        for name in group.list_commands(click.Context(group)):
+            command = group.get_command(click.Context(group), name)
+            summary = " ".join(command.help.split("\n\n")[0].split())
+            assert any(line == f"{name} {summary}" for line in lines), (path, name, summary)
+            seen += 1
+            if isinstance(command, click.Group):
+                groups.append(((*path, name), command))
+    assert seen >= 30
+
+
 def test_help_version_and_bad_names_do_not_load_torch(tmp_path):
     """`leaklab --help` took 2.6 s here while torch loaded, 0.5 s without it; a mistyped name
     (`--setting S3`) was refused only after the imports, 6-9 s, and a negative seed was a traceback in

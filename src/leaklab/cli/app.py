@@ -19,7 +19,18 @@ from leaklab.names import MAX_THREADS
 from leaklab.errors import LeaklabError, validation_message
 
 
-class _OneLineErrors(TyperGroup):
+class _Listing(TyperGroup):
+    """A command group whose listing gives each command's first help paragraph as flowing text: typer's rich
+    listing kept the docstring's line breaks, and a command's summary broke off mid-line."""
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        command = super().get_command(ctx, cmd_name)
+        if command is not None and command.short_help is None and command.help:
+            command.short_help = " ".join(command.help.split("\n\n")[0].split())
+        return command
+
+
+class _OneLineErrors(_Listing):
     """The top command group: a mistake click itself finds (an option missing or unknown, a value of the
     wrong type) is one ``error:`` line with exit code 2, as leaklab's own checks are, instead of a boxed
     panel; a command group called without a command still prints its help."""
@@ -51,9 +62,9 @@ app = typer.Typer(name="leaklab", cls=_OneLineErrors, no_args_is_help=True, add_
 
 
 def _group(text: str) -> typer.Typer:
-    """A command group: its help when run without a command, and click's suggestion for a mistyped one (typer's
-    own repeated it)."""
-    return typer.Typer(no_args_is_help=True, suggest_commands=False, help=text)
+    """A command group: its help when run without a command, its commands listed by :class:`_Listing`, and
+    click's suggestion for a mistyped one (typer's own repeated it)."""
+    return typer.Typer(cls=_Listing, no_args_is_help=True, suggest_commands=False, help=text)
 
 
 attack_app = _group("Attack captured client updates.")
