@@ -153,7 +153,7 @@ def test_command_listings_give_each_summary_as_one_line(monkeypatch):
         lines = [" ".join(line.strip(" │").split()) for line in result.output.splitlines()]
         for name in group.list_commands(click.Context(group)):
             command = group.get_command(click.Context(group), name)
-            summary = " ".join(command.help.split("\n\n")[0].split())
+            summary = " ".join((command.help or "").split("\n\n")[0].split())
             assert any(line == f"{name} {summary}" for line in lines), (path, name, summary)
             seen += 1
             if isinstance(command, click.Group):

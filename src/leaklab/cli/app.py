@@ -21,12 +21,14 @@ from leaklab.errors import LeaklabError, validation_message
 
 class _Listing(TyperGroup):
     """A command group whose listing gives each command's first help paragraph as flowing text: typer's rich
-    listing kept the docstring's line breaks, and a command's summary broke off mid-line."""
+    listing kept the docstring's line breaks, and a command's summary broke off mid-line. A paragraph marked
+    ``\\b`` (click's: keep my line breaks) is left as written."""
 
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
         command = super().get_command(ctx, cmd_name)
-        if command is not None and command.short_help is None and command.help:
-            command.short_help = " ".join(command.help.split("\n\n")[0].split())
+        first = (command.help or "").split("\n\n")[0] if command is not None else ""
+        if command is not None and command.short_help is None and first and not first.startswith("\b"):
+            command.short_help = " ".join(first.split())
         return command
 
 
