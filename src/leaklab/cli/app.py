@@ -26,8 +26,10 @@ class _Listing(TyperGroup):
 
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
         command = super().get_command(ctx, cmd_name)
-        first = (command.help or "").split("\n\n")[0] if command is not None else ""
-        if command is not None and command.short_help is None and first and not first.startswith("\b"):
+        if command is None or command.short_help is not None:
+            return command
+        first = (command.help or "").split("\n\n")[0]
+        if first and not first.startswith("\b"):
             command.short_help = " ".join(first.split())
         return command
 
