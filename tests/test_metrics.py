@@ -80,3 +80,17 @@ def test_an_exact_copy_of_a_dark_frame_shows_its_room():
     m = room_metrics(rec, truth, "S1")
     assert m["rgb_paper_psnr"] - m["rgb_paper_psnr_baseline"] < 3  # the normalisation's error alone
     assert m["rgb_gain_max"] > 100 and m["depth_gain_max"] > 100
+
+
+def test_ssim_is_torchmetrics_ssim():
+    from torchmetrics.functional.image import structural_similarity_index_measure
+
+    g = torch.Generator().manual_seed(1)
+    for shape in ((2, 3, 32, 32), (1, 1, 150, 150), (3, 2, 17, 40)):
+        truth = torch.rand(shape, generator=g, dtype=torch.float64) ** 3  # dark frames too
+        for noise in (0.0, 1e-4, 0.05, 0.5):
+            recon = (truth + noise * torch.randn(shape, generator=g, dtype=torch.float64)).clamp(0, 1)
+            reference = structural_similarity_index_measure(recon, truth, data_range=1.0, reduction="none")
+            assert torch.allclose(ssim(recon, truth), reference, rtol=0, atol=1e-12)
+    flat = torch.full((1, 1, 12, 12), 0.25, dtype=torch.float64)  # a constant image: no variance anywhere
+    assert float(ssim(flat, flat)) == 1.0

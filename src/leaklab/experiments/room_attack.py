@@ -140,7 +140,8 @@ def jobs_and_cosines(count: int, build: Callable[[int], tuple[Sample, Job]]) -> 
 
     def make(i: int) -> Job:
         sample, job = build(i)
-        kept.setdefault(i, update_cosine(sample.update.tensors, job.update.tensors))
+        if i not in kept:  # an attack journal builds every job once before the pool builds it again
+            kept[i] = update_cosine(sample.update.tensors, job.update.tensors)
         return job
 
     return JobList(count, make), kept
