@@ -1,5 +1,6 @@
 import math
 
+import pytest
 import torch
 
 from leaklab.metrics import (box_iou, constant_baseline, cosine_similarity, match_order,
@@ -87,10 +88,13 @@ def test_ssim_is_torchmetrics_ssim():
 
     g = torch.Generator().manual_seed(1)
     for shape in ((2, 3, 32, 32), (1, 1, 150, 150), (3, 2, 17, 40)):
-        truth = torch.rand(shape, generator=g, dtype=torch.float64) ** 3  # dark frames too
-        for noise in (0.0, 1e-4, 0.05, 0.5):
-            recon = (truth + noise * torch.randn(shape, generator=g, dtype=torch.float64)).clamp(0, 1)
-            reference = structural_similarity_index_measure(recon, truth, data_range=1.0, reduction="none")
-            assert torch.allclose(ssim(recon, truth), reference, rtol=0, atol=1e-12)
-    flat = torch.full((1, 1, 12, 12), 0.25, dtype=torch.float64)  # a constant image: no variance anywhere
-    assert float(ssim(flat, flat)) == 1.0
+        for truth in (torch.rand(shape, generator=g, dtype=torch.float64) ** 3,  # dark, textured frames
+                      0.97 + 1e-3 * torch.rand(shape, generator=g, dtype=torch.float64)):  # bright, nearly flat
+            for noise in (0.0, 1e-4, 0.05, 0.5):
+                recon = (truth + noise * torch.randn(shape, generator=g, dtype=torch.float64)).clamp(0, 1)
+                reference = structural_similarity_index_measure(recon, truth, data_range=1.0, reduction="none")
+                assert torch.allclose(ssim(recon, truth), reference, rtol=0, atol=1e-11)
+    flat = torch.full((1, 1, 12, 12), 0.7, dtype=torch.float64)  # a constant image: no variance anywhere
+    assert math.isclose(float(ssim(flat, flat)), 1.0, abs_tol=1e-11)
+    with pytest.raises(ValueError, match=r"\[N, C, H, W\]"):
+        ssim(flat[0], flat[0])

@@ -213,6 +213,7 @@ def test_unknown_table_cells_are_refused(tmp_path):
 def test_architecture_digest_tells_networks_apart_without_touching_the_random_state():
     from leaklab.models.perception import architecture_digest
 
+    architecture_digest.cache_clear()  # every network built here, not read from an earlier test's digests
     torch.manual_seed(3)
     before = torch.get_rng_state()
     s1 = {arch: architecture_digest(PerceptionSpec(setting="S1", arch=arch)) for arch in ARCH_NAMES}

@@ -8,7 +8,8 @@ reflection and the SSIM map is averaged over every pixel, the 5-pixel border inc
 scikit-image average only the interior the window fits in). The border makes the two differ: on 32-pixel
 photos by up to about 0.2 for a 2-pixel shift (0.19 at most over 16 photos, a review measured), on 150-pixel
 room reconstructions by 0.003-0.013 on average (measured in docs/reproductions.md); every SSIM leaklab
-publishes is torchmetrics' (tests hold :func:`ssim` to torchmetrics' within 1e-12). Averaged over channels.
+publishes is torchmetrics' definition, which :func:`ssim` computes to rounding (tests: within 1e-11; 3e-12 on
+bright flat frames). Averaged over channels.
 ``channel="y"`` scores the luma Y of YCbCr (ITU-R BT.601, studio swing as MATLAB's ``rgb2ycbcr``:
 ``Y = (16 + 65.481 R + 128.553 G + 24.966 B) / 255``), as super-resolution and seed 000 do; single-channel
 images are scored as they are.
@@ -31,6 +32,8 @@ def rgb_to_y(images: torch.Tensor) -> torch.Tensor:
 
 
 def _prepare(recon: torch.Tensor, truth: torch.Tensor, channel: str) -> tuple[torch.Tensor, torch.Tensor]:
+    if recon.ndim != 4:
+        raise ValueError(f"images must be [N, C, H, W], not {tuple(recon.shape)}")
     if recon.shape != truth.shape:
         raise ValueError(f"reconstruction shape {tuple(recon.shape)} != truth shape {tuple(truth.shape)}")
     recon = recon.detach().double().clamp(0, 1)
@@ -56,9 +59,10 @@ SSIM_C1, SSIM_C2 = 0.01 ** 2, 0.03 ** 2  # (K1 L)^2 and (K2 L)^2 at data range L
 
 def _gaussian_window(images: torch.Tensor) -> torch.Tensor:
     """Each channel of ``images`` ``[N, C, H, W]`` averaged by SSIM's Gaussian window, its border reflected:
-    by two one-dimensional passes, as the window is the outer product of two (torch convolves float64 on the CPU
-    without oneDNN: torchmetrics' SSIM with its 11 x 11 window took 81-92 ms per 150-pixel frame, this one 3-5 ms,
-    one core, session 66; an audit scores its frames in its main process, beside its attacks)."""
+    by two one-dimensional passes, as the window is the outer product of two (torch 2.13 convolves float64 on the CPU
+    by ``aten::_slow_conv2d_forward``, its profiler shows, float32 by oneDNN: torchmetrics' SSIM with its 11 x 11
+    window took 81-92 ms per 150-pixel frame, this one 3-5 ms, one core, session 66; an audit scores its frames in
+    its main process, beside its attacks)."""
     half = SSIM_WINDOW // 2
     offsets = torch.arange(SSIM_WINDOW, dtype=images.dtype, device=images.device) - half
     taps = torch.exp(-(offsets / SSIM_SIGMA) ** 2 / 2)

@@ -66,7 +66,7 @@ def _image_scores(normalised: Mapping[str, torch.Tensor], truth: torch.Tensor, p
             rec = x[:, part]
             scored[id(x)] = {"psnr": float(psnr(rec, truth, channel)), "ssim": float(ssim(rec, truth, channel)),
                              **baseline}
-    return {norm: scored[id(x)] for norm, x in normalised.items()}
+    return {norm: dict(scored[id(x)]) for norm, x in normalised.items()}
 
 
 def _box_scores(rec: torch.Tensor, truth: torch.Tensor) -> dict[str, float]:
