@@ -472,14 +472,15 @@ def test_plain_progress_writes_a_line_every_interval_and_at_each_task_end(capsys
 
     now = [100.0]
     progress = _plain_progress(clock=lambda: now[0])
-    for t, done in ((5, 1), (PLAIN_EVERY - 1, 2), (PLAIN_EVERY + 1, 3), (PLAIN_EVERY + 10, 4),
+    for t, done in ((1, 0), (5, 1), (PLAIN_EVERY - 1, 2), (PLAIN_EVERY + 1, 3), (PLAIN_EVERY + 10, 4),
                     (2 * PLAIN_EVERY + 2, 5), (2 * PLAIN_EVERY + 3, 60)):
         now[0] = 100.0 + t
         progress("audit", done, 60)
     now[0] += 1
     progress(task="cell 2/2: qgi-S1", completed=0, total=None)
     lines = capsys.readouterr().err.splitlines()
-    # the time left at the task's rate since it was first reported (1 done at 0:05): 57 x 26 s / 2
+    # the time left at the task's rate since its count first moved (1 done at 0:05), not since its start-up began
+    # (0 at 0:01, which said 9:30): 57 x 26 s / 2
     assert lines == ["audit: 3/60 (0:31 elapsed, about 12:21 left)", "audit: 5/60 (1:02 elapsed, about 13:03 left)",
                      "audit: 60/60 (1:03 elapsed)"]
 
@@ -489,7 +490,7 @@ def test_plain_progress_shows_a_running_attacks_share_to_the_tenth_below(capsys)
 
     now = [0.0]
     progress = _plain_progress(clock=lambda: now[0])
-    for t, done in ((PLAIN_EVERY + 1, 0.96), (2 * PLAIN_EVERY + 2, 2.25), (2 * PLAIN_EVERY + 3, 3.0),
+    for t, done in ((1, 0.0), (PLAIN_EVERY + 1, 0.96), (2 * PLAIN_EVERY + 2, 2.25), (2 * PLAIN_EVERY + 3, 3.0),
                     (2 * PLAIN_EVERY + 4, 3)):
         now[0] = t
         progress("qgi S1", done, 3)
