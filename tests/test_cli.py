@@ -490,12 +490,27 @@ def test_plain_progress_shows_a_running_attacks_share_to_the_tenth_below(capsys)
 
     now = [0.0]
     progress = _plain_progress(clock=lambda: now[0])
-    for t, done in ((1, 0.0), (PLAIN_EVERY + 1, 0.96), (2 * PLAIN_EVERY + 2, 2.25), (2 * PLAIN_EVERY + 3, 3.0),
+    for t, done in ((PLAIN_EVERY + 1, 0.96), (2 * PLAIN_EVERY + 2, 2.25), (2 * PLAIN_EVERY + 3, 3.0),
                     (2 * PLAIN_EVERY + 4, 3)):
         now[0] = t
         progress("qgi S1", done, 3)
     assert capsys.readouterr().err.splitlines() == [
         "qgi S1: 0.9/3 (0:31 elapsed)", "qgi S1: 2.2/3 (1:02 elapsed, about 0:18 left)", "qgi S1: 3/3 (1:03 elapsed)"]
+
+
+def test_plain_progress_estimates_after_the_second_of_whole_steps_counted_from_one(capsys):
+    """A task counting whole steps from 1 (training runs, maps) gets its estimate at its second step, as before its
+    rate ran from its count's first move (a review found such a task waiting a step longer, or never estimated)."""
+    from leaklab.cli.progress import PLAIN_EVERY, _plain_progress
+
+    now = [0.0]
+    progress = _plain_progress(clock=lambda: now[0])
+    for step in range(1, 5):
+        now[0] = step * (PLAIN_EVERY + 10)
+        progress("training runs", step, 4)
+    assert capsys.readouterr().err.splitlines() == [
+        "training runs: 1/4 (0:40 elapsed)", "training runs: 2/4 (1:20 elapsed, about 1:20 left)",
+        "training runs: 3/4 (2:00 elapsed, about 0:40 left)", "training runs: 4/4 (2:40 elapsed)"]
 
 
 def test_terminal_progress_starts_a_new_bar_when_work_goes_on_after_a_full_one():

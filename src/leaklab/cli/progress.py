@@ -36,20 +36,21 @@ def _plain_progress(clock: Callable[[], float] = time.monotonic) -> Callable[...
     """The progress callback for a non-interactive stderr: one plain line ``description: done/total
     (elapsed, about ... left)`` at most every :data:`PLAIN_EVERY` seconds and when a task completes,
     none in a run's first :data:`PLAIN_EVERY` seconds (a short run stays silent, as its error stays
-    one line). The time left is the task's rate since its count first moved, over what remains: from its first
-    report instead, the default audit's first line said 1:40:31 left of an 8-minute run (session 66), its workers'
-    start-up (8 s before the first attack's first report) counted as work."""
+    one line). The time left is the task's rate since its count first moved, over what remains, or since its
+    first report while it has moved only once (a task counting whole steps from 1 would otherwise wait two steps
+    for an estimate): from its first report alone, the default audit's first line said 1:40:31 left of an 8-minute
+    run (session 66), its workers' start-up (8 s before the first attack's first report) counted as work."""
     start = last = clock()
     said = ""
-    initial: dict[str, float] = {}  # task -> its count when first reported
-    first: dict[str, tuple[float, float]] = {}  # task -> (time, completed) when its count first moved from there
+    first: dict[str, tuple[float, float]] = {}  # task -> (time, completed) when first reported
+    moved: dict[str, tuple[float, float]] = {}  # task -> (time, completed) when its count first moved from there
 
     def update(*args: Any, **kwargs: Any) -> None:
         nonlocal last, said
         name, completed, total = _progress_args(args, kwargs)
         now = clock()
-        if completed is not None and initial.setdefault(name, completed) != completed:
-            first.setdefault(name, (now, completed))
+        if completed is not None and first.setdefault(name, (now, completed))[1] != completed:
+            moved.setdefault(name, (now, completed))
         finished = total is not None and completed is not None and completed >= total
         if now - start < PLAIN_EVERY or not (finished or now - last >= PLAIN_EVERY):
             return
@@ -60,9 +61,12 @@ def _plain_progress(clock: Callable[[], float] = time.monotonic) -> Callable[...
             return
         last, said = now, line
         when = f"{_clock(now - start)} elapsed"
-        since, before = first.get(name, (now, completed))
-        if total is not None and not finished and completed is not None and completed > before and now > since:
-            when += f", about {_clock((total - completed) * (now - since) / (completed - before))} left"
+        if total is not None and not finished and completed is not None:
+            anchors = [anchor for anchor in (moved.get(name), first.get(name)) if anchor is not None]
+            rated = [(t, c) for t, c in anchors if completed > c and now > t]
+            if rated:
+                since, before = rated[0]
+                when += f", about {_clock((total - completed) * (now - since) / (completed - before))} left"
         print(f"{line} ({when})", file=sys.stderr, flush=True)
 
     return update
