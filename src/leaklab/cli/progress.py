@@ -37,8 +37,8 @@ def _plain_progress(clock: Callable[[], float] = time.monotonic) -> Callable[...
     (elapsed, about ... left)`` at most every :data:`PLAIN_EVERY` seconds and when a task completes,
     none in a run's first :data:`PLAIN_EVERY` seconds (a short run stays silent, as its error stays
     one line). The time left is the task's rate since its count first moved, over what remains, or since its
-    first report while it has moved only once (a task counting whole steps from 1 would otherwise wait two steps
-    for an estimate): from its first report alone, the default audit's first line said 1:40:31 left of an 8-minute
+    first report while it has moved only once (a task counting whole steps from 1 would otherwise wait a step
+    longer for its estimate): from its first report alone, the default audit's first line said 1:40:31 left of an 8-minute
     run (session 66), its workers' start-up (8 s before the first attack's first report) counted as work."""
     start = last = clock()
     said = ""
