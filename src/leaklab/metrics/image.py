@@ -91,10 +91,16 @@ def constant_baseline(truth: torch.Tensor) -> torch.Tensor:
 
 def scores(recon: torch.Tensor, truth: torch.Tensor, channel: str = "rgb") -> dict[str, torch.Tensor]:
     """Per-image PSNR and SSIM of ``recon`` and, beside them, of the no-information baseline
-    (:func:`constant_baseline`): ``psnr``, ``ssim``, ``psnr_baseline``, ``ssim_baseline``, each (N,)."""
-    base = constant_baseline(truth)
+    (:func:`baseline_scores`): ``psnr``, ``ssim``, ``psnr_baseline``, ``ssim_baseline``, each (N,)."""
     return {"psnr": psnr(recon, truth, channel), "ssim": ssim(recon, truth, channel),
-            "psnr_baseline": psnr(base, truth, channel), "ssim_baseline": ssim(base, truth, channel)}
+            **baseline_scores(truth, channel)}
+
+
+def baseline_scores(truth: torch.Tensor, channel: str = "rgb") -> dict[str, torch.Tensor]:
+    """Per-image PSNR and SSIM of the no-information baseline (:func:`constant_baseline`): ``psnr_baseline``,
+    ``ssim_baseline``, each (N,); one truth's, whatever reconstructions are scored against it."""
+    base = constant_baseline(truth)
+    return {"psnr_baseline": psnr(base, truth, channel), "ssim_baseline": ssim(base, truth, channel)}
 
 
 def match_order(recon: torch.Tensor, truth: torch.Tensor) -> torch.Tensor:

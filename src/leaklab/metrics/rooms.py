@@ -29,7 +29,7 @@ from collections.abc import Mapping
 
 import torch
 
-from leaklab.metrics.image import constant_baseline, match_order, psnr, ssim
+from leaklab.metrics.image import baseline_scores, match_order, psnr, ssim
 from leaklab.metrics.vectors import box_iou, mean_of, percent_error
 
 
@@ -58,8 +58,7 @@ def _image_scores(normalised: Mapping[str, torch.Tensor], truth: torch.Tensor, p
     channels = truth.flatten(2)
     if bool((channels.amax(-1) == channels.amin(-1)).all()):
         return {norm: dict.fromkeys(SCORES, math.nan) for norm in normalised}
-    base = constant_baseline(truth)
-    baseline = {"psnr_baseline": float(psnr(base, truth, channel)), "ssim_baseline": float(ssim(base, truth, channel))}
+    baseline = {key: float(value) for key, value in baseline_scores(truth, channel).items()}
     scored: dict[int, dict[str, float]] = {}  # by the normalised image's identity
     for x in normalised.values():
         if id(x) not in scored:
