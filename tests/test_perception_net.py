@@ -2,6 +2,8 @@
 
 import os
 import re
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -11,8 +13,8 @@ from leaklab.attacks.rl.config import RoomReconstruction
 from leaklab.device import processor, repeatable, require_device
 from leaklab.errors import LeaklabError
 from leaklab.experiments import room_attack, room_tables
-from leaklab.models.perception import (ARCH_NAMES, PerceptionSpec, build_perception_net, check_contract,
-                                       conv_feature_count, plain_conv)
+from leaklab.models.perception import (ARCH_NAMES, PerceptionNet, PerceptionSpec, build_perception_net,
+                                       check_contract, conv_feature_count, plain_conv)
 from leaklab.names import DEFAULT_ARCH
 
 
@@ -224,6 +226,26 @@ def test_architecture_digest_tells_networks_apart_without_touching_the_random_st
     # wide-rgb's S2 network is small's (its RGB stream alone is wider)
     assert architecture_digest(PerceptionSpec(setting="S2", arch="wide-rgb")) == \
         architecture_digest(PerceptionSpec(setting="S2", arch="small"))
+
+
+@pytest.mark.parametrize("arch", ARCH_NAMES)
+def test_a_network_built_on_the_meta_device_has_the_cpu_networks_shapes(arch):
+    spec = PerceptionSpec(setting="S1", arch=arch, image_size=40)
+    with torch.device("meta"):
+        meta = PerceptionNet(spec)
+    cpu = build_perception_net(spec, seed=0)
+    assert meta.conv_features == cpu.conv_features
+    assert {k: v.shape for k, v in meta.state_dict().items()} == {k: v.shape for k, v in cpu.state_dict().items()}
+    assert all(p.is_meta for p in meta.parameters())
+
+
+def test_a_meta_build_does_not_import_torchs_meta_kernels():
+    # the first forward pass on the meta device imports torch._dynamo and sympy (1.8 s a process, session 67)
+    code = ("import sys, torch; from leaklab.models.perception import architecture_digest; "
+            "from leaklab.models import PerceptionSpec; architecture_digest(PerceptionSpec(setting='S1')); "
+            "print(sorted(m for m in ('torch._dynamo', 'sympy') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
 
 
 @pytest.mark.parametrize("arch", ARCH_NAMES)

@@ -41,6 +41,7 @@ from typing import Literal
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 from torch import nn
+from torch.func import functional_call
 
 from leaklab.errors import ModelClassError
 from leaklab.names import ARCH_NAMES, DEFAULT_ARCH, SETTING_NAMES
@@ -122,6 +123,19 @@ class ModalityStreams(nn.Module):
         return torch.cat([stream(images[:, c]) for _, stream, c in self.streams()], dim=1)
 
 
+def _flat_features(conv: nn.Module, channels: int, size: int) -> int:
+    """How many features ``conv`` gives a ``channels x size x size`` image, by a forward pass of a zero image. A
+    branch built on the meta device (the network's shapes alone: :func:`architecture_digest`, the threat model's
+    checks) runs on uninitialised CPU tensors in place of its own: torch's meta kernels are Python that imports
+    ``torch._dynamo`` and sympy, 1.8 s at a process's first meta forward on session 67's host (every attack
+    worker paid it)."""
+    with torch.no_grad():
+        if not any(p.is_meta for p in conv.parameters()):
+            return conv(torch.zeros(1, channels, size, size)).shape[1]
+        empty = {name: torch.empty(t.shape, dtype=t.dtype, device="cpu") for name, t in conv.state_dict().items()}
+        return functional_call(conv, empty, (torch.zeros(1, channels, size, size, device="cpu"),)).shape[1]
+
+
 class PerceptionNet(nn.Module):
     """Conv branch for the images, linear branch for the box, fused linear head to the actions."""
 
@@ -141,8 +155,7 @@ class PerceptionNet(nn.Module):
             self.box = nn.Sequential(nn.Linear(spec.box_dim, 64), nn.ReLU(),
                                      nn.Linear(64, 64), nn.ReLU())
             box_features = 64
-        with torch.no_grad():
-            conv_features = self.conv(torch.zeros(1, c, spec.image_size, spec.image_size)).shape[1]
+        conv_features = _flat_features(self.conv, c, spec.image_size)
         self.conv_features = conv_features
         self.head = nn.Sequential(nn.Linear(conv_features + box_features, 256), nn.ReLU(),
                                   nn.Linear(256, spec.num_actions))
