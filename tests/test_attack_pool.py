@@ -4,6 +4,7 @@ Ctrl-C in a pool, a dying worker, memory, and what names a saved attack."""
 from __future__ import annotations
 
 import math
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -216,6 +217,37 @@ def test_ctrl_c_stops_a_pools_workers_at_once(tmp_path):
         attack_pool.run_jobs(jobs, 2, stop, journal=AttackJournal(tmp_path, jobs))
     assert len(list((tmp_path / RESUME_DIR).iterdir())) == 1  # the finished attack is kept
     assert not multiprocessing.active_children()
+
+
+def test_workers_started_before_their_jobs_take_them_and_stop_at_once_on_an_error():
+    """An audit starts its attack processes before its captures, whose imports then run beside them: they
+    attack the jobs handed to them later, and an error before the jobs exist (Ctrl-C in a capture) stops them
+    at once."""
+    import multiprocessing
+
+    from leaklab.attacks.rl import RoomAttackConfig
+    from leaklab.experiments import attack_pool, room_attack
+
+    with pytest.raises(Interrupt):
+        with attack_pool.workers_for(2, 3) as workers:
+            started = multiprocessing.active_children()
+            assert workers.count == 2 and len(started) == 2
+            raise Interrupt
+    assert not multiprocessing.active_children()
+    assert [p.exitcode for p in started] == [-signal.SIGTERM] * 2  # terminated, not left to finish importing
+    for requested, jobs in ((1, 3), (4, 1)):
+        with attack_pool.workers_for(requested, jobs) as workers:
+            assert workers == 1 and not multiprocessing.active_children()  # the attacks run in this process
+    attack = RoomAttackConfig(iterations=2)
+    config = room_attack.RoomRunConfig(algorithm="qgi", setting="S2", samples=2, layouts=("e1m1-stalactite",),
+                                       attack=attack)
+    results = []
+    with attack_pool.workers_for(2, 2) as workers:
+        state, clean = room_attack.capture_samples(config)
+        jobs = [attack_pool.Job("qgi", config.spec, state, s.update, attack) for s in clean]
+        attack_pool.run_jobs(jobs, workers, lambda i, rec: results.append((i, rec.iterations)))
+        assert not multiprocessing.active_children()  # run_jobs shut them down
+    assert results == [(0, 2), (1, 2)]
 
 
 _WITHOUT_SHARED_MEMORY = """

@@ -9,15 +9,17 @@ asks for them, so a paper-scale audit's 1,920 defended updates are never in memo
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import faulthandler
 import functools
+import importlib
 import multiprocessing
 import os
 import pickle
 import signal
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
@@ -75,7 +77,7 @@ def start_worker(queue: Any, fault_handler: bool, parent: int) -> None:
     the parent's to handle (it stops the workers; an idle worker printed a traceback of its own), and on Linux a
     worker ends with its parent (:data:`PR_SET_PDEATHSIG`): a parent killed outright (SIGKILL, the OOM killer)
     left its workers, 400 MB each, running on. The signal comes when the thread that started the worker ends: the
-    pool is made, fed and shut down by one thread (:func:`run_jobs`)."""
+    pool is started, fed and shut down by one thread (:func:`start_workers`, :func:`run_jobs`)."""
     global _progress_queue
     _progress_queue = queue
     if fault_handler:
@@ -145,6 +147,54 @@ def worker_count(requested: int, jobs: int) -> int:
     return max(1, min(requested or cores, jobs))
 
 
+@dataclass(frozen=True)
+class Workers:
+    """Attack processes started by :func:`start_workers`, for one :func:`run_jobs`."""
+
+    pool: ProcessPoolExecutor
+    queue: Any  # where their attacks report how far they are
+    count: int
+
+
+def _warm_up() -> None:
+    """A started worker's first task: unpickling it imports this module and so the attacks, and it imports
+    ``torch._dynamo``, which torch.optim imports at an optimiser's first step (2.5 s on session 67's host)."""
+    importlib.import_module("torch._dynamo")
+
+
+def start_workers(count: int) -> Workers:
+    """Spawn ``count`` worker processes now, each importing the attack code at once (:func:`_warm_up`): their
+    start-up, 5 s a process on session 67's host before its first attack's first step, then runs while the caller
+    prepares the jobs (an audit's captures) on a core that would idle. The thread that calls this must be the one
+    that runs :func:`run_jobs` (:func:`start_worker`)."""
+    context = multiprocessing.get_context("spawn")
+    queue = context.SimpleQueue()
+    pool = ProcessPoolExecutor(max_workers=count, mp_context=context, initializer=start_worker,
+                               initargs=(queue, faulthandler.is_enabled(), os.getpid()))
+    for _ in range(count):  # a submit finding no idle worker spawns one: every worker starts now
+        pool.submit(_warm_up)
+    return Workers(pool, queue, count)
+
+
+@contextlib.contextmanager
+def workers_for(requested: int, jobs: int) -> Iterator[Workers | int]:
+    """The workers :func:`run_jobs` takes for ``jobs`` attacks (:func:`worker_count` of ``requested``), started
+    on entering when there are several (:func:`start_workers`), else 1 (the attacks run in this process).
+    Leaving stops them: at once on an exception (Ctrl-C in a capture), else after the jobs handed to them."""
+    count = worker_count(requested, jobs)
+    if count == 1:
+        yield 1
+        return
+    workers = start_workers(count)
+    try:
+        yield workers
+    except BaseException:
+        stop_workers(workers.pool)
+        raise
+    finally:
+        workers.pool.shutdown(wait=True, cancel_futures=True)
+
+
 POLL_SECONDS = 0.5  # how often the parent reads its workers' progress while it waits for a result
 QUEUED_PER_WORKER = 1  # jobs handed to the pool beyond one per worker (built only when they are)
 
@@ -154,10 +204,11 @@ def task_progress(progress: ProgressFn | None, task: str, total: int) -> Callabl
     return (lambda done: progress(task, done, total)) if progress else None
 
 
-def run_jobs(jobs: Sequence[Job], workers: int, on_result: Callable[[int, RoomReconstruction], None],
+def run_jobs(jobs: Sequence[Job], workers: int | Workers, on_result: Callable[[int, RoomReconstruction], None],
              on_progress: Callable[[float], None] | None = None, journal: AttackJournal | None = None) -> int:
-    """Run every job (in ``workers`` spawned processes when there are several; 0 = one per core)
-    and hand each result to ``on_result(index, reconstruction)`` as soon as it is ready, in order.
+    """Run every job (in ``workers`` spawned processes when there are several, 0 = one per core, or in workers
+    started before by :func:`workers_for`, which this shuts down) and hand each result to
+    ``on_result(index, reconstruction)`` as soon as it is ready, in order.
     ``on_progress(done)`` hears how many jobs are done, a running job counting the share of its image
     stage it has run and a job the journal holds counting from the start: at the start, after each result
     and whenever a running attack reports. With a ``journal`` (of these jobs), a job it holds is not
@@ -170,7 +221,9 @@ def run_jobs(jobs: Sequence[Job], workers: int, on_result: Callable[[int, RoomRe
     held = journal.held() if journal else set()
     resumed = 0
     todo = [i for i in range(len(jobs)) if i not in held]
-    workers = worker_count(workers, len(jobs))  # a held entry may not read back and be attacked after all
+    started = workers if isinstance(workers, Workers) else None
+    # a held entry may not read back and be attacked after all: workers for every job
+    count = started.count if started else worker_count(workers, len(jobs))
     running: dict[int, float] = {}
     finished: set[int] = set()
     # a held job counts as done from the start (until its entry fails to read back), so the time left that a
@@ -178,10 +231,10 @@ def run_jobs(jobs: Sequence[Job], workers: int, on_result: Callable[[int, RoomRe
     unread = set(held)
 
     def progress() -> None:
-        on_progress(len(finished) + len(unread) + sum(running.values()))
+        if on_progress:
+            on_progress(len(finished) + len(unread) + sum(running.values()))
 
-    if on_progress:  # the task shows from its start, not from its first attack's first report
-        progress()
+    progress()  # the task shows from its start, not from its first attack's first report
 
     def report(index: int, fraction: float) -> None:
         if index not in finished:
@@ -192,8 +245,7 @@ def run_jobs(jobs: Sequence[Job], workers: int, on_result: Callable[[int, RoomRe
         on_result(index, rec)
         finished.add(index)
         running.pop(index, None)
-        if on_progress:
-            progress()
+        progress()
 
     def resume(index: int) -> RoomReconstruction | None:
         nonlocal resumed
@@ -202,7 +254,7 @@ def run_jobs(jobs: Sequence[Job], workers: int, on_result: Callable[[int, RoomRe
         resumed += rec is not None
         return rec
 
-    if workers == 1:
+    if count == 1:
         for i in range(len(jobs)):
             rec = resume(i)
             if rec is None:
@@ -211,28 +263,29 @@ def run_jobs(jobs: Sequence[Job], workers: int, on_result: Callable[[int, RoomRe
                     journal.add(i, rec)
             deliver(i, rec)
         return resumed
-    context = multiprocessing.get_context("spawn")
-    queue = context.SimpleQueue() if on_progress else None
-    pool = ProcessPoolExecutor(max_workers=workers, mp_context=context, initializer=start_worker,
-                               initargs=(queue, faulthandler.is_enabled(), os.getpid()))
     waiting = iter(todo)  # in index order: the job to deliver next is always handed over first
     futures: dict[int, Future] = {}
 
+    handed = False
+
     def submit(i: int) -> None:
-        futures[i] = pool.submit(_attack_in_worker, pickle.dumps(jobs[i]), i)
+        nonlocal started, handed
+        started = started or start_workers(count)  # not before a job needs them: a resumed run may need none
+        handed = True
+        futures[i] = started.pool.submit(_attack_in_worker, pickle.dumps(jobs[i]), i)
         if journal:
             futures[i].add_done_callback(functools.partial(_keep, journal, i))
 
     def hand_over() -> None:
-        while sum(not f.done() for f in futures.values()) < workers * (1 + QUEUED_PER_WORKER):
+        while sum(not f.done() for f in futures.values()) < count * (1 + QUEUED_PER_WORKER):
             i = next(waiting, None)
             if i is None:
                 return
             submit(i)
 
     def read_reports() -> None:
-        while queue is not None and not queue.empty():
-            report(*queue.get())
+        while started is not None and not started.queue.empty():
+            report(*started.queue.get())
 
     try:
         for i in range(len(jobs)):
@@ -251,14 +304,18 @@ def run_jobs(jobs: Sequence[Job], workers: int, on_result: Callable[[int, RoomRe
             read_reports()
             deliver(i, pickle.loads(futures.pop(i).result()))
     except (KeyboardInterrupt, SystemExit):  # asked to stop: not after the queued attacks have run
-        stop_workers(pool)
+        if started:
+            stop_workers(started.pool)
         raise
     except BrokenProcessPool:
         raise LeaklabError("an attack worker process ended abruptly (killed, for memory say, or crashed); the "
                            "attacks finished before it are kept where the command keeps them, and fewer "
                            "--workers need less memory") from None
     finally:
-        pool.shutdown(wait=True, cancel_futures=True)
+        if started:
+            if not handed:  # started before (workers_for) and no job needed them: not waiting for their warm-up
+                stop_workers(started.pool)
+            started.pool.shutdown(wait=True, cancel_futures=True)
     return resumed
 
 

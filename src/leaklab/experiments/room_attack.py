@@ -31,7 +31,7 @@ from leaklab.attacks.rl.config import METHOD_VERSION
 from leaklab.device import DEVICE_PATTERN, describe, require_device, versions
 from leaklab.experiments import ProgressFn
 from leaklab.experiments.attack_journal import journal_beside
-from leaklab.experiments.attack_pool import Job, JobList, run_jobs, task_progress
+from leaklab.experiments.attack_pool import Job, JobList, run_jobs, task_progress, workers_for
 from leaklab.fields import DefenseOption, EntropyWeight, Seed
 from leaklab.io import (RECONSTRUCTIONS_FILE, RESULTS_FILE, ROOM_ATTACK_FORMAT, atomic_dir, check_out, json_line,
                         save_tensors, write_json)
@@ -279,50 +279,53 @@ def run(config: RoomRunConfig, out: Path, progress: ProgressFn | None = None) ->
     check_out(out, ROOM_ATTACK_FORMAT)  # before the capture: never spend minutes and then refuse the folder
     require_device(config.device)
     start = time.perf_counter()
-    state, clean = capture_samples(config, task_progress(progress, f"capture {config.algorithm} {config.setting}",
-                                                         config.samples * config.batch_size),
-                                   task_progress(progress, f"train {config.algorithm} {config.setting}",
-                                                 config.train_steps) if config.train_steps else None)
-    jobs, kept = jobs_and_cosines(len(clean), lambda i: (clean[i], attack_job(config, state, clean[i], config.defense)))
-    rows: list[dict[str, Any]] = []
-    truths, recs, scores = [], [], []
-    recovered: list[RoomReconstruction] = []
-    seconds_attacking = [0.0]
-    with journal_beside(out, jobs) as journal, atomic_dir(out, ROOM_ATTACK_FORMAT) as tmp:
-        log = (tmp / SAMPLES_FILE).open("w")
+    # the attack processes start now, importing the attack code while this one captures (workers_for)
+    with workers_for(config.workers, config.samples) as workers:
+        state, clean = capture_samples(config, task_progress(progress, f"capture {config.algorithm} {config.setting}",
+                                                             config.samples * config.batch_size),
+                                       task_progress(progress, f"train {config.algorithm} {config.setting}",
+                                                     config.train_steps) if config.train_steps else None)
+        jobs, kept = jobs_and_cosines(len(clean),
+                                      lambda i: (clean[i], attack_job(config, state, clean[i], config.defense)))
+        rows: list[dict[str, Any]] = []
+        truths, recs, scores = [], [], []
+        recovered: list[RoomReconstruction] = []
+        seconds_attacking = [0.0]
+        with journal_beside(out, jobs) as journal, atomic_dir(out, ROOM_ATTACK_FORMAT) as tmp:
+            log = (tmp / SAMPLES_FILE).open("w")
 
-        def on_result(i: int, rec: RoomReconstruction) -> None:
-            sample = clean[i]
-            row = score(sample, rec, config.setting, kept[i])
-            rows.append(row)
-            recovered.append(rec)
-            seconds_attacking[0] += rec.seconds
-            log.write(json_line(row))
-            log.flush()
-            if len(truths) < GRID_SAMPLES:  # every transition of a batch, with its own score
-                for t, (r, each) in enumerate(transition_metrics(rec, sample.truth, config.setting)):
-                    if len(truths) < GRID_SAMPLES:
-                        truths.append(sample.truth["images"][t:t + 1])
-                        recs.append(rec.images[r:r + 1].detach().float().clamp(0, 1))
-                        scores.append(each)
+            def on_result(i: int, rec: RoomReconstruction) -> None:
+                sample = clean[i]
+                row = score(sample, rec, config.setting, kept[i])
+                rows.append(row)
+                recovered.append(rec)
+                seconds_attacking[0] += rec.seconds
+                log.write(json_line(row))
+                log.flush()
+                if len(truths) < GRID_SAMPLES:  # every transition of a batch, with its own score
+                    for t, (r, each) in enumerate(transition_metrics(rec, sample.truth, config.setting)):
+                        if len(truths) < GRID_SAMPLES:
+                            truths.append(sample.truth["images"][t:t + 1])
+                            recs.append(rec.images[r:r + 1].detach().float().clamp(0, 1))
+                            scores.append(each)
 
-        try:
-            resumed = run_jobs(jobs, config.workers, on_result,
-                               task_progress(progress, f"{config.algorithm} {config.setting}", len(jobs)), journal)
-        finally:
-            log.close()
-        wall = time.perf_counter() - start
-        summary = summarise(rows, seconds_attacking[0])
-        summary["wall_seconds"] = wall
-        summary["resumed_samples"] = resumed
-        results = {"format": ROOM_ATTACK_FORMAT, "format_version": 1,
-                   "config": config.model_dump(mode="json"), "network": architecture_digest(config.spec),
-                   "method_version": METHOD_VERSION[config.attack.mode], "summary": summary, "samples": rows,
-                   "versions": versions(), "device": describe(torch.device(config.device))}
-        write_json(tmp / RESULTS_FILE, results)
-        save_tensors(tmp / RECONSTRUCTIONS_FILE, reconstruction_tensors(recovered),
-                     {"format": "leaklab.room_reconstructions"})
-        title = (f"{config.algorithm.upper()} {config.setting}, {config.attack.mode} mode, "
-                 f"{config.arch} network" + (f", defense {config.defense}" if config.defense else ""))
-        image_grid_png(config.setting, truths, recs, title, tmp / PNG_FILE, scores)
+            try:
+                resumed = run_jobs(jobs, workers, on_result,
+                                   task_progress(progress, f"{config.algorithm} {config.setting}", len(jobs)), journal)
+            finally:
+                log.close()
+            wall = time.perf_counter() - start
+            summary = summarise(rows, seconds_attacking[0])
+            summary["wall_seconds"] = wall
+            summary["resumed_samples"] = resumed
+            results = {"format": ROOM_ATTACK_FORMAT, "format_version": 1,
+                       "config": config.model_dump(mode="json"), "network": architecture_digest(config.spec),
+                       "method_version": METHOD_VERSION[config.attack.mode], "summary": summary, "samples": rows,
+                       "versions": versions(), "device": describe(torch.device(config.device))}
+            write_json(tmp / RESULTS_FILE, results)
+            save_tensors(tmp / RECONSTRUCTIONS_FILE, reconstruction_tensors(recovered),
+                         {"format": "leaklab.room_reconstructions"})
+            title = (f"{config.algorithm.upper()} {config.setting}, {config.attack.mode} mode, "
+                     f"{config.arch} network" + (f", defense {config.defense}" if config.defense else ""))
+            image_grid_png(config.setting, truths, recs, title, tmp / PNG_FILE, scores)
     return results

@@ -332,57 +332,59 @@ def run(out: Path, config: AuditConfig, progress: ProgressFn | None = None,
     # attack is handed to the pool (attack_pool.JobList)
     firsts = capture_runs(cells)
     episodes = sum(run_config.samples * run_config.batch_size for run_config in firsts.values())
-    captures: Captures = {}
-    captured = trained = 0
-    for key, run_config in firsts.items():
-        def on_episode(n: int, before: int = captured) -> None:
-            if n or not before:  # every capture says 0 at its start: the first one's opens the bar
-                progress("capture", before + n, episodes)
+    # the attack processes start now, importing the attack code while this one captures (attack_pool.workers_for)
+    with attack_pool.workers_for(config.workers, config.samples * len(cells) * len(defenses)) as workers:
+        captures: Captures = {}
+        captured = trained = 0
+        for key, run_config in firsts.items():
+            def on_episode(n: int, before: int = captured) -> None:
+                if n or not before:  # every capture says 0 at its start: the first one's opens the bar
+                    progress("capture", before + n, episodes)
 
-        def on_train_step(n: int, before: int = trained) -> None:  # each algorithm and setting trains a network
-            progress("train", before + n, config.train_steps * len(firsts))
+            def on_train_step(n: int, before: int = trained) -> None:  # each algorithm and setting trains a network
+                progress("train", before + n, config.train_steps * len(firsts))
 
-        captures[key] = room_attack.capture_samples(run_config, on_episode if progress else None,
-                                                    on_train_step if progress and config.train_steps else None)
-        captured += run_config.samples * run_config.batch_size
-        trained += config.train_steps
-    where, jobs, kept = attack_list(config.samples, cells, defenses, captures)
-    rows: dict[tuple[int, int], list[dict[str, Any]]] = {}
-    pictures: dict[tuple[int, int], list[room_report.Picture]] = {}
-    truths: dict[int, list[room_report.Picture]] = {}
-    seconds: dict[tuple[int, int], float] = {}
+            captures[key] = room_attack.capture_samples(run_config, on_episode if progress else None,
+                                                        on_train_step if progress and config.train_steps else None)
+            captured += run_config.samples * run_config.batch_size
+            trained += config.train_steps
+        where, jobs, kept = attack_list(config.samples, cells, defenses, captures)
+        rows: dict[tuple[int, int], list[dict[str, Any]]] = {}
+        pictures: dict[tuple[int, int], list[room_report.Picture]] = {}
+        truths: dict[int, list[room_report.Picture]] = {}
+        seconds: dict[tuple[int, int], float] = {}
 
-    def on_result(i: int, rec) -> None:
-        c, d, sample = where[i]
-        setting = cells[c][1].setting
-        rows.setdefault((c, d), []).append(room_attack.score(sample, rec, setting, kept[i]))
-        seconds[(c, d)] = seconds.get((c, d), 0.0) + rec.seconds
-        if len(rows[(c, d)]) <= room_report.SHOWN_SAMPLES:  # results arrive in sample order
-            pictures.setdefault((c, d), []).append(room_report.picture(rec, sample.truth))
-            if d == 0:
-                truths.setdefault(c, []).append(room_report.true_picture(sample.truth))
+        def on_result(i: int, rec) -> None:
+            c, d, sample = where[i]
+            setting = cells[c][1].setting
+            rows.setdefault((c, d), []).append(room_attack.score(sample, rec, setting, kept[i]))
+            seconds[(c, d)] = seconds.get((c, d), 0.0) + rec.seconds
+            if len(rows[(c, d)]) <= room_report.SHOWN_SAMPLES:  # results arrive in sample order
+                pictures.setdefault((c, d), []).append(room_report.picture(rec, sample.truth))
+                if d == 0:
+                    truths.setdefault(c, []).append(room_report.true_picture(sample.truth))
 
-    with journal_beside(out, jobs, attack_pool.task_progress(progress, "prepare", len(jobs))) as journal, \
-            atomic_dir(out, AUDIT_FORMAT) as tmp:
-        resumed = attack_pool.run_jobs(jobs, config.workers, on_result,
-                                       attack_pool.task_progress(progress, "audit", len(jobs)), journal)
-        results_cells = []
-        for c, (meta, run_config) in enumerate(cells):
-            for d, (label, chain) in enumerate(defenses):
-                cell_rows = rows[(c, d)]
-                results_cells.append({**meta, "defense": label, "defense_chain": chain,
-                                      "summary": room_attack.summarise(cell_rows, seconds[(c, d)]),
-                                      "samples": cell_rows})
-        results = {"format": AUDIT_FORMAT, "format_version": AUDIT_FORMAT_VERSION, "kind": "rooms",
-                   "config": config.model_dump(mode="json"), "method_version": method_versions(config),
-                   "summary": {"seconds": time.perf_counter() - start, "samples_attacked": len(jobs),
-                               "resumed_attacks": resumed, "defenses": [label for label, _ in defenses]},
-                   "cells": results_cells, "versions": versions(), "device": describe(torch.device(config.device))}
-        results["summary"].update(_levels_summary(config, results, judged))
-        if counted:  # every audit counted, a chain's included, each once, as absolute paths
-            results["summary"]["earlier_audits"] = [str(folder) for folder in counted]
-        write_json(tmp / RESULTS_FILE, results)
-        room_report.write_report(tmp, results, cells, defenses, truths, pictures)
+        with journal_beside(out, jobs, attack_pool.task_progress(progress, "prepare", len(jobs))) as journal, \
+                atomic_dir(out, AUDIT_FORMAT) as tmp:
+            resumed = attack_pool.run_jobs(jobs, workers, on_result,
+                                           attack_pool.task_progress(progress, "audit", len(jobs)), journal)
+            results_cells = []
+            for c, (meta, run_config) in enumerate(cells):
+                for d, (label, chain) in enumerate(defenses):
+                    cell_rows = rows[(c, d)]
+                    results_cells.append({**meta, "defense": label, "defense_chain": chain,
+                                          "summary": room_attack.summarise(cell_rows, seconds[(c, d)]),
+                                          "samples": cell_rows})
+            results = {"format": AUDIT_FORMAT, "format_version": AUDIT_FORMAT_VERSION, "kind": "rooms",
+                       "config": config.model_dump(mode="json"), "method_version": method_versions(config),
+                       "summary": {"seconds": time.perf_counter() - start, "samples_attacked": len(jobs),
+                                   "resumed_attacks": resumed, "defenses": [label for label, _ in defenses]},
+                       "cells": results_cells, "versions": versions(), "device": describe(torch.device(config.device))}
+            results["summary"].update(_levels_summary(config, results, judged))
+            if counted:  # every audit counted, a chain's included, each once, as absolute paths
+                results["summary"]["earlier_audits"] = [str(folder) for folder in counted]
+            write_json(tmp / RESULTS_FILE, results)
+            room_report.write_report(tmp, results, cells, defenses, truths, pictures)
     return results
 
 
