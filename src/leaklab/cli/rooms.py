@@ -30,8 +30,15 @@ ModeOpt = Annotated[str, _choice("--mode", ROOM_MODE_NAMES, "(exact: leaklab's c
 ArchOpt = Annotated[str, _choice("--arch", ARCH_NAMES, "(the perception network: a conv stream per modality: "
                                  "small, nature at the Nature DQN's widths, wide-rgb: small with its RGB stream "
                                  "64 wide, deep with pooling; stacked: RGB-D in one)")]
-WorkersOpt = Annotated[int, typer.Option("--workers", help="attack processes (0: one per core; audit --quick: one)",
-                                        callback=_checked("--workers", lambda v: v >= 0, "0 (one per core) or more"))]
+
+
+def _workers_option(default_words: str) -> typer.models.OptionInfo:
+    return typer.Option("--workers", help=f"attack processes ({default_words})",
+                        callback=_checked("--workers", lambda v: v >= 0, "0 (one per core) or more"))
+
+
+WorkersOpt = Annotated[int, _workers_option("0: one per core")]
+AuditWorkersOpt = Annotated[int, _workers_option("0: one per core; with --quick, one")]
 SamplesOpt = Annotated[int, typer.Option("--samples", help="client updates, each of --batch-size private "
                                                              "transitions")]
 LayoutsOpt = Annotated[Optional[str], typer.Option("--layouts", help="client rooms: a count (the first N) "
@@ -264,7 +271,7 @@ def audit(
         "levels' verdicts count in where the leaks stop and which levels to audit next")] = None,
     kind: Annotated[str, _choice("--kind", AUDIT_KIND_NAMES, "(rooms: federated RL; images: image classifiers, "
                                  "DLG, which takes only --quick, --seed and --out)")] = "rooms",
-    workers: WorkersOpt = 0,
+    workers: AuditWorkersOpt = 0,
     device: DeviceOpt = "cpu",
     seed: SeedOpt = 0,
 ) -> None:

@@ -163,7 +163,8 @@ def write_cases_report(folder: Path, results: dict[str, Any], truths: list[Pictu
                ("network", results["model_class"] or "leaklab's perception network (as the cases' views name it)"),
                ("attacks", f"{attack['mode']} mode, {attack['iterations']} image iterations each"),
                ("device", results["device"]), ("leaklab", results["versions"]["leaklab"]),
-               ("torch", results["versions"]["torch"]), ("wall-clock seconds", s["seconds"]),
+               ("torch", results["versions"]["torch"]),
+               ("wall-clock seconds (reading the cases, attacks)", s["seconds"]),
                ("attacks resumed from an interrupted run", s["resumed_attacks"])]
     render_report(folder / REPORT_FILE, "leaklab audit of saved room updates", summary=summary,
                   notice=sentences((fallback_caveat(results), no_signal_caveat(results["cases"]),
@@ -386,7 +387,7 @@ def write_report(folder: Path, results: dict[str, Any], cells, defenses, truths,
                ("attacks", f"{' and '.join(config['modes'])} mode, {'/'.join(map(str, iterations))} image iterations "
                            f"each; {plural(config['samples'], 'sample')} per cell from {plural(len(rooms), 'room')}"),
                ("rooms", ", ".join(rooms)),
-               ("wall-clock seconds", results["summary"]["seconds"]),
+               ("wall-clock seconds (captures, attacks)", results["summary"]["seconds"]),
                ("attacks resumed from an interrupted run", results["summary"]["resumed_attacks"])]
     notice = sentences((effort_notice(iterations[0], " Rerun without --quick or --iterations for the audit's "
                                                       "verdicts."),
