@@ -250,6 +250,22 @@ def test_workers_started_before_their_jobs_take_them_and_stop_at_once_on_an_erro
     assert results == [(0, 2), (1, 2)]
 
 
+def test_an_attack_whose_images_overflow_is_told():
+    """Finite but extreme values (a network's weights times 1e30) pass every check and overflow the attack's
+    float32 arithmetic: the images came out NaN and scored nothing, and nothing said why."""
+    from leaklab.attacks.rl import RoomAttackConfig
+    from leaklab.experiments import attack_pool, room_attack
+
+    attack = RoomAttackConfig(iterations=2)
+    config = room_attack.RoomRunConfig(algorithm="qgi", setting="S2", samples=1, layouts=("e1m1-stalactite",),
+                                       attack=attack)
+    state, clean = room_attack.capture_samples(config)
+    huge = {k: v * 1e30 for k, v in state.items()}
+    with pytest.warns(UserWarning, match="attack 1 of 1: its images came out NaN or infinite"):
+        attack_pool.run_jobs([attack_pool.Job("qgi", config.spec, huge, clean[0].update, attack)], 1,
+                             lambda i, rec: None)
+
+
 _WITHOUT_SHARED_MEMORY = """
 import torch
 from leaklab.attacks.rl import RoomAttackConfig

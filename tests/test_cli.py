@@ -416,6 +416,15 @@ def test_out_that_is_not_leaklab_output_is_kept(case, tmp_path):
     assert (out / "notes.txt").read_text() == "keep me"
 
 
+def test_a_path_the_file_system_refuses_is_one_line(tmp_path):
+    """A name over the file system's 255 bytes (in --out, or one of its folders) was a traceback."""
+    for out in (tmp_path / ("x" * 300), tmp_path / ("x" * 300) / "run"):
+        line = assert_user_error(invoke("attack", "qgi", "--samples", "1", "--iterations", "3", "--workers", "1",
+                                        "--out", out), None, "File name too long", "x" * 300)
+        assert "nothing is left half-written" in line or "no partial results" in line
+    assert not any(tmp_path.iterdir())
+
+
 # ---------------------------------------------------------------------------- reproduce wiring
 
 def test_reproduce_bayes_table2_is_wired(monkeypatch, tmp_path):

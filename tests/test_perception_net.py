@@ -266,6 +266,28 @@ def test_a_user_class_that_fails_to_import_or_build_is_one_line(tmp_path, monkey
         build_perception_net(PerceptionSpec(), model_class="torch.nn:Linear")
 
 
+@pytest.mark.parametrize("where", ["import", "build", "forward"])
+def test_a_user_class_that_calls_sys_exit_is_one_line(tmp_path, monkeypatch, where):
+    """A training script's argparse at import (or any sys.exit) ended the command silently, exit code 0 even."""
+    module = f"exits_in_{where}"
+    (tmp_path / f"{module}.py").write_text(
+        "import sys\nimport torch\n"
+        + ("sys.exit(0)\n" if where == "import" else "")
+        + "class Net(torch.nn.Module):\n"
+        + "    def __init__(self, spec):\n        super().__init__()\n"
+        + ("        sys.exit(0)\n" if where == "build" else "")
+        + "        self.conv = torch.nn.Sequential(torch.nn.Conv2d(spec.in_channels, 2, 10, stride=10), "
+          "torch.nn.Flatten())\n"
+        + "        self.box = torch.nn.Sequential(torch.nn.Linear(4, 8))\n"
+        + "        self.head = torch.nn.Sequential(torch.nn.Linear(2 * 15 * 15 + 8, 7))\n"
+        + "    def forward(self, images, box):\n"
+        + ("        sys.exit(0)\n" if where == "forward" else "")
+        + "        return self.head(torch.cat([self.conv(images), self.box(box)], 1))\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(LeaklabError, match="SystemExit: 0"):
+        build_perception_net(PerceptionSpec(), model_class=f"{module}:Net")
+
+
 _USER_NETS = """
 import torch
 from torch import nn
@@ -385,3 +407,20 @@ def test_room_truth_out_of_range_is_refused():
                                ("action", torch.bool, "int64")):
         with pytest.raises(LeaklabError, match=match):
             check_room_truth(dict(good, **{name: good[name].to(dtype)}), spec, meta)
+
+
+@pytest.mark.parametrize("setting", ["S1", "S2"])
+def test_a_room_truth_whose_channels_disagree_with_its_images_is_refused(setting):
+    from leaklab.rl.cases import check_room_truth, truth_shapes
+    from leaklab.threat import UpdateMetadata
+
+    spec, meta = PerceptionSpec(setting=setting, image_size=36), UpdateMetadata(loss="dqn_mse")
+    images = torch.rand(1, spec.in_channels, 36, 36, generator=torch.Generator().manual_seed(0))
+    good = {k: torch.zeros(shape) for k, shape in truth_shapes(spec, meta).items()}
+    good.update(images=images, depth=images[:, -1:].double(), action=torch.zeros(1, dtype=torch.long))
+    if setting == "S1":
+        good["rgb"] = images[:, :3].clone()
+    check_room_truth(good, spec, meta)  # float64 depth of float32 images: the same values
+    for name in ("depth", "rgb") if setting == "S1" else ("depth",):
+        with pytest.raises(LeaklabError, match=f"'{name}' is not the {name} channels of 'images'"):
+            check_room_truth(dict(good, **{name: good[name].flip(-1)}), spec, meta)

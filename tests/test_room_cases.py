@@ -97,6 +97,12 @@ def test_audit_attacks_saved_room_cases(tmp_path, monkeypatch):
         (cases / "capture.json").write_text(json.dumps({**index, **changed}))
         assert_user_error(invoke("audit", "--cases", cases, "--iterations", "3", "--workers", "1", "--out", again),
                           again, words)
+    # a folder of that name was taken for no index: its case list and recorded class went unread
+    (cases / "capture.json").unlink()
+    (cases / "capture.json").mkdir()
+    assert_user_error(invoke("audit", "--cases", cases, "--iterations", "3", "--workers", "1", "--out", again),
+                      again, "capture.json is not a file")
+    (cases / "capture.json").rmdir()
     (cases / "capture.json").write_text(json.dumps(index))
     (cases / "notes").mkdir()
     with pytest.warns(UserWarning, match="skipping 1 sub-folder without view.json: notes"):

@@ -133,9 +133,11 @@ def member_file(folder: Path, name: Any, default: str, where: Path) -> Path:
 
 
 def parse_model(model_cls, value: Any, what: str):
-    """``model_cls`` validated from ``value``; a validation error becomes one LeaklabError line."""
+    """``model_cls`` validated from ``value``, read from a case's JSON, as JSON and strictly: taken as written
+    (``"150"``, ``150.0`` or ``true`` is no size; a model spec took them); a validation error becomes one
+    LeaklabError line."""
     try:
-        return model_cls.model_validate(value)
+        return model_cls.model_validate_json(json.dumps(value), strict=True)
     except ValidationError as e:
         raise LeaklabError(validation_message(e, what)) from None
 

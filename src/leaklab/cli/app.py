@@ -4,6 +4,7 @@ and :func:`_guard`, which turns every user mistake into one ``error:`` line and 
 
 from __future__ import annotations
 
+import errno
 import functools
 import sys
 from collections.abc import Callable
@@ -120,6 +121,11 @@ def _one_line_warnings() -> None:
 _run: dict[str, int | None] = {"threads": None}  # this invocation's --threads (the main callback's)
 
 
+# what the file system says of the paths and space a user gives: their mistake or their machine's, one line
+_USERS_FILE_SYSTEM = {errno.ENAMETOOLONG, errno.EACCES, errno.EPERM, errno.ENOSPC, errno.EDQUOT, errno.EROFS,
+                      errno.ELOOP, errno.ENOTDIR}
+
+
 def _guard(fn: Callable | None = None, *, stopped: str = NOTHING_KEPT) -> Callable:
     """Run a command with the torch thread count of ``--threads``; user mistakes become one ``error:``
     line and exit code 2, and Ctrl-C or SIGTERM one line saying what the command leaves (``stopped``).
@@ -143,6 +149,10 @@ def _guard(fn: Callable | None = None, *, stopped: str = NOTHING_KEPT) -> Callab
             _fail(validation_message(e, name=_option_name))
         except MemoryError as e:  # a size the machine cannot hold: one line, as a user's mistake is
             _fail(f"out of memory ({e or 'an allocation failed'}); ask for less or free memory; {stopped}")
+        except OSError as e:  # the file system refuses a path the user chose (a name over 255 bytes, say)
+            if e.errno not in _USERS_FILE_SYSTEM:
+                raise
+            _fail(f"{e.strerror}: {e.filename}; {stopped}" if e.filename else f"{e.strerror}; {stopped}")
         except KeyboardInterrupt:
             typer.echo(f"error: interrupted; {stopped}", err=True)
             raise typer.Exit(130) from None

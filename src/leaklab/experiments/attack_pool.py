@@ -19,6 +19,7 @@ import os
 import pickle
 import signal
 import sys
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
@@ -111,7 +112,7 @@ def _attack_one(job: Job, index: int = 0,
         view.model.to(job.device)
         try:
             return (qgi if job.algorithm == "qgi" else rgi)(view, job.update, job.attack, progress).to("cpu")
-        except Exception as e:
+        except (Exception, SystemExit) as e:  # a user's network calling sys.exit too
             if isinstance(e, (LeaklabError, MemoryError, torch.OutOfMemoryError)) or not _raised_in(
                     e, user_modules({*type(view.model).__mro__, *(type(m) for m in view.model.modules())})):
                 raise
@@ -242,6 +243,10 @@ def run_jobs(jobs: Sequence[Job], workers: int | Workers, on_result: Callable[[i
             progress()
 
     def deliver(index: int, rec: RoomReconstruction) -> None:
+        if not torch.isfinite(rec.images).all():  # the images scored nothing, and nothing else said why
+            warnings.warn(f"attack {index + 1} of {len(jobs)}: its images came out NaN or infinite (values of the "
+                          "update or the network overflow the attack's float32 arithmetic); they score nothing",
+                          UserWarning, stacklevel=2)
         on_result(index, rec)
         finished.add(index)
         running.pop(index, None)

@@ -511,8 +511,10 @@ def _capture_index(cases_dir: Path) -> dict[str, Any]:
     """The ``capture.json`` that ``leaklab env capture`` wrote beside the cases; {} when there is none. One of
     another format or a newer version, or whose ``cases`` is no list, is refused (its case list was ignored)."""
     path = member_file(cases_dir, None, CAPTURE_JSON, cases_dir)
-    if not path.is_file():
+    if not os.path.lexists(path):
         return {}
+    if not path.is_file():  # a folder or a pipe of that name: its cases' list and recorded class went unread
+        raise LeaklabError(f"--cases {cases_dir}: its {CAPTURE_JSON} is not a file; remove it or capture again")
     index = read_json(path)
     if not isinstance(index, dict) or index.get("format") != ROOM_CAPTURE_FORMAT:
         raise LeaklabError(f"--cases {cases_dir}: its {CAPTURE_JSON} is not the index `leaklab env capture` writes "

@@ -238,7 +238,8 @@ def perception_class(path: str) -> type[nn.Module]:
     except ImportError as e:
         raise ModelClassError(f"--model-class {path!r} cannot be imported ({e}); put its module on "
                               "PYTHONPATH") from None
-    except Exception as e:  # the user's module fails while importing (syntax error, its own exception)
+    except (Exception, SystemExit) as e:  # the user's module fails importing (a syntax error, its own exception,
+        # or sys.exit: a training script's argparse at import ended the command silently, exit code 0 even)
         raise ModelClassError(f"--model-class {path!r}: importing its module failed "
                               f"({type(e).__name__}: {e})") from None
     cls = getattr(module, class_name, None)
@@ -262,7 +263,7 @@ def build_perception_net(spec: PerceptionSpec, seed: int | None = None,
     cls = perception_class(model_class)
     try:
         net = cls(spec)
-    except Exception as e:  # the user's class does not take a PerceptionSpec, or fails building
+    except (Exception, SystemExit) as e:  # the user's class does not take a PerceptionSpec, or fails building
         raise ModelClassError(f"--model-class {model_class!r}: {cls.__name__}(spec) failed "
                               f"({type(e).__name__}: {e}); it must build from a PerceptionSpec") from None
     check_contract(net, model_class)
@@ -317,7 +318,7 @@ def check_forward(net: nn.Module, spec: PerceptionSpec, where: str) -> None:
                 params = dict(net.named_parameters())
                 reached = torch.autograd.grad(net.train()(images[:1], box[:1]).sum(), list(params.values()),
                                               allow_unused=True)
-    except Exception as e:  # the user's forward fails on inputs of the spec's shapes
+    except (Exception, SystemExit) as e:  # the user's forward fails on inputs of the spec's shapes
         raise ModelClassError(f"{where}: a forward pass {what} failed ({type(e).__name__}: {e})") from None
     finally:
         net.load_state_dict(state)

@@ -81,6 +81,11 @@ def check_room_truth(truth: dict[str, torch.Tensor], spec: PerceptionSpec, metad
     box = truth["box"]
     if box.min() < -1 or box.max() > 1:
         raise LeaklabError(f"{where}: the box must hold coordinates in [-1, 1]")
+    images = truth["images"].double()  # the network's input: RGB then depth (S1), or depth (S2)
+    for name, channels in (("rgb", images[:, :3]), ("depth", images[:, -1:])):
+        if name in truth and not torch.allclose(channels, truth[name].double(), rtol=0, atol=1e-6):
+            raise LeaklabError(f"{where}: tensor {name!r} is not the {name} channels of 'images' (the images the "
+                               "network took, RGB then depth): the scores read both")
 
 
 def write_room_case(folder: Path, spec: PerceptionSpec, state: dict[str, torch.Tensor],
