@@ -55,8 +55,8 @@ def truth_shapes(spec: PerceptionSpec, metadata: UpdateMetadata) -> dict[str, tu
 def check_room_truth(truth: dict[str, torch.Tensor], spec: PerceptionSpec, metadata: UpdateMetadata,
                      where: str = "truth") -> None:
     """Raise :class:`LeaklabError` unless ``truth`` has exactly the tensors of :func:`truth_shapes`:
-    float32 or float64 and finite (an int64 action of the network's range), images in [0, 1] and the
-    box in [-1, 1]."""
+    float32 or float64 and finite (an int64 action of the network's range), images in [0, 1], ``depth`` (and
+    ``rgb``) the channels of ``images``, and the box in [-1, 1]."""
     shapes = truth_shapes(spec, metadata)
     missing, extra = sorted(set(shapes) - set(truth)), sorted(set(truth) - set(shapes))
     if missing or extra:
