@@ -172,6 +172,28 @@ def test_run_jobs_takes_what_the_journal_holds_and_attacks_the_rest(tmp_path, wo
     assert len(list((tmp_path / ".leaklab-resume").iterdir())) == 1
 
 
+
+def test_a_saved_attack_is_named_by_its_method_version_and_device_too(monkeypatch):
+    """A rerun after a method version's change, or on another device, attacks afresh (job_digest)."""
+    from dataclasses import replace
+
+    from leaklab.attacks.rl import RoomAttackConfig
+    from leaklab.attacks.rl.config import METHOD_VERSION
+    from leaklab.experiments import attack_pool, room_attack
+    from leaklab.experiments.attack_journal import job_digest
+
+    attack = RoomAttackConfig(mode="exact", iterations=2)
+    config = room_attack.RoomRunConfig(algorithm="qgi", setting="S2", samples=1, layouts=("e1m1-stalactite",),
+                                       attack=attack)
+    state, clean = room_attack.capture_samples(config)
+    job = attack_pool.Job("qgi", config.spec, state, clean[0].update, attack)
+    digest = job_digest(job)
+    assert job_digest(replace(job, device="cuda")) != digest
+    monkeypatch.setitem(METHOD_VERSION, "exact", METHOD_VERSION["exact"] + 1)
+    assert job_digest(job) != digest
+    monkeypatch.setitem(METHOD_VERSION, "exact", METHOD_VERSION["exact"] - 1)
+    assert job_digest(job) == digest
+
 def test_a_pool_that_meets_an_error_drops_its_queue_and_keeps_the_running_attacks(tmp_path):
     from leaklab.attacks.rl import RoomAttackConfig
     from leaklab.experiments import attack_pool, room_attack

@@ -98,3 +98,59 @@ def test_ssim_is_torchmetrics_ssim():
     assert math.isclose(float(ssim(flat, flat)), 1.0, abs_tol=1e-11)
     with pytest.raises(ValueError, match=r"\[N, C, H, W\]"):
         ssim(flat[0], flat[0])
+
+
+def _room_case(images: torch.Tensor, **truth_fields):
+    """A truth of one transition and its exact copy as a reconstruction (the metrics' own inputs, no attack)."""
+    from leaklab.attacks.rl.config import RoomReconstruction
+
+    truth = {"images": images, "box": torch.tensor([[-0.5, -0.5, 0.5, 0.5]]), "action": torch.tensor([2]),
+             **truth_fields}
+    rec = RoomReconstruction(images=images.clone(), box=truth["box"].clone(), action=truth["action"].clone(),
+                             iterations=0, seconds=0.0, reward=truth.get("reward"))
+    return truth, rec
+
+
+def test_paper_normalisation_takes_the_rgb_peak_for_both_images():
+    """S1: the reconstruction is divided by its brightest RGB pixel, depth by the same factor, whatever the depth's
+    own peak (seed 000 section V); RGB is scored on its Y channel; S2's paper scores are the raw ones."""
+    from leaklab.metrics.rooms import room_metrics
+
+    g = torch.Generator().manual_seed(1)
+    images = torch.cat([0.3 * torch.rand(1, 3, 40, 40, generator=g), 0.9 * torch.rand(1, 1, 40, 40, generator=g)], 1)
+    truth, rec = _room_case(images)
+    rec.images = (images * 0.8 + 0.05 * torch.rand(images.shape, generator=g)).clamp(0, 1)
+    m = room_metrics(rec, truth, "S1")
+    scaled = rec.images / rec.images[:, :3].amax()
+    assert m["rgb_paper_psnr"] == pytest.approx(float(psnr(scaled[:, :3], images[:, :3], "y")))
+    assert m["depth_paper_psnr"] == pytest.approx(float(psnr(scaled[:, 3:], images[:, 3:])))
+    assert m["rgb_raw_psnr"] == pytest.approx(float(psnr(rec.images[:, :3], images[:, :3], "y")))
+    assert m["rgb_raw_psnr"] != pytest.approx(float(psnr(rec.images[:, :3], images[:, :3], "rgb")))
+    depth, rec2 = _room_case(images[:, 3:])
+    rec2.images = 0.5 * images[:, 3:]  # a dark depth frame: no scaling in S2
+    s2 = room_metrics(rec2, depth, "S2")
+    assert s2["depth_paper_psnr"] == s2["depth_raw_psnr"] == pytest.approx(float(psnr(rec2.images, images[:, 3:])))
+    assert s2["depth_paper_ssim"] == s2["depth_raw_ssim"]
+
+
+def test_an_empty_true_box_is_found_within_a_thousandth_and_the_box_error_is_the_largest():
+    from leaklab.metrics.rooms import room_metrics
+
+    truth, rec = _room_case(torch.rand(1, 1, 20, 20, generator=torch.Generator().manual_seed(2)))
+    truth["box"] = torch.zeros(1, 4)  # the target out of view
+    for error, iou in ((5e-4, 1.0), (0.01, 0.0)):
+        rec.box = torch.tensor([[error, 0.0, 0.0, 0.0]])
+        assert room_metrics(rec, truth, "S2")["box_iou"] == iou
+    truth["box"] = torch.tensor([[-0.5, -0.5, 0.5, 0.5]])
+    rec.box = torch.tensor([[-0.5, -0.49, 0.3, 0.5]])
+    assert room_metrics(rec, truth, "S2")["box_error"] == pytest.approx(0.2)
+
+
+def test_rgi_counts_a_right_action_as_informative_only_where_the_return_is_not_zero():
+    from leaklab.metrics.rooms import room_metrics
+
+    images = torch.rand(1, 1, 20, 20, generator=torch.Generator().manual_seed(3))
+    for reward, counted in ((0.0, 0.0), (0.5, 1.0)):
+        truth, rec = _room_case(images, reward=torch.tensor([reward]))
+        m = room_metrics(rec, truth, "S2")
+        assert m["action"] == 1.0 and m["action_informative"] == counted == m["action_informative_correct"]

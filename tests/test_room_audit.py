@@ -405,8 +405,25 @@ def test_audit_verdicts_in_words():
     assert both[0].action == "3 of 6 updates (50%; chance alone: p = 0.042)"  # 6 of 12 would be p = 0.0036
 
 
+
+def test_audit_verdicts_count_a_value_on_the_line_as_a_leak():
+    """The verdicts' lines are inclusive (room_verdicts.glance_caption): 3 dB, IoU 0.5, a batch's action share 0.5,
+    1 % Q error and 0.01 reward error leak; an action count leaks under a chance of 0.05 only."""
+    from leaklab.experiments.room_verdicts import NOTHING_LEAKS, RoomShown, room_shown, verdict
+
+    rows = {name: [({"algorithm": "qgi", "setting": "S2"}, {"metrics": {"depth_gain_max": gain}})]
+            for name, gain in (("a", 3.0), ("b", 2.999))}
+    assert room_shown(rows, modes=False) == RoomShown(1, 2, 3.0, "QGI S2 depth")  # 3 dB over the baseline shows it
+    on_line = verdict(RoomShown(1, 1, 3.0, "QGI S2 depth"), 0.5, [0.5], 1.0, 0.01)
+    for leak in ("the room", "the target's box", "the action", "the target Q-value", "the reward"):
+        assert leak in on_line
+    assert verdict(RoomShown(0, 1, 2.9, "x"), 0.499, [0.499], 1.01, 0.0101) == NOTHING_LEAKS
+    # 3 of 6 right by chance alone: p = 0.042 leaks; 2 of 6: p = 0.21 does not
+    assert "the action" in verdict(RoomShown(0, 6, None, None), 0.0, [1.0, 1.0, 1.0, 0.0, 0.0, 0.0])
+    assert verdict(RoomShown(0, 6, None, None), 0.0, [1.0, 1.0, 0.0, 0.0, 0.0, 0.0]) == NOTHING_LEAKS
+
 def test_audit_suggests_the_levels_to_audit_next():
-    from leaklab.experiments.audit_levels import next_levels, next_levels_text
+    from leaklab.experiments.audit_levels import leaks_stop, next_levels, next_levels_text
 
     # every σ leaks: two stronger round levels; every ε is safe: two weaker ones (larger ε)
     assert next_levels({1e-3: True, 0.03: True}, {8.0: False, 1.0: False}) == {
@@ -420,6 +437,11 @@ def test_audit_suggests_the_levels_to_audit_next():
     # a bracket of adjacent round levels is narrow already; a level already tested is not suggested again
     assert next_levels({0.1: True, 0.2: False}, {})["gaussian_sigmas"] == []
     assert next_levels({0.03: True, 0.1: True}, {})["gaussian_sigmas"] == [0.3, 1.0]
+    # a round level outside the bracket it should narrow is dropped (0.12 to 0.18 rounds to 0.1 and 0.2)
+    assert next_levels({0.12: True, 0.18: False}, {})["gaussian_sigmas"] == []
+    # the leaks stop at the weakest level stronger than the leaky one that is safe, not at a weaker safe one
+    assert leaks_stop({1e-3: False, 0.03: True, 0.3: False}, {50.0: False, 8.0: True, 1.0: False}) == {
+        "gaussian_sigma": [0.03, 0.3], "dp_epsilon": [8.0, 1.0]}
     assert next_levels_text({"gaussian_sigmas": [0.1, 0.3], "dp_epsilons": [30.0]}).startswith(
         "To pin down where the leaks stop, audit next with `--sigmas 0.1,0.3 --epsilons 30`")
     assert next_levels_text({"gaussian_sigmas": [], "dp_epsilons": []}) == ""
