@@ -135,6 +135,16 @@ def test_a_mistyped_command_is_suggested_once():
         assert result.exit_code == 2 and result.stderr.count(name) == 1, result.stderr
 
 
+def test_an_option_given_to_the_wrong_command_says_where_it_belongs():
+    """`leaklab audit --threads 2` said only "no such option"; `attack qgi --case` was offered --seed."""
+    for args, words in ((("audit", "--threads", "2"), "give it before the command (leaklab --threads VALUE audit"),
+                        (("attack", "qgi", "--case", "x"), "leaklab audit --cases DIR"),
+                        (("attack", "rgi", "--version"), "give it before the command (leaklab --version)"),
+                        (("audit", "--thread", "2"), "(see leaklab audit --help)")):
+        result = invoke(*args)
+        assert result.exit_code == 2 and result.stderr.startswith("error: no such option"), result.stderr
+        assert words in result.stderr and "Did you mean" not in result.stderr, result.stderr
+
 def test_command_listings_give_each_summary_as_one_line(monkeypatch):
     """typer's listing kept a docstring's line breaks: on a terminal of any width a command's summary broke off
     mid-line ("...an RNN" / "and an FFNN...")."""

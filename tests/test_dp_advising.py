@@ -117,6 +117,10 @@ def test_reproduce_dp_advising_quick(tmp_path):
         for row in rows.values():
             assert len(row["ratio_mean"]) == epochs + 1 and len(row["advice_per_epoch"]) == epochs
     assert "points over no advice" in result.output
+    for rows in data["experiments"].values():  # a plateau never reached is said so, not printed as None
+        epoch = rows["no advice"]["epoch_reaching_plateau"]
+        assert ("92% never reached" if epoch is None else f"92% first reached at epoch {epoch}") in result.output
+    assert "None" not in result.output
     again = tmp_path / "again"
     assert CliRunner().invoke(app, ["reproduce", "dp-advising", "--quick", "--out", str(again)]).exit_code == 0
     assert json.loads((again / "results.json").read_text())["experiments"] == data["experiments"]

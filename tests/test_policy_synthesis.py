@@ -136,6 +136,11 @@ def test_mdp_json_round_trip_and_errors():
                 {**mdp.to_json(), "terminal": [10 ** 400] * 4}, {**mdp.to_json(), "rewards": [[1e300, 0.0]] * 4}):
         with pytest.raises(LeaklabError):
             TabularMDP.from_json(bad)
+    # the keys that are wrong are named (a misspelt optional key read as a wrong file)
+    with pytest.raises(LeaklabError, match=r"\(unknown 'gamma'\)$"):
+        TabularMDP.from_json({**mdp.to_json(), "gamma": 0.9})
+    with pytest.raises(LeaklabError, match=r"\(missing horizon, rewards\)$"):
+        TabularMDP.from_json({"transitions": [[[1.0]]]})
     with pytest.raises(LeaklabError, match="2 states or more"):
         privatize_transitions(np.ones((1, 1, 1)), 10, _rng())
     with pytest.raises(ValueError):  # read-only arrays: an MDP cannot change after its checks

@@ -178,6 +178,7 @@ def test_quick_image_audit_writes_report_and_results(tmp_path):
     assert html.count("data:image/png;base64,") >= 3  # bar plot + one grid per scenario
     assert "baseline PSNR (dB)" in html and "gaussian:0.01" in html
     assert "A --quick run: each attack ran a few iterations" in html  # it read like a real audit
+    assert "warning: a --quick run: each attack ran a few iterations" in result.stderr  # the command says so too
     res = json.loads((out / "results.json").read_text())
     assert res["format"] == "leaklab.audit" and res["quick"] is True
     defenses = {s["defense"] for s in res["settings"]}

@@ -55,8 +55,10 @@ def test_room_table1_runs_and_updates_a_docs_section(tmp_path):
         assert docs.read_text() == broken
     with pytest.raises(LeaklabError, match="not found"):
         update_docs("room-table1", "TABLE C", "leaklab z", tmp_path / "missing.md")
-    smoke = invoke("reproduce", "room-table1", "--samples", "1", "--update-docs", "--out", tmp_path / "s")
-    assert_user_error(smoke, tmp_path / "s", "--update-docs")
+    # a run smaller than the published ones' protocol never replaces them (a 1-iteration, 1-room table did)
+    for small in (["--samples", "1"], ["--layouts", "11"], ["--iterations", "299"]):
+        smoke = invoke("reproduce", "room-table1", *small, "--update-docs", "--out", tmp_path / "s")
+        assert_user_error(smoke, tmp_path / "s", "--update-docs replaces a published table")
 
 
 def test_a_stopped_table_resumes_its_cell_from_the_journal(tmp_path):

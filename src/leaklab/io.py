@@ -97,7 +97,8 @@ CANDIDATE_INFERENCE_FORMAT = "leaklab.candidate-inference"
 _WRITTEN_BY = {AUDIT_FORMAT: "leaklab audit", REPRODUCTION_FORMAT: "leaklab reproduce room-table1|room-table2",
                BAYES_TABLE2_FORMAT: "leaklab reproduce bayes-table2",
                ROOM_ATTACK_FORMAT: "leaklab attack qgi|rgi", ROOM_CAPTURE_FORMAT: "leaklab env capture",
-               IMAGE_ATTACK_FORMAT: "leaklab attack inversion|analytic|features", VIEW_FORMAT: "leaklab capture",
+               IMAGE_ATTACK_FORMAT: "leaklab attack inversion|analytic|features",
+               VIEW_FORMAT: "leaklab capture|env capture",  # a case folder: an image model's or a room's
                DP_VS_INVERSION_FORMAT: "leaklab reproduce dp-vs-inversion",
                INVERSION_CHECKS_FORMAT: "leaklab reproduce inversion-checks",
                AT_FEATURES_FORMAT: "leaklab reproduce at-features",
@@ -116,10 +117,6 @@ _WRITTEN_BY = {AUDIT_FORMAT: "leaklab audit", REPRODUCTION_FORMAT: "leaklab repr
                CANDIDATE_INFERENCE_FORMAT: "leaklab reproduce candidate-inference"}
 # the commands that write into their --out in place (finished cells, checks) instead of replacing it whole
 _IN_PLACE = frozenset({REPRODUCTION_FORMAT, BAYES_TABLE2_FORMAT, INVERSION_CHECKS_FORMAT})
-
-
-# --------------------------------------------------------------------------------------------
-# errors
 
 
 # --------------------------------------------------------------------------------------------

@@ -52,12 +52,32 @@ class _OneLineErrors(_Listing):
         except click.ClickException as e:
             message = e.format_message().rstrip(".")
             where = f" (see {e.ctx.command_path} --help)" if getattr(e, "ctx", None) is not None else ""
+            if isinstance(e, click.NoSuchOption) and (hint := _option_hint(e)):
+                message, where = f"no such option {e.option_name!r}", f"; {hint}"
             typer.echo(_error_line(message[:1].lower() + message[1:] + where), err=True)
             sys.exit(2)
         except click.Abort:
             typer.echo("error: aborted", err=True)
             sys.exit(1)
         sys.exit(code if isinstance(code, int) else 0)
+
+
+def _option_hint(error: click.NoSuchOption) -> str:
+    """Where an option a command lacks belongs: ``leaklab``'s own (``--threads``) before the command, and saved room
+    cases to ``audit --cases`` (``attack qgi --case`` was offered ``--seed``); "" for any other."""
+    ctx = error.ctx
+    if ctx is None:
+        return ""
+    root = ctx.find_root()
+    own = [p for p in root.command.params if error.option_name in p.opts]
+    if ctx is not root and own:
+        rest = "" if getattr(own[0], "is_flag", False) else \
+            f" VALUE {ctx.command_path.removeprefix(root.command_path).strip()} ..."
+        return f"{error.option_name} is leaklab's own option: give it before the command ({root.info_name} " \
+               f"{error.option_name}{rest})"
+    if error.option_name in ("--case", "--cases") and ctx.command_path.endswith(("attack qgi", "attack rgi")):
+        return "saved room cases (leaklab env capture) are attacked by leaklab audit --cases DIR"
+    return ""
 
 
 app = typer.Typer(name="leaklab", cls=_OneLineErrors, no_args_is_help=True, add_completion=False,

@@ -66,7 +66,9 @@ def reproduce_bayes_table2(
                     typer.echo(f"  {dataset:8s} {defense_name:26s} step {step}: {cells}")
 
 
-PUBLISHED_SAMPLES = 48  # the acceptance protocol of the tables in docs/reproductions.md
+PUBLISHED_SAMPLES = 48  # the acceptance protocol of the tables in docs/reproductions.md: samples per cell,
+PUBLISHED_LAYOUTS = 12  # from this many rooms or more,
+PUBLISHED_ITERATIONS = 300  # and image iterations no fewer than any published table ran (Table II's ablations)
 
 
 def _published_command(argv: list[str], arch: str) -> str:
@@ -81,14 +83,20 @@ def _published_command(argv: list[str], arch: str) -> str:
     return "leaklab " + " ".join(shlex.quote(a) for a in args)
 
 
-def _room_table(name: str, out: Path | None, update_docs: bool, samples: int, iterations: int | None,
-                run: Callable[[Path, Any], dict]) -> None:
+def _room_table(name: str, out: Path | None, update_docs: bool, samples: int, layouts: tuple[str, ...] | None,
+                iterations: int | None, run: Callable[[Path, Any], dict]) -> None:
     from leaklab.experiments import room_report, room_tables
     from leaklab.io import new_run_dir
+    from leaklab.rl.envs import LAYOUTS
 
-    if update_docs and samples < PUBLISHED_SAMPLES:
-        raise LeaklabError(f"--update-docs replaces a published table ({PUBLISHED_SAMPLES} samples per cell or "
-                           f"more); run {plural(samples, 'sample')} without it")
+    rooms = len(layouts or LAYOUTS)
+    if update_docs and (samples < PUBLISHED_SAMPLES or rooms < PUBLISHED_LAYOUTS
+                        or (iterations is not None and iterations < PUBLISHED_ITERATIONS)):
+        given = f"{plural(samples, 'sample')} from {plural(rooms, 'room')}" + (
+            f" at {plural(iterations, 'iteration')}" if iterations is not None else "")
+        raise LeaklabError(f"--update-docs replaces a published table ({PUBLISHED_SAMPLES} samples per cell or more "
+                           f"from {PUBLISHED_LAYOUTS} rooms or more, {PUBLISHED_ITERATIONS} image iterations or more); "
+                           f"run {given} without it")
     if update_docs and not room_tables.DOCS.is_file():
         raise LeaklabError(f"{room_tables.DOCS} not found; run --update-docs from the repository root")
     out = out or new_run_dir(name)
@@ -129,7 +137,7 @@ def reproduce_room_table1(
     from leaklab.rl.envs.layouts import layouts_arg
 
     chosen = layouts_arg(layouts)
-    _room_table("room-table1", out, update_docs, samples, iterations, lambda o, p: room_tables.table1(
+    _room_table("room-table1", out, update_docs, samples, chosen, iterations, lambda o, p: room_tables.table1(
         o, mode=mode, samples=samples, layouts=chosen, iterations=iterations, arch=arch, seed=seed,
         workers=workers, device=device, progress=p,
         **({"cells": tuple(_split([cells]))} if cells else {})))
@@ -152,7 +160,7 @@ def reproduce_room_table2(
     from leaklab.rl.envs.layouts import layouts_arg
 
     chosen = layouts_arg(layouts)
-    _room_table("room-table2", out, update_docs, samples, iterations, lambda o, p: room_tables.table2(
+    _room_table("room-table2", out, update_docs, samples, chosen, iterations, lambda o, p: room_tables.table2(
         o, samples=samples, layouts=chosen, iterations=iterations, arch=arch, seed=seed, workers=workers,
         device=device, progress=p))
 
@@ -476,8 +484,10 @@ def reproduce_dp_advising(
     for experiment, rows in result["experiments"].items():
         for name, r in rows.items():
             if r["strategy"] == "none":
+                epoch = r["epoch_reaching_plateau"]
+                reached = "92% never reached" if epoch is None else f"92% first reached at epoch {epoch}"
                 typer.echo(f"  {experiment.replace('_', ' ')}, {name:>22s}: final ratio {100 * r['final_ratio']:.2f}%, "
-                           f"92% first reached at epoch {r['epoch_reaching_plateau']}")
+                           f"{reached}")
                 continue
             gains = ", ".join(f"{k} {100 * v:+.2f}" + ("" if r["gain_standard_error"][k] is None else
                                                        f" ± {100 * r['gain_standard_error'][k]:.2f}")

@@ -380,3 +380,5 @@ def _image_audit(out: Path, quick: bool, seed: int, progress: Callable[..., None
                    f"(baseline {s['psnr_baseline_mean']:5.2f}), SSIM {s['ssim_mean']:.3f}"
                    + (f", update kept {cosine_text(s['update_cosine_median'])}" if row["defense"] != "none"
                       else ""))
+    if results["quick"]:
+        typer.echo(f"warning: {image_audit.QUICK_NOTICE}.", err=True)

@@ -50,6 +50,10 @@ class Scenario:
     attack: dict[str, Any] = field(default_factory=dict)
 
 
+QUICK_NOTICE = ("a --quick run: each attack ran a few iterations, so these numbers show that the audit works, not how "
+                "much the updates leak")  # the report's notice and the command's warning
+
+
 def scenarios(quick: bool = False) -> list[Scenario]:
     """The audit's scenarios: photo crops and faces on the sigmoid LeNet, attacked by DLG."""
     dlg = {"objective": "l2", "optimizer": "lbfgs"}
@@ -198,5 +202,4 @@ def _write_report(path: Path, results: dict[str, Any], chosen: list[Scenario],
                                   "of each scenario (no information beyond the mean colour); black line: the "
                                   "cosine an update keeps with the true one (right axis)")],
                   sections=sections,
-                  notice=sentences(("a --quick run: each attack ran a few iterations, so these numbers show that "
-                                    "the audit works, not how much the updates leak",) if results["quick"] else ()))
+                  notice=sentences((QUICK_NOTICE,) if results["quick"] else ()))

@@ -113,8 +113,14 @@ class TabularMDP:
         """An MDP from :meth:`to_json`'s dictionary; one-line errors for anything else."""
         keys = {"transitions", "rewards", "horizon", "discount", "terminal", "start"}
         if not isinstance(data, dict) or not {"transitions", "rewards", "horizon"} <= set(data) <= keys:
+            wrong = ""
+            if isinstance(data, dict):  # which keys: a misspelt or unknown one was not named
+                missing = sorted({"transitions", "rewards", "horizon"} - set(data))
+                unknown = sorted(repr(str(k)) for k in set(data) - keys)
+                wrong = "; ".join(part for part in (f"missing {', '.join(missing)}" if missing else "",
+                                                     f"unknown {', '.join(unknown)}" if unknown else "") if part)
             raise LeaklabError(f"an MDP is a JSON object with transitions, rewards and horizon, optionally discount, "
-                               f"terminal and start (keys: {', '.join(sorted(keys))})")
+                               f"terminal and start{f' ({wrong})' if wrong else ''}")
         transitions, rewards = _numbers(data["transitions"], "transitions"), _numbers(data["rewards"], "rewards")
         terminal = None if data.get("terminal") is None else _numbers(data["terminal"], "terminal")
         return cls(transitions, rewards, data["horizon"], data.get("discount", 1.0), terminal, data.get("start", 0))
