@@ -167,6 +167,11 @@ def test_atomic_dir_replaces_only_the_same_commands_output(tmp_path):
     with pytest.raises(LeaklabError, match="another command's output \\(of `leaklab attack qgi\\|rgi`\\)"):
         with atomic_dir(out, AUDIT_FORMAT):
             pass
+    case = tmp_path / "case"  # a case folder, an image model's (leaklab capture) or a room's (leaklab env capture)
+    case.mkdir()
+    (case / VIEW_FILE).write_text(json.dumps({"format": VIEW_FORMAT}))
+    with pytest.raises(LeaklabError, match="\\(of `leaklab capture\\|env capture`\\)"):
+        check_out(case, ROOM_ATTACK_FORMAT)
     assert json.loads((out / "results.json").read_text())["second"] == 1
 
     mine = tmp_path / "mine"
