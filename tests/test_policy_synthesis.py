@@ -137,9 +137,9 @@ def test_mdp_json_round_trip_and_errors():
         with pytest.raises(LeaklabError):
             TabularMDP.from_json(bad)
     # the keys that are wrong are named (a misspelt optional key read as a wrong file)
-    with pytest.raises(LeaklabError, match=r"\(unknown 'gamma'\)$"):
+    with pytest.raises(LeaklabError, match=r"^an MDP has 1 unknown key \('gamma'\)"):
         TabularMDP.from_json({**mdp.to_json(), "gamma": 0.9})
-    with pytest.raises(LeaklabError, match=r"\(missing horizon, rewards\)$"):
+    with pytest.raises(LeaklabError, match=r"\(horizon, rewards missing\)$"):
         TabularMDP.from_json({"transitions": [[[1.0]]]})
     with pytest.raises(LeaklabError, match="2 states or more"):
         privatize_transitions(np.ones((1, 1, 1)), 10, _rng())

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from pydantic import ValidationError
 
-from leaklab.errors import LeaklabError, ModelClassError, validation_message
+from leaklab.errors import LeaklabError, ModelClassError, check_keys, validation_message
 from leaklab.io import (FORMAT_VERSION, MODEL_FILE, PERCEPTION_MODEL_TYPE, TRUTH_FILE, UPDATE_FILE, UPDATE_JSON,
                         VIEW_FILE, VIEW_FORMAT, check_finite, check_format_version, dumps_json, load_tensors,
                         read_json, resolved, save_tensors, write_json)
@@ -99,13 +99,6 @@ UPDATE_ENTRY_KEYS = {"prefix", "labels"}
 MAX_RECONSTRUCTED_VALUES = 1 << 26
 
 
-def _check_keys(data: dict, allowed: set[str], where: str) -> None:
-    unknown = sorted(set(data) - allowed)
-    if unknown:
-        raise LeaklabError(f"{where} has {plural(len(unknown), 'unknown key')} ({', '.join(map(repr, unknown))}); "
-                           f"it may hold {', '.join(sorted(allowed))} (docs/formats.md)")
-
-
 def check_format(data: Any, path: Path, kind: str) -> dict:
     """``data`` (read from ``path``) if it is a leaklab ``kind`` file this version can read, with no key
     outside :data:`CASE_KEYS`."""
@@ -116,7 +109,7 @@ def check_format(data: Any, path: Path, kind: str) -> dict:
         raise LeaklabError(f"{path} is not a leaklab {kind} file (format {fmt!r}, expected "
                            f"'leaklab.{kind}')")
     check_format_version(data, str(path), FORMAT_VERSION)
-    _check_keys(data, CASE_KEYS[kind], str(path))
+    check_keys(data, CASE_KEYS[kind], str(path))
     return data
 
 
@@ -298,7 +291,7 @@ def update_entries(upd_json: dict[str, Any], upd_path: Path) -> list[dict[str, A
     for i, entry in enumerate(entries):
         if not isinstance(entry, dict) or not isinstance(entry.get("prefix"), str):
             raise LeaklabError(f"{upd_path}: updates[{i}] needs a string 'prefix'")
-        _check_keys(entry, UPDATE_ENTRY_KEYS, f"{upd_path}: updates[{i}]")
+        check_keys(entry, UPDATE_ENTRY_KEYS, f"{upd_path}: updates[{i}]")
     count = upd_json.get("count", len(entries))
     if type(count) is not int:
         raise LeaklabError(f"{upd_path}: 'count' must be an integer, not {count!r}")

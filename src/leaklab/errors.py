@@ -16,6 +16,17 @@ class LeaklabError(ValueError):
     """A user-facing error: one line naming the problem and how to fix it."""
 
 
+def check_keys(data: dict, allowed: set[str], where: str) -> None:
+    """Refuse a JSON object with a key outside ``allowed``, naming it: a misspelt optional key (``"defence"``,
+    ``"gamma"``) was read as absent."""
+    unknown = sorted(map(str, set(data) - allowed))
+    if unknown:
+        from leaklab.words import plural
+
+        raise LeaklabError(f"{where} has {plural(len(unknown), 'unknown key')} ({', '.join(map(repr, unknown))}); "
+                           f"it may hold {', '.join(sorted(allowed))} (docs/formats.md)")
+
+
 class ModelClassError(LeaklabError):
     """The user's own network class (``--model-class``) is at fault, whatever file or case it was built
     for: its message names the class, and callers pass it on without naming the file."""

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from leaklab.errors import LeaklabError
+from leaklab.errors import LeaklabError, check_keys
 
 __all__ = ["TabularMDP", "q_values", "optimal_policy", "check_policy", "evaluate", "random_mdp", "investment_mdp"]
 
@@ -111,16 +111,12 @@ class TabularMDP:
     @classmethod
     def from_json(cls, data: Any) -> "TabularMDP":
         """An MDP from :meth:`to_json`'s dictionary; one-line errors for anything else."""
-        keys = {"transitions", "rewards", "horizon", "discount", "terminal", "start"}
-        if not isinstance(data, dict) or not {"transitions", "rewards", "horizon"} <= set(data) <= keys:
-            wrong = ""
-            if isinstance(data, dict):  # which keys: a misspelt or unknown one was not named
-                missing = sorted({"transitions", "rewards", "horizon"} - set(data))
-                unknown = sorted(repr(str(k)) for k in set(data) - keys)
-                wrong = "; ".join(part for part in (f"missing {', '.join(missing)}" if missing else "",
-                                                     f"unknown {', '.join(unknown)}" if unknown else "") if part)
+        required = {"transitions", "rewards", "horizon"}
+        if not isinstance(data, dict) or not required <= set(data):
+            missing = f" ({', '.join(sorted(required - set(data)))} missing)" if isinstance(data, dict) else ""
             raise LeaklabError(f"an MDP is a JSON object with transitions, rewards and horizon, optionally discount, "
-                               f"terminal and start{f' ({wrong})' if wrong else ''}")
+                               f"terminal and start{missing}")
+        check_keys(data, required | {"discount", "terminal", "start"}, "an MDP")
         transitions, rewards = _numbers(data["transitions"], "transitions"), _numbers(data["rewards"], "rewards")
         terminal = None if data.get("terminal") is None else _numbers(data["terminal"], "terminal")
         return cls(transitions, rewards, data["horizon"], data.get("discount", 1.0), terminal, data.get("start", 0))

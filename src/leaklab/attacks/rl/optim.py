@@ -37,50 +37,52 @@ def adam(params: list[torch.Tensor], loss: Callable[[float], torch.Tensor], iter
     """Minimise ``loss(t)`` over ``params`` (leaf tensors requiring grad), ``t = it / iterations`` the
     fraction of the run done; tensors in ``clamp`` are kept in [0, 1] after every step. Returns the
     last loss value (module docstring: on the CPU, torch's update written out)."""
-    if not all(p.device.type == "cpu" and not p.is_complex() for p in params):
-        return _torch_adam(params, loss, iterations, lr, clamp, progress)
-    beta1, beta2 = BETAS
-    rates = cosine_rates(lr, iterations)
-    exp_avgs = [torch.zeros_like(p, memory_format=torch.preserve_format) for p in params]
-    exp_avg_sqs = [torch.zeros_like(p, memory_format=torch.preserve_format) for p in params]
+    cpu = all(p.device.type == "cpu" and not p.is_complex() for p in params)
+    step = (_written_out if cpu else _torch_objects)(params, lr, iterations)
     value = torch.tensor(float("nan"))
     for it in range(iterations):
         out = loss(it / iterations)
         grads = torch.autograd.grad(out, params)
-        step = float(it + 1)
-        step_size = rates[it] / (1 - beta1 ** step)
-        bias_correction2_sqrt = (1 - beta2 ** step) ** 0.5
         with torch.no_grad():
-            for p, g, exp_avg, exp_avg_sq in zip(params, grads, exp_avgs, exp_avg_sqs):
-                exp_avg.lerp_(g, 1 - beta1)
-                exp_avg_sq.mul_(beta2).addcmul_(g, g, value=1 - beta2)
-                p.addcdiv_(exp_avg, (exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(EPS), value=-step_size)
-            for p in clamp:
-                p.clamp_(0, 1)
-        value = out.detach()
-        if progress and ((it + 1) % 50 == 0 or it + 1 == iterations):
-            progress(it + 1, float(value))
-    return float(value)
-
-
-def _torch_adam(params: list[torch.Tensor], loss: Callable[[float], torch.Tensor], iterations: int, lr: float,
-                clamp: list[torch.Tensor] = (), progress: Progress | None = None) -> float:
-    """:func:`adam` by ``torch.optim.Adam`` and ``CosineAnnealingLR`` themselves (off the CPU)."""
-    optimiser = torch.optim.Adam(params, lr=lr)
-    schedule = torch.optim.lr_scheduler.CosineAnnealingLR(optimiser, T_max=iterations, eta_min=0.0)
-    value = torch.tensor(float("nan"))
-    for it in range(iterations):
-        optimiser.zero_grad(set_to_none=True)
-        out = loss(it / iterations)
-        grads = torch.autograd.grad(out, params)
-        for p, g in zip(params, grads):
-            p.grad = g
-        optimiser.step()
-        schedule.step()
-        with torch.no_grad():
+            step(it, grads)
             for p in clamp:
                 p.clamp_(0, 1)
         value = out.detach()  # no host sync per step: it would stall a GPU
         if progress and ((it + 1) % 50 == 0 or it + 1 == iterations):
             progress(it + 1, float(value))
     return float(value)
+
+
+Step = Callable[[int, tuple[torch.Tensor, ...]], None]  # step ``it`` of the run, given the parameters' gradients
+
+
+def _written_out(params: list[torch.Tensor], lr: float, iterations: int) -> Step:
+    """The CPU's step: ``torch.optim.Adam``'s single-tensor update at ``CosineAnnealingLR``'s step sizes."""
+    beta1, beta2 = BETAS
+    rates = cosine_rates(lr, iterations)
+    exp_avgs = [torch.zeros_like(p, memory_format=torch.preserve_format) for p in params]
+    exp_avg_sqs = [torch.zeros_like(p, memory_format=torch.preserve_format) for p in params]
+
+    def step(it: int, grads: tuple[torch.Tensor, ...]) -> None:
+        count = float(it + 1)
+        step_size = rates[it] / (1 - beta1 ** count)
+        bias_correction2_sqrt = (1 - beta2 ** count) ** 0.5
+        for p, g, exp_avg, exp_avg_sq in zip(params, grads, exp_avgs, exp_avg_sqs):
+            exp_avg.lerp_(g, 1 - beta1)
+            exp_avg_sq.mul_(beta2).addcmul_(g, g, value=1 - beta2)
+            p.addcdiv_(exp_avg, (exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(EPS), value=-step_size)
+    return step
+
+
+def _torch_objects(params: list[torch.Tensor], lr: float, iterations: int) -> Step:
+    """The step off the CPU: ``torch.optim.Adam`` and ``CosineAnnealingLR`` themselves."""
+    optimiser = torch.optim.Adam(params, lr=lr)
+    schedule = torch.optim.lr_scheduler.CosineAnnealingLR(optimiser, T_max=iterations, eta_min=0.0)
+
+    def step(it: int, grads: tuple[torch.Tensor, ...]) -> None:
+        for p, g in zip(params, grads):
+            p.grad = g
+        optimiser.step()
+        schedule.step()
+        optimiser.zero_grad(set_to_none=True)
+    return step
