@@ -7,10 +7,12 @@ COMPILED := $(VENV)/.compiled
 export MPLCONFIGDIR ?= $(CURDIR)/.cache/mpl
 export XDG_CACHE_HOME ?= $(CURDIR)/.cache/xdg
 export TORCH_HOME ?= $(CURDIR)/.cache/torch
-# what `leaklab audit`'s processes import: its command line and progress bars, captures, attacks (torch.optim
-# imports torch._dynamo at an optimiser's first step) and report (matplotlib's PNG writer, PIL's formats)
-AUDIT_IMPORTS := leaklab.cli.progress, leaklab.experiments.room_audit, leaklab.experiments.attack_pool, \
-	leaklab.report.html, leaklab.report.plots, torch._dynamo, rich.progress, matplotlib.backends.backend_agg, PIL.Image
+# what `leaklab audit`'s processes import: its command line (whose options' types name the image attacks' config)
+# and progress bars, captures, attacks (torch.optim imports torch._dynamo at an optimiser's first step) and report
+# (matplotlib's PNG writer, PIL's formats); tests/test_room_audit.py checks that a quick audit imports no more
+AUDIT_IMPORTS := leaklab.cli.progress, leaklab.attacks.inversion.config, leaklab.experiments.room_audit, \
+	leaklab.experiments.attack_pool, leaklab.report.html, leaklab.report.plots, torch._dynamo, rich.progress, \
+	matplotlib.backends.backend_agg, PIL.Image
 
 .PHONY: install test audit bench clean
 

@@ -4,6 +4,10 @@ network, the verdicts in words, the levels to audit next, and refusals of confli
 from __future__ import annotations
 
 import json
+import re
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -12,9 +16,30 @@ from cli_helpers import PNG, Interrupt, assert_user_error, interrupt_after, invo
 from leaklab.names import DEFAULT_ARCH
 
 
+def audit_in_a_new_process(*args: str) -> tuple[subprocess.CompletedProcess, list[str]]:
+    """`leaklab audit ARGS` in a new Python that first imports what the Makefile's install imports to byte-compile
+    the audit's modules (AUDIT_IMPORTS): the finished process, and the modules of the venv and of leaklab that the
+    audit imported beyond those (each compiled by every process that imports it, at every run)."""
+    makefile = (Path(__file__).parents[1] / "Makefile").read_text().replace("\\\n", " ")
+    listed = re.search(r"^AUDIT_IMPORTS := (.+)$", makefile, re.M).group(1)
+    script = f"""import atexit, pathlib, sys, sysconfig, {listed}
+PIL.Image.init()
+before = set(sys.modules)
+roots = (sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"], leaklab.__path__[0])
+atexit.register(lambda: pathlib.Path("imported.txt").write_text(" ".join(
+    n for n, m in list(sys.modules.items()) if n not in before and str(getattr(m, "__file__", "")).startswith(roots))))
+from leaklab.cli import app
+app(["audit", *sys.argv[1:]], prog_name="leaklab")
+"""
+    out = Path(args[args.index("--out") + 1])
+    done = subprocess.run([sys.executable, "-c", script, *args], cwd=out.parent, capture_output=True, text=True)
+    return done, (out.parent / "imported.txt").read_text().split()
+
+
 def test_quick_room_audit_writes_report_with_defenses(tmp_path):
     """... after an interrupted audit in the same folder (the audit picks a new runs/<id> each time),
-    whose finished attacks it takes instead of attacking them again."""
+    whose finished attacks it takes instead of attacking them again; the command runs in a new process that
+    imports no module of the venv the Makefile's install leaves uncompiled."""
     from leaklab.experiments import room_audit
 
     calls, stop = [], interrupt_after(2)
@@ -31,13 +56,14 @@ def test_quick_room_audit_writes_report_with_defenses(tmp_path):
     assert calls[:3] == [("capture", 0, 2), ("capture", 1, 2), ("capture", 2, 2)]
     assert calls[3:9] == [("prepare", n, 6) for n in range(1, 7)] and calls[9] == ("audit", 0, 6)
     out = tmp_path / "audit"
-    result = invoke("audit", "--quick", "--out", out)
-    assert result.exit_code == 0, result.output
-    assert "2 attacks resumed from an interrupted run" in result.output
+    result, uncompiled = audit_in_a_new_process("--quick", "--out", str(out))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert not uncompiled, f"add to the Makefile's AUDIT_IMPORTS: {uncompiled}"
+    assert "2 attacks resumed from an interrupted run" in result.stdout
     assert "warning: these attacks ran 3 image iterations" in result.stderr  # its verdicts understate the leaks
     assert json.loads((out / "results.json").read_text())["summary"]["resumed_attacks"] == 2
     assert "attacks resumed from an interrupted run" in (out / "report.html").read_text()
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["audit"]  # the journal went with its run
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["audit", "imported.txt"]  # the journal went with its run
     html = (out / "report.html").read_text()
     assert html.count("data:image/png;base64,") >= 3  # leakage plot + one grid per attack
     assert "RGB baseline (dB)" in html and "RGB SSIM baseline" in html and "DP-SGD" in html
@@ -66,20 +92,20 @@ def test_quick_room_audit_writes_report_with_defenses(tmp_path):
     # and what each lets through of the room's conv features, as the server estimates it without the truth
     read = {(c["algorithm"], c["defense"]): c["summary"]["feature_cosine_median"] for c in res["cells"]}
     assert all(read[(a, "none")] == 1.0 and read[(a, "DP-SGD ε=8")] < 0.2 for a in ("qgi", "rgi"))
-    assert "features read (cosine, estimated)" in html and ", features read " in result.output
+    assert "features read (cosine, estimated)" in html and ", features read " in result.stdout
     assert (out / "figures" / "leakage_per_defense.png").read_bytes().startswith(PNG)
     assert "At a glance" in html and "leaks the target&#39;s box" in html  # 3 image steps: not the room
     # 3 image steps: the report says that its verdicts understate the leak, and how much the attacks did
     assert "fewer than the 2000 they take by default" in html and "1 sample per cell from 1 room" in html
     # RGI's share of updates with a policy-gradient part is shown for clean updates only (noise passes for one)
-    rgi = [line for line in result.output.splitlines() if line.strip().startswith("RGI")]
+    rgi = [line for line in result.stdout.splitlines() if line.strip().startswith("RGI")]
     assert [("policy-gradient part found" in line) for line in rgi] == [True, False, False], rgi
     # 3 image steps: no levels to audit next are suggested from verdicts that understate the leak
     assert res["summary"]["next_levels"] == {"gaussian_sigmas": [], "dp_epsilons": []}
-    assert "To pin down" not in result.output and "To pin down" not in html
+    assert "To pin down" not in result.stdout and "To pin down" not in html
     # exact mode alone behind noise: the report and the command say that the paper's method may show more
     assert "Behind noise the verdicts are exact mode" in html
-    assert "Behind noise the verdicts are exact mode" in result.output
+    assert "Behind noise the verdicts are exact mode" in result.stdout
 
 
 def test_audit_attacks_a_partly_trained_network(tmp_path):
