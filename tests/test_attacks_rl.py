@@ -1,6 +1,7 @@
 """QGI/RGI (seed 000): exact analytic parts, paper-mode rules, the rank-1 shortcut, the image stage,
 and the section V metrics, on random-init networks with smooth synthetic rooms."""
 
+import copy
 import math
 
 import pytest
@@ -743,6 +744,32 @@ def test_the_box_fit_reads_a_users_box_branch():
     assert "box.2.bias" not in noised
     closed = linear_input(noised["box.0.weight"], noised["box.0.bias"]).unsqueeze(0)
     assert float((fitted_box(net, noised, closed)[0] - box[0]).norm()) < 0.1 * float((closed[0] - box[0]).norm())
+
+
+def test_the_box_fit_stops_where_no_step_lowers_its_loss(monkeypatch):
+    """Behind heavy noise Gauss–Newton's step from a box at a ReLU's kink of the box branch raises the loss at
+    every length: the fit ends there instead of stepping 1e-6 of it uphill and trying again to its STEPS-th step
+    from each start (this update took all 100 before), and ends no worse than either start."""
+    import leaklab.attacks.rl.box_fit as box_fit
+
+    view, update, truth = client()
+    noised = noised_update(update, 0.1)
+    closed = linear_input(noised["box.0.weight"], noised["box.0.bias"]).unsqueeze(0)
+    steps, jacobian = [], torch.autograd.functional.jacobian
+    monkeypatch.setattr(torch.autograd.functional, "jacobian", lambda *a, **k: steps.append(1) or jacobian(*a, **k))
+    box = fitted_box(view.model, noised, closed)
+    assert len(steps) < 2 * box_fit.STEPS, len(steps)
+
+    def loss(box):  # the fit's: each layer's input against its closed-form reading, weighted by ||db||
+        readings, h, total = iter(box_fit._readings(view.model, noised)), box.double(), 0.0
+        for m in [*copy.deepcopy(view.model.box).double().requires_grad_(False), None]:
+            if m is None or isinstance(m, torch.nn.Linear):
+                target, root = next(readings)
+                total += float(((root @ (h - target)) ** 2).sum())
+            h = m(h) if m is not None else h
+        return total
+
+    assert loss(box) <= min(loss(closed), loss(torch.zeros_like(closed)))
 
 
 @pytest.mark.parametrize("targets", [(0.7, -0.4), (2.0, 1.9)])

@@ -94,7 +94,8 @@ def fitted_batch_box(net: PerceptionNet, found: dict[str, tuple[torch.Tensor, fl
 def _fit(net: PerceptionNet, readings: list[Reading], closed_form: torch.Tensor, pin_zeros: bool) -> torch.Tensor:
     """Gauss–Newton on the boxes ``[B, box_dim]`` from ``closed_form`` and from 0, the better fit kept: the
     residuals ``R (h(x) − ĥ)`` of every layer the box feeds (:func:`_readings`); with ``pin_zeros`` a coordinate
-    ``closed_form`` holds at exactly 0 stays 0 (module docstring)."""
+    ``closed_form`` holds at exactly 0 stays 0 (module docstring). Each step is halved until the loss falls; a
+    start ends where no step of 1e-6 or more of it does, where its step is tiny, or after ``STEPS`` steps."""
     branch = copy.deepcopy(net.box).double().requires_grad_(False).eval()
     shape = closed_form.shape
 
@@ -124,8 +125,10 @@ def _fit(net: PerceptionNet, readings: list[Reading], closed_form: torch.Tensor,
             jacobian = torch.autograd.functional.jacobian(residuals, x, vectorize=True)
             step = torch.linalg.lstsq(jacobian, -r.unsqueeze(1)).solution.squeeze(1)
             t, now = 1.0, float((r ** 2).sum())
-            while loss(x + t * step) > now and t > 1e-6:
+            while (trial := loss(x + t * step)) > now and t > 1e-6:
                 t /= 2
+            if trial > now:  # no step along it lowers the loss (at a ReLU's kink behind noise): as good as it gets
+                break
             x = x + t * step
             if float(torch.linalg.vector_norm(t * step)) <= 1e-12 * (1 + float(torch.linalg.vector_norm(x))):
                 break
