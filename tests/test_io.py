@@ -722,3 +722,15 @@ def test_an_error_line_cuts_a_long_value():
         Choice(objective="bad")
     assert validation_message(caught.value, "cfg") == "cfg: invalid field 'objective' (got 'bad'): Input should be " \
         "'l2' or 'l1'"
+
+
+def test_formats_md_names_every_output_an_out_may_hold_and_each_has_a_section():
+    """docs/formats.md's list of the outputs an --out may be replaced with names every command's `format`,
+    and each has a section of its own, so that a new command cannot go undocumented."""
+    from leaklab import io
+
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "formats.md").read_text(encoding="utf-8")
+    listed = doc[doc.index("names the command by its `format`"):doc.index("or, for a\nreproduction")]
+    for fmt, command in io._WRITTEN_BY.items():
+        assert f"`{fmt}`" in listed, fmt
+        assert f"`{command.split('|')[0]}" in doc, command

@@ -2,7 +2,8 @@
 
 Stage 1 (IV-A) optimises the inputs of the linear layers from Gaussian noise: the box and the
 convolutional feature vector that ``head.0`` receives, matching the Linear layers' gradients. Stage 2
-optimises the images with the box fixed, matching every gradient, ``L_img = L + λ TV`` (eq. 5).
+optimises the images with the box fixed, matching every gradient, ``L_img = L + λ TV`` (``L`` the cosine loss
+of eq. 5).
 Gradients are simulated from the error direction ``J̃ = (∇b_last J)^T F(x)`` (eq. 6) or, for the
 Table II ablations, from the true DQN objective with an optimised target Q-value (and action).
 ``multimodal="joint"`` (Fig. 4) optimises box and images in one stage. RGI's step 1 (IV-D) is an
