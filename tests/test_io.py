@@ -73,6 +73,14 @@ def test_truncated_and_garbage_tensor_files(tmp_path):
         load_tensors(path, "update")
     with pytest.raises(LeaklabError, match="missing"):
         load_tensors(tmp_path / "nope.safetensors", "update")
+    # a pickle or torch.save file under the name is told as such (it read as a header too large), never unpickled
+    import pickle
+
+    for make in (lambda: torch.save({"a": torch.zeros(3)}, path),
+                 lambda: path.write_bytes(pickle.dumps({"a": [0.0] * 3}, protocol=4))):
+        make()
+        with pytest.raises(LeaklabError, match="is a pickle or torch.save file, not safetensors"):
+            load_tensors(path, "update")
 
 
 def test_checksum_detects_a_flipped_byte(tmp_path):
@@ -493,9 +501,10 @@ def test_a_tensor_file_that_is_not_a_regular_file_is_refused(case_dir):
     (UPDATE_JSON, lambda d: d["metadata"].update(batch_size="1"), "batch_size"),
     (VIEW_FILE, lambda d: d["metadata"].update(batch_size=True), "batch_size"),
     (VIEW_FILE, lambda d: d["capabilities"].update(knows_labels="yes"), "knows_labels"),
-    (UPDATE_JSON, lambda d: d.update(count=True), "'count'")])
+    (UPDATE_JSON, lambda d: d.update(count=True), "'count'"),
+    (UPDATE_JSON, lambda d: d["updates"][0].update(labels=[99]), "labels the view does not grant")])
 def test_case_json_values_are_not_coerced(case_dir, file, change, words):
-    """"1", true and "yes" were taken as 1, 1 and True."""
+    """"1", true and "yes" were taken as 1, 1 and True; labels the view does not grant were dropped unread."""
     _edit_json(case_dir / file, change)
     with pytest.raises(LeaklabError, match=words):
         load_case(case_dir)

@@ -141,6 +141,11 @@ def test_mdp_json_round_trip_and_errors():
         TabularMDP.from_json({**mdp.to_json(), "gamma": 0.9})
     with pytest.raises(LeaklabError, match=r"\(horizon, rewards missing\)$"):
         TabularMDP.from_json({"transitions": [[[1.0]]]})
+    deep = 1
+    for _ in range(60):  # past numpy's 32 dimensions: its RuntimeError was a traceback
+        deep = [deep]
+    with pytest.raises(LeaklabError, match="transitions is nested too deeply"):
+        TabularMDP.from_json({**mdp.to_json(), "transitions": deep})
     with pytest.raises(LeaklabError, match="2 states or more"):
         privatize_transitions(np.ones((1, 1, 1)), 10, _rng())
     with pytest.raises(ValueError):  # read-only arrays: an MDP cannot change after its checks

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from cli_helpers import ROOM_FAST, Interrupt, assert_user_error, interrupt_after, invoke
+from leaklab.errors import ModelClassError
 from leaklab.models import PerceptionSpec
 from leaklab.rl.capture import RoomCaptureConfig, capture_rooms
 
@@ -196,7 +197,8 @@ def test_the_cases_line_counts_the_action_and_the_cosine_as_the_report_does():
 
 
 def test_a_cases_folder_reads_nothing_through_a_link_out_of_it(tmp_path):
-    """As a case's own files: a sub-folder or a capture.json that links outside --cases is refused."""
+    """As a case's own files: a sub-folder or a capture.json that links outside --cases is refused, as is a link
+    to a case inside it."""
     import shutil
 
     capture_rooms(RoomCaptureConfig(algorithm="dqn", samples=1, layouts=("e1m1-stalactite",)), tmp_path / "cap")
@@ -211,6 +213,10 @@ def test_a_cases_folder_reads_nothing_through_a_link_out_of_it(tmp_path):
     (indexed / "capture.json").symlink_to(tmp_path / "cap" / "capture.json")
     assert_user_error(invoke("audit", "--cases", indexed, *ROOM_FAST, "--out", out), out,
                       "capture.json is a link to a file outside")
+    (indexed / "capture.json").unlink()
+    (indexed / "0001").symlink_to("0000")  # inside, but the same case again: it counted twice in every mean
+    assert_user_error(invoke("audit", "--cases", indexed, *ROOM_FAST, "--out", out), out,
+                      "0001 is a link to 0000, a case already audited")
 
 
 def test_audit_of_cases_checks_every_truth_before_attacking(tmp_path):
@@ -431,6 +437,7 @@ def test_cases_without_the_gradient_the_attack_reads_are_named_and_kept_out_of_t
     # both were captured, and the audit then failed with a KeyError's traceback (a capture's RuntimeError)
     ("tests.plugins.narrow_net:Frozen", ["do not train (box.0.weight", "let every parameter train"]),
     ("tests.plugins.narrow_net:Unused", ["does not depend on aux.weight"]),
+    ("tests.plugins.narrow_net:NaNOut", ["the output holds NaN or Inf for two random states"]),
     ("tests.plugins.narrow_net:SpecLie", ["sets its own spec", "keep the spec it is given"]),  # a late traceback
     ("tests.plugins.narrow_net:Pair", ["(for S2, 1 channel of 150 px)",
                                        "forward returned a tuple; it must return one tensor"]),
@@ -450,16 +457,24 @@ def test_bad_model_class_is_refused(tmp_path, cls, words):
 
 
 def test_a_model_class_that_fails_in_the_attack_is_one_line(tmp_path):
-    """A class that takes its input out of torch passes the capture and the contract's forward without gradients;
-    the attack's failed with some 150 lines of traceback."""
-    cls = "tests.plugins.narrow_net:NumpyConv"
+    """A class that passes the capture and the contract's checks and fails in the attack (the box fit behind noise
+    runs its box layer in float64): the attack's failure was some 150 lines of traceback. One that takes its input
+    out of torch (a numpy step) failed there too; the contract now refuses it, as it refuses a detach, before any
+    capture or attack."""
+    cls = "tests.plugins.narrow_net:Float32Box"
     cases = tmp_path / "cases"
     capture_rooms(RoomCaptureConfig(spec=PerceptionSpec(setting="S2"), samples=1, layouts=("e1m1-stalactite",),
-                                    model_class=cls), cases)
+                                    model_class=cls, defense="gaussian:0.001"), cases)
     out = tmp_path / "audit"
     assert_user_error(invoke("audit", "--cases", cases, "--model-class", cls, "--iterations", "3", "--workers", "1",
-                             "--out", out), out, f"--model-class {cls}: its code failed in the attack (RuntimeError",
-                      "numpy", "which it must not take out of torch")
+                             "--out", out), out, f"--model-class {cls}: its code failed in the attack (TypeError",
+                      "takes float32, not torch.float64")
+    for name, words in [("NumpyConv", r"failed \(RuntimeError: Can't call numpy\(\)"),
+                        ("Detached", r"the output has no gradient in the images \(a detach")]:
+        with pytest.raises(ModelClassError, match=words):
+            capture_rooms(RoomCaptureConfig(spec=PerceptionSpec(setting="S2"), samples=1, layouts=("e1m1-stalactite",),
+                                            model_class=f"tests.plugins.narrow_net:{name}"), tmp_path / name)
+        assert not (tmp_path / name).exists()
 
 
 @pytest.mark.parametrize("kind", ["folder", "pipe", "broken link"])

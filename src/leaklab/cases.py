@@ -277,6 +277,9 @@ def load_case(folder: Path) -> Case:
             if view.capabilities.knows_labels:
                 raise LeaklabError(f"{upd_path}: the view grants knows_labels but updates[{i}] has no "
                                    "labels")
+            if y is not None:  # labels the server is not granted would be dropped unread: the files disagree
+                raise LeaklabError(f"{upd_path}: updates[{i}] lists labels the view does not grant "
+                                   "(knows_labels false); write null, or grant knows_labels in view.json")
             labels.append(None)
     check_claimed(tensors, used, tensor_file)
     return Case(view=view, updates=updates, labels=labels, folder=Path(folder))

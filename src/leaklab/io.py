@@ -290,6 +290,13 @@ def tensor_file_metadata(path: Path) -> dict[str, str]:
             raise ValueError(f"{path} is no safetensors file") from e
 
 
+def _pickled(data: bytes) -> bool:
+    """Whether ``data`` looks like torch.save's zip archive or a pickle (protocol 2 and up) rather than a damaged
+    safetensors file, whose JSON header starts at byte 8."""
+    return data[8:9] != b"{" and (data.startswith(b"PK\x03\x04") or (data[:1] == b"\x80" and data[1:2] in
+                                                                      (b"\x02", b"\x03", b"\x04", b"\x05")))
+
+
 def load_tensors(path: Path, what: str, sha256: str | None = None, max_bytes: int | None = None,
                  too_large: str = "write it again with the command that made it",
                  ) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
@@ -326,6 +333,10 @@ def load_tensors(path: Path, what: str, sha256: str | None = None, max_bytes: in
         tensors = _st_load(data)
         metadata = _header_metadata(data)
     except (SafetensorError, ValueError, struct.error, UnicodeDecodeError, RuntimeError) as e:
+        if _pickled(data):
+            raise LeaklabError(f"{what} file {path} is a pickle or torch.save file, not safetensors (leaklab never "
+                               "unpickles a file it is handed); save the tensors with safetensors.torch.save_file"
+                               ) from None
         raise LeaklabError(f"{what} file {path} is truncated or corrupt ({_first_line(e)}); "
                            f"{fix}") from None
     if sha256 is not None and hashlib.sha256(data).hexdigest() != sha256.lower():

@@ -166,3 +166,33 @@ class _NumpyRound(nn.Module):
 
     def forward(self, x):
         return self.inner(torch.from_numpy(x.numpy().copy()))
+
+
+class NaNOut(NarrowNet):
+    """NarrowNet whose output is NaN: the contract named a composition it computes as the fault."""
+
+    def forward(self, images, box):
+        return super().forward(images, box) * float("nan")
+
+
+class Detached(NarrowNet):
+    """NarrowNet whose forward detaches the images: it runs with gradients, none reaching the images."""
+
+    def forward(self, images, box):
+        return super().forward(images.detach(), box)
+
+
+class Float32Box(NarrowNet):
+    """NarrowNet whose box layer takes float32 alone (a kernel of one precision): a client's update and the contract's
+    checks run, and exact mode's box fit behind noise, in float64, fails in it."""
+
+    def __init__(self, spec):
+        super().__init__(spec)
+        self.box[0] = _Float32Linear(spec.box_dim, 16)
+
+
+class _Float32Linear(nn.Linear):
+    def forward(self, x):
+        if x.dtype != torch.float32:
+            raise TypeError(f"this layer's kernel takes float32, not {x.dtype}")
+        return super().forward(x)

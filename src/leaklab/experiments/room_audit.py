@@ -549,7 +549,8 @@ def _utf8(folder: Path) -> None:
 def _case_folders(cases_dir: Path) -> list[Path]:
     """The case folders under ``cases_dir`` (or ``cases_dir`` itself when it is one). A case that its
     capture's ``capture.json`` lists but that lacks its view is an error; another sub-folder without
-    a view is skipped with a warning naming it. A folder whose name is not UTF-8 is refused: the report and the
+    a view is skipped with a warning naming it; a link to another of them (one case audited twice) or out of
+    ``cases_dir`` is an error. A folder whose name is not UTF-8 is refused: the report and the
     reconstructions' tensor names carry it (they failed after every attack)."""
     _utf8(cases_dir)
     if (cases_dir / VIEW_FILE).is_file():  # `.` or `..` named the case '' or '..': its own name
@@ -570,6 +571,12 @@ def _case_folders(cases_dir: Path) -> list[Path]:
     outside = [p.name for p in subs if p.is_symlink() and resolved(cases_dir) not in resolved(p).parents]
     if outside:  # as a case's files: nothing a --cases folder names is read from outside it
         raise LeaklabError(f"--cases {cases_dir}: {outside[0]} is a link to a folder outside it; copy the case in")
+    seen: dict[Path, str] = {}
+    for sub in subs:  # one update scored twice would count twice in every mean and share
+        first = seen.setdefault(resolved(sub), sub.name)
+        if first != sub.name:
+            raise LeaklabError(f"--cases {cases_dir}: {sub.name} is a link to {first}, a case already audited; "
+                               "remove the link")
     skipped = [p.name for p in subs if not (p / VIEW_FILE).is_file()]
     if skipped and len(skipped) < len(subs):
         warnings.warn(f"--cases {cases_dir}: skipping {plural(len(skipped), 'sub-folder')} without {VIEW_FILE}: "

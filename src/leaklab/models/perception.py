@@ -294,7 +294,8 @@ def check_forward(net: nn.Module, spec: PerceptionSpec, where: str) -> None:
     ``head.0``'s inputs, and the output, ``[B, num_actions]``, is ``head(cat(conv(images), box(box)))``.
     Checked on one batch of two random states in eval mode, and on one state in train mode (as a client
     computes its update), whose output must reach every parameter (a parameter the forward leaves out has no
-    gradient for the update to hold), without touching the global generator or the network's state and modes."""
+    gradient for the update to hold) and have a non-zero gradient in the images and the box (which the attacks
+    differentiate), without touching the global generator or the network's state and modes."""
     if net.box[0].in_features != spec.box_dim or net.head[-1].out_features != spec.num_actions:
         raise ModelClassError(f"{where}: box.0 must take the {spec.box_dim}-d box and the last head layer give "
                               f"{spec.num_actions} outputs (got {net.box[0].in_features} and "
@@ -316,8 +317,10 @@ def check_forward(net: nn.Module, spec: PerceptionSpec, where: str) -> None:
             what = "of one state in train mode, as a client computes a single-sample update,"
             with torch.enable_grad():
                 params = dict(net.named_parameters())
-                reached = torch.autograd.grad(net.train()(images[:1], box[:1]).sum(), list(params.values()),
-                                              allow_unused=True)
+                inputs = {"images": images[:1].clone().requires_grad_(True),
+                          "box": box[:1].clone().requires_grad_(True)}
+                reached = torch.autograd.grad(net.train()(*inputs.values()).sum(),
+                                              [*params.values(), *inputs.values()], allow_unused=True)
     except (Exception, SystemExit) as e:  # the user's forward fails on inputs of the spec's shapes
         raise ModelClassError(f"{where}: a forward pass {what} failed ({type(e).__name__}: {e})") from None
     finally:
@@ -326,12 +329,19 @@ def check_forward(net: nn.Module, spec: PerceptionSpec, where: str) -> None:
     if unused:
         raise ModelClassError(f"{where}: the output does not depend on {unused[0]}: a parameter the forward leaves "
                               "out has no gradient for a client's update to hold; remove it from the class")
+    unreached = [name for name, g in zip(inputs, reached[len(params):]) if g is None or not bool(g.any())]
+    if unreached:  # a detach, numpy or no-grad step: the attacks would move the images by their prior alone
+        raise ModelClassError(f"{where}: the output has no gradient in the {unreached[0]} (a detach, a no-grad or "
+                              "numpy step in the forward?); the attacks differentiate the network in its images "
+                              "and box")
     if tuple(features.shape) != (2, conv_feature_count(net)):
         raise ModelClassError(f"{where}: conv gives features of shape {tuple(features.shape)} for two states; "
                               f"head.0 expects (2, {conv_feature_count(net)})")
     if tuple(out.shape) != (2, spec.num_actions):
         raise ModelClassError(f"{where}: the network's output has shape {tuple(out.shape)} for two states, not "
                               f"(2, {spec.num_actions})")
+    if not bool(torch.isfinite(out).all()):
+        raise ModelClassError(f"{where}: the output holds NaN or Inf for two random states of the spec's shapes")
     if not torch.allclose(out, composed, rtol=1e-4, atol=1e-5):
         raise ModelClassError(f"{where}: the output is not head(cat(conv(images), box(box))), the computation "
                               "the room attacks invert")

@@ -124,8 +124,12 @@ class TabularMDP:
 
 def _numbers(value: Any, name: str) -> np.ndarray:
     """A JSON array of numbers (no booleans, strings or ragged rows) as floats, or a one-line error."""
-    array = np.array(value, dtype=object)
-    if not all(type(x) in (int, float) for x in array.flat):
+    try:
+        array = np.array(value, dtype=object)
+        flat = list(array.flat)
+    except (ValueError, RuntimeError):  # past the dimensions numpy iterates (transitions take 3)
+        raise LeaklabError(f"an MDP's {name} is nested too deeply for an array") from None
+    if not all(type(x) in (int, float) for x in flat):
         raise LeaklabError(f"an MDP's {name} is a rectangular array of numbers (no booleans, strings or ragged rows)")
     try:
         return array.astype(float)
