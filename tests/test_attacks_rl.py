@@ -340,6 +340,72 @@ def test_paper_stage1_starts_again_until_its_match_converges(monkeypatch, ends, 
     assert qgi(view, noised, cfg).stage1_starts == 1 and image_stages == [5]
 
 
+def test_a_batch_of_two_at_the_layerwise_stages_iterations_runs_one_image_stage(monkeypatch):
+    """The layerwise stage (LAYERWISE_ITERATIONS and more) solves one sample's activations: a batch of two runs
+    the feature match alone, one Adam stage of every iteration (cut to one step here; it failed on a shape)."""
+    from leaklab.attacks.rl.exact import LAYERWISE_ITERATIONS
+
+    landed = exact_module.adam
+    stages = []
+    monkeypatch.setattr(exact_module, "adam", lambda params, loss, iterations, lr, **kw: stages.append(iterations)
+                        or landed(params, loss, min(iterations, 1), lr, **kw))
+    view, update, truth = client(batch=2)
+    rec = qgi(view, update, RoomAttackConfig(iterations=LAYERWISE_ITERATIONS))
+    assert rec.images.shape[0] == 2 and stages == [LAYERWISE_ITERATIONS], stages
+
+
+def test_paper_target_q_rule_reads_a_batch_of_twos_targets_from_their_last_inputs():
+    """IV-C2 on a batch of two distinct actions: each action's row of the last layer is (2/B) δ_b [h_b, 1]."""
+    from leaklab.attacks.rl.paper import last_layer_norm_ratio
+    from leaklab.attacks.rl.rules import dqn_target_paper
+
+    view, update, truth = client(batch=2)
+    g = {k: v.double() for k, v in update.tensors.items()}
+    a = truth["action"]
+    h = separated_vectors(view.model, g, error_directions(g["head.2.bias"], a)).last_input
+    ratio = last_layer_norm_ratio(view.model, g, h, a, 2)
+    q = dqn_target_paper(truth["q_pred"].double(), g["head.2.bias"], a, ratio)
+    assert torch.allclose(q, torch.tensor([0.7, -0.4], dtype=torch.float64), atol=1e-4), q
+
+
+def test_the_gradient_match_losses_from_their_three_sums():
+    """DLG's ||g_rec − g||² and the cosine loss 1 − cos from <g_rec, g>, ||g_rec||² and ||g||²."""
+    from leaklab.attacks.rl.network import squared_loss
+
+    gen = torch.Generator().manual_seed(0)
+    rec, true = torch.randn(50, generator=gen, dtype=torch.float64), torch.randn(50, generator=gen, dtype=torch.float64)
+    sums = (rec @ true, rec @ rec, true @ true)
+    assert float(squared_loss(*sums)) == pytest.approx(float(((rec - true) ** 2).sum()), rel=1e-12)
+    assert float(cosine_loss(*sums)) == pytest.approx(1 - float(F.cosine_similarity(rec, true, dim=0)), rel=1e-9)
+
+
+def test_exact_solutions_and_noise_reads_at_their_lines():
+    """layerwise._exact: a residual under EXACT plus rounding (widened by NOISE_RESIDUAL times the gradient
+    system's own noise) and no entry below -NEGATIVE of the largest; read_noise's sqrt(v [(E E^T)^-1]_bb)."""
+    import numpy as np
+
+    from leaklab.attacks.rl.exact import read_noise
+
+    exact = layerwise_module._exact
+    assert exact(1e-8, np.array([-1e-5, 1.0]), 0.0) and not exact(1e-8, np.array([-1e-3, 1.0]), 0.0)
+    flat = np.array([0.0, 1.0])
+    assert exact(3.9e-7, flat, 0.0, noise=1e-7) and not exact(5e-7, flat, 0.0, noise=1e-7)
+    assert not exact(3e-7, flat, 0.0)
+    noise = read_noise(torch.tensor([[1.0, 1.0, 0.0], [1.0, 0.0, 0.0]], dtype=torch.float64), 1.0)
+    assert noise.tolist() == pytest.approx([1.0, math.sqrt(2.0)])
+
+
+def test_a_batch_behind_noise_too_weak_for_the_last_layers_test_is_not_read_as_untouched():
+    view, update, truth = client(batch=2)
+    noised = noised_update(update, 1e-8, 0)
+    gb = noised["head.2.bias"]
+    st = separated_vectors(view.model, noised, error_directions(gb, dqn_actions(gb, 2)))
+    assert st is not None and not st.untouched
+    exact = {k: v.double() for k, v in update.tensors.items()}
+    gb = exact["head.2.bias"]
+    assert separated_vectors(view.model, exact, error_directions(gb, dqn_actions(gb, 2))).untouched
+
+
 def test_paper_target_q_rule_gives_the_target_from_the_true_last_input():
     """IV-C2 on its own: with the last layer's true input, sign, norm ratio and Q̂ give the client's
     target Q (the attack's error is then only stage 1's error in that input)."""
@@ -569,6 +635,7 @@ def test_an_untouched_batch_whose_samples_relu_supports_nest_is_not_split_and_cl
     view = make_view(spec, net.state_dict(), meta)
     grads = {k: v.float() for k, v in update.tensors.items()}
     assert separated_vectors(view.model, grads, reinforce_batch_errors(view.model, grads)) is None
+    assert not exact_module.dominant_sample(view.model, grads)  # two samples shown: not read as one
     rec = rgi(view, update, RoomAttackConfig(iterations=2, stage1_iterations=2))
     assert rec.exact == () and not rec.no_signal
 
@@ -787,6 +854,17 @@ def test_qgi_exact_batch_with_one_action_twice_separates_at_the_last_hidden_laye
     m = room_metrics(rec, truth, "S2")
     assert {"box", "features", "action", "q_target"} <= set(rec.exact) and rec.action.tolist() == [3, 3]
     assert m["box_error"] < 1e-6 and m["q_pred_error"] < 1e-3 and m["q_target_error"] < 1e-3
+
+
+def test_qgi_exact_batch_with_one_action_twice_behind_more_noise_claims_no_second_action():
+    """Behind noise the rows no longer separate (σ = 0.01): eq. 7's second action is an entry of the noise, no
+    sample's error (exact_dqn_errors); the paper's stages that attack then claimed it an exact action ([3, 0])."""
+    view, update, truth = client(batch=2, actions=(3, 3))
+    noised = defended(update, "gaussian:0.01", 0, 0)
+    taken, errors, _ = exact_dqn_errors(view.model, noised.tensors, 2)
+    assert taken.tolist()[1] != 3 and errors is None
+    rec = qgi(view, noised, RoomAttackConfig(iterations=1, stage1_iterations=1))
+    assert "action" not in rec.exact, (rec.exact, rec.action)
 
 
 @pytest.mark.parametrize("sigma", [1e-5, 1e-3])

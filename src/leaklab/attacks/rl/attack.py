@@ -207,6 +207,7 @@ def _qgi(net: PerceptionNet, grads: dict[str, torch.Tensor], batch: int, cfg: Ro
     state, read_batch, blend = (_exact_read(net, grads, errors, batch, hidden) if cfg.mode == "exact"
                                 else (None, batch, False))
     actions = taken[:read_batch]
+    noise_entry = cfg.mode == "exact" and errors is None  # the second action an entry of the noise (exact_dqn_errors)
     if read_batch < batch or errors is None:  # the largest entry's read alone, or the paper's stages read eq. 7's
         errors = error_directions(gb, actions)
     box, images, last_input, st, iterations, exact, read = _images_and_state(
@@ -224,8 +225,10 @@ def _qgi(net: PerceptionNet, grads: dict[str, torch.Tensor], batch: int, cfg: Ro
         else:
             ratio = last_layer_norm_ratio(net, grads, last_input, actions, batch)
             q_target = dqn_target_paper(q_pred, gb, actions, ratio)
-        # eq. 7's rule, but one non-zero entry for two samples is one action twice or a TD error of exactly 0
-        exact += ("action",) if cfg.action == "rule" and len(set(actions.tolist())) == len(actions) else ()
+        # eq. 7's rule, but one non-zero entry for two samples is one action twice or a TD error of exactly 0, and
+        # an entry of the noise is no sample's action
+        distinct = len(set(actions.tolist())) == len(actions)
+        exact += ("action",) if cfg.action == "rule" and distinct and not noise_entry else ()
     rec = RoomReconstruction(images=images.clamp(0, 1), box=box.float(), action=actions,
                              iterations=iterations, seconds=time.perf_counter() - start,
                              q_pred=q_pred, q_target=q_target, exact=() if blend else exact,

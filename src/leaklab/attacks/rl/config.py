@@ -85,7 +85,9 @@ EXACT_ONLY = ("tv_final", "feature_weight", "gradient_weight", "layerwise")  # f
 # 0 to the layers after it, ``exact.exact_vectors``, every other update's results unchanged); 26: the box's
 # Gauss–Newton fit stops where no step along its direction lowers the loss (a ReLU's kink behind heavy noise)
 # instead of taking a 1e-6 step uphill and trying again to its 50th step, ``box_fit._fit``: 9 of the default
-# audit's 60 boxes moved by at most 3e-8, every fit that never stalled unchanged;
+# audit's 60 boxes moved by at most 3e-8, every fit that never stalled unchanged; and a DQN batch of two whose
+# second action is an entry of the noise (``same_action.exact_dqn_errors``) claims no exact action from the
+# paper's stages that attack it, ``attack._qgi``, every reconstruction unchanged;
 # paper mode's 2:
 # stage 1 starts again when its match ends under a cosine of 0.999; 3: the image convolutions as exact mode's 8;
 # 4: a single sample's update read for the features it lets through, ``exact.update_feature_cosine``, as exact
