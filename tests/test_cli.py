@@ -517,6 +517,26 @@ def test_plain_progress_shows_a_running_attacks_share_to_the_tenth_below(capsys)
         "qgi S1: 0.9/3 (0:31 elapsed)", "qgi S1: 2.2/3 (1:02 elapsed, about 0:18 left)", "qgi S1: 3/3 (1:03 elapsed)"]
 
 
+def test_plain_progress_estimates_from_a_whole_steps_move(capsys):
+    """The audit's attacks report their first image steps as shares of an attack: 0.05 of one in the first 30 s
+    said 3:30:50 left of a 10-minute run; the estimate waits for one attack's worth (a short count's twentieth)."""
+    from leaklab.cli.progress import PLAIN_EVERY, _plain_progress
+
+    now = [0.0]
+    progress = _plain_progress(clock=lambda: now[0])
+    for t, done in ((1, 0), (20, 0.02), (PLAIN_EVERY + 1, 0.05), (2 * PLAIN_EVERY + 2, 2.2)):
+        now[0] = t
+        progress("audit", done, 60)
+    now[0] = 0.0
+    short = _plain_progress(clock=lambda: now[0])
+    for t, done in ((1, 0), (PLAIN_EVERY + 1, 0.2)):
+        now[0] = t
+        short("qgi S1", done, 1)
+    assert capsys.readouterr().err.splitlines() == [
+        "audit: 0/60 (0:31 elapsed)", "audit: 2.2/60 (1:02 elapsed, about 18:33 left)",
+        "qgi S1: 0.2/1 (0:31 elapsed, about 2:00 left)"]
+
+
 def test_plain_progress_estimates_after_the_second_of_whole_steps_counted_from_one(capsys):
     """A task counting whole steps from 1 (training runs, maps) gets its estimate at its second step, as before its
     rate ran from its count's first move (a review found such a task waiting a step longer, or never estimated)."""

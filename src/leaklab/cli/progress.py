@@ -39,7 +39,8 @@ def _plain_progress(clock: Callable[[], float] = time.monotonic) -> Callable[...
     one line). The time left is the task's rate since its count first moved, over what remains, or since its
     first report while it has moved only once (a task counting whole steps from 1 would otherwise wait a step
     longer for its estimate): from its first report alone, the default audit's first line said 1:40:31 left of an 8-minute
-    run (session 66), its workers' start-up (8 s before the first attack's first report) counted as work."""
+    run (session 66), its workers' start-up (8 s before the first attack's first report) counted as work. No
+    estimate until the count has moved by a whole step (a twentieth of a count under 20) from where it is rated."""
     start = last = clock()
     said = ""
     first: dict[str, tuple[float, float]] = {}  # task -> (time, completed) when first reported
@@ -63,7 +64,10 @@ def _plain_progress(clock: Callable[[], float] = time.monotonic) -> Callable[...
         when = f"{_clock(now - start)} elapsed"
         if total is not None and not finished and completed is not None:
             anchors = [anchor for anchor in (moved.get(name), first.get(name)) if anchor is not None]
-            rated = [(t, c) for t, c in anchors if completed > c and now > t]
+            # from a whole step's move on (a twentieth of a short count's): the audit's attacks reporting their first
+            # steps, 0.05 of one in the first 30 s, said 3:30:50 left of a 10-minute run (session 69)
+            least = min(1.0, total / 20)
+            rated = [(t, c) for t, c in anchors if completed - c >= least and now > t]
             if rated:
                 since, before = rated[0]
                 when += f", about {_clock((total - completed) * (now - since) / (completed - before))} left"
