@@ -354,6 +354,24 @@ def test_a_batch_of_two_at_the_layerwise_stages_iterations_runs_one_image_stage(
     assert rec.images.shape[0] == 2 and stages == [LAYERWISE_ITERATIONS], stages
 
 
+def test_behind_noise_the_image_stage_leaves_out_the_last_convolutions_gradient_term():
+    """The last convolutions' weight-gradient term holds only on an untouched update: behind σ = 1e-5 the feature
+    match alone shows the room (a review's mutant that kept the term there scored under the constant image)."""
+    view, update, truth = client()
+    noised = defended(update, "gaussian:1e-5", 0, 0)
+    rec = qgi(view, noised, RoomAttackConfig(iterations=300))
+    baseline = psnr(constant_baseline(truth["images"]), truth["images"])
+    assert float(psnr(rec.images, truth["images"]) - baseline) > 5
+
+
+def test_rgi_batch_floor_keeps_a_zero_returns_action_unclaimed_behind_weak_noise():
+    """Each sample's policy-gradient part is judged against the batch's largest bias gradient: behind σ = 1e-8 the
+    zero return's sample shows none, so its action is a guess and no action is claimed exact."""
+    view, update, truth = client(loss="reinforce", batch=2, returns=(1.3, 0.0))
+    rec = rgi(view, defended(update, "gaussian:1e-8", 0, 0), RoomAttackConfig(iterations=1))
+    assert rec.action_identified.tolist() == [True, False] and "action" not in rec.exact, (rec.action, rec.exact)
+
+
 def test_paper_target_q_rule_reads_a_batch_of_twos_targets_from_their_last_inputs():
     """IV-C2 on a batch of two distinct actions: each action's row of the last layer is (2/B) δ_b [h_b, 1]."""
     from leaklab.attacks.rl.paper import last_layer_norm_ratio
