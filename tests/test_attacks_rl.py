@@ -372,6 +372,17 @@ def test_rgi_batch_floor_keeps_a_zero_returns_action_unclaimed_behind_weak_noise
     assert rec.action_identified.tolist() == [True, False] and "action" not in rec.exact, (rec.action, rec.exact)
 
 
+def test_one_action_twice_with_nearly_one_td_error_behind_noise_is_not_split():
+    """Two samples whose TD errors differ by 1e-4 to 1e-3 (S1, deep) behind σ = 0.01: their rows fit two corners no
+    better than one sample's by SPLIT_GAIN free points' worth of noise, so they are not split (a review's mutant
+    that dropped the test split one sample's rows, δ = (−0.59, −0.16))."""
+    _, _, truth = client("S1", "deep", batch=2, actions=(3, 3))
+    for gap in (1e-4, 1e-3):
+        view, update, _ = client("S1", "deep", batch=2, actions=(3, 3), targets=(0.7, float(truth["q_pred"][1]) + gap))
+        for seed in (0, 1):
+            assert same_action_errors(view.model, defended(update, "gaussian:1e-2", seed, 0).tensors, 3) is None
+
+
 def test_paper_target_q_rule_reads_a_batch_of_twos_targets_from_their_last_inputs():
     """IV-C2 on a batch of two distinct actions: each action's row of the last layer is (2/B) δ_b [h_b, 1]."""
     from leaklab.attacks.rl.paper import last_layer_norm_ratio
