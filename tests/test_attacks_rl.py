@@ -856,14 +856,13 @@ def test_the_box_fit_stops_where_no_step_lowers_its_loss(monkeypatch):
     box = fitted_box(view.model, noised, closed)
     assert len(steps) < 2 * box_fit.STEPS, len(steps)
 
-    def loss(box):  # the fit's: each layer's input against its closed-form reading, weighted by ||db||
-        readings, h, total = iter(box_fit._readings(view.model, noised)), box.double(), 0.0
-        for m in [*copy.deepcopy(view.model.box).double().requires_grad_(False), None]:
-            if m is None or isinstance(m, torch.nn.Linear):
-                target, root = next(readings)
-                total += float(((root @ (h - target)) ** 2).sum())
-            h = m(h) if m is not None else h
-        return total
+    def loss(box):  # the fit's: each Linear layer's input and head.0's box part against its closed-form reading
+        h, inputs = box.double(), []
+        for m in copy.deepcopy(view.model.box).double().requires_grad_(False):
+            inputs += [h] if isinstance(m, torch.nn.Linear) else []
+            h = m(h)
+        return sum(float(((root @ (x - target)) ** 2).sum())
+                   for x, (target, root) in zip([*inputs, h], box_fit._readings(view.model, noised), strict=True))
 
     assert loss(box) <= min(loss(closed), loss(torch.zeros_like(closed)))
 
