@@ -17,7 +17,7 @@ from leaklab.attacks.rl.exact import (_inner_error, exact_streams, exact_vectors
                                      reinforce_batch_errors, separated_vectors, tv_schedule, untouched,
                                      weight_gradient)
 from leaklab.attacks.rl import layerwise as layerwise_module
-from leaklab.attacks.rl.images import modality_tv
+from leaklab.attacks.rl.images import gaussian_start, modality_tv
 from leaklab.attacks.rl.layerwise import penultimate_activations
 from leaklab.attacks.rl.network import GradientStats, cosine_loss, trace
 from leaklab.attacks.rl.same_action import exact_dqn_errors, same_action_errors
@@ -362,6 +362,19 @@ def test_behind_noise_the_image_stage_leaves_out_the_last_convolutions_gradient_
     rec = qgi(view, noised, RoomAttackConfig(iterations=300))
     baseline = psnr(constant_baseline(truth["images"]), truth["images"])
     assert float(psnr(rec.images, truth["images"]) - baseline) > 5
+
+
+@pytest.mark.parametrize("loss,attack", [("dqn_mse", qgi), ("reinforce", rgi)])
+def test_no_image_stage_where_noise_is_all_the_update_shows_of_the_features(loss, attack):
+    """Where head.0's bias gradient is no larger than its noise (estimated features' cosine 0), exact mode
+    reconstructs no images: the rows score the no-information start at 0 iterations (exact method version 27);
+    behind weaker noise, whose features still show a little (cosine 0.03 and 0.007 here), the stage runs."""
+    view, update, truth = client(loss=loss)
+    start = gaussian_start(tuple(truth["images"].shape), 0)
+    for sigma, unread in ((0.1, False), (1.0, True)):
+        rec = attack(view, defended(update, f"gaussian:{sigma}", 0, 0), RoomAttackConfig(iterations=3))
+        assert (rec.feature_cosine == 0.0) == unread and rec.iterations == (0 if unread else 3)
+        assert torch.equal(rec.images, start) == unread and not rec.no_signal
 
 
 def test_rgi_batch_floor_keeps_a_zero_returns_action_unclaimed_behind_weak_noise():

@@ -157,6 +157,18 @@ def test_a_defense_that_prunes_every_bias_gradient_is_scored_not_fatal(tmp_path)
     assert 0 < row["metrics"]["update_cosine"] < 1
 
 
+def test_an_update_whose_features_are_all_noise_gets_no_image_stage_and_says_so(tmp_path):
+    out = tmp_path / "noised"
+    result = invoke("attack", "qgi", "--defense", "gaussian:1", "--samples", "1", "--layouts", "1", *ROOM_FAST,
+                    "--out", out)
+    assert result.exit_code == 0, result.output
+    row = json.loads((out / "samples.jsonl").read_text().splitlines()[0])
+    assert row["feature_cosine"] == 0 and row["iterations"] == 0 and "no_signal" not in row
+    assert {"box", "features"} <= set(row["exact"])  # still read off the update, as noise
+    assert ("1 sample of 1 showed nothing of the conv features above the noise (estimated cosine 0), so exact mode "
+            "reconstructed no images from them") in result.stderr
+
+
 def test_the_update_cosine_is_that_of_what_the_attack_received(tmp_path):
     """Each row's update_cosine is that of the update its attack was handed: the same noise draw."""
     import statistics

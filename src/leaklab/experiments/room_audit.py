@@ -501,7 +501,8 @@ def run_cases(out: Path, cases_dir: Path, attack: RoomAttackConfig, workers: int
         write_json(tmp / RESULTS_FILE, results)
         save_tensors(tmp / RECONSTRUCTIONS_FILE, recovered, {"format": "leaklab.room_case_reconstructions"})
         room_report.write_cases_report(tmp, results, truths, pictures, unscored, names)
-    for caveat in (room_report.fallback_caveat(results), room_report.no_signal_caveat(results["cases"])):
+    for caveat in (room_report.fallback_caveat(results), room_report.no_signal_caveat(results["cases"]),
+                   room_report.unread_images_caveat(results["cases"], "case")):
         if caveat:
             warnings.warn(caveat, UserWarning, stacklevel=2)
     return results

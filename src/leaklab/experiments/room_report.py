@@ -168,6 +168,7 @@ def write_cases_report(folder: Path, results: dict[str, Any], truths: list[Pictu
                ("attacks resumed from an interrupted run", s["resumed_attacks"])]
     render_report(folder / REPORT_FILE, "leaklab audit of saved room updates", summary=summary,
                   notice=sentences((fallback_caveat(results), no_signal_caveat(results["cases"]),
+                                     unread_images_caveat(results["cases"], "case"),
                                      effort_notice(attack["iterations"]),
                                      room_verdicts.noise_caveat([attack["mode"]],
                                                                 [r["defense"] for r in results["cases"]],
@@ -217,6 +218,18 @@ def no_signal_caveat(rows: list[dict[str, Any]], noun: str = "case", key: str = 
             "zero, as behind the heaviest pruning, or, in a batch of two, the last layer does not separate "
             "the samples, as where one sample's gradient is under the noise), so nothing was recovered there: "
             "their rows score the attack's no-information start, not what the rest of the update gives away.")
+
+
+def unread_images_caveat(rows: list[dict[str, Any]], noun: str = "update") -> str:
+    """The caveat when exact mode reconstructed no images from some rows' updates: noise was all they showed of
+    the conv features (their estimated cosine 0, ``attack._images_and_state``, exact method version 27), and
+    their rows score the no-information start at 0 iterations; "" when there are none."""
+    unread = [r for r in rows if not r.get("no_signal") and r.get("feature_cosine") == 0 and r["iterations"] == 0]
+    if not unread:
+        return ""
+    return (f"{plural(len(unread), noun)} of {len(rows)} showed nothing of the conv features above the noise "
+            "(estimated cosine 0), so exact mode reconstructed no images from them: their images score the "
+            "no-information start (box, action and values were still read off the update).")
 
 
 def _listed(cases: list[str], what: str) -> str:
@@ -378,8 +391,8 @@ def write_report(folder: Path, results: dict[str, Any], cells, defenses, truths,
         sections.append(Section(title=title, text=text, figures=[Figure("Originals and reconstructions", grid, shown)],
                                 tables=[table]))
     config = results["config"]
-    iterations = sorted({run_config.attack.iterations for _, run_config in cells})  # as asked (a no-signal
-    # attack reports 0)
+    iterations = sorted({run_config.attack.iterations for _, run_config in cells})  # as asked (an attack that
+    # read nothing, or no features, reports 0)
     rooms = sorted(set(cells[0][1].layouts or ()))
     summary = [("generated", time.strftime("%Y-%m-%d %H:%M:%S")), ("device", results["device"]),
                ("leaklab", results["versions"]["leaklab"]), ("torch", results["versions"]["torch"]),
@@ -391,7 +404,8 @@ def write_report(folder: Path, results: dict[str, Any], cells, defenses, truths,
                ("attacks resumed from an interrupted run", results["summary"]["resumed_attacks"])]
     notice = sentences((effort_notice(iterations[0], " Rerun without --quick or --iterations for the audit's "
                                                       "verdicts."),
-                         room_verdicts.noise_caveat(config["modes"], [chain for _, chain in defenses])))
+                         room_verdicts.noise_caveat(config["modes"], [chain for _, chain in defenses]),
+                         unread_images_caveat([r for c in results["cells"] for r in c["samples"]])))
     intro = ("Can an honest-but-curious federated-learning server (one that follows the protocol but studies "
              "what it receives) see a robot's private room? Robots training an active-perception policy in "
              "ViZDoom rooms share one gradient per step; the server inverts it (the paper \"Your Room is not "

@@ -148,12 +148,24 @@ def _exact_read(net: PerceptionNet, grads: dict[str, torch.Tensor], errors: torc
 def _images_and_state(net, grads, errors, actions, cfg, progress, batch, st):
     """``(box, images, last-layer input, paper state or None, iterations, exact names, feature cosine)``: exact
     mode's image stage on its closed forms ``st`` (:func:`_exact_read`), the paper's stages where that is None;
-    the features' estimated cosine (exact mode's reading; paper mode reads one sample's apart, not a batch's)."""
+    the features' estimated cosine (exact mode's reading; paper mode reads one sample's apart, not a batch's).
+
+    Where that estimate is 0 (``head.0``'s bias gradient no larger than its noise: noise is all the update shows
+    of every sample's features, :func:`~leaklab.attacks.rl.exact.noised_features`), exact mode runs no image
+    stage and returns the no-information start, 0 iterations (exact method version 27, leaklab's). Its 2,000 steps
+    fitted noise there: no image of 75 such updates (QGI and RGI, S1 and S2, on all five networks, behind Gaussian
+    noise of σ = 0.1 and 0.3, Laplace noise of scale 0.3, DP-SGD at ε = 8, pruning or top-k with noise) nor of 127
+    attacks in sessions 65-69's audits (``wide-rgb``, σ = 0.001 to 3, ε = 1 to 100) showed its room (3 dB over
+    the constant image; the best +0.43 dB; docs/reproductions.md, "No image stage where the features read as
+    noise"), and those behind DP-SGD took a third of the default audit's attack time."""
     estimable = cosine_estimable(grads)  # not behind heavy pruning
     if st is not None:
+        read = st.cosine() if estimable else None
+        names = ("box",) * st.box_read + ("features",)
+        if read == 0.0:
+            return st.box, _start(net, len(st.features), cfg), st.last_input, None, 0, names, read
         images, activations = exact_images(net, grads, st, cfg, progress)
-        return (st.box, images, st.last_input, None, cfg.iterations,
-                ("box",) * st.box_read + ("features", *activations), st.cosine() if estimable else None)
+        return st.box, images, st.last_input, None, cfg.iterations, names + activations, read
     st = paper_state(net, grads, errors, actions, cfg, progress)
     with torch.no_grad():
         last_input = trace(net, st.features, st.box).linear[-1][1]
@@ -165,13 +177,20 @@ def _starts(st: PaperState | None) -> int:
     return 0 if st is None else st.stage1_starts
 
 
+def _start(net: PerceptionNet, batch: int, cfg: RoomAttackConfig) -> torch.Tensor:
+    """The no-information images: the image stage's Gaussian start, on the network's device."""
+    spec = net.spec
+    shape = (batch, spec.in_channels, spec.image_size, spec.image_size)
+    return gaussian_start(shape, cfg.seed).to(next(net.parameters()).device)
+
+
 def _nothing(net: PerceptionNet, batch: int, cfg: RoomAttackConfig, algorithm: str) -> RoomReconstruction:
     """What the server holds when the update lacks a gradient the attack reads (:class:`NoSignal`):
     the image stage's start, a zero box, action 0, zero Q-values or reward and uniform
     probabilities; nothing exact. Scored like any reconstruction, it shows that nothing leaked."""
     spec = net.spec
     zeros = torch.zeros(batch, dtype=torch.float64)
-    common = dict(images=gaussian_start((batch, spec.in_channels, spec.image_size, spec.image_size), cfg.seed),
+    common = dict(images=_start(net, batch, cfg),
                   box=torch.zeros(batch, spec.box_dim), action=torch.zeros(batch, dtype=torch.long),
                   read=torch.zeros(batch, dtype=torch.bool), iterations=0, seconds=0.0, no_signal=True)
     if algorithm == "qgi":

@@ -87,7 +87,9 @@ EXACT_ONLY = ("tv_final", "feature_weight", "gradient_weight", "layerwise")  # f
 # instead of taking a 1e-6 step uphill and trying again to its 50th step, ``box_fit._fit``: 9 of the default
 # audit's 60 boxes moved by at most 3e-8, every fit that never stalled unchanged; and a DQN batch of two whose
 # second action is an entry of the noise (``same_action.exact_dqn_errors``) claims no exact action from the
-# paper's stages that attack it, ``attack._qgi``, every reconstruction unchanged;
+# paper's stages that attack it, ``attack._qgi``, every reconstruction unchanged; 27: no image stage where
+# the features' estimated cosine is 0 (noise is all the update shows of them): the rows score the no-information
+# start at 0 iterations, ``attack._images_and_state``, every other update's results unchanged;
 # paper mode's 2:
 # stage 1 starts again when its match ends under a cosine of 0.999; 3: the image convolutions as exact mode's 8;
 # 4: a single sample's update read for the features it lets through, ``exact.update_feature_cosine``, as exact
@@ -97,7 +99,7 @@ EXACT_ONLY = ("tv_final", "feature_weight", "gradient_weight", "layerwise")  # f
 # images' gradient does not depend on how the loss's terms are grouped.
 # The bordered factor kept in blocks (session 12) solves in another order: its float64 activations
 # move by ~1e-14 and came out the same in float32, so all 16 rows of 8 S1 and 8 S2 QGI attacks did.
-METHOD_VERSION = {"exact": 26, "paper": 6}
+METHOD_VERSION = {"exact": 27, "paper": 6}
 
 
 class RoomAttackConfig(BaseModel):
