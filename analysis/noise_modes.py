@@ -33,7 +33,7 @@ from typing import Iterator
 from leaklab.attacks.rl import RoomAttackConfig
 from leaklab.attacks.rl import attack as attack_module
 from leaklab.attacks.rl import paper as paper_module
-from leaklab.attacks.rl.exact import exact_vectors
+from leaklab.attacks.rl.exact import TV_NOISE_CAP, exact_vectors
 from leaklab.attacks.rl.rules import dqn_actions, error_directions
 from leaklab.experiments import room_attack
 from leaklab.experiments.attack_pool import _attack_one
@@ -59,6 +59,9 @@ def _stage1_vectors(iterations: int) -> Callable:
         sup = paper_module._Supervision(cfg, error_directions(gb, actions), actions, cfg.seed)
         box, features, _ = paper_module._stage1(net, grads, sup, cfg, 1, gb.device)
         st.box, st.features = box.double(), features.double()
+        # the closed form's noise ratio sets only the prior, which caps it at TV_NOISE_CAP: capped here, stage 1's
+        # features are fitted even where the closed form's read as noise (exact method version 27 skips those)
+        st.feature_noise = tuple(min(r, TV_NOISE_CAP) for r in st.feature_noise)
         return st
     return vectors
 

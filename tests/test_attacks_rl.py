@@ -377,6 +377,23 @@ def test_no_image_stage_where_noise_is_all_the_update_shows_of_the_features(loss
         assert torch.equal(rec.images, start) == unread and not rec.no_signal
 
 
+def test_a_batch_skips_the_image_stage_only_where_no_sample_read_shows_its_features():
+    """The skip takes the batch's mean estimated cosine: where one sample's features still show, both images are
+    reconstructed together."""
+    from dataclasses import replace
+    from leaklab.attacks.rl import attack as attack_module
+    cfg = RoomAttackConfig(iterations=2)
+    view, update, _ = client(batch=2)
+    net, grads, batch = attack_module._check(view, update, "dqn_mse", cfg)
+    taken, errors, hidden = exact_dqn_errors(net, grads, batch)
+    st, read, _ = attack_module._exact_read(net, grads, errors, batch, hidden)
+    assert read == 2
+    for noise, skipped in (((math.inf, math.inf), True), ((math.inf, 0.5), False)):
+        _, images, _, _, iterations, _, cosine = attack_module._images_and_state(
+            net, grads, errors, taken, cfg, None, batch, replace(st, feature_noise=noise))
+        assert len(images) == 2 and (iterations == 0) == skipped and (cosine == 0.0) == skipped
+
+
 def test_rgi_batch_floor_keeps_a_zero_returns_action_unclaimed_behind_weak_noise():
     """Each sample's policy-gradient part is judged against the batch's largest bias gradient: behind σ = 1e-8 the
     zero return's sample shows none, so its action is a guess and no action is claimed exact."""

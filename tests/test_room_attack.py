@@ -165,7 +165,7 @@ def test_an_update_whose_features_are_all_noise_gets_no_image_stage_and_says_so(
     row = json.loads((out / "samples.jsonl").read_text().splitlines()[0])
     assert row["feature_cosine"] == 0 and row["iterations"] == 0 and "no_signal" not in row
     assert {"box", "features"} <= set(row["exact"])  # still read off the update, as noise
-    assert ("1 sample of 1 showed nothing of the conv features above the noise (estimated cosine 0), so exact mode "
+    assert ("1 update of 1 showed nothing of the conv features above the noise (estimated cosine 0), so exact mode "
             "reconstructed no images from them") in result.stderr
 
 

@@ -63,6 +63,8 @@ def test_quick_room_audit_writes_report_with_defenses(tmp_path):
     # the noise, ran no image stage (exact method version 27) and reported no step before it ended
     assert "3 attacks resumed from an interrupted run" in result.stdout
     assert "warning: these attacks ran 3 image iterations" in result.stderr  # its verdicts understate the leaks
+    unread = "2 updates of 6 showed nothing of the conv features above the noise"  # behind DP-SGD
+    assert unread in result.stdout and unread in (out / "report.html").read_text()
     assert json.loads((out / "results.json").read_text())["summary"]["resumed_attacks"] == 3
     assert "attacks resumed from an interrupted run" in (out / "report.html").read_text()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["audit", "imported.txt"]  # the journal went with its run

@@ -432,6 +432,21 @@ def test_cases_without_the_gradient_the_attack_reads_are_named_and_kept_out_of_t
     assert '<td class="text">prune:0.9999</td><td>0.00699</td><td>0</td>' in report  # its features read too (–)
 
 
+def test_cases_whose_features_read_as_noise_are_counted_where_no_images_were_reconstructed(tmp_path):
+    cases = tmp_path / "cases"
+    assert invoke("env", "capture", "--samples", "1", "--layouts", "e1m1-stalactite", "--defense", "gaussian:1",
+                  "--out", cases).exit_code == 0
+    out = tmp_path / "audit"
+    with pytest.warns(UserWarning, match=r"1 case of 1 showed nothing of the conv features above the noise"):
+        result = invoke("audit", "--cases", cases, *ROOM_FAST, "--out", out)
+    assert result.exit_code == 0, result.output
+    row = json.loads((out / "results.json").read_text())["cases"][0]
+    assert row["iterations"] == 0 and row["feature_cosine"] == 0
+    report = (out / "report.html").read_text()
+    assert "so exact mode reconstructed no images from them" in report
+    assert "3 image iterations each (none where an update showed nothing of the features above its noise)" in report
+
+
 @pytest.mark.parametrize("cls, words", [
     ("tests.plugins.narrow_net:NoHead", ["contract", "box starting with a Linear with bias"]),
     # both were captured, and the audit then failed with a KeyError's traceback (a capture's RuntimeError)

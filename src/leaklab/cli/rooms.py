@@ -84,7 +84,7 @@ def _room_attack(algorithm: str, setting: str, mode: str, arch: str, samples: in
                + f" from {plural(s['layouts'], 'room')}, {s['seconds_per_sample']:.1f} s each"
                + _resumed(s["resumed_samples"], " ({} resumed from an interrupted run)"))
     for notice in (room_report.no_signal_caveat(results["samples"], noun="sample", key="index"),
-                   room_report.unread_images_caveat(results["samples"], noun="sample"),
+                   room_report.unread_images_caveat(results["samples"]),
                    room_report.effort_notice(attack.iterations)):  # as asked: an update with nothing to read runs none
         if notice:
             typer.echo(f"warning: {notice}", err=True)
@@ -362,7 +362,7 @@ def audit(
                       if defended and s.get("feature_cosine_median") is not None else ""))
     typer.echo(room_verdicts.conclusion(room_verdicts.verdicts(results)))
     caveat = room_verdicts.noise_caveat(results["config"]["modes"], [c["defense_chain"] for c in results["cells"]])
-    unread = room_report.unread_images_caveat([r for c in results["cells"] for r in c["samples"]])
+    unread = room_report.unread_images_caveat(room_report.exact_rows(results))
     for advice in (caveat, unread, room_verdicts.levels_text(results["summary"])):
         if advice:
             typer.echo(advice)

@@ -20,6 +20,7 @@ from leaklab.metrics.rooms import matched
 from leaklab.metrics.vectors import median_of
 from leaklab.words import cosine_text, plural, sentences
 
+NONE_UNREAD = " (none where an update showed nothing of the features above its noise)"
 SHOWN_SAMPLES = 16  # the report pictures a cell's (or the cases') first samples; results.json has every row
 Picture = tuple[torch.Tensor, torch.Tensor]  # a pictured state: its images [1, C, H, W] and the target's box [4]
 
@@ -161,7 +162,8 @@ def write_cases_report(folder: Path, results: dict[str, Any], truths: list[Pictu
     sections.append(Section(title="Cases", figures=figures, tables=[table]))
     summary = [("generated", time.strftime("%Y-%m-%d %H:%M:%S")), ("cases", results["cases_dir"]),
                ("network", results["model_class"] or "leaklab's perception network (as the cases' views name it)"),
-               ("attacks", f"{attack['mode']} mode, {attack['iterations']} image iterations each"),
+               ("attacks", f"{attack['mode']} mode, {attack['iterations']} image iterations each"
+                           f"{NONE_UNREAD if unread_images_caveat(results['cases']) else ''}"),
                ("device", results["device"]), ("leaklab", results["versions"]["leaklab"]),
                ("torch", results["versions"]["torch"]),
                ("wall-clock seconds (reading the cases, attacks)", s["seconds"]),
@@ -221,15 +223,21 @@ def no_signal_caveat(rows: list[dict[str, Any]], noun: str = "case", key: str = 
 
 
 def unread_images_caveat(rows: list[dict[str, Any]], noun: str = "update") -> str:
-    """The caveat when exact mode reconstructed no images from some rows' updates: noise was all they showed of
-    the conv features (their estimated cosine 0, ``attack._images_and_state``, exact method version 27), and
-    their rows score the no-information start at 0 iterations; "" when there are none."""
+    """The caveat when exact mode reconstructed no images from some of ``rows``' updates (exact-mode rows: paper mode
+    always reconstructs): noise was all they showed of the conv features (their estimated cosine 0,
+    ``attack._images_and_state``, exact method version 27), and their images are the no-information start at 0
+    iterations; "" when there are none."""
     unread = [r for r in rows if not r.get("no_signal") and r.get("feature_cosine") == 0 and r["iterations"] == 0]
     if not unread:
         return ""
     return (f"{plural(len(unread), noun)} of {len(rows)} showed nothing of the conv features above the noise "
-            "(estimated cosine 0), so exact mode reconstructed no images from them: their images score the "
-            "no-information start (box, action and values were still read off the update).")
+            "(estimated cosine 0), so exact mode reconstructed no images from them: their images are the attack's "
+            "no-information start (the rest read off the update as elsewhere).")
+
+
+def exact_rows(results: dict[str, Any]) -> list[dict[str, Any]]:
+    """An audit's exact-mode rows, each attacked update once (with ``--full`` paper mode attacks them again)."""
+    return [r for c in results["cells"] if c["mode"] == "exact" for r in c["samples"]]
 
 
 def _listed(cases: list[str], what: str) -> str:
@@ -398,14 +406,15 @@ def write_report(folder: Path, results: dict[str, Any], cells, defenses, truths,
                ("leaklab", results["versions"]["leaklab"]), ("torch", results["versions"]["torch"]),
                ("network", f"{config['arch']}, {_trained_words(config)}"), ("seed", config["seed"]),
                ("attacks", f"{' and '.join(config['modes'])} mode, {'/'.join(map(str, iterations))} image iterations "
-                           f"each; {plural(config['samples'], 'sample')} per cell from {plural(len(rooms), 'room')}"),
+                           f"each{NONE_UNREAD if unread_images_caveat(exact_rows(results)) else ''}; "
+                           f"{plural(config['samples'], 'sample')} per cell from {plural(len(rooms), 'room')}"),
                ("rooms", ", ".join(rooms)),
                ("wall-clock seconds (captures, attacks)", results["summary"]["seconds"]),
                ("attacks resumed from an interrupted run", results["summary"]["resumed_attacks"])]
     notice = sentences((effort_notice(iterations[0], " Rerun without --quick or --iterations for the audit's "
                                                       "verdicts."),
                          room_verdicts.noise_caveat(config["modes"], [chain for _, chain in defenses]),
-                         unread_images_caveat([r for c in results["cells"] for r in c["samples"]])))
+                         unread_images_caveat(exact_rows(results))))
     intro = ("Can an honest-but-curious federated-learning server (one that follows the protocol but studies "
              "what it receives) see a robot's private room? Robots training an active-perception policy in "
              "ViZDoom rooms share one gradient per step; the server inverts it (the paper \"Your Room is not "
@@ -420,7 +429,8 @@ def write_report(folder: Path, results: dict[str, Any], cells, defenses, truths,
              "S1: the robot sees RGB, depth and the target's box; S2: depth and the box. Exact mode: "
              "leaklab's attack, which reads every linear layer's input in closed form before it reconstructs "
              "the images (on a noised update its closed forms read noisy values, and the image stage leaves "
-             "out the terms that need an exact update). Baseline: a constant image at the true mean, what an "
+             "out the terms that need an exact update; where the update shows nothing of the features above its "
+             "noise it reconstructs none). Baseline: a constant image at the true mean, what an "
              "attacker with no information scores; the gain over it is what the update gave away.")
     sentence = room_verdicts.conclusion(room_verdicts.verdicts(results))
     lead = " ".join(filter(None, (f"{sentence} ({plural(config['samples'], 'sample')} per attack and defense.)",

@@ -150,14 +150,16 @@ def _images_and_state(net, grads, errors, actions, cfg, progress, batch, st):
     mode's image stage on its closed forms ``st`` (:func:`_exact_read`), the paper's stages where that is None;
     the features' estimated cosine (exact mode's reading; paper mode reads one sample's apart, not a batch's).
 
-    Where that estimate is 0 (``head.0``'s bias gradient no larger than its noise: noise is all the update shows
-    of every sample's features, :func:`~leaklab.attacks.rl.exact.noised_features`), exact mode runs no image
-    stage and returns the no-information start, 0 iterations (exact method version 27, leaklab's). Its 2,000 steps
+    Where that estimate is 0 for every sample read (the noise read on its corrected features at least their own
+    norm, or ``head.0``'s bias gradient no larger than its noise: :func:`~leaklab.attacks.rl.exact.noised_features`;
+    noise is all the update shows of the features), exact mode runs no image stage and returns the
+    no-information start, 0 iterations (exact method version 27, leaklab's). Its 2,000 steps
     fitted noise there: no image of 75 such updates (QGI and RGI, S1 and S2, on all five networks, behind Gaussian
     noise of σ = 0.1 and 0.3, Laplace noise of scale 0.3, DP-SGD at ε = 8, pruning or top-k with noise) nor of 127
     attacks in sessions 65-69's audits (``wide-rgb``, σ = 0.001 to 3, ε = 1 to 100) showed its room (3 dB over
     the constant image; the best +0.43 dB; docs/reproductions.md, "No image stage where the features read as
-    noise"), and those behind DP-SGD took a third of the default audit's attack time."""
+    noise"); in the default audit those attacks (27 of 60) took a third of its attack time. Not reached: a batch of
+    two exact mode does not read (the paper's stages), an update behind heavy pruning (no estimate)."""
     estimable = cosine_estimable(grads)  # not behind heavy pruning
     if st is not None:
         read = st.cosine() if estimable else None
