@@ -4,8 +4,8 @@ defended update's cosine), the cell summary, and `env capture` / `env contact-sh
 from __future__ import annotations
 
 import json
-
 import math
+from typing import Any
 
 import pytest
 
@@ -140,14 +140,19 @@ def test_layouts_argument_and_summary_keys():
     assert {"rgb_psnr_mean", "depth_psnr_mean", "iou_mean", "action_accuracy"} <= set(SUMMARY_KEYS)
 
 
+def _one_defended_update(tmp_path, defense: str) -> tuple[Any, dict[str, Any]]:
+    """`leaklab attack qgi` on one room's update behind ``defense``: the command's result and its row."""
+    out = tmp_path / "defended"
+    result = invoke("attack", "qgi", "--defense", defense, "--samples", "1", "--layouts", "1", *ROOM_FAST,
+                    "--out", out)
+    assert result.exit_code == 0, result.output
+    return result, json.loads((out / "samples.jsonl").read_text().splitlines()[0])
+
+
 def test_a_defense_that_prunes_every_bias_gradient_is_scored_not_fatal(tmp_path):
     # (topk:0.9999 keeps the last bias gradient's one large entry: since exact method version 25 the attack reads
     # the action and the target there, fitting the box without box.0's gradient)
-    out = tmp_path / "pruned"
-    result = invoke("attack", "qgi", "--defense", "prune:0.9999", "--samples", "1", "--layouts", "1", *ROOM_FAST,
-                    "--out", out)
-    assert result.exit_code == 0, result.output
-    row = json.loads((out / "samples.jsonl").read_text().splitlines()[0])
+    result, row = _one_defended_update(tmp_path, "prune:0.9999")
     assert row["no_signal"] is True and row["exact"] == []
     assert row["metrics"]["q_target_error"] is None and row["metrics"]["q_target_error_undefined"] == 1  # no reading
     assert "feature_cosine" not in row  # nothing read
@@ -158,11 +163,7 @@ def test_a_defense_that_prunes_every_bias_gradient_is_scored_not_fatal(tmp_path)
 
 
 def test_an_update_whose_features_are_all_noise_gets_no_image_stage_and_says_so(tmp_path):
-    out = tmp_path / "noised"
-    result = invoke("attack", "qgi", "--defense", "gaussian:1", "--samples", "1", "--layouts", "1", *ROOM_FAST,
-                    "--out", out)
-    assert result.exit_code == 0, result.output
-    row = json.loads((out / "samples.jsonl").read_text().splitlines()[0])
+    result, row = _one_defended_update(tmp_path, "gaussian:1")
     assert row["feature_cosine"] == 0 and row["iterations"] == 0 and "no_signal" not in row
     assert {"box", "features"} <= set(row["exact"])  # still read off the update, as noise
     assert ("1 update of 1 showed nothing of the conv features above the noise (estimated cosine 0), so exact mode "

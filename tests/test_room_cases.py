@@ -412,16 +412,22 @@ def test_the_fallback_caveat_names_its_cause():
     assert fallback_caveat({**results, "attack": {"mode": "paper"}}) == ""
 
 
+def _audit_of_one_defended_case(tmp_path, defense: str, warning: str):
+    """`audit --cases` of one room's update captured behind ``defense``, which warns ``warning``: its folder."""
+    cases, out = tmp_path / "cases", tmp_path / "audit"
+    assert invoke("env", "capture", "--samples", "1", "--layouts", "e1m1-stalactite", "--defense", defense,
+                  "--out", cases).exit_code == 0
+    with pytest.warns(UserWarning, match=warning):
+        result = invoke("audit", "--cases", cases, *ROOM_FAST, "--out", out)
+    assert result.exit_code == 0, result.output
+    return out
+
+
 def test_cases_without_the_gradient_the_attack_reads_are_named_and_kept_out_of_the_action(tmp_path):
     """A client that sends a random 0.01% of its update zeroes the last bias gradient: the audit says which
     cases held nothing to read, and their guessed action does not count as the action leaking or not."""
-    cases = tmp_path / "cases"
-    assert invoke("env", "capture", "--samples", "1", "--layouts", "e1m1-stalactite", "--defense", "prune:0.9999",
-                  "--out", cases).exit_code == 0
-    out = tmp_path / "audit"
-    with pytest.warns(UserWarning, match=r"1 case \(0000\) of 1 holds an update off which the attacks read nothing"):
-        result = invoke("audit", "--cases", cases, *ROOM_FAST, "--out", out)
-    assert result.exit_code == 0, result.output
+    out = _audit_of_one_defended_case(tmp_path, "prune:0.9999",
+                                      r"1 case \(0000\) of 1 holds an update off which the attacks read nothing")
     report = (out / "report.html").read_text()
     assert "none read (nothing the attack reads)" in report and "holds an update off which the attacks read" in report
     assert ">action</th>" in report and "% of 1 case" not in report  # no case holds the action
@@ -433,13 +439,8 @@ def test_cases_without_the_gradient_the_attack_reads_are_named_and_kept_out_of_t
 
 
 def test_cases_whose_features_read_as_noise_are_counted_where_no_images_were_reconstructed(tmp_path):
-    cases = tmp_path / "cases"
-    assert invoke("env", "capture", "--samples", "1", "--layouts", "e1m1-stalactite", "--defense", "gaussian:1",
-                  "--out", cases).exit_code == 0
-    out = tmp_path / "audit"
-    with pytest.warns(UserWarning, match=r"1 case of 1 showed nothing of the conv features above the noise"):
-        result = invoke("audit", "--cases", cases, *ROOM_FAST, "--out", out)
-    assert result.exit_code == 0, result.output
+    out = _audit_of_one_defended_case(tmp_path, "gaussian:1",
+                                      "1 case of 1 showed nothing of the conv features above the noise")
     row = json.loads((out / "results.json").read_text())["cases"][0]
     assert row["iterations"] == 0 and row["feature_cosine"] == 0
     report = (out / "report.html").read_text()
