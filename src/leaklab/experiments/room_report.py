@@ -163,7 +163,7 @@ def write_cases_report(folder: Path, results: dict[str, Any], truths: list[Pictu
     summary = [("generated", time.strftime("%Y-%m-%d %H:%M:%S")), ("cases", results["cases_dir"]),
                ("network", results["model_class"] or "leaklab's perception network (as the cases' views name it)"),
                ("attacks", f"{attack['mode']} mode, {attack['iterations']} image iterations each"
-                           f"{NONE_UNREAD if unread_images_caveat(results['cases']) else ''}"),
+                           f"{NONE_UNREAD if images_unread(results['cases']) else ''}"),
                ("device", results["device"]), ("leaklab", results["versions"]["leaklab"]),
                ("torch", results["versions"]["torch"]),
                ("wall-clock seconds (reading the cases, attacks)", s["seconds"]),
@@ -227,7 +227,7 @@ def unread_images_caveat(rows: list[dict[str, Any]], noun: str = "update") -> st
     always reconstructs): noise was all they showed of the conv features (their estimated cosine 0,
     ``attack._images_and_state``, exact method version 27), and their images are the no-information start at 0
     iterations; "" when there are none."""
-    unread = [r for r in rows if not r.get("no_signal") and r.get("feature_cosine") == 0 and r["iterations"] == 0]
+    unread = images_unread(rows)
     if not unread:
         return ""
     return (f"{plural(len(unread), noun)} of {len(rows)} showed nothing of the conv features above the noise "
@@ -235,6 +235,12 @@ def unread_images_caveat(rows: list[dict[str, Any]], noun: str = "update") -> st
             "no-information start, the rest read off the update as elsewhere (in 202 attacks of such updates that "
             "did reconstruct the images, none showed its room: docs/reproductions.md, \"No image stage where the "
             "features read as noise\").")
+
+
+def images_unread(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The rows whose images exact mode did not reconstruct, their features read as noise alone (not ``no_signal``
+    rows, which read nothing)."""
+    return [r for r in rows if not r.get("no_signal") and r.get("feature_cosine") == 0 and r["iterations"] == 0]
 
 
 def exact_rows(results: dict[str, Any]) -> list[dict[str, Any]]:
@@ -408,7 +414,7 @@ def write_report(folder: Path, results: dict[str, Any], cells, defenses, truths,
                ("leaklab", results["versions"]["leaklab"]), ("torch", results["versions"]["torch"]),
                ("network", f"{config['arch']}, {_trained_words(config)}"), ("seed", config["seed"]),
                ("attacks", f"{' and '.join(config['modes'])} mode, {'/'.join(map(str, iterations))} image iterations "
-                           f"each{NONE_UNREAD if unread_images_caveat(exact_rows(results)) else ''}; "
+                           f"each{NONE_UNREAD if images_unread(exact_rows(results)) else ''}; "
                            f"{plural(config['samples'], 'sample')} per cell from {plural(len(rooms), 'room')}"),
                ("rooms", ", ".join(rooms)),
                ("wall-clock seconds (captures, attacks)", results["summary"]["seconds"]),

@@ -47,7 +47,7 @@ from leaklab.attacks.rl.config import RoomAttackConfig, RoomReconstruction
 from leaklab.attacks.rl.exact import (ExactState, blended, cosine_estimable, dominant_sample, exact_images,
                                       exact_vectors, reinforce_batch_errors, separated_vectors, update_feature_cosine)
 from leaklab.attacks.rl.image_convs import attack_network
-from leaklab.attacks.rl.images import gaussian_start
+from leaklab.attacks.rl.images import start_images
 from leaklab.attacks.rl.network import trace
 from leaklab.attacks.rl.optim import Progress
 from leaklab.attacks.rl.paper import PaperState, last_layer_input, last_layer_norm_ratio, paper_state
@@ -165,7 +165,8 @@ def _images_and_state(net, grads, errors, actions, cfg, progress, batch, st):
         read = st.cosine() if estimable else None
         names = ("box",) * st.box_read + ("features",)
         if read == 0.0:
-            return st.box, _start(net, len(st.features), cfg), st.last_input, None, 0, names, read
+            images = start_images(net.spec, len(st.features), cfg.seed, st.features.device)
+            return st.box, images, st.last_input, None, 0, names, read
         images, activations = exact_images(net, grads, st, cfg, progress)
         return st.box, images, st.last_input, None, cfg.iterations, names + activations, read
     st = paper_state(net, grads, errors, actions, cfg, progress)
@@ -179,20 +180,13 @@ def _starts(st: PaperState | None) -> int:
     return 0 if st is None else st.stage1_starts
 
 
-def _start(net: PerceptionNet, batch: int, cfg: RoomAttackConfig) -> torch.Tensor:
-    """The no-information images: the image stage's Gaussian start, on the network's device."""
-    spec = net.spec
-    shape = (batch, spec.in_channels, spec.image_size, spec.image_size)
-    return gaussian_start(shape, cfg.seed).to(next(net.parameters()).device)
-
-
 def _nothing(net: PerceptionNet, batch: int, cfg: RoomAttackConfig, algorithm: str) -> RoomReconstruction:
     """What the server holds when the update lacks a gradient the attack reads (:class:`NoSignal`):
     the image stage's start, a zero box, action 0, zero Q-values or reward and uniform
     probabilities; nothing exact. Scored like any reconstruction, it shows that nothing leaked."""
     spec = net.spec
     zeros = torch.zeros(batch, dtype=torch.float64)
-    common = dict(images=_start(net, batch, cfg),
+    common = dict(images=start_images(spec, batch, cfg.seed, next(net.parameters()).device),
                   box=torch.zeros(batch, spec.box_dim), action=torch.zeros(batch, dtype=torch.long),
                   read=torch.zeros(batch, dtype=torch.bool), iterations=0, seconds=0.0, no_signal=True)
     if algorithm == "qgi":

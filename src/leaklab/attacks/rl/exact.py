@@ -61,7 +61,7 @@ from torch.nn.grad import conv2d_weight
 from leaklab.attacks.inversion.analytic import linear_input, rank_one_residual
 from leaklab.attacks.rl.box_fit import fitted_batch_box, fitted_box
 from leaklab.attacks.rl.config import RoomAttackConfig
-from leaklab.attacks.rl.images import modality_tv, gaussian_start
+from leaklab.attacks.rl.images import modality_tv, start_images
 from leaklab.attacks.rl.layerwise import ZERO, penultimate_activations
 from leaklab.attacks.rl.network import linear_names
 from leaklab.attacks.rl.optim import Progress, adam
@@ -718,8 +718,7 @@ def exact_images(net: PerceptionNet, grads: dict[str, torch.Tensor], st: ExactSt
     image's feature match and prior weigh as one sample's alone (:func:`_feature_match`, :func:`_prior`)."""
     spec = net.spec
     batch = len(st.features)
-    x = gaussian_start((batch, spec.in_channels, spec.image_size, spec.image_size), cfg.seed)
-    x = x.to(st.features.device).requires_grad_()
+    x = start_images(spec, batch, cfg.seed, st.features.device).requires_grad_()
     f = st.features.float()
     f_norm = (f * f).sum(1).clamp_min(1e-30)
     streams = exact_streams(net) if cfg.gradient_weight and st.untouched else []

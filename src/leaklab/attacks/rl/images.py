@@ -17,7 +17,8 @@
   forward and backward of an S1 frame took 0.88-1.01 ms against autograd's 1.31-1.46 ms through
   :func:`colour_tv` and :func:`coupled_tv` (session 33, three alternating rounds), the difference about
   5 % of an S1 image-stage step.
-* :func:`gaussian_start`: IV-A's Gaussian initialisation.
+* :func:`gaussian_start`: IV-A's Gaussian initialisation; :func:`start_images` a network's batch of it, the
+  attacks' no-information images too.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from __future__ import annotations
 import torch
 
 from leaklab.attacks.inversion.priors import total_variation
+from leaklab.models.perception import PerceptionSpec
 
 CHROMA_TV_WEIGHT = 2.0  # colour_tv's weight of the chroma's TV against the luma's
 TV_EPS = 1e-12  # inside each pooled difference's square root: a flat image has a gradient
@@ -115,3 +117,9 @@ def gaussian_start(shape: tuple[int, ...], seed: int) -> torch.Tensor:
     gives no mean or std: these are leaklab's)."""
     g = torch.Generator().manual_seed(seed)
     return (0.5 + 0.25 * torch.randn(shape, generator=g)).clamp(0, 1)
+
+
+def start_images(spec: PerceptionSpec, batch: int, seed: int, device: torch.device) -> torch.Tensor:
+    """:func:`gaussian_start` for ``batch`` states of ``spec``'s images, on ``device``: where both modes' image stages
+    start, and what an attack that reconstructs no images holds."""
+    return gaussian_start((batch, spec.in_channels, spec.image_size, spec.image_size), seed).to(device)

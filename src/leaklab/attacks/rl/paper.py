@@ -27,7 +27,7 @@ import torch
 
 from leaklab.attacks.rl.config import RoomAttackConfig
 from leaklab.attacks.rl.exact import untouched
-from leaklab.attacks.rl.images import gaussian_start, room_tv
+from leaklab.attacks.rl.images import room_tv, start_images
 from leaklab.attacks.rl.network import GradientStats, cosine_loss, linear_names, squared_loss, trace
 from leaklab.attacks.rl.optim import Progress, adam
 from leaklab.models.perception import PerceptionNet, conv_feature_count
@@ -79,8 +79,7 @@ def paper_state(net: PerceptionNet, grads: dict[str, torch.Tensor], errors: torc
                 actions: torch.Tensor, cfg: RoomAttackConfig, progress: Progress | None) -> PaperState:
     """Both stages of IV-A for a batch whose per-sample error directions are ``errors`` ``[B, A]``."""
     spec, batch, device = net.spec, errors.shape[0], errors.device
-    x = gaussian_start((batch, spec.in_channels, spec.image_size, spec.image_size), cfg.seed + 2)
-    x = x.to(device).requires_grad_()
+    x = start_images(spec, batch, cfg.seed + 2, device).requires_grad_()
     sup = _Supervision(cfg, errors, actions, cfg.seed)
     all_stats = GradientStats(net, grads, conv_params=True)
 
