@@ -132,11 +132,19 @@ def test_reproduce_rl_membership_quick(tmp_path):
     other = json.loads((clipped / "results.json").read_text())
     assert other["config"]["clip"] == 0.01 and data["config"]["clip"] == 0.2
     assert other["training"] != data["training"]  # PPO trained with the other clip
+    sgd = tmp_path / "sgd"
+    assert CliRunner().invoke(app, ["reproduce", "rl-membership", "--quick", "--optimizer", "SGD", "--lr", "0.05",
+                                    "--out", str(sgd)]).exit_code == 0
+    plain = json.loads((sgd / "results.json").read_text())
+    assert (plain["config"]["optimizer"], plain["config"]["lr"]) == ("sgd", 0.05)
+    assert (data["config"]["optimizer"], data["config"]["lr"]) == ("adam", 1e-3)
+    assert plain["training"] != data["training"]  # PPO trained by plain SGD
     for field, bad in (("checkpoints", [0.0]), ("checkpoints", [1.5]), ("checkpoints", [0.5, 0.5]), ("maps", 1),
                        ("clip", 0.0)):
         with pytest.raises(ValueError):
             RlMembershipConfig(**{field: bad})
-    for flag, bad in (("--dp-noise", "0,1"), ("--sigmas", "0.1,0.1"), ("--sampler-pairs", "1")):
+    for flag, bad in (("--dp-noise", "0,1"), ("--sigmas", "0.1,0.1"), ("--sampler-pairs", "1"),
+                      ("--optimizer", "rmsprop"), ("--lr", "0")):
         refused = CliRunner().invoke(app, ["reproduce", "rl-membership", "--quick", flag, bad, "--out",
                                            str(tmp_path / "refused")])
         assert refused.exit_code == 2 and f"invalid {flag}" in refused.output and not (tmp_path / "refused").exists()

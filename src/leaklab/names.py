@@ -27,6 +27,7 @@ DEFENSE_NAMES = ("gaussian", "laplace", "prune", "topk", "clip")  # steps of a -
 NOISE_DEFENSE_NAMES = ("gaussian", "laplace")  # the steps of a chain that add noise
 DEVICE_PATTERN = r"^(cpu|cuda(:\d+)?)$"  # the room attacks' --device values
 
+PPO_OPTIMIZER_NAMES = ("adam", "sgd")  # PPO's optimisers (leaklab.rl.agents.ppo): Adam, or eq. 3.7's plain SGD
 ACCOUNTANT_NAMES = ("rdp", "prv", "pld")  # DP-SGD accountants (leaklab.privacy.accounting)
 MECHANISM_NAMES = ("laplace", "gaussian", "exponential", "randomized-response", "dirichlet")  # audit cases
 MECHANISM_ALIASES = {"rr": "randomized-response"}

@@ -11,12 +11,13 @@ from typing import Annotated, Any, Optional
 import typer
 
 from leaklab.cli.app import CELLS_KEPT, CHECKS_KEPT, _guard, reproduce_app
-from leaklab.cli.options import (QuickOpt, SeedOpt, _bounded, _checked, _each, _fail, _positive_numbers, _run_out,
-                                 _some, _spelling, _split)
+from leaklab.cli.options import (QuickOpt, SeedOpt, _bounded, _checked, _choice, _each, _fail, _positive_numbers,
+                                 _run_out, _some, _spelling, _split)
 from leaklab.cli.progress import _progress
 from leaklab.cli.rooms import ArchOpt, DeviceOpt, IterationsOpt, LayoutsOpt, ModeOpt, WorkersOpt
 from leaklab.errors import LeaklabError
-from leaklab.names import DEFAULT_ARCH, INVERSION_CHECK_NAMES, MAX_TRAIN_STEPS, PE_MARL_METHODS, TABLE1_CELLS
+from leaklab.names import (DEFAULT_ARCH, INVERSION_CHECK_NAMES, MAX_TRAIN_STEPS, PE_MARL_METHODS, PPO_OPTIMIZER_NAMES,
+                           TABLE1_CELLS)
 from leaklab.words import plural
 
 MAX_IMAGES = 10_000  # images per setting or check (100,000 were taken and ran until killed)
@@ -555,6 +556,12 @@ def reproduce_rl_membership(
                                                   "it as the RL task's regularisation)",
                                                   callback=_checked("--clip", lambda v: 0 < v <= 1,
                                                                     "a number in (0, 1]"))] = None,
+    optimizer: Annotated[Optional[str], _choice("--optimizer", PPO_OPTIMIZER_NAMES,
+                                                "(PPO's optimiser; default adam, rl-starter-files'; sgd: eq. 3.7's "
+                                                "plain SGD)")] = None,
+    lr: Annotated[Optional[float], typer.Option("--lr", help="PPO's learning rate (default 1e-3)",
+                                                callback=_checked("--lr", lambda v: 0 < v <= 1,
+                                                                  "a number in (0, 1]"))] = None,
     dp_noise: Annotated[Optional[str], typer.Option(
         "--dp-noise", callback=_positive_numbers("--dp-noise", "0.5,2"), help="DP-SGD's noise multipliers, every "
         "model trained again at each (clip 1; Fig. 3.8 top; default none)")] = None,
@@ -574,8 +581,9 @@ def reproduce_rl_membership(
     from leaklab.experiments import rl_membership
 
     fields = {key: value for key, value in (("rooms", rooms), ("frames", frames), ("clip", clip),
-                                            ("dp_noise", dp_noise), ("sigmas", sigmas),
-                                            ("sampler_pairs", sampler_pairs)) if value is not None}
+                                            ("optimizer", optimizer), ("lr", lr), ("dp_noise", dp_noise),
+                                            ("sigmas", sigmas), ("sampler_pairs", sampler_pairs))
+              if value is not None}
     result = _experiment(rl_membership, rl_membership.RlMembershipConfig, "rl-membership", quick, seed, out, **fields)
     for arch, rows in result["rows"].items():
         for r in rows:

@@ -14,7 +14,8 @@ Here (:mod:`leaklab.rl.envs.multi_room`, :mod:`leaklab.rl.agents.ppo`, :mod:`lea
   ``shadows`` shadow models its own ``maps`` training maps and as many others; every set disjoint (seed ranges of
   their own), so the attacker never draws a victim's seed (a seed's map can repeat another's shifted across the
   grid: 4 of 400 two-room maps did, none of 448 three-room maps);
-* training: PPO with rl-starter-files' defaults for ``frames`` environment steps per model, snapshots at
+* training: PPO with rl-starter-files' defaults (Adam at ``lr`` 1e-3; ``optimizer="sgd"`` takes eq. 3.7's plain
+  SGD instead) for ``frames`` environment steps per model, snapshots at
   the shares ``checkpoints`` of the frames (frames stand in for the thesis' epochs; a snapshot is taken after
   the first update that reaches its share); ``rooms`` rooms (the thesis: 4; PPO's feed-forward agent on 32
   maps earned almost nothing on 4 rooms in two tries of 1.7M and 1.5M frames, mean returns at most 0.03, and learnt
@@ -55,6 +56,7 @@ import math
 import time
 from dataclasses import astuple
 from pathlib import Path
+from typing import Literal
 
 from collections.abc import Callable
 
@@ -70,6 +72,7 @@ from leaklab.experiments import ProgressFn
 from leaklab.experiments import rnn_figures as figures
 from leaklab.fields import PositiveGrid, Seed
 from leaklab.io import RESULTS_FILE, RL_MEMBERSHIP_FORMAT, atomic_dir, check_out, write_json
+from leaklab.names import PPO_OPTIMIZER_NAMES
 from leaklab.privacy.dpsgd import DPConfig
 from leaklab.privacy.mechanisms import analytic_gaussian_epsilon
 from leaklab.privacy.sensitivity import sensitivity_sampler
@@ -110,6 +113,9 @@ class RlMembershipConfig(BaseModel):
     envs: int = Field(default=16, ge=1, le=1024, description="PPO's agents stepped together")
     clip: float = Field(default=0.2, gt=0, le=1, description="PPO's clip epsilon, the thesis' regularisation of the RL "
                                                              "task (Fig. 3.7; rl-starter-files' default 0.2)")
+    optimizer: Literal[PPO_OPTIMIZER_NAMES] = Field(default="adam", description="PPO's optimiser: rl-starter-files' "
+                                                    "Adam, or plain SGD (eq. 3.7's update)")
+    lr: float = Field(default=1e-3, gt=0, le=1, description="PPO's learning rate (rl-starter-files' 1e-3, for Adam)")
     dp_noise: PositiveGrid = Field(default_factory=list, max_length=10,
                                   description="DP-SGD's noise multipliers (Fig. 3.8, top); none: no DP-SGD section")
     dp_clip: float = Field(default=1.0, gt=0, description="DP-SGD's per-chunk clipping norm C")
@@ -168,8 +174,8 @@ class _Run:
         ``on_update(frames, policy)`` after every update; ``what`` names it on the progress bar (default: the role)."""
         config = self.config
         policy = build_policy(arch, self.seed(arch, role, "init"), private=privacy is not None)
-        ppo = PPOConfig(frames=config.frames, envs=config.envs, clip=config.clip, privacy=privacy,
-                        seed=self.seed(arch, role, "ppo"))
+        ppo = PPOConfig(frames=config.frames, envs=config.envs, clip=config.clip, optimizer=config.optimizer,
+                        lr=config.lr, privacy=privacy, seed=self.seed(arch, role, "ppo"))
         what = what or f"{arch} {role}: {'DP-SGD ' if privacy else ''}PPO"
         history = train_ppo(policy, maps, ppo, on_update=None if on_update is None else lambda f: on_update(f, policy),
                             progress=lambda f, _t, _r: self.tick(self.done + f, what))

@@ -53,6 +53,7 @@ from torch import nn
 
 from leaklab.errors import LeaklabError
 from leaklab.fields import Seed
+from leaklab.names import PPO_OPTIMIZER_NAMES
 from leaklab.privacy.dpsgd import DPConfig, private_optimizer, spent_epsilon
 from leaklab.rl.envs.multi_room import ACTIONS, CELL_KINDS, MAX_STEPS, VIEW, FloorMap, RoomBatch
 
@@ -139,7 +140,7 @@ class PPOConfig(BaseModel):
     epochs: int = Field(default=4, ge=1, le=100)
     batch: int = Field(default=256, ge=1, le=1_000_000)
     lr: float = Field(default=1e-3, gt=0, le=1)
-    optimizer: Literal["adam", "sgd"] = Field(
+    optimizer: Literal[PPO_OPTIMIZER_NAMES] = Field(
         default="adam", description="adam: rl-starter-files' Adam (eps 1e-8); sgd: plain SGD, eq. 3.7's update")
     max_grad_norm: float = Field(default=0.5, gt=0)
     recurrence: int = Field(default=4, ge=1, le=128, description="steps a recurrent policy is trained through")
