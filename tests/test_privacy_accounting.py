@@ -39,6 +39,16 @@ def test_accountants_agree_loosely_and_rdp_is_an_upper_bound():
     assert eps["pld"] <= eps["rdp"] <= 1.25 * eps["pld"]
 
 
+def test_epsilon_is_never_negative():
+    # at a large delta RDP's and PRV's conversions dip below 0 (-3.17 and -4.50 here before the clamp): a guarantee
+    # at a negative epsilon is the one at 0, and an audit must not call a mechanism that keeps it violated
+    for name in ACCOUNTANT_NAMES:
+        assert acc.dpsgd_epsilon(0.1, 1.0, 10, 0.99, name) == 0.0
+    # the search for the noise still finds the smallest that reaches a positive target there
+    sigma = acc.dpsgd_sigma(0.1, 10, 0.01, 0.5, "rdp")
+    assert acc.dpsgd_epsilon(0.1, sigma, 10, 0.5, "rdp") <= 0.01 < acc.dpsgd_epsilon(0.1, sigma * 0.99, 10, 0.5, "rdp")
+
+
 @pytest.mark.parametrize("accountant", ["rdp", "pld"])
 def test_epsilon_decreases_with_sigma_and_grows_with_steps(accountant):
     by_sigma = [acc.dpsgd_epsilon(0.05, s, 50, DELTA, accountant) for s in (0.7, 1.0, 2.0, 4.0)]
