@@ -72,6 +72,20 @@ def test_per_instance_updates_and_image_gradients_match_the_loop(name, width, si
     assert float((gg - ge).abs().max()) <= 1e-5 * float(ge.abs().max())
 
 
+@pytest.mark.parametrize("instances", [1, 2])
+def test_strided_1x1_shortcut_with_few_channels(instances):
+    # oneDNN's channels-last weight gradient of a strided 1x1 convolution with 2-7 input channels and 2 or more
+    # images corrupted the heap (torch 2.13.0, CPU): the grouped simulator reads it unstrided on every stride-th pixel
+    model = _model("resnet18", 4, 16)
+    meta = UpdateMetadata(batch_size=2)
+    grouped = GroupedSimulator(model, meta)
+    assert grouped.channels_last(instances)
+    images, labels = torch.rand(instances, 2, 3, 16, 16), torch.randint(0, 5, (instances, 2))
+    for _ in range(20):  # the corruption aborted within a few calls
+        got = grouped(images, labels)
+    _close(got, UpdateSimulator(model, meta)(images, labels), 1e-5)
+
+
 def test_instances_stay_independent():
     model = _model("convnet", 8, 16)
     meta = UpdateMetadata(batch_size=1)
