@@ -140,7 +140,7 @@ def test_reproduce_rl_membership_quick(tmp_path):
     assert (data["config"]["optimizer"], data["config"]["lr"]) == ("adam", 1e-3)
     assert plain["training"] != data["training"]  # PPO trained by plain SGD
     for field, bad in (("checkpoints", [0.0]), ("checkpoints", [1.5]), ("checkpoints", [0.5, 0.5]), ("maps", 1),
-                       ("clip", 0.0)):
+                       ("clip", 0.0), ("frames", 1)):  # 1 frame: every checkpoint on PPO's first update
         with pytest.raises(ValueError):
             RlMembershipConfig(**{field: bad})
     for flag, bad in (("--dp-noise", "0,1"), ("--sigmas", "0.1,0.1"), ("--sampler-pairs", "1"),

@@ -79,6 +79,7 @@ from leaklab.privacy.sensitivity import sensitivity_sampler
 from leaklab.rl.agents.ppo import ARCHS, PPOConfig, build_policy, ppo_epsilon, train_ppo
 from leaklab.rl.envs.multi_room import MAX_STEPS, FloorMap, floor_map
 from leaklab.seeds import stream_seed
+from leaklab.words import plural
 
 PLOT_FILE = "rl_membership.png"
 DP_SGD_FILE = "rl_dp_sgd.png"
@@ -132,6 +133,17 @@ class RlMembershipConfig(BaseModel):
         if any(not 0 < c <= 1 for c in v) or len(set(v)) != len(v):
             raise ValueError("distinct shares in (0, 1]")
         return sorted(v)
+
+    @model_validator(mode="after")
+    def _checkpoints_on_distinct_updates(self) -> "RlMembershipConfig":
+        # a snapshot is taken after the first PPO update that reaches its share: two shares on one update would
+        # score the same weights twice, with different query draws
+        per_update = self.envs * PPOConfig.model_fields["steps_per_update"].default
+        updates = [math.ceil(c * self.frames / per_update) for c in self.checkpoints]
+        if len(set(updates)) < len(updates):
+            raise ValueError(f"checkpoints {self.checkpoints} of {plural(self.frames, 'frame')} fall on the same PPO update "
+                             f"({per_update:,} frames each); train more frames or keep fewer checkpoints")
+        return self
 
     @model_validator(mode="after")
     def _defended_against_the_trained(self) -> "RlMembershipConfig":
