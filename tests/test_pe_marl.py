@@ -324,6 +324,8 @@ def test_reproduce_pe_marl_quick(tmp_path):
                                                                 dp["accountant"], data["config"]["team"]["envs"]))
     assert all((r["privacy"] is None) != m.startswith("dp-") for m, r in data["methods"].items())
     assert "win rate" in result.output
+    # one column for every method's line, dp-pe-qtran's name the longest
+    assert len({line.index(": final win rate") for line in result.output.splitlines() if "final win rate" in line}) == 1
     again = tmp_path / "again"
     assert CliRunner().invoke(app, ["reproduce", "pe-marl", "--quick", "--out", str(again)]).exit_code == 0
     def timeless(methods):
@@ -339,7 +341,7 @@ def test_reproduce_pe_marl_quick(tmp_path):
                                    "--out", str(tmp_path / "x")])
     assert bad.exit_code == 2 and "--epsilon" in bad.output and not (tmp_path / "x").exists()
     some = tmp_path / "some"
-    result = CliRunner().invoke(app, ["reproduce", "pe-marl", "--quick", "--methods", "pe-qtran,iql", "--out",
+    result = CliRunner().invoke(app, ["reproduce", "pe-marl", "--quick", "--methods", "PE-QTRAN,iql", "--out",
                                       str(some)])
     assert result.exit_code == 0, result.output
     data = json.loads((some / "results.json").read_text())

@@ -265,9 +265,8 @@ def reproduce_mc_ablation(
 @_guard
 def reproduce_range_prior(
     quick: QuickOpt = False,
-    dataset: Annotated[Optional[str], typer.Option(
-        "--dataset", help="mnist (default, the seed's) or digits (scikit-learn's at 16x16; 8x8 with --quick)",
-        callback=_checked("--dataset", lambda v: v in ("mnist", "digits"), "mnist or digits"))] = None,
+    dataset: Annotated[Optional[str], _choice("--dataset", ("mnist", "digits"), "(default mnist, the seed's; digits: "
+                                              "scikit-learn's at 16x16, 8x8 with --quick)")] = None,
     images: Annotated[Optional[int], typer.Option("--images", help="reported digits per defense (default 48; "
                                                   "--quick: 2)",
                                                   callback=_checked("--images", lambda v: 1 <= v <= TABLE2_IMAGES,
@@ -363,9 +362,8 @@ def reproduce_opd_table(
     sensitivity: Annotated[Optional[float], typer.Option(
         "--sensitivity", help="OPD's Delta_u (default 1, the thesis' eq. 6.2; 0.3 gives its Table 6.2 "
                               "distortions)")] = None,
-    data: Annotated[Optional[str], typer.Option(
-        "--data", help="mnist (default) or photos (colour crops, the CIFAR-10 stand-in)",
-        callback=_checked("--data", lambda v: v in ("mnist", "photos"), "mnist or photos"))] = None,
+    data: Annotated[Optional[str], _choice("--data", ("mnist", "photos"), "(default mnist; photos: colour crops, the "
+                                           "CIFAR-10 stand-in)")] = None,
 ) -> None:
     """Seed 002, Table 6.2: the One Parameter Defense, MemGuard and Purification against membership inference
     (ML-Leaks, NSH) and model inversion through a classifier's confidence vectors (MNIST; --quick: digits, tiny
@@ -654,7 +652,7 @@ def reproduce_pe_marl(
     methods: Annotated[Optional[list[str]], typer.Option(
         "--methods", help="repeatable or comma-separated, e.g. pe-qmix,pe-qtran (default all: iql, vdn, pe-vdn, "
                           "pe-qmix, pe-qtran, dp-pe-vdn, dp-pe-qmix, dp-pe-qtran)", callback=_each(
-            "--methods", lambda m: m if m in PE_MARL_METHODS else None,
+            "--methods", _spelling(PE_MARL_METHODS),
             "methods among " + ", ".join(PE_MARL_METHODS)))] = None,
 ) -> None:
     """Seed 003, chapter 4 (Figs. 4.12-4.16): IQL, VDN, PE-VDN (secret-shared team TD error), PE-QMIX, PE-QTRAN, and
@@ -666,11 +664,12 @@ def reproduce_pe_marl(
     fields = {**({} if runs is None else {"runs": runs}), **({} if epsilon is None else {"epsilon": epsilon}),
               **({} if methods is None else {"methods": _split(methods)})}
     result = _experiment(pe_marl, pe_marl.PeMarlConfig, "pe-marl", quick, seed, out, **fields)
+    width = max(map(len, result["methods"]))
     for method, r in result["methods"].items():
         dp = "" if r["privacy"] is None else \
             f"; ({r['privacy']['epsilon']:.2f}, {r['privacy']['delta']:.2g})-DP, noise multiplier " \
             f"{r['privacy']['noise_multiplier']:.3g}"
-        typer.echo(f"  {method:>9s}: final win rate {100 * r['final_win_rate']:.1f}% ± "
+        typer.echo(f"  {method:>{width}s}: final win rate {100 * r['final_win_rate']:.1f}% ± "
                    f"{100 * r['final_win_rate_std']:.1f} (best {100 * r['best_win_rate']:.1f}%), return "
                    f"{r['final_return']:.3f}, {r['seconds_per_run']:.1f} s per run{dp}")
 
