@@ -140,12 +140,17 @@ class _Conv2d(torch.autograd.Function):
                                        + dilation[i] * (k[i] - 1) + 1) for i in range(2)]
             gx = F.conv_transpose2d(gy, weight.detach(), None, stride, padding, extra, groups, dilation)
         if state.param_grads:
+            w = weight.detach()
+            if w.shape[0] == 1 and not x.is_contiguous():
+                # one output channel: the channels-last view of the per-instance weights has an odd stride in that
+                # dimension, and torch 2.13 on the CPU then fails in slow_conv2d (--width 1, one instance)
+                w = torch.empty_like(w, memory_format=torch.channels_last).copy_(w)
             if weight.shape[2:] == (1, 1) and tuple(padding) == (0, 0) and tuple(stride) != (1, 1):
                 # a 1x1 convolution reads only every stride-th pixel: its weight gradient is the unstrided one's on
                 # them, exactly. oneDNN's strided form corrupts the heap on channels-last tensors with 2 to 7 input
                 # channels per group and 2 or more images (torch 2.13.0 on the CPU: a ResNet shortcut at --width 4)
                 x, stride = x[:, :, ::stride[0], ::stride[1]], (1, 1)
-            gw = torch.ops.aten.convolution_backward(gy, x, weight.detach(), None, stride, padding, dilation,
+            gw = torch.ops.aten.convolution_backward(gy, x, w, None, stride, padding, dilation,
                                                      False, [0, 0], groups, (False, True, False))[1]
             if has_bias:
                 gb = gy.sum((0, 2, 3))
