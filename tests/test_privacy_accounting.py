@@ -44,6 +44,10 @@ def test_epsilon_is_never_negative():
     # at a negative epsilon is the one at 0, and an audit must not call a mechanism that keeps it violated
     for name in ACCOUNTANT_NAMES:
         assert acc.dpsgd_epsilon(0.1, 1.0, 10, 0.99, name) == 0.0
+    # nor infinite: pld's grid resolves no delta this small (it said inf), rdp does
+    with pytest.raises(LeaklabError, match="no finite epsilon.*use the rdp accountant"):
+        acc.dpsgd_epsilon(0.01, 1.0, 1, 1e-16, "pld")
+    assert 3 < acc.dpsgd_epsilon(0.01, 1.0, 1, 1e-16, "rdp") < 4
     # the search for the noise still finds the smallest that reaches a positive target there
     sigma = acc.dpsgd_sigma(0.1, 10, 0.01, 0.5, "rdp")
     assert acc.dpsgd_epsilon(0.1, sigma, 10, 0.5, "rdp") <= 0.01 < acc.dpsgd_epsilon(0.1, sigma * 0.99, 10, 0.5, "rdp")
