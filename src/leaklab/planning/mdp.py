@@ -27,6 +27,10 @@ MAX_STAGE_VALUES = 2_000_000  # (T + 1) * S: a finite horizon's value and policy
 MAX_HORIZON = 100_000
 MAX_REWARD = 1e100  # |R|, |R_T|: values stay finite for every horizon and discount allowed
 ROW_TOLERANCE = 1e-9  # how far a transition vector's sum may be from 1
+# an infinite horizon's largest discount: the values solve (I - discount P) v = r, whose condition number grows as
+# 1 / (1 - discount); at 1 - 1e-15 one plan in six came out wrong (a singular solve, or values of 1e17 for rewards
+# in [0, 1]), none at 1 - 1e-14: this keeps float64's rounding under about 1e-7 of the values
+MAX_DISCOUNT = 1 - 1e-9
 
 
 @dataclass(frozen=True)
@@ -65,8 +69,9 @@ class TabularMDP:
                 and 0 < self.discount <= 1):
             raise LeaklabError(f"the discount is in (0, 1] (got {self.discount!r})")
         if self.horizon is None:
-            if self.discount >= 1:
-                raise LeaklabError("an infinite horizon needs a discount below 1")
+            if self.discount > MAX_DISCOUNT:
+                raise LeaklabError(f"an infinite horizon needs a discount of at most 1 - 1e-9 (got {self.discount!r}): "
+                                   "closer to 1 its values are lost to rounding; give a finite horizon")
             if self.terminal is not None:
                 raise LeaklabError("terminal rewards belong to a finite horizon")
             terminal = None
