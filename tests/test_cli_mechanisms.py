@@ -26,6 +26,10 @@ def test_epsilon_dirichlet_json_and_text():
     # adjacency is ||p - q||_1 <= b (Def. 1.1): inputs 0.03 apart fit where b/2 = 0.05 does not (once called vacuous)
     narrow = invoke("mechanisms", "epsilon", "dirichlet", "--eta", "0.24", "--eta-bar", "0.25", "--k", "4.2", "--json")
     assert narrow.exit_code == 0 and json.loads(narrow.stdout)["vacuous"] is False
+    # nor does a tiny b make a wide domain one point (it was called so at b = 1e-12)
+    tiny = invoke("mechanisms", "epsilon", "dirichlet", "--eta", "0.1", "--eta-bar", "0.1", "--k", "10", "--w", "2",
+                  "--b", "1e-12", "--json")
+    assert tiny.exit_code == 0 and json.loads(tiny.stdout)["vacuous"] is False
 
 
 def test_audit_laplace_json():

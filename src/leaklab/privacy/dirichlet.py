@@ -58,8 +58,8 @@ def adjacent_spread(eta: float, eta_bar: float, b: float, w: int) -> float:
     eta)``. 0 where the domain is the single point ``|W| eta = 1 - eta_bar`` (the thesis's eta = eta_bar = 0.25
     panel at |W| = 3), whose claim then holds vacuously: no two of its inputs are adjacent."""
     _check_domain(eta, eta_bar, w, b)
-    spread = min(b / 2, 1 - eta_bar - w * eta)
-    return spread if spread > 1e-12 else 0.0
+    room = 1 - eta_bar - w * eta
+    return min(b / 2, room) if room > 1e-12 else 0.0  # a tiny b is a tiny spread, not a one-point domain
 
 
 def dirichlet_epsilon(eta: float, eta_bar: float, k: float, b: float, w: int, gamma: float) -> float:
