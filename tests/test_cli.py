@@ -119,6 +119,11 @@ def test_analytic_recovers_mlp_input_exactly(tmp_path):
     result = invoke("attack", "analytic", "--data", "digits", "--image-size", "8", "--width", "32", "--out", out)
     assert result.exit_code == 0, result.output
     assert json.loads((out / "results.json").read_text())["config"]["capture"]["model"] == "mlp"
+    # an update whose first bias gradient was pruned away holds nothing to read: the error names it
+    pruned = invoke("attack", "analytic", "--model", "mlp", "--image-size", "8", "--num-images", "16", "--defense",
+                    "prune:0.99", "--out", tmp_path / "pruned")
+    assert pruned.exit_code == 2 and "error: update 6 of 16: the bias gradient is all zero" in pruned.output
+    assert not (tmp_path / "pruned").exists()
 
 
 def test_version():

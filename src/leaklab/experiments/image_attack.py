@@ -25,7 +25,7 @@ from leaklab.attacks.inversion import (FeatureInversionConfig, InversionConfig, 
                                        recover_input, recover_labels)
 from leaklab.data import load_images
 from leaklab.device import default_device, describe, versions
-from leaklab.errors import LeaklabError
+from leaklab.errors import LeaklabError, NoSignal
 from leaklab.experiments import ProgressFn
 from leaklab.experiments import capture as capture_mod
 from leaklab.cases import Case, load_case, load_truth
@@ -129,7 +129,10 @@ def _analytic(case: Case, progress: ProgressFn | None) -> list[Reconstruction]:
     for i, update in enumerate(case.updates):
         start = time.perf_counter()
         view = case.view_for(i)
-        image = recover_input(view, update)
+        try:
+            image = recover_input(view, update)
+        except NoSignal as e:  # which of the updates: the others may be readable (a defense's pruning, a dead unit)
+            raise LeaklabError(f"update {i} of {len(case.updates)}: {e}") from None
         labels = view.labels if view.labels is not None else \
             recover_labels(view.model, update, update.metadata.batch_size)
         out.append(Reconstruction(images=image.clamp(0, 1), labels=labels.cpu(), loss=0.0,
