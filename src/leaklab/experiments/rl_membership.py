@@ -141,8 +141,8 @@ class RlMembershipConfig(BaseModel):
         per_update = self.envs * PPOConfig.model_fields["steps_per_update"].default
         updates = [math.ceil(c * self.frames / per_update) for c in self.checkpoints]
         if len(set(updates)) < len(updates):
-            raise ValueError(f"checkpoints {self.checkpoints} of {plural(self.frames, 'frame')} fall on the same PPO update "
-                             f"({per_update:,} frames each); train more frames or keep fewer checkpoints")
+            raise ValueError(f"checkpoints {self.checkpoints} of {plural(self.frames, 'frame')} fall on the same PPO "
+                             f"update ({per_update:,} frames each); train more frames or keep fewer checkpoints")
         return self
 
     @model_validator(mode="after")
